@@ -1,0 +1,52 @@
+"""torch2jax: export PyTorch models to pure JAX functions and StableHLO artifacts.
+
+    jm = torch2jax.convert(module, args=(x,))      # needs torch (pip install 'torch2jax-aot[convert]')
+    torch2jax.save(jm, "out_dir")
+    m = torch2jax.load("out_dir")                    # needs no torch
+
+Importing torch2jax never imports torch; `convert` does, when called.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .artifact import load, save
+from .errors import (
+    ArtifactError,
+    ExportError,
+    InputSpecError,
+    LoweringError,
+    SignatureError,
+    Torch2JaxError,
+    UnsupportedOpsError,
+    VerificationError,
+)
+from .model import Model
+from .registry import register_lowering
+
+__version__ = "0.1.0"
+
+
+def convert(module: Any, args: Any = (), kwargs: dict | None = None, dynamic_shapes: Any = None, **options: Any) -> Model:
+    """Convert a torch.nn.Module to a JAX `Model` (see torch2jax.converter.convert for options)."""
+    from .converter import convert as _convert  # imports torch, only now
+
+    return _convert(module, args, kwargs, dynamic_shapes, **options)
+
+
+__all__ = [
+    "ArtifactError",
+    "ExportError",
+    "InputSpecError",
+    "LoweringError",
+    "Model",
+    "SignatureError",
+    "Torch2JaxError",
+    "UnsupportedOpsError",
+    "VerificationError",
+    "convert",
+    "load",
+    "register_lowering",
+    "save",
+]

@@ -1,0 +1,43 @@
+"""The project's error types: each one carries a message that names the problem and the fix."""
+
+from __future__ import annotations
+
+
+class Torch2JaxError(Exception):
+    """Base class for every error torch2jax raises on purpose."""
+
+
+class InputSpecError(Torch2JaxError, ValueError):
+    """An input description (CLI `--input`, dynamic shapes) could not be understood."""
+
+
+class ExportError(Torch2JaxError):
+    """torch.export could not capture the module; the message carries torch's reason."""
+
+
+class UnsupportedOpsError(Torch2JaxError):
+    """The graph uses ops that have no JAX lowering; all of them are listed at once."""
+
+    def __init__(self, message: str, ops: list[str]):
+        super().__init__(message)
+        self.ops = ops
+
+
+class LoweringError(Torch2JaxError):
+    """A lowering failed while tracing one node of the graph."""
+
+
+class ArtifactError(Torch2JaxError):
+    """An artifact directory is missing, damaged, foreign or from a newer format."""
+
+
+class SignatureError(Torch2JaxError, TypeError):
+    """A converted or loaded model was called with inputs that do not match its signature."""
+
+
+class VerificationError(Torch2JaxError):
+    """The converted model's outputs differ from PyTorch's beyond tolerance."""
+
+
+class GraphFormatError(ArtifactError):
+    """A portable graph (graph.json) is malformed."""

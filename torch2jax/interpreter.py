@@ -1,0 +1,188 @@
+"""The interpreter: walks a portable graph and runs each node's lowering on JAX values.
+
+`build(graph)` returns a pure function `run(params, leaves, rng=None) -> (outputs, updates)`:
+`leaves` are the flat user inputs, `outputs` the flat user outputs, `updates` the new values of
+buffers the graph mutates, keyed by state_dict name. It is traceable: jit, grad, vmap and
+jax.export all go through it. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from . import dtypes, symbolic
+from .errors import LoweringError, Torch2JaxError, UnsupportedOpsError
+from .graph import PARAM_KINDS, Graph, Node, TensorMeta
+from .registry import lookup
+
+
+class LoweringContext:
+    """What a `ctx=True` lowering may ask about its node: output dtype/shape and a PRNG key."""
+
+    def __init__(self, node: Node, symbols: dict[str, Any], rng: jax.Array | None, index: int, run_subgraph=None):
+        self.node = node
+        self._symbols = symbols
+        self._rng = rng
+        self._index = index
+        self.run_subgraph = run_subgraph
+
+    @property
+    def out_meta(self) -> Any:
+        return self.node.meta
+
+    @property
+    def out_dtype(self):
+        meta = self.node.meta
+        if not isinstance(meta, TensorMeta):
+            raise LoweringError(f"{self.node.op} expects one tensor output")
+        return dtypes.jax_dtype(meta.dtype)
+
+    @property
+    def out_shape(self) -> tuple:
+        return self.shape_of(self.node.meta)
+
+    def shape_of(self, meta: TensorMeta) -> tuple:
+        return tuple(symbolic.evaluate(d, self._symbols) for d in meta.shape)
+
+    def rng(self) -> jax.Array:
+        """A key for this node alone: the model's key folded with the node's position."""
+        if self._rng is None:
+            raise Torch2JaxError(
+                f"{self.node.op} (node {self.node.name}) draws random numbers: pass a PRNG key, "
+                "e.g. model(x, rng=jax.random.key(0)) or model.apply(params, x, rng=key)"
+            )
+        return jax.random.fold_in(self._rng, self._index)
+
+
+def find_unsupported(graph: Graph) -> list[Node]:
+    """Every node (subgraphs included) whose op has no lowering, one per op."""
+    missing: dict[str, Node] = {}
+    for node in _all_nodes(graph):
+        if node.op not in missing and lookup(node.op) is None:
+            missing[node.op] = node
+    return list(missing.values())
+
+
+def needs_rng(graph: Graph) -> bool:
+    from .ops.random import RANDOM_OPS
+
+    return any(node.op in RANDOM_OPS for node in _all_nodes(graph))
+
+
+def _all_nodes(graph: Graph):
+    yield from graph.nodes
+    for sub in graph.subgraphs.values():
+        yield from _all_nodes(sub)
+
+
+def check_supported(graph: Graph, schemas: dict[str, str] | None = None) -> None:
+    """Raise one error listing every unsupported op, with its schema and the user's source line."""
+    missing = find_unsupported(graph)
+    if missing:
+        lines = [f"{len(missing)} op(s) in this model have no JAX lowering yet:"]
+        for node in missing:
+            schema = (schemas or {}).get(node.op)
+            lines.append(f"  - {node.op} (node {node.name})")
+            if schema:
+                lines.append(f"      schema: {schema}")
+            if node.source:
+                lines.append("      at " + "\n         ".join(node.source.strip().splitlines()))
+        lines.append(
+            "Register a lowering with @torch2jax.register_lowering('<op>') (see docs/api.md), "
+            "or report the op so it can be added."
+        )
+        raise UnsupportedOpsError("\n".join(lines), [n.op for n in missing])
+
+
+def build(graph: Graph) -> Callable:
+    """A pure JAX function running `graph`; fails early if any op has no lowering."""
+    check_supported(graph)
+    lowerings = {node.name: lookup(node.op) for node in _all_nodes(graph)}
+    param_inputs = [i for i in graph.inputs if i.kind in PARAM_KINDS]
+    user_inputs = graph.user_inputs
+
+    def run(params: dict, leaves: Sequence, rng: jax.Array | None = None):
+        if len(leaves) != len(user_inputs):
+            raise Torch2JaxError(f"the graph takes {len(user_inputs)} inputs, got {len(leaves)}")
+        env: dict[str, Any] = {}
+        symbols: dict[str, Any] = {}
+        for inp in param_inputs:
+            env[inp.name] = params[graph.aliases.get(inp.target, inp.target)]
+        for inp, value in zip(user_inputs, leaves):
+            env[inp.name] = value
+            if inp.meta is not None and value is not None:
+                for dim, actual in zip(inp.meta.shape, jnp.shape(value)):
+                    if symbolic.is_symbol(dim):
+                        symbols.setdefault(dim, actual)
+        for inp in graph.inputs:
+            if inp.kind == "token":
+                env[inp.name] = None
+        for index, node in enumerate(graph.nodes):
+            env[node.name] = _run_node(node, lowerings[node.name], env, symbols, rng, index)
+        outputs = [decode(o.value, env) for o in graph.user_outputs]
+        updates = {o.target: decode(o.value, env) for o in graph.mutations}
+        return outputs, updates
+
+    return run
+
+
+def _run_node(node: Node, lowering, env: dict, symbols: dict, rng, index: int) -> Any:
+    args = decode(node.args, env)
+    kwargs = decode(node.kwargs, env)
+    try:
+        if lowering.ctx:
+            result = lowering.fn(LoweringContext(node, symbols, rng, index), *args, **kwargs)
+        else:
+            result = lowering.fn(*args, **kwargs)
+    except Torch2JaxError:
+        raise
+    except Exception as err:  # a lowering bug or an unsupported argument: name the node
+        shapes = ", ".join(_describe(a) for a in args)
+        where = f"\n  at {node.source.strip().splitlines()[-1].strip()}" if node.source else ""
+        raise LoweringError(
+            f"lowering {node.op} failed on node {node.name} with inputs ({shapes}): "
+            f"{type(err).__name__}: {err}{where}"
+        ) from err
+    return _match_meta(result, node.meta)
+
+
+def _match_meta(value: Any, meta: Any) -> Any:
+    """Give each array the dtype torch computed for it (torch's result-dtype rules are the contract)."""
+    if isinstance(meta, TensorMeta) and hasattr(value, "dtype"):
+        want = dtypes.jax_dtype(meta.dtype)
+        if value.dtype != want:
+            return value.astype(want)
+        return value
+    if isinstance(meta, list) and isinstance(value, (list, tuple)) and len(meta) == len(value):
+        return type(value)(_match_meta(v, m) for v, m in zip(value, meta))
+    return value
+
+
+def _describe(value: Any) -> str:
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"{value.dtype}{list(value.shape)}"
+    if isinstance(value, (list, tuple)) and value and all(hasattr(v, "shape") for v in value):
+        return "[" + ", ".join(_describe(v) for v in value) + "]"
+    return repr(value)
+
+
+def decode(value: Any, env: dict) -> Any:
+    """Turn an encoded argument into the python/JAX value a lowering receives."""
+    if isinstance(value, list):
+        return [decode(v, env) for v in value]
+    if isinstance(value, dict):
+        if len(value) == 1:
+            (key, item), = value.items()
+            if key == "ref":
+                return env[item]
+            if key == "dtype":
+                return dtypes.jax_dtype(item)
+            if key == "float":
+                return float(item)
+            if key in ("device", "layout", "memory_format"):
+                return item
+        return {k: decode(v, env) for k, v in value.items()}
+    return value

@@ -1,0 +1,14 @@
+"""Op lowerings, one module per op family. Importing this package registers them all."""
+
+from . import (  # noqa: F401
+    attention,
+    conv,
+    elementwise,
+    indexing,
+    linalg,
+    normalization,
+    prims,
+    random,
+    reductions,
+    shape,
+)

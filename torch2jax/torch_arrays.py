@@ -1,0 +1,36 @@
+"""Moving arrays between torch and numpy/JAX (convert half), bfloat16 included."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from .capture import dtype_name
+from .dtypes import numpy_dtype
+
+_BITCAST = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.int8, torch.float8_e5m2: torch.int8}
+
+
+def to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view of a CPU tensor (no copy when possible), exact for bfloat16 and float8."""
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    if tensor.dtype in _BITCAST:
+        return tensor.contiguous().view(_BITCAST[tensor.dtype]).numpy().view(numpy_dtype(dtype_name(tensor.dtype)))
+    if tensor.is_conj():
+        tensor = tensor.resolve_conj()
+    return tensor.numpy()
+
+
+def to_torch(array) -> torch.Tensor:
+    """A torch tensor holding the same values as a numpy/JAX array."""
+    array = np.asarray(array)
+    if array.dtype == np.dtype(jnp.bfloat16):
+        return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(np.array(array, copy=True))
+
+
+def to_jax(tensor: torch.Tensor):
+    return jnp.asarray(to_numpy(tensor))
