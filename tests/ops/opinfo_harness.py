@@ -1,0 +1,122 @@
+"""Run one OpInfo sample through torch.export -> torch2jax -> jax.jit and compare with torch eager."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+import torch
+
+from torch2jax import exporter, interpreter
+from torch2jax.capture import capture
+from torch2jax.errors import UnsupportedOpsError
+from torch2jax.model import Model
+from torch2jax.torch_arrays import to_jax, to_numpy
+
+SAMPLES_PER_OP = int(os.environ.get("T2J_OPINFO_SAMPLES", "2"))  # 0 = every sample (make test-ops-full)
+
+
+class TorchLimit(Exception):
+    """torch.export itself cannot export this sample: torch's limit, not ours."""
+
+
+@dataclass
+class Prepared:
+    module: torch.nn.Module
+    inputs: tuple
+    expected: object
+
+
+class _OpModule(torch.nn.Module):
+    """Calls the op with the sample's tensors as inputs and its other arguments baked in."""
+
+    def __init__(self, op, template):
+        super().__init__()
+        self.op = op
+        self.template = template
+
+    def forward(self, *tensors):
+        it = iter(tensors)
+        args, kwargs = _fill(self.template, it)
+        return self.op(*args, **kwargs)
+
+
+def _split(value, tensors: list):
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return _Slot()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_split(v, tensors) for v in value)
+    if isinstance(value, dict):
+        return {k: _split(v, tensors) for k, v in value.items()}
+    return value
+
+
+class _Slot:
+    pass
+
+
+def _fill(value, it):
+    if isinstance(value, _Slot):
+        return next(it)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_fill(v, it) for v in value)
+    if isinstance(value, dict):
+        return {k: _fill(v, it) for k, v in value.items()}
+    return value
+
+
+def prepare(opinfo, sample) -> Prepared:
+    tensors: list = []
+    template = _split(((sample.input, *sample.args), dict(sample.kwargs)), tensors)
+    module = _OpModule(opinfo.op, template)
+    with torch.no_grad():
+        expected = module(*tensors)
+    return Prepared(module, tuple(t.detach().clone() for t in tensors), expected)
+
+
+def convert_sample(prepared: Prepared) -> Model:
+    try:
+        ep, names = exporter.export(prepared.module, prepared.inputs, None, None)
+        ep = exporter.decompose(ep)
+    except Exception as err:  # torch's limit, recorded as such
+        raise TorchLimit(str(err).split("\n")[0][:200]) from err
+    captured = capture(ep, names)
+    interpreter.check_supported(captured.graph, captured.schemas)
+    run = interpreter.build(captured.graph)
+    params = {name: to_jax(t) for name, t in captured.tensors.items()}
+    return Model(run, params, captured.graph)
+
+
+def run_and_compare(prepared: Prepared, model: Model) -> None:
+    inputs = [to_numpy(t) for t in prepared.inputs]
+    got = model(*inputs)
+    _compare(prepared.expected, got, "output")
+
+
+def _compare(expected, got, path):
+    if isinstance(expected, torch.Tensor):
+        got = np.asarray(jax.device_get(got))
+        want = expected.detach()
+        if got.dtype.kind == "V" or str(got.dtype) == "bfloat16":
+            got_t = torch.from_numpy(got.astype(np.float32)).to(want.dtype)
+        else:
+            got_t = torch.from_numpy(np.array(got))
+        if want.dtype in (torch.int64,) and got_t.dtype == torch.int32:
+            got_t = got_t.to(torch.int64)
+        if want.dtype == torch.float64 and got_t.dtype == torch.float32:
+            got_t = got_t.to(torch.float64)
+            torch.testing.assert_close(got_t, want, equal_nan=True, check_dtype=False, rtol=1.3e-6, atol=1e-5, msg=lambda m: f"{path}: {m}")
+            return
+        torch.testing.assert_close(got_t, want, equal_nan=True, msg=lambda m: f"{path}: {m}")
+    elif isinstance(expected, (list, tuple)):
+        assert isinstance(got, (list, tuple)) and len(got) == len(expected), f"{path}: structure differs"
+        for i, (e, g) in enumerate(zip(expected, got)):
+            _compare(e, g, f"{path}[{i}]")
+    elif isinstance(expected, (int, float, bool)):
+        assert np.allclose(np.asarray(got), expected, equal_nan=True), f"{path}: {got} != {expected}"
+
+
+__all__ = ["Prepared", "TorchLimit", "UnsupportedOpsError", "SAMPLES_PER_OP", "convert_sample", "prepare", "run_and_compare"]
