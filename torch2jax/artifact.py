@@ -19,12 +19,12 @@ import uuid
 import warnings
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 
-from . import dtypes, interpreter, stablehlo
+from . import dtypes, interpreter, stablehlo, structure
 from .errors import ArtifactError, GraphFormatError
 from .graph import Graph
 from .model import Model
@@ -46,11 +46,13 @@ def save(
     vjp_order: int = 1,
     source: str | None = None,
     exported: Any = None,
+    check: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write `model` as an artifact directory at `path`, atomically.
 
     Refuses to replace an existing path unless `force=True`. Everything is written to a
-    temporary sibling first and renamed into place only once complete and checked.
+    temporary sibling first and renamed into place only once complete and checked;
+    `check(tmp_dir)` may inspect the finished artifact first (e.g. verify it) and raise to abort.
     """
     out = Path(path)
     if out.exists() and not force:
@@ -67,6 +69,8 @@ def save(
         manifest = _manifest(model, exported, vjp_order, source)
         manifest["files"] = {rel: _sha256(tmp / rel) for rel in _files_under(tmp)}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False))
+        if check is not None:
+            check(tmp)
         _swap_into_place(tmp, out)
     finally:
         if tmp.exists():
@@ -149,7 +153,8 @@ def check_files(root: Path, manifest: dict) -> None:
 def _manifest(model: Model, exported: Any, vjp_order: int, source: str | None) -> dict:
     graph = model.graph
     tree = {name: {"dtype": dtypes.name_of(a.dtype), "shape": list(a.shape)} for name, a in model.params.items()}
-    out_metas = [_output_meta(graph, o) for o in graph.user_outputs]
+    names = structure.leaf_paths(graph.out_spec)
+    out_metas = [{"name": name, **_output_meta(graph, o)} for name, o in zip(names, graph.user_outputs)]
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -182,8 +187,8 @@ def _output_meta(graph: Graph, output) -> dict:
     inp = next((i for i in graph.inputs if i.name == ref), None)
     meta = node.meta if node is not None else (inp.meta if inp is not None else None)
     if meta is None or not hasattr(meta, "dtype"):
-        return {"name": ref, "dtype": None, "shape": None}
-    return {"name": ref, "dtype": meta.dtype, "shape": meta.shape}
+        return {"dtype": None, "shape": None}
+    return {"dtype": meta.dtype, "shape": meta.shape}
 
 
 def _versions() -> dict:

@@ -8,6 +8,7 @@ share a name are the same dim.
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import Any
 
 import torch
@@ -25,7 +26,9 @@ def export(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_sh
     kwargs = dict(kwargs or {})
     dims = normalize_dynamic_shapes(dynamic_shapes)
     try:
-        ep = torch.export.export(module, tuple(args), kwargs, dynamic_shapes=dims, strict=strict)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch-internal deprecations, not the user's concern
+            ep = torch.export.export(module, tuple(args), kwargs, dynamic_shapes=dims, strict=strict)
     except Exception as err:  # torch's own reason is the useful part
         raise ExportError(_export_failure_message(err)) from err
     return ep, symbol_names(ep, module, args, kwargs, dims)
@@ -38,7 +41,9 @@ def decompose(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
         namespace, op, overload = name.split(".")
         table.pop(getattr(getattr(getattr(torch.ops, namespace), op), overload), None)
     try:
-        return ep.run_decompositions(table)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return ep.run_decompositions(table)
     except Exception as err:
         raise ExportError(f"torch could not decompose the exported program to core ATen: {_first_paragraph(err)}") from err
 

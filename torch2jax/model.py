@@ -48,8 +48,11 @@ class Model:
 
     def __call__(self, *args: Any, rng: jax.Array | None = None, **kwargs: Any) -> Any:
         """Run on `self.params` (compiled once per input shape); mutated buffers update `self.params`."""
-        leaves = self._leaves(args, kwargs)
-        outputs, updates = self._jitted(self.params, leaves, rng)
+        return self.call_flat(structure.flatten((tuple(args), dict(kwargs)), self.graph.in_spec, "inputs"), rng)
+
+    def call_flat(self, leaves: list, rng: jax.Array | None = None) -> Any:
+        """Call on flat inputs in graph order (the order manifest["inputs"] lists them)."""
+        outputs, updates = self._jitted(self.params, check_inputs(self.graph, list(leaves)), rng)
         if updates:
             self.params = {**self.params, **updates}
         return structure.unflatten(self.graph.out_spec, outputs)

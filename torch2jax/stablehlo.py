@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import jax
 from jax import export as jax_export
 
-from . import dtypes
+from . import dtypes, interpreter
 from .errors import Torch2JaxError
 from .graph import Graph
 from .model import Model
@@ -45,12 +45,16 @@ def export(model: Model, platforms: Sequence[str] = DEFAULT_PLATFORMS) -> jax_ex
     """jax.export the model's function for `platforms`."""
     params_spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), model.params)
     run = model._run
+    specs: list[Any] = [params_spec, input_specs(model.graph)]
+    if interpreter.needs_rng(model.graph):
+        specs.append(jax.ShapeDtypeStruct(_KEY_DATA_SHAPE, "uint32"))
 
-    def exported_fn(params, leaves):
-        return run(params, list(leaves), None)
+    def exported_fn(params, leaves, key_data=None):
+        rng = None if key_data is None else jax.random.wrap_key_data(key_data)
+        return run(params, list(leaves), rng)
 
     try:
-        return jax_export.export(jax.jit(exported_fn), platforms=tuple(platforms))(params_spec, input_specs(model.graph))
+        return jax_export.export(jax.jit(exported_fn), platforms=tuple(platforms))(*specs)
     except Torch2JaxError:
         raise
     except Exception as err:
@@ -64,8 +68,30 @@ def serialize(exported: jax_export.Exported, vjp_order: int = 1) -> bytes:
 def exported_runner(exported: jax_export.Exported):
     """A run function (see model.RunFn) that calls the deserialized StableHLO."""
 
+    takes_key = _positional_count(exported) == 3
+
     def run(params: dict, leaves: list, rng: Any = None):
-        return exported.call(params, list(leaves))
+        if not takes_key:
+            return exported.call(params, list(leaves))
+        if rng is None:
+            raise Torch2JaxError("this model draws random numbers: pass a PRNG key, e.g. model(x, rng=jax.random.key(0))")
+        return exported.call(params, list(leaves), _key_data(rng))
 
     return run
 
+
+
+_KEY_DATA_SHAPE = (2,)  # threefry keys, the default implementation
+
+
+def _positional_count(exported: jax_export.Exported) -> int:
+    """How many positional arguments the exported function takes: (params, leaves[, key_data])."""
+    args_tree, _kwargs_tree = jax.tree_util.treedef_children(exported.in_tree)
+    return len(jax.tree_util.treedef_children(args_tree))
+
+
+def _key_data(rng: Any) -> Any:
+    """Typed keys (jax.random.key) become their raw uint32 data; raw keys pass through."""
+    if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(rng)
+    return rng

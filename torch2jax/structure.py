@@ -74,3 +74,18 @@ def count_leaves(spec: dict) -> int:
     if spec["type"] == "leaf":
         return 1
     return sum(count_leaves(c) for c in spec.get("children", []))
+
+
+def leaf_paths(spec: dict, prefix: str = "") -> list[str]:
+    """A readable name per leaf: "output" for a lone tensor, else "logits", "hidden.0", "1"..."""
+    kind = spec["type"]
+    if kind == "leaf":
+        return [prefix or "output"]
+    if kind == "none":
+        return []
+    children = spec.get("children", [])
+    keys = spec.get("keys") if kind == "dict" else range(len(children))
+    paths = []
+    for key, child in zip(keys, children):
+        paths.extend(leaf_paths(child, f"{prefix}.{key}" if prefix else str(key)))
+    return paths

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 from jax import lax
 
@@ -102,7 +104,7 @@ def max_pool_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil
     full_pads = [(0, 0), (0, 0)] + pads
     values = lax.reduce_window(x, jnp.asarray(init, x.dtype), lax.max, window, strides, full_pads, window_dilation=dil)
     # indices: flat position within each (N, C) plane of the element that won
-    plane = jnp.arange(int(jnp.prod(jnp.asarray(x.shape[2:]))), dtype=jnp.int32).reshape(x.shape[2:])
+    plane = jnp.arange(math.prod(x.shape[2:]), dtype=jnp.int32).reshape(x.shape[2:])
     plane = jnp.broadcast_to(plane, x.shape)
 
     def select(a, b):

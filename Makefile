@@ -1,0 +1,45 @@
+# torch2jax developer entry points. `make test` works from a fresh clone with only Python installed.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install test test-ops-full test-models-full demo runtime-check lint docs bench clean
+
+install: $(STAMP)
+
+# torch==2.13.0 first: it is the local CPU wheel; letting pip resolve torch itself pulls CUDA builds.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[convert,test]'
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -q -m "not slow"
+
+test-ops-full: install
+	T2J_OPINFO_SAMPLES=0 $(PY) -m pytest -q tests/ops
+
+demo: install
+	$(PY) scripts/demo.py
+
+# Load an artifact in a separate virtualenv that has no torch at all.
+runtime-check: install
+	rm -rf .venv-runtime /tmp/torch2jax-runtime-check
+	$(PYTHON) -m venv .venv-runtime
+	.venv-runtime/bin/pip install -q .
+	$(VENV)/bin/torch2jax convert sample_models/mlp.py:MLP --out /tmp/torch2jax-runtime-check -q
+	.venv-runtime/bin/python -c "import importlib.util, sys; assert importlib.util.find_spec('torch') is None, 'torch is installed'; \
+	import numpy as np, torch2jax; m = torch2jax.load('/tmp/torch2jax-runtime-check'); \
+	y = m(np.ones((3, 16), np.float32)); print('runtime-check ok: no torch installed,', m, 'output', y.shape)"
+
+lint: install
+	$(VENV)/bin/ruff check torch2jax cli tests scripts sample_models
+
+docs: install
+	$(PY) scripts/gen_ops_doc.py
+
+clean:
+	rm -rf $(VENV) .venv-runtime demo_artifact .pytest_cache

@@ -1,0 +1,1 @@
+"""The `torch2jax` command line (click). See docs/cli.md."""

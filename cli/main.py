@@ -1,0 +1,288 @@
+"""`torch2jax` console script: convert, inspect, verify, run.
+
+Exit codes: 0 ok; 1 conversion or artifact error; 2 bad usage or input spec; 3 numerics differ
+from PyTorch beyond tolerance. Errors are one paragraph on stderr, never a raw traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+
+EXIT_ERROR, EXIT_USAGE, EXIT_MISMATCH = 1, 2, 3
+
+
+def _fail(message: str, code: int = EXIT_ERROR) -> None:
+    click.secho("error: ", fg="red", bold=True, err=True, nl=False)
+    click.echo(message, err=True)
+    sys.exit(code)
+
+
+def handles_errors(fn):
+    """Turn torch2jax's own errors into a one-paragraph message and an exit code a CI step can use."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from torch2jax.errors import InputSpecError, SignatureError, Torch2JaxError, VerificationError
+
+        try:
+            return fn(*args, **kwargs)
+        except VerificationError as err:
+            _fail(str(err), EXIT_MISMATCH)
+        except (InputSpecError, SignatureError) as err:
+            _fail(str(err), EXIT_USAGE)
+        except Torch2JaxError as err:
+            _fail(str(err), EXIT_ERROR)
+
+    return wrapper
+
+
+class Progress:
+    """Step lines with timings on stderr: `[export] torch.export ... 0.84s`."""
+
+    def __init__(self, quiet: bool):
+        self.quiet = quiet
+        self.start: float | None = None
+        self.label = ""
+
+    def __call__(self, stage: str, message: str) -> None:
+        self.done()
+        self.label = f"[{stage}] {message}"
+        self.start = time.perf_counter()
+        if not self.quiet:
+            click.echo(f"{self.label} ...", err=True, nl=False)
+
+    def done(self) -> None:
+        if self.start is not None and not self.quiet:
+            click.echo(f" {time.perf_counter() - self.start:.2f}s", err=True)
+        self.start = None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="torch2jax-aot", prog_name="torch2jax")
+def main() -> None:
+    """Export PyTorch models to JAX: StableHLO + Orbax weights, loadable without PyTorch.
+
+    \b
+    torch2jax convert sample_models/mlp.py:MLP --out out/mlp
+    torch2jax inspect out/mlp
+    torch2jax run out/mlp --input x=x.npy --out y.npz
+    """
+
+
+@main.command()
+@click.argument("target")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Artifact directory to write.")
+@click.option("--input", "inputs", multiple=True, metavar="SPEC",
+              help="Example input, repeatable: x=float32[batch,3,224,224] (names are symbolic dims), "
+                   "ids=int64[batch,seq=16](0..50), or x=file.npy. Default: example_inputs() in the model file.")
+@click.option("--weights", type=click.Path(dir_okay=False), help="state_dict to load: .safetensors, or .pt/.pth (read with weights_only=True).")
+@click.option("--platforms", default="cpu,cuda,tpu", show_default=True, help="Comma-separated jax.export platforms.")
+@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click.option("--no-verify", is_flag=True, help="Skip comparing the saved artifact with PyTorch.")
+@click.option("--train", is_flag=True, help="Export in training mode (default: module.eval()).")
+@click.option("--lowerings", multiple=True, type=click.Path(dir_okay=False, exists=True),
+              help="Python file(s) registering lowerings for custom ops (torch2jax.register_lowering).")
+@click.option("--seed", default=0, show_default=True, help="Seed for model construction and random example inputs.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress output.")
+@handles_errors
+def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train, lowerings, seed, quiet):
+    """Convert TARGET (model.py:Model, or model.py:make_model) into an artifact directory.
+
+    \b
+    Example:
+      torch2jax convert sample_models/tiny_gpt.py:TinyGPT --out out/gpt
+      torch2jax convert model.py:Net --input x=float32[batch,3,32,32] --out out/net
+
+    By default the saved artifact is loaded back and compared with PyTorch on the example
+    inputs and on a second size of each symbolic dim; a mismatch exits with status 3 and
+    leaves no output directory.
+    """
+    out = Path(out_dir)
+    if out.exists() and not force:
+        _fail(f"{out} already exists; pass --force to replace it", EXIT_USAGE)
+    progress = Progress(quiet)
+    progress("load", f"build {target}")
+    for path in lowerings:
+        _import_lowerings(path)
+    from torch2jax import artifact, stablehlo
+    from torch2jax.converter import StageTimer, convert as convert_module
+    from torch2jax.target import resolve
+
+    resolved = resolve(target, list(inputs), weights, train=train, seed=seed)
+    timer = StageTimer(progress)
+    model = convert_module(resolved.module, resolved.args, resolved.kwargs, resolved.dynamic_shapes, timer=timer)
+    progress("compile", "jax.export to StableHLO")
+    exported = stablehlo.export(model, [p.strip() for p in platforms.split(",") if p.strip()])
+    report_holder = []
+
+    def verify_artifact(tmp: Path) -> None:
+        if no_verify:
+            return
+        from torch2jax.verify import check, verify
+
+        progress("verify", "compare the saved artifact with PyTorch")
+        loaded = artifact.load(tmp)
+        report = verify(resolved.module, loaded, resolved.args, resolved.kwargs, seed)
+        report_holder.append(report)
+        check(report)
+
+    progress("save", f"write {out}")
+    try:
+        artifact.save(model, out, force=force, source=target, exported=exported, check=verify_artifact)
+    finally:
+        progress.done()
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    click.echo(f"wrote {out} ({size / 1e6:.2f} MB) {model.signature}")
+    if report_holder:
+        click.echo(f"verified against PyTorch:\n{report_holder[0].summary()}")
+
+
+def _import_lowerings(path: str) -> None:
+    import importlib.util
+
+    from torch2jax.errors import Torch2JaxError
+
+    spec = importlib.util.spec_from_file_location(f"torch2jax_lowerings_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        raise Torch2JaxError(f"importing lowerings from {path} failed: {type(err).__name__}: {err}") from None
+
+
+@main.command()
+@click.argument("artifact_dir", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the raw manifest.")
+@handles_errors
+def inspect(artifact_dir, as_json):
+    """Show an artifact's manifest, signature and params summary.
+
+    \b
+    Example:
+      torch2jax inspect out/gpt
+    """
+    from torch2jax.artifact import read_manifest
+
+    manifest = read_manifest(Path(artifact_dir))
+    if as_json:
+        click.echo(json.dumps(manifest, indent=2))
+        return
+    versions = manifest.get("versions", {})
+    params = manifest["params"]
+    click.echo(f"artifact  {artifact_dir}  (format {manifest['format_version']}, created {manifest.get('created')})")
+    click.echo(f"source    {manifest.get('source')}")
+    click.echo("versions  " + ", ".join(f"{k} {v}" for k, v in versions.items() if v))
+    click.echo(f"platforms {', '.join(manifest.get('platforms', []))}   vjp order {manifest.get('vjp_order')}")
+    click.echo("inputs")
+    for item in manifest["inputs"]:
+        click.echo(f"  {item['name']}: {item['dtype']}[{', '.join(map(str, item['shape']))}]")
+    for name, bounds in manifest.get("symbols", {}).items():
+        hi = "inf" if bounds.get("max") is None else bounds["max"]
+        click.echo(f"  dim {name} in [{bounds.get('min')}, {hi}]")
+    click.echo("outputs")
+    for item in manifest.get("outputs", []):
+        shape = "?" if item.get("shape") is None else ", ".join(map(str, item["shape"]))
+        click.echo(f"  {item.get('name')}: {item.get('dtype')}[{shape}]")
+    if manifest.get("mutated_buffers"):
+        click.echo(f"mutates   {', '.join(manifest['mutated_buffers'])}")
+    click.echo(f"params    {params['count']:,} values, {params['bytes'] / 1e6:.2f} MB in {len(params['tree'])} tensors")
+    for name, spec in list(params["tree"].items())[:20]:
+        click.echo(f"  {name}: {spec['dtype']}{spec['shape']}")
+    if len(params["tree"]) > 20:
+        click.echo(f"  ... {len(params['tree']) - 20} more")
+    for alias, kept in params.get("aliases", {}).items():
+        click.echo(f"  {alias} -> tied to {kept}")
+
+
+@main.command()
+@click.argument("artifact_dir", type=click.Path(file_okay=False))
+@click.option("--input", "inputs", multiple=True, required=True, metavar="NAME=FILE",
+              help="Input array, repeatable: x=x.npy (or an .npz holding NAME).")
+@click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False), help="Where to write the outputs (.npz).")
+@click.option("--from-graph", is_flag=True, help="Rebuild the function from graph.json instead of the StableHLO.")
+@handles_errors
+def run(artifact_dir, inputs, out_file, from_graph):
+    """Call an artifact on .npy/.npz inputs and write its outputs to an .npz file.
+
+    \b
+    Example:
+      torch2jax run out/mlp --input x=x.npy --out y.npz
+    """
+    import numpy as np
+
+    import torch2jax
+    from torch2jax import specs
+    from torch2jax.errors import InputSpecError
+
+    model = torch2jax.load(artifact_dir, from_graph=from_graph)
+    arrays = {}
+    for text in inputs:
+        item = specs.parse(text)
+        if not isinstance(item, specs.FileInput):
+            raise InputSpecError(f"--input {text!r}: run takes array files, e.g. x=x.npy")
+        arrays[item.name] = specs.load_array(item)
+    names = [i["name"] for i in model.manifest["inputs"]]
+    missing = [n for n in names if n not in arrays]
+    unknown = [n for n in arrays if n not in names]
+    if missing or unknown:
+        raise InputSpecError(f"the artifact takes inputs {names}; missing {missing}, unknown {unknown}")
+    outputs = model.call_flat([arrays[n] for n in names])
+    flat = _flatten_outputs(outputs)
+    out = Path(out_file)
+    tmp = out.with_name(f".{out.name}.tmp.npz")
+    np.savez(tmp, **{k: np.asarray(v) for k, v in flat.items()})
+    os.replace(tmp, out)
+    for key, value in flat.items():
+        click.echo(f"{key}: {np.asarray(value).dtype}{list(np.shape(value))}")
+    click.echo(f"wrote {out}")
+
+
+def _flatten_outputs(value, prefix: str = "output") -> dict:
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            out.update(_flatten_outputs(item, f"{key}" if prefix == "output" else f"{prefix}.{key}"))
+        return out
+    if isinstance(value, (list, tuple)):
+        out = {}
+        for index, item in enumerate(value):
+            out.update(_flatten_outputs(item, f"{prefix}.{index}"))
+        return out
+    return {prefix: value}
+
+
+@main.command()
+@click.argument("artifact_dir", type=click.Path(file_okay=False))
+@click.argument("target")
+@click.option("--weights", type=click.Path(dir_okay=False), help="state_dict to load into TARGET before comparing.")
+@click.option("--input", "inputs", multiple=True, metavar="SPEC", help="Inputs as for convert (default: example_inputs()).")
+@click.option("--seed", default=0, show_default=True)
+@handles_errors
+def verify(artifact_dir, target, weights, inputs, seed):
+    """Compare an artifact with PyTorch running TARGET on the same inputs.
+
+    \b
+    Example:
+      torch2jax verify out/gpt sample_models/tiny_gpt.py:TinyGPT
+    """
+    import torch2jax
+    from torch2jax.target import resolve
+    from torch2jax.verify import check, verify as run_verify
+
+    model = torch2jax.load(artifact_dir)
+    resolved = resolve(target, list(inputs), weights, seed=seed)
+    report = run_verify(resolved.module, model, resolved.args, resolved.kwargs, seed)
+    click.echo(report.summary())
+    check(report)
+    click.echo(f"ok: max abs error {report.max_abs:.3g}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""Shared fixtures: the sample models, converted once per session."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def load_sample(name: str):
+    """Import sample_models/<name>.py as a module."""
+    path = ROOT / "sample_models" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"sample_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+SAMPLES = {"mlp": "MLP", "cnn": "make_model", "tiny_gpt": "TinyGPT"}
+
+
+@pytest.fixture(scope="session")
+def converted():
+    """name -> (torch module, example args, converted Model), each converted once."""
+    import torch
+
+    import torch2jax
+
+    cache = {}
+
+    def get(name: str):
+        if name not in cache:
+            sample = load_sample(name)
+            torch.manual_seed(0)
+            module = getattr(sample, SAMPLES[name])().eval()
+            args = sample.example_inputs()
+            model = torch2jax.convert(module, args, dynamic_shapes=sample.dynamic_shapes())
+            cache[name] = (module, args, model)
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def saved(converted, tmp_path_factory):
+    """name -> artifact directory of the converted sample, saved once."""
+    import torch2jax
+
+    cache = {}
+
+    def get(name: str) -> Path:
+        if name not in cache:
+            out = tmp_path_factory.mktemp("artifacts") / name
+            torch2jax.save(converted(name)[2], out, source=f"sample_models/{name}.py")
+            cache[name] = out
+        return cache[name]
+
+    return get

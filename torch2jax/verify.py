@@ -1,0 +1,199 @@
+"""Numerical verification (convert half): run torch and a converted/loaded model on the same inputs.
+
+Inputs: the example inputs, then the same with every symbolic dim at a second size, so an
+artifact that only works at the traced size cannot pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+
+from .errors import VerificationError
+from .graph import Graph
+from .model import Model
+from .torch_arrays import to_numpy, to_torch
+
+# (rtol, atol) by dtype of the torch output: float32 as a float32 model should match
+TOLERANCES = {
+    "float64": (1e-7, 1e-7),
+    "float32": (1e-4, 1e-5),
+    "float16": (1e-2, 1e-3),
+    "bfloat16": (1.6e-2, 1e-2),
+}
+
+
+@dataclass
+class OutputCheck:
+    path: str
+    dtype: str
+    shape: tuple
+    max_abs: float
+    max_rel: float
+    passed: bool
+
+
+@dataclass
+class Run:
+    label: str
+    outputs: list[OutputCheck] = field(default_factory=list)
+    skipped: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs)
+
+
+@dataclass
+class Report:
+    runs: list[Run]
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.runs)
+
+    @property
+    def max_abs(self) -> float:
+        return max((o.max_abs for r in self.runs for o in r.outputs), default=0.0)
+
+    def summary(self) -> str:
+        lines = []
+        for run in self.runs:
+            if run.skipped:
+                lines.append(f"  {run.label}: skipped ({run.skipped})")
+                continue
+            for o in run.outputs:
+                mark = "ok " if o.passed else "FAIL"
+                lines.append(
+                    f"  {mark} {run.label} {o.path} {o.dtype}{list(o.shape)} max abs err {o.max_abs:.3g}, max rel err {o.max_rel:.3g}"
+                )
+        return "\n".join(lines)
+
+
+def verify(module: torch.nn.Module, model: Model, args: tuple, kwargs: dict, seed: int = 0) -> Report:
+    """Compare `model` with `module` on the example inputs and at a second size of each symbolic dim."""
+    runs = [_compare("example inputs", module, model, args, kwargs)]
+    resized = second_size_inputs(model.graph, args, kwargs, seed)
+    if resized is not None:
+        label, new_args, new_kwargs = resized
+        try:
+            runs.append(_compare(label, module, model, new_args, new_kwargs))
+        except _TorchFailed as err:
+            runs.append(Run(label, skipped=f"torch itself fails at this size: {err}"))
+    return Report(runs)
+
+
+def check(report: Report) -> None:
+    if not report.passed:
+        raise VerificationError("the converted model's outputs differ from PyTorch's beyond tolerance:\n" + report.summary())
+
+
+class _TorchFailed(Exception):
+    pass
+
+
+def _compare(label: str, module, model: Model, args: tuple, kwargs: dict) -> Run:
+    with torch.no_grad():
+        try:
+            expected = module(*args, **kwargs)
+        except Exception as err:
+            raise _TorchFailed(str(err).splitlines()[0] if str(err) else type(err).__name__) from err
+    np_args = pytree.tree_map_only(torch.Tensor, to_numpy, args)
+    np_kwargs = pytree.tree_map_only(torch.Tensor, to_numpy, kwargs)
+    got = model(*np_args, **np_kwargs)
+    want_leaves, _ = pytree.tree_flatten(expected)
+    want_leaves = [w for w in want_leaves if isinstance(w, torch.Tensor)]
+    got_leaves = [g for g in pytree.tree_flatten(_as_torch_tree(got))[0] if isinstance(g, torch.Tensor)]
+    run = Run(label)
+    for index, (want, have) in enumerate(zip(want_leaves, got_leaves)):
+        run.outputs.append(_check_output(f"output[{index}]", want, have))
+    if len(want_leaves) != len(got_leaves):
+        run.outputs.append(OutputCheck("structure", "-", (), float("inf"), float("inf"), False))
+    return run
+
+
+def _as_torch_tree(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _as_torch_tree(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_as_torch_tree(v) for v in value)
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return to_torch(np.asarray(value))
+    return value
+
+
+def _check_output(path: str, want: torch.Tensor, have: torch.Tensor) -> OutputCheck:
+    dtype = str(want.dtype).removeprefix("torch.")
+    shape = tuple(want.shape)
+    if tuple(have.shape) != shape:
+        return OutputCheck(f"{path} (shape {list(have.shape)})", dtype, shape, float("inf"), float("inf"), False)
+    w = want.detach().to(torch.float64)
+    h = have.to(torch.float64)
+    # NaNs and infinities must sit in the same places; the rest is compared numerically
+    special_ok = bool((torch.isnan(w) == torch.isnan(h)).all()) and bool((torch.isinf(w) == torch.isinf(h)).all())
+    special_ok = special_ok and bool((w[torch.isinf(w)] == h[torch.isinf(w)]).all())
+    finite = torch.isfinite(w) & torch.isfinite(h)
+    diff = (w - h).abs()[finite]
+    if diff.numel() == 0:
+        return OutputCheck(path, dtype, shape, 0.0, 0.0, special_ok)
+    scale = w.abs()[finite]
+    rtol, atol = TOLERANCES.get(dtype, (0.0, 0.0))
+    within = bool((diff <= atol + rtol * scale).all())
+    max_rel = float((diff / scale.clamp_min(1e-12)).max())
+    return OutputCheck(path, dtype, shape, float(diff.max()), max_rel, within and special_ok)
+
+
+def second_size_inputs(graph: Graph, args: tuple, kwargs: dict, seed: int) -> tuple[str, tuple, dict] | None:
+    """The example inputs with every symbolic dim moved to another size in its declared range."""
+    flat, spec = pytree.tree_flatten((args, kwargs))
+    tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+    if len(tensors) != len(graph.user_inputs):
+        return None
+    current: dict[str, int] = {}
+    for inp, tensor in zip(graph.user_inputs, tensors):
+        if inp.meta is None:
+            continue
+        for dim, size in zip(inp.meta.shape, tensor.shape):
+            if isinstance(dim, str) and dim.isidentifier():
+                current.setdefault(dim, int(size))
+    if not current:
+        return None
+    new_sizes = {}
+    for name, size in current.items():
+        bounds = graph.symbols.get(name, {})
+        hi = bounds.get("max")
+        lo = max(bounds.get("min") or 1, 1)
+        candidate = size + 1 if hi is None or size + 1 <= hi else size - 1
+        if candidate < lo:
+            continue
+        new_sizes[name] = candidate
+    if not new_sizes:
+        return None
+    gen = torch.Generator().manual_seed(seed + 1)
+    resized = []
+    tensor_iter = iter(zip(graph.user_inputs, tensors))
+    for leaf in flat:
+        if not isinstance(leaf, torch.Tensor):
+            resized.append(leaf)
+            continue
+        inp, tensor = next(tensor_iter)
+        shape = [new_sizes.get(d, s) if isinstance(d, str) else s for d, s in zip(inp.meta.shape, tensor.shape)] if inp.meta else list(tensor.shape)
+        resized.append(_like(tensor, shape, gen))
+    new_args, new_kwargs = pytree.tree_unflatten(resized, spec)
+    label = "second size (" + ", ".join(f"{k}={v}" for k, v in new_sizes.items()) + ")"
+    return label, tuple(new_args), dict(new_kwargs)
+
+
+def _like(tensor: torch.Tensor, shape: list[int], gen: torch.Generator) -> torch.Tensor:
+    """A tensor of a new shape with values like the example's: floats random, others drawn from it."""
+    if tensor.is_floating_point():
+        return torch.randn(shape, generator=gen, dtype=torch.float32).to(tensor.dtype)
+    pool = tensor.reshape(-1)
+    if pool.numel() == 0:
+        return torch.zeros(shape, dtype=tensor.dtype)
+    picks = torch.randint(0, pool.numel(), shape, generator=gen)
+    return pool[picks]
