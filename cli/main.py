@@ -82,7 +82,8 @@ def main() -> None:
 @click.option("--input", "inputs", multiple=True, metavar="SPEC",
               help="Example input, repeatable: x=float32[batch,3,224,224] (names are symbolic dims), "
                    "ids=int64[batch,seq=16](0..50), or x=file.npy. Default: example_inputs() in the model file.")
-@click.option("--weights", type=click.Path(dir_okay=False), help="state_dict to load: .safetensors, or .pt/.pth (read with weights_only=True).")
+@click.option("--weights", type=click.Path(dir_okay=False),
+              help="state_dict to load: .safetensors, or .pt/.pth (read with weights_only=True).")
 @click.option("--platforms", default="cpu,cuda,tpu", show_default=True, help="Comma-separated jax.export platforms.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--no-verify", is_flag=True, help="Skip comparing the saved artifact with PyTorch.")
@@ -112,7 +113,8 @@ def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train
     for path in lowerings:
         _import_lowerings(path)
     from torch2jax import artifact, stablehlo
-    from torch2jax.converter import StageTimer, convert as convert_module
+    from torch2jax.converter import StageTimer
+    from torch2jax.converter import convert as convert_module
     from torch2jax.target import resolve
 
     resolved = resolve(target, list(inputs), weights, train=train, seed=seed)
@@ -274,7 +276,8 @@ def verify(artifact_dir, target, weights, inputs, seed):
     """
     import torch2jax
     from torch2jax.target import resolve
-    from torch2jax.verify import check, verify as run_verify
+    from torch2jax.verify import check
+    from torch2jax.verify import verify as run_verify
 
     model = torch2jax.load(artifact_dir)
     resolved = resolve(target, list(inputs), weights, seed=seed)

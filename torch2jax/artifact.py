@@ -17,9 +17,10 @@ import os
 import shutil
 import uuid
 import warnings
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -63,7 +64,8 @@ def save(
         tmp.mkdir()
         if exported is None:
             exported = stablehlo.export(model, platforms)
-        (tmp / EXPORTED).write_bytes(stablehlo.serialize(exported, vjp_order))
+        serialized, vjp_order = _serialize(exported, vjp_order)
+        (tmp / EXPORTED).write_bytes(serialized)
         (tmp / GRAPH).write_text(model.graph.dumps())
         _save_params(model.params, tmp / PARAMS)
         manifest = _manifest(model, exported, vjp_order, source)
@@ -105,6 +107,21 @@ def load(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bo
         )
         return Model(interpreter.build(graph), params, graph, manifest, backend="graph")
     return Model(stablehlo.exported_runner(exported), params, graph, manifest, backend="exported")
+
+
+def _serialize(exported: Any, vjp_order: int) -> tuple[bytes, int]:
+    """Serialize with the VJP when JAX can differentiate the function; otherwise without, loudly."""
+    try:
+        return stablehlo.serialize(exported, vjp_order), vjp_order
+    except Exception as err:
+        if vjp_order == 0:
+            raise ArtifactError(f"serializing the StableHLO failed: {type(err).__name__}: {err}") from err
+        warnings.warn(
+            f"the model cannot be reverse-differentiated by JAX ({type(err).__name__}: {str(err).splitlines()[0]}); "
+            "saving it without a VJP (manifest vjp_order = 0): the loaded model runs but jax.grad through it fails",
+            stacklevel=3,
+        )
+        return stablehlo.serialize(exported, 0), 0
 
 
 def read_manifest(root: Path) -> dict:
@@ -202,6 +219,8 @@ def _versions() -> dict:
 
 
 def _save_params(params: dict, path: Path) -> None:
+    if not params:
+        return  # a model without weights: nothing to checkpoint (Orbax rejects empty trees)
     import orbax.checkpoint as ocp
 
     try:

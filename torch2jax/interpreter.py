@@ -8,7 +8,8 @@ jax.export all go through it. Nothing here imports torch.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp

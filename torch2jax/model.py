@@ -10,7 +10,8 @@ dtype, shape or structure fails with a message naming the input, not deep inside
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

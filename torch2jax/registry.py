@@ -13,8 +13,9 @@ Keys are strings so that the registry, the interpreter and every lowering work w
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 _REGISTRY: dict[str, Lowering] = {}
 _OP_FAMILIES_LOADED = False

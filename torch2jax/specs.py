@@ -62,7 +62,7 @@ def parse(text: str) -> InputSpec | FileInput:
         raise InputSpecError(_usage(text, f"unknown dtype {dtype!r}; use one of {', '.join(dtypes.SUPPORTED)}"))
     dims: list[int | str] = []
     sizes: dict[str, int] = {}
-    for raw in filter(None, match["dims"].split(",")):
+    for raw in match["dims"].split(",") if match["dims"] else []:
         dim = _DIM.match(raw)
         if not dim:
             raise InputSpecError(_usage(text, f"bad dim {raw!r}: use a size (3), a name (batch) or name=size (batch=8)"))

@@ -6,7 +6,8 @@ weights are never baked into the StableHLO and can be swapped without re-export.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 from jax import export as jax_export

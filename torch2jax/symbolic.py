@@ -8,8 +8,12 @@ passed to `eval`.
 from __future__ import annotations
 
 import ast
+import functools
 import operator
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
+
+from jax import core as jax_core
 
 from .errors import GraphFormatError
 
@@ -23,32 +27,11 @@ def _ceildiv(a, b):
 
 
 def _max(*xs):
-    out = xs[0]
-    for x in xs[1:]:
-        out = _pick_max(out, x)
-    return out
-
-
-def _pick_max(a, b):
-    if isinstance(a, int) and isinstance(b, int):
-        return max(a, b)
-    import jax.numpy as jnp  # symbolic dims: jax provides max/min over dims via core.max_dim
-
-    from jax import core as jcore
-
-    return jcore.max_dim(a, b) if hasattr(jcore, "max_dim") else jnp.maximum(a, b)
+    return functools.reduce(lambda a, b: max(a, b) if isinstance(a, int) and isinstance(b, int) else jax_core.max_dim(a, b), xs)
 
 
 def _min(*xs):
-    out = xs[0]
-    for x in xs[1:]:
-        if isinstance(out, int) and isinstance(x, int):
-            out = min(out, x)
-        else:
-            from jax import core as jcore
-
-            out = jcore.min_dim(out, x)
-    return out
+    return functools.reduce(lambda a, b: min(a, b) if isinstance(a, int) and isinstance(b, int) else jax_core.min_dim(a, b), xs)
 
 
 _FUNCTIONS = {

@@ -68,9 +68,8 @@ class Report:
                 continue
             for o in run.outputs:
                 mark = "ok " if o.passed else "FAIL"
-                lines.append(
-                    f"  {mark} {run.label} {o.path} {o.dtype}{list(o.shape)} max abs err {o.max_abs:.3g}, max rel err {o.max_rel:.3g}"
-                )
+                where = f"{run.label} {o.path} {o.dtype}{list(o.shape)}"
+                lines.append(f"  {mark} {where} max abs err {o.max_abs:.3g}, max rel err {o.max_rel:.3g}")
         return "\n".join(lines)
 
 
@@ -181,7 +180,8 @@ def second_size_inputs(graph: Graph, args: tuple, kwargs: dict, seed: int) -> tu
             resized.append(leaf)
             continue
         inp, tensor = next(tensor_iter)
-        shape = [new_sizes.get(d, s) if isinstance(d, str) else s for d, s in zip(inp.meta.shape, tensor.shape)] if inp.meta else list(tensor.shape)
+        dims = inp.meta.shape if inp.meta else list(tensor.shape)
+        shape = [new_sizes.get(d, s) if isinstance(d, str) else s for d, s in zip(dims, tensor.shape)]
         resized.append(_like(tensor, shape, gen))
     new_args, new_kwargs = pytree.tree_unflatten(resized, spec)
     label = "second size (" + ", ".join(f"{k}={v}" for k, v in new_sizes.items()) + ")"

@@ -7,8 +7,10 @@ from . import (  # noqa: F401
     indexing,
     linalg,
     normalization,
+    pooling,
     prims,
     random,
     reductions,
     shape,
+    sorting,
 )

@@ -1,40 +1,121 @@
-"""Matrix products. Low-precision inputs accumulate in float32 (preferred_element_type), as torch does."""
+"""Matrix products.
+
+Low-precision inputs (bfloat16, float16) multiply with float32 accumulation
+(`preferred_element_type`) and round once at the end, as torch's CPU/GPU kernels do; the
+`add*` variants fold `beta * self` into the float32 result before that single rounding.
+"""
 
 from __future__ import annotations
 
+import string
+
 import jax.numpy as jnp
-from jax import lax
 
 from ..registry import lowers
 
+_LOW = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
-def _matmul(a, b):
+
+def _acc_dtype(dtype):
+    return jnp.float32 if jnp.dtype(dtype) in _LOW else None
+
+
+def _product(a, b, fn=jnp.matmul):
+    """a @ b, accumulated in float32 for low precision; returned in the accumulation dtype."""
     dtype = jnp.result_type(a, b)
-    if dtype in (jnp.bfloat16, jnp.float16):
-        return jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(dtype)
-    return jnp.matmul(a, b)
+    if dtype == jnp.bool_:
+        # torch's bool matmul is an OR of ANDs
+        return fn(a.astype(jnp.int32), b.astype(jnp.int32)) > 0
+    return fn(a, b, preferred_element_type=_acc_dtype(dtype))
+
+
+def _scale(value, factor):
+    if value.dtype == jnp.bool_:
+        return value & bool(factor)
+    return value if factor == 1 else value * factor
+
+
+def _add_product(bias, product, beta, alpha, dtype):
+    """beta * bias + alpha * product; beta == 0 ignores bias entirely (its NaNs included)."""
+    out = _scale(product, alpha)
+    if beta != 0:
+        b = bias.astype(out.dtype)
+        out = (out | _scale(b, beta)) if out.dtype == jnp.bool_ else out + _scale(b, beta)
+    return out.astype(dtype)
 
 
 @lowers("aten.mm.default", "aten.bmm.default", "aten.matmul.default")
 def mm(a, b):
-    return _matmul(a, b)
+    return _product(a, b).astype(jnp.result_type(a, b))
 
 
-@lowers("aten.addmm.default")
+@lowers("aten.mv.default")
+def mv(a, v):
+    return _product(a, v).astype(jnp.result_type(a, v))
+
+
+@lowers("aten.dot.default", "aten.vdot.default")
+def dot(a, b):  # real dtypes only: vdot's conjugation is the identity there
+    return _product(a, b, jnp.dot).astype(jnp.result_type(a, b))
+
+
+@lowers("aten.addmm.default", "aten.addmv.default", "aten.baddbmm.default")
 def addmm(bias, a, b, beta=1, alpha=1):
-    product = _matmul(a, b)
-    if alpha != 1:
-        product = product * alpha
-    if beta == 0:
-        return product
-    return product + (bias if beta == 1 else bias * beta)
+    dtype = jnp.result_type(bias, a, b)
+    return _add_product(bias, _product(a, b), beta, alpha, dtype)
 
 
-@lowers("aten.baddbmm.default")
-def baddbmm(bias, a, b, beta=1, alpha=1):
-    return addmm(bias, a, b, beta, alpha)
+@lowers("aten.addbmm.default")
+def addbmm(bias, a, b, beta=1, alpha=1):
+    dtype = jnp.result_type(bias, a, b)
+    if dtype == jnp.bool_:
+        product = jnp.any(_product(a, b), axis=0)
+    else:
+        product = jnp.einsum("bij,bjk->ik", a, b, preferred_element_type=_acc_dtype(dtype))
+    return _add_product(bias, product, beta, alpha, dtype)
 
 
-@lowers("aten.dot.default")
-def dot(a, b):
-    return lax.dot(a, b)
+@lowers("aten.addr.default")
+def addr(bias, u, v, beta=1, alpha=1):
+    dtype = jnp.result_type(bias, u, v)
+    if dtype == jnp.bool_:
+        product = u[:, None] & v[None, :]
+    else:
+        acc = _acc_dtype(dtype) or dtype
+        product = u.astype(acc)[:, None] * v.astype(acc)[None, :]
+    return _add_product(bias, product, beta, alpha, dtype)
+
+
+@lowers("aten.linalg_vecdot.default")
+def linalg_vecdot(x, y, dim=-1):
+    dtype = jnp.result_type(x, y)
+    acc = _acc_dtype(dtype) or dtype
+    return jnp.sum(x.astype(acc) * y.astype(acc), axis=dim).astype(dtype)
+
+
+@lowers("aten._trilinear.default")
+def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """sum over `sumdim` of i1 * i2 * i3, each unsqueezed at its `expand` dims (nn.functional.bilinear)."""
+    ndim = i1.ndim + len(expand1)
+    letters = string.ascii_letters[:ndim]
+    dtype = jnp.result_type(i1, i2, i3)
+    operands, subscripts, sizes = [], [], {}
+    for x, expand in ((i1, expand1), (i2, expand2), (i3, expand3)):
+        kept = [d for d in range(ndim) if d not in set(expand)]
+        operands.append(x)
+        subscripts.append("".join(letters[d] for d in kept))
+        for d, size in zip(kept, x.shape):
+            sizes[d] = max(sizes.get(d, 1), size)
+    # broadcast size-1 dims explicitly: einsum wants equal sizes per letter
+    operands = [
+        jnp.broadcast_to(x, tuple(sizes[letters.index(c)] for c in sub)) for x, sub in zip(operands, subscripts)
+    ]
+    out_dims = [d for d in range(ndim) if d not in set(sumdim)]
+    present = [d for d in out_dims if d in sizes]
+    spec = ",".join(subscripts) + "->" + "".join(letters[d] for d in present)
+    if dtype == jnp.bool_:
+        out = jnp.einsum(spec, *(x.astype(jnp.int32) for x in operands)) != 0
+    else:
+        out = jnp.einsum(spec, *operands, preferred_element_type=_acc_dtype(dtype))
+    return out.reshape(tuple(sizes.get(d, 1) for d in out_dims)).astype(dtype)
+

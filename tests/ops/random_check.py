@@ -1,0 +1,112 @@
+"""Checks for random ops, whose values cannot match torch's bit for bit.
+
+A converted graph that draws random numbers is checked for:
+  - reproducibility: the same key gives the same output, bit for bit;
+  - structure: each output's shape, and dtype as JAX carries torch's;
+  - exactness where torch is deterministic (every torch draw the same, e.g. p=0 dropout);
+  - support: integer-valued torch outputs give integer outputs; 0/1-style outputs (torch's draws
+    take at most two distinct values) give values from that set;
+  - distribution: a two-sample Kolmogorov-Smirnov test between DRAWS torch draws (seeds 0..) and
+    DRAWS of ours (keys 0..) on per-draw statistics (mean, mean square) at significance ALPHA.
+    Per-draw statistics are independent across draws even when elements within a draw are not
+    (randperm, dropout2d), so the test is valid for every op; seeds are fixed, so it is deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+import torch
+
+from torch2jax import dtypes
+from torch2jax.capture import dtype_name
+from torch2jax.torch_arrays import to_numpy
+
+DRAWS = 64
+ALPHA = 1e-4
+
+
+def check_random(prepared, model) -> None:
+    inputs = [to_numpy(t) for t in prepared.inputs]
+
+    def ours(seed):
+        return _flat(model(*inputs, rng=jax.random.key(seed)))
+
+    def theirs(seed):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            return _flat(prepared.module(*(t.clone() for t in prepared.inputs)))
+
+    first, again = ours(0), ours(0)
+    expected = _flat(prepared.expected)
+    assert len(first) == len(expected), f"{len(first)} outputs, torch gives {len(expected)}"
+    for k, (a, b, want) in enumerate(zip(first, again, expected)):
+        path = f"output[{k}]"
+        a, b = np.asarray(jax.device_get(a)), np.asarray(jax.device_get(b))
+        assert a.tobytes() == b.tobytes(), f"{path}: the same key gave different outputs"
+        if isinstance(want, torch.Tensor):
+            assert tuple(a.shape) == tuple(want.shape), f"{path}: shape {a.shape}, torch {tuple(want.shape)}"
+            want_dtype = dtypes.jax_dtype(dtype_name(want.dtype))
+            assert a.dtype == want_dtype, f"{path}: dtype {a.dtype}, expected {want_dtype}"
+
+    torch_draws = [theirs(i) for i in range(DRAWS)]
+    our_draws = [ours(i) for i in range(DRAWS)]
+    for k in range(len(expected)):
+        if not isinstance(expected[k], torch.Tensor):
+            continue
+        t = np.stack([_np(d[k]) for d in torch_draws])
+        o = np.stack([_np(d[k]) for d in our_draws])
+        _check_output(f"output[{k}]", t, o)
+
+
+def _check_output(path: str, t: np.ndarray, o: np.ndarray) -> None:
+    if t[0].size == 0:
+        return
+    if all(np.array_equal(t[0], d, equal_nan=True) for d in t[1:]):
+        for d in o:  # torch is deterministic here: so must we be, and equal to it
+            np.testing.assert_allclose(d, t[0], rtol=1.3e-6, atol=1e-5, equal_nan=True, err_msg=f"{path}: deterministic case")
+        return
+    finite_t, finite_o = t[np.isfinite(t)], o[np.isfinite(o)]
+    if np.all(finite_t == np.round(finite_t)):
+        assert np.all(finite_o == np.round(finite_o)), f"{path}: torch draws integers, ours are not"
+    support = np.unique(finite_t)
+    if support.size <= 2:
+        extra = np.setdiff1d(np.unique(finite_o), support)
+        assert extra.size == 0, f"{path}: values {extra[:5]} outside torch's support {support}"
+    for name, stat in (("mean", _mean), ("mean square", lambda v: _mean(v * v))):
+        st = np.array([stat(d) for d in t])
+        so = np.array([stat(d) for d in o])
+        stat_d, bound = _ks(st, so)
+        assert stat_d <= bound, (
+            f"{path}: per-draw {name} differs from torch's in distribution (KS D={stat_d:.3f} > {bound:.3f}); "
+            f"torch {np.nanmean(st):.4g}±{np.nanstd(st):.3g}, ours {np.nanmean(so):.4g}±{np.nanstd(so):.3g}"
+        )
+
+
+def _mean(values: np.ndarray) -> float:
+    v = np.sort(values[np.isfinite(values)].ravel())  # sorted: the sum does not depend on element order
+    return float(np.sum(v) / v.size) if v.size else 0.0
+
+
+def _ks(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """Two-sample KS statistic and its critical value at ALPHA."""
+    a, b = np.sort(a), np.sort(b)
+    points = np.concatenate([a, b])
+    fa = np.searchsorted(a, points, side="right") / a.size
+    fb = np.searchsorted(b, points, side="right") / b.size
+    crit = math.sqrt(-math.log(ALPHA / 2) / 2) * math.sqrt((a.size + b.size) / (a.size * b.size))
+    return float(np.max(np.abs(fa - fb))), crit
+
+
+def _np(value) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(torch.float64).numpy() if value.dtype != torch.bool else value.numpy().astype(np.float64)
+    return np.asarray(jax.device_get(value)).astype(np.float64)
+
+
+def _flat(value) -> list:
+    if isinstance(value, (list, tuple)):
+        return [leaf for v in value for leaf in _flat(v)]
+    return [value]

@@ -1,0 +1,270 @@
+"""Pooling: max / avg / adaptive, kept whole as `lax.reduce_window` where the windows are regular.
+
+Every op fixes its number of spatial dims (n), so unbatched inputs (C, *spatial) work as torch's do.
+Window geometry is static (shapes are known at trace time), so indices and counts are numpy constants.
+
+Max-pool indices follow torch's kernels: the flat position, within each channel's spatial plane, of
+the first maximum in row-major window order; a NaN beats every number, and the last NaN wins.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..registry import lowers
+
+_LOW = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def _ints(value, n):
+    value = list(value) if isinstance(value, (list, tuple)) else [value]
+    return tuple(int(v) for v in (value * n if len(value) == 1 else value))
+
+
+def _acc(x):
+    return x.astype(jnp.float32) if x.dtype in _LOW else x
+
+
+def _lowest(dtype):
+    if jnp.issubdtype(dtype, jnp.floating):
+        return -jnp.inf
+    if dtype == jnp.bool_:
+        return False
+    return jnp.iinfo(dtype).min
+
+
+def _pool_out_size(size, k, s, p, d, ceil_mode):
+    eff = d * (k - 1) + 1
+    span = size + 2 * p - eff
+    out = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (out - 1) * s >= size + p:  # the last window must start inside input or left pad
+        out -= 1
+    return out
+
+
+def _geometry(x, n, kernel, stride, padding, dilation, ceil_mode):
+    """Per spatial dim: (out, lo pad, hi pad) for reduce_window."""
+    geo = []
+    for size, k, s, p, d in zip(x.shape[-n:], kernel, stride, padding, dilation):
+        out = _pool_out_size(size, k, s, p, d, ceil_mode)
+        hi = max(0, (out - 1) * s + d * (k - 1) + 1 - size - p)
+        geo.append((out, p, hi))
+    return geo
+
+
+def _window(x, n, kernel, stride, dilation, geo):
+    lead = x.ndim - n
+    return dict(
+        window_dimensions=(1,) * lead + tuple(kernel),
+        window_strides=(1,) * lead + tuple(stride),
+        padding=((0, 0),) * lead + tuple((lo, hi) for _, lo, hi in geo),
+        window_dilation=(1,) * lead + tuple(dilation),
+    )
+
+
+def _crop(y, n, geo):
+    """reduce_window may produce a window more than torch keeps; cut to torch's output size."""
+    index = (slice(None),) * (y.ndim - n) + tuple(slice(0, out) for out, _, _ in geo)
+    return y[index]
+
+
+# --- windows as static gathers (for argmax and irregular adaptive windows) ----------------------
+
+
+def _regular_windows(size, out, k, s, p, d):
+    pos = np.arange(out)[:, None] * s - p + np.arange(k)[None, :] * d
+    return pos, (pos >= 0) & (pos < size)
+
+
+def _adaptive_windows(size, out):
+    starts = (np.arange(out) * size) // out
+    ends = -((-(np.arange(out) + 1) * size) // out)
+    k = int((ends - starts).max())
+    pos = starts[:, None] + np.arange(k)[None, :]
+    return pos, pos < ends[:, None]
+
+
+def _gather_last(x, pos, size):
+    """x[..., size] -> x[..., out, K] at the (clipped) positions."""
+    return jnp.take(x, np.clip(pos, 0, size - 1), axis=-1)
+
+
+def _argmax_pool(x, windows):
+    """Max values and torch-style flat indices over separable windows, one spatial dim at a time."""
+    n = len(windows)
+    spatial = x.shape[x.ndim - n :]
+    values = x
+    indices = jnp.broadcast_to(jnp.arange(math.prod(spatial), dtype=jnp.int32).reshape(spatial), x.shape)
+    floating = jnp.issubdtype(x.dtype, jnp.floating)
+    for i, (pos, valid) in enumerate(windows):
+        axis = x.ndim - n + i
+        size = values.shape[axis]
+        v = _gather_last(jnp.moveaxis(values, axis, -1), pos, size)
+        ix = _gather_last(jnp.moveaxis(indices, axis, -1), pos, size)
+        best = jnp.max(jnp.where(valid, v, _lowest(x.dtype)), axis=-1, keepdims=True)
+        choice = jnp.argmax(valid & (v == best), axis=-1)  # first maximum
+        if floating:
+            nan = valid & jnp.isnan(v)
+            last_nan = nan.shape[-1] - 1 - jnp.argmax(nan[..., ::-1], axis=-1)
+            choice = jnp.where(nan.any(axis=-1), last_nan, choice)
+        values = jnp.moveaxis(jnp.take_along_axis(v, choice[..., None], axis=-1)[..., 0], -1, axis)
+        indices = jnp.moveaxis(jnp.take_along_axis(ix, choice[..., None], axis=-1)[..., 0], -1, axis)
+    return values, indices
+
+
+# --- max pooling ---------------------------------------------------------------------------------
+
+
+def _max_pool(x, n, kernel_size, stride, padding, dilation, ceil_mode):
+    kernel = _ints(kernel_size, n)
+    stride = _ints(stride, n) if stride else kernel
+    padding, dilation = _ints(padding, n), _ints(dilation, n)
+    geo = _geometry(x, n, kernel, stride, padding, dilation, ceil_mode)
+    values = lax.reduce_window(
+        x, jnp.asarray(_lowest(x.dtype), x.dtype), lax.max, **_window(x, n, kernel, stride, dilation, geo)
+    )
+    values = _crop(values, n, geo)
+    windows = [
+        _regular_windows(size, out, k, s, p, d)
+        for size, (out, _, _), k, s, p, d in zip(x.shape[-n:], geo, kernel, stride, padding, dilation)
+    ]
+    _, indices = _argmax_pool(x, windows)
+    return values, indices
+
+
+@lowers("aten.max_pool1d_with_indices.default")
+def max_pool1d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(x, 1, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+@lowers("aten.max_pool2d_with_indices.default")
+def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(x, 2, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+@lowers("aten.max_pool3d_with_indices.default")
+def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(x, 3, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+@lowers("aten.max_pool1d.default", "aten.max_pool2d.default", "aten.max_pool3d.default", ctx=True)
+def max_pool(ctx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    n = int(ctx.node.op.split(".")[1][-2])  # aten.max_pool2d.default -> 2
+    kernel = _ints(kernel_size, n)
+    stride = _ints(stride, n) if stride else kernel
+    padding, dilation = _ints(padding, n), _ints(dilation, n)
+    geo = _geometry(x, n, kernel, stride, padding, dilation, ceil_mode)
+    values = lax.reduce_window(
+        x, jnp.asarray(_lowest(x.dtype), x.dtype), lax.max, **_window(x, n, kernel, stride, dilation, geo)
+    )
+    return _crop(values, n, geo)
+
+
+# --- average pooling -----------------------------------------------------------------------------
+
+
+def _avg_pool(x, n, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    kernel = _ints(kernel_size, n)
+    stride = _ints(stride, n) if stride else kernel
+    padding = _ints(padding, n)
+    ones = (1,) * n
+    geo = _geometry(x, n, kernel, stride, padding, ones, ceil_mode)
+    acc = _acc(x)
+    total = lax.reduce_window(acc, jnp.asarray(0, acc.dtype), lax.add, **_window(x, n, kernel, stride, ones, geo))
+    total = _crop(total, n, geo)
+    if divisor_override:
+        if jnp.issubdtype(x.dtype, jnp.integer):
+            return lax.div(total, jnp.asarray(divisor_override, total.dtype))
+        return (total / divisor_override).astype(x.dtype)
+    # divisor per window: with count_include_pad the explicit padding counts, the ceil_mode overhang never does
+    divisor = np.ones((), np.int64)
+    for size, (out, _, _), k, s, p in zip(x.shape[-n:], geo, kernel, stride, padding):
+        start = np.arange(out) * s - p
+        end = np.minimum(start + k, size + p)
+        if not count_include_pad:
+            start, end = np.maximum(start, 0), np.minimum(end, size)
+        divisor = divisor[..., None] * (end - start)
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        # torch divides the integer sum, truncating toward zero (C division)
+        return lax.div(total, jnp.asarray(np.broadcast_to(divisor, total.shape[-n:]), total.dtype))
+    return (total / jnp.asarray(divisor.astype(np.float32), acc.dtype)).astype(x.dtype)
+
+
+@lowers("aten.avg_pool1d.default")
+def avg_pool1d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True):
+    return _avg_pool(x, 1, kernel_size, stride, padding, ceil_mode, count_include_pad, None)
+
+
+@lowers("aten.avg_pool2d.default")
+def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+    return _avg_pool(x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+@lowers("aten.avg_pool3d.default")
+def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+    return _avg_pool(x, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+# --- adaptive pooling ----------------------------------------------------------------------------
+
+
+def _adaptive_avg(x, n, output_size):
+    out_sizes = _ints(output_size, n)
+    acc = _acc(x)
+    result = acc
+    divisor = np.ones((), np.int64)
+    for i, out in enumerate(out_sizes):
+        axis = x.ndim - n + i
+        size = x.shape[axis]
+        moved = jnp.moveaxis(result, axis, -1)
+        if size % out == 0:
+            k = size // out
+            summed = moved.reshape(moved.shape[:-1] + (out, k)).sum(axis=-1)
+            counts = np.full(out, k)
+        else:
+            pos, valid = _adaptive_windows(size, out)
+            summed = jnp.where(valid, _gather_last(moved, pos, size), 0).sum(axis=-1)
+            counts = valid.sum(axis=-1)
+        result = jnp.moveaxis(summed, -1, axis)
+        divisor = divisor[..., None] * counts
+    return (result / jnp.asarray(divisor.astype(np.float32), acc.dtype)).astype(x.dtype)
+
+
+@lowers("aten.adaptive_avg_pool1d.default")
+def adaptive_avg_pool1d(x, output_size):
+    return _adaptive_avg(x, 1, output_size)
+
+
+@lowers("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default")
+def adaptive_avg_pool2d(x, output_size):
+    return _adaptive_avg(x, 2, output_size)
+
+
+@lowers("aten._adaptive_avg_pool3d.default", "aten.adaptive_avg_pool3d.default")
+def adaptive_avg_pool3d(x, output_size):
+    return _adaptive_avg(x, 3, output_size)
+
+
+def _adaptive_max(x, n, output_size):
+    out_sizes = _ints(output_size, n)
+    windows = [_adaptive_windows(size, out) for size, out in zip(x.shape[-n:], out_sizes)]
+    return _argmax_pool(x, windows)
+
+
+@lowers("aten.adaptive_max_pool1d.default")
+def adaptive_max_pool1d(x, output_size):
+    return _adaptive_max(x, 1, output_size)
+
+
+@lowers("aten.adaptive_max_pool2d.default")
+def adaptive_max_pool2d(x, output_size):
+    return _adaptive_max(x, 2, output_size)
+
+
+@lowers("aten.adaptive_max_pool3d.default")
+def adaptive_max_pool3d(x, output_size):
+    return _adaptive_max(x, 3, output_size)
