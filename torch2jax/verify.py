@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
+from . import structure
 from .errors import VerificationError
 from .graph import Graph
 from .model import Model
@@ -108,8 +109,10 @@ def _compare(label: str, module, model: Model, args: tuple, kwargs: dict) -> Run
     want_leaves = [w for w in want_leaves if isinstance(w, torch.Tensor)]
     got_leaves = [g for g in pytree.tree_flatten(_as_torch_tree(got))[0] if isinstance(g, torch.Tensor)]
     run = Run(label)
-    for index, (want, have) in enumerate(zip(want_leaves, got_leaves)):
-        run.outputs.append(_check_output(f"output[{index}]", want, have))
+    names = [n for n, g in zip(structure.leaf_paths(model.graph.out_spec), pytree.tree_flatten(_as_torch_tree(got))[0])
+             if isinstance(g, torch.Tensor)]
+    for name, want, have in zip(names, want_leaves, got_leaves):
+        run.outputs.append(_check_output(name, want, have))
     if len(want_leaves) != len(got_leaves):
         run.outputs.append(OutputCheck("structure", "-", (), float("inf"), float("inf"), False))
     return run
@@ -142,7 +145,7 @@ def _check_output(path: str, want: torch.Tensor, have: torch.Tensor) -> OutputCh
     scale = w.abs()[finite]
     rtol, atol = TOLERANCES.get(dtype, (0.0, 0.0))
     within = bool((diff <= atol + rtol * scale).all())
-    max_rel = float((diff / scale.clamp_min(1e-12)).max())
+    max_rel = float((diff / scale.clamp_min(max(atol, 1e-12))).max())  # relative to |torch|, floored at atol
     return OutputCheck(path, dtype, shape, float(diff.max()), max_rel, within and special_ok)
 
 

@@ -100,7 +100,8 @@ def _argmax_pool(x, windows):
     values = x
     indices = jnp.broadcast_to(jnp.arange(math.prod(spatial), dtype=jnp.int32).reshape(spatial), x.shape)
     floating = jnp.issubdtype(x.dtype, jnp.floating)
-    for i, (pos, valid) in enumerate(windows):
+    # last spatial dim first: the dim reduced last decides ties, and torch's order is row-major
+    for i, (pos, valid) in reversed(list(enumerate(windows))):
         axis = x.ndim - n + i
         size = values.shape[axis]
         v = _gather_last(jnp.moveaxis(values, axis, -1), pos, size)
