@@ -183,3 +183,20 @@ def test_import_does_not_import_torch():
 
     code = "import sys, torch2jax; torch2jax.load; assert 'torch' not in sys.modules, 'torch was imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+class Casts(torch.nn.Module):
+    def forward(self, x, ids):
+        return x.to(torch.bfloat16).float() * 2, ids.to(dtype=torch.float32).sum(-1), torch.zeros_like(x, dtype=torch.int32)
+
+
+def test_dtype_keyword_arguments_survive_the_graph():
+    x, ids = torch.randn(2, 3), torch.randint(0, 5, (2, 4))
+    model = torch2jax.convert(Casts(), (x, ids))
+    got = model(x.numpy(), ids.numpy())
+    want = Casts()(x, ids)
+    assert [str(g.dtype) for g in got] == ["float32", "float32", "int32"]
+    for g, w in zip(got, want):
+        assert max_err(g, w) == 0.0
+    again = torch2jax.graph.Graph.loads(model.graph.dumps())  # JSON round trip keeps the kwargs
+    assert [n.kwargs for n in again.nodes] == [n.kwargs for n in model.graph.nodes]

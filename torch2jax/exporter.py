@@ -152,6 +152,11 @@ def _export_failure_message(err: BaseException) -> str:
             "\nThe model branches on a tensor's value. torch.export cannot capture that; "
             "express the branch with torch.cond, or make the condition depend on shapes only."
         )
-    elif "constraint" in lowered or "specializ" in lowered or "dynamic" in lowered:
+    elif "constraints violated" in lowered or "specialized" in lowered or "dynamic_shapes" in lowered:
         hint = "\nCheck the dynamic dims you declared: torch found the model needs a fixed size or a narrower range there."
+    elif "not a known type" in lowered and "pytree" in lowered:
+        hint = (
+            "\nThe model takes or returns an object torch.export cannot flatten. For transformers models, "
+            "pass use_cache=False (config or kwargs) or return a plain tuple/dict."
+        )
     return f"torch.export could not capture the model ({type(err).__name__}):\n{reason}{hint}"

@@ -262,7 +262,7 @@ def _check_references(graph: Graph) -> None:
     """Every {"ref": name} must name an input or an earlier node: a malformed file fails here, not mid-trace."""
     defined = {i.name for i in graph.inputs}
     for node in graph.nodes:
-        for ref in iter_refs([node.args, node.kwargs]):
+        for ref in iter_refs([node.args, list(node.kwargs.values())]):
             _expect(ref in defined, f"node {node.name} uses {ref!r} before it is defined", node.name)
         _expect(node.name not in defined, f"node name {node.name!r} is defined twice", node.name)
         defined.add(node.name)

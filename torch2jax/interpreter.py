@@ -132,7 +132,7 @@ def build(graph: Graph) -> Callable:
 
 def _run_node(node: Node, lowering, env: dict, symbols: dict, rng, index: int) -> Any:
     args = decode(node.args, env)
-    kwargs = decode(node.kwargs, env)
+    kwargs = {key: decode(value, env) for key, value in node.kwargs.items()}
     try:
         if lowering.ctx:
             result = lowering.fn(LoweringContext(node, symbols, rng, index), *args, **kwargs)

@@ -1,6 +1,7 @@
 """Op lowerings, one module per op family. Importing this package registers them all."""
 
 from . import (  # noqa: F401
+    activations,
     attention,
     conv,
     elementwise,

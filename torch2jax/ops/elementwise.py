@@ -1,97 +1,214 @@
-"""Elementwise ops: arithmetic, comparisons, math functions, activations, casts.
+"""Elementwise ops: arithmetic, comparisons, math functions, bitwise ops, casts.
 
-Result dtypes follow torch's promotion rules; the interpreter also casts each result to the
-dtype torch recorded for the node, so a python-scalar operand never widens a result.
+Result dtypes follow torch's promotion rules. Lowerings that promote take the result dtype torch
+recorded for the node (`ctx.out_dtype`) and compute in it, so 0-dim tensors and python scalars
+promote as in torch, not as in JAX. Like torch on CPU, half and bfloat16 math is computed in
+float32 and rounded once (the interpreter casts every result to the node's recorded dtype).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ..dtypes import is_bool, is_floating, is_integer
 from ..registry import lowers
 
-
-def _scaled(y, alpha):
-    return y if alpha == 1 else y * alpha
+_LOW_PRECISION = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
 
 
-@lowers("aten.add.Tensor", "aten.add.Scalar")
-def add(x, y, alpha=1):
-    return jnp.add(x, _scaled(y, alpha))
+def opmath(dtype):
+    """The dtype torch computes in for results of `dtype` (float32 for half and bfloat16)."""
+    return jnp.float32 if np.dtype(dtype) in _LOW_PRECISION else dtype
 
 
-@lowers("aten.sub.Tensor", "aten.sub.Scalar")
-def sub(x, y, alpha=1):
-    return jnp.subtract(x, _scaled(y, alpha))
+def cast(dtype, *values):
+    """Each array or python scalar as an array of `dtype` (None stays None)."""
+    return [None if v is None else jnp.asarray(v, dtype) for v in values]
 
 
-@lowers("aten.rsub.Scalar", "aten.rsub.Tensor")
-def rsub(x, y, alpha=1):
-    return jnp.subtract(y, _scaled(x, alpha))
+def computed_in(ctx, *values):
+    """The operands in the compute dtype of the node's (promoted) result."""
+    return cast(opmath(ctx.out_dtype), *values)
 
 
-@lowers("aten.mul.Tensor", "aten.mul.Scalar")
-def mul(x, y):
-    if is_bool(jnp.result_type(x)) and is_bool(jnp.result_type(y)):
+def to_float(x):
+    """Math functions of integer and bool tensors return the default float dtype, as torch."""
+    x = jnp.asarray(x)
+    if not is_floating(x.dtype) and not jnp.iscomplexobj(x):
+        return x.astype(jnp.float32)
+    return x.astype(jnp.float32) if x.dtype in _LOW_PRECISION else x
+
+
+def _dtype(x):
+    return jnp.result_type(x)
+
+
+# --- arithmetic -----------------------------------------------------------------------------
+
+
+def _alpha(y, alpha):
+    if alpha is None or (alpha == 1 and not isinstance(alpha, bool)) or alpha is True:
+        return y
+    return y * jnp.asarray(alpha, y.dtype)
+
+
+@lowers("aten.add.Tensor", "aten.add.Scalar", ctx=True)
+def add(ctx, x, y, alpha=1):
+    x, y = computed_in(ctx, x, y)
+    if is_bool(x.dtype):
+        return jnp.logical_or(x, jnp.logical_and(y, bool(alpha)))
+    return x + _alpha(y, alpha)
+
+
+@lowers("aten.sub.Tensor", "aten.sub.Scalar", ctx=True)
+def sub(ctx, x, y, alpha=1):
+    x, y = computed_in(ctx, x, y)
+    return x - _alpha(y, alpha)
+
+
+@lowers("aten.rsub.Tensor", "aten.rsub.Scalar", ctx=True)
+def rsub(ctx, x, y, alpha=1):
+    x, y = computed_in(ctx, x, y)
+    return y - _alpha(x, alpha)
+
+
+@lowers("aten.mul.Tensor", "aten.mul.Scalar", ctx=True)
+def mul(ctx, x, y):
+    x, y = computed_in(ctx, x, y)
+    if is_bool(x.dtype):
         return jnp.logical_and(x, y)
-    return jnp.multiply(x, y)
+    return x * y
 
 
-@lowers("aten.div.Tensor", "aten.div.Scalar")
-def div(x, y):
-    return jnp.true_divide(x, y)
+@lowers("aten.div.Tensor", "aten.div.Scalar", ctx=True)
+def div(ctx, x, y):
+    x, y = computed_in(ctx, x, y)
+    return x / y
 
 
-@lowers("aten.div.Tensor_mode", "aten.div.Scalar_mode")
-def div_mode(x, y, rounding_mode=None):
+def _floor_div_float(a, b):
+    """torch's floor division of floats: Python's algorithm (via fmod), a / b when b == 0."""
+    mod = lax.rem(a, b)
+    quotient = (a - mod) / b
+    quotient = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), quotient - 1, quotient)
+    floored = jnp.floor(quotient)
+    floored = jnp.where(quotient - floored > 0.5, floored + 1, floored)
+    floored = jnp.where(quotient == 0, jnp.copysign(jnp.zeros_like(quotient), a / b), floored)
+    return jnp.where(b == 0, a / b, floored)
+
+
+def _div_rounded(x, y, rounding_mode):
     if rounding_mode is None:
-        return jnp.true_divide(x, y)
-    if is_integer(jnp.result_type(x, y)) or is_bool(jnp.result_type(x, y)):
-        x, y = jnp.asarray(x), jnp.asarray(y)
-        dtype = jnp.result_type(x, y)
-        x, y = x.astype(dtype), y.astype(dtype)
-        return lax.div(*jnp.broadcast_arrays(x, y)) if rounding_mode == "trunc" else jnp.floor_divide(x, y)
-    quotient = jnp.true_divide(x, y)
-    return jnp.trunc(quotient) if rounding_mode == "trunc" else jnp.floor(quotient)
+        return x / y
+    if is_floating(x.dtype):
+        if rounding_mode == "trunc":
+            return jnp.trunc(x / y)
+        return _floor_div_float(*jnp.broadcast_arrays(x, y))
+    if is_bool(x.dtype):
+        x, y = x.astype(jnp.int32), y.astype(jnp.int32)
+    if rounding_mode == "trunc":
+        return lax.div(*jnp.broadcast_arrays(x, y))
+    return jnp.floor_divide(x, y)
 
 
-@lowers("aten.floor_divide.default", "aten.floor_divide.Scalar")
-def floor_divide(x, y):
-    return div_mode(x, y, "floor")
+@lowers("aten.div.Tensor_mode", "aten.div.Scalar_mode", ctx=True)
+def div_mode(ctx, x, y, rounding_mode=None):
+    x, y = computed_in(ctx, x, y)
+    return _div_rounded(x, y, rounding_mode)
 
 
-@lowers("aten.remainder.Tensor", "aten.remainder.Scalar", "aten.remainder.Scalar_Tensor")
-def remainder(x, y):
-    return jnp.remainder(x, y)  # sign of the divisor, as torch
+@lowers("aten.floor_divide.default", "aten.floor_divide.Scalar", ctx=True)
+def floor_divide(ctx, x, y):
+    x, y = computed_in(ctx, x, y)
+    return _div_rounded(x, y, "floor")
 
 
-@lowers("aten.fmod.Tensor", "aten.fmod.Scalar")
-def fmod(x, y):
-    return jnp.fmod(x, y)  # sign of the dividend, as torch
+@lowers("aten.remainder.Tensor", "aten.remainder.Scalar", "aten.remainder.Scalar_Tensor", ctx=True)
+def remainder(ctx, x, y):
+    x, y = computed_in(ctx, x, y)
+    return jnp.remainder(x, y)  # the sign of the divisor, as torch
+
+
+@lowers("aten.fmod.Tensor", "aten.fmod.Scalar", ctx=True)
+def fmod(ctx, x, y):
+    x, y = computed_in(ctx, x, y)
+    return lax.rem(*jnp.broadcast_arrays(x, y))  # the sign of the dividend, as C fmod
 
 
 @lowers("aten.neg.default")
 def neg(x):
-    return jnp.negative(x)
-
-
-@lowers("aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor", "aten.pow.Scalar")
-def pow_(x, y):
-    if isinstance(y, int) and not isinstance(y, bool) and y == 2:
-        return x * x
-    return jnp.power(x, y)
+    return jnp.logical_not(x) if is_bool(_dtype(x)) else jnp.negative(x)
 
 
 @lowers("aten.abs.default")
 def abs_(x):
-    return jnp.abs(x)
+    return x if is_bool(_dtype(x)) else jnp.abs(x)
 
 
-def _unary(op: str, fn) -> None:
-    lowers(f"aten.{op}.default")(fn)
+def _int_pow(base, exp):
+    """Integer powers as torch: negative exponents give 0, except for bases 1 and -1."""
+    base, exp = jnp.broadcast_arrays(base, exp)
+    positive = jnp.power(base, jnp.maximum(exp, 0))
+    odd = (exp % 2) != 0
+    negative = jnp.where(base == 1, 1, jnp.where(base == -1, jnp.where(odd, -1, 1), 0)).astype(base.dtype)
+    return jnp.where(exp < 0, negative, positive)
+
+
+_SPECIAL_POWERS = {
+    2: lambda x: x * x,
+    3: lambda x: x * x * x,
+    0.5: jnp.sqrt,
+    -0.5: lax.rsqrt,
+    -1: lambda x: 1 / x,
+    -2: lambda x: 1 / (x * x),
+}
+
+
+@lowers("aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor", "aten.pow.Scalar", ctx=True)
+def pow_(ctx, x, y):
+    dtype = opmath(ctx.out_dtype)
+    if isinstance(y, (int, float)) and not isinstance(y, bool) and is_floating(dtype) and y in _SPECIAL_POWERS:
+        return _SPECIAL_POWERS[y](jnp.asarray(x, dtype))  # the exact shortcuts torch takes
+    x, y = cast(dtype, x, y)
+    if is_bool(dtype):
+        return jnp.logical_or(x, jnp.logical_not(y))
+    if is_integer(dtype):
+        return _int_pow(x, y)
+    return jnp.power(x, y)
+
+
+@lowers("aten.float_power.Tensor_Tensor", "aten.float_power.Tensor_Scalar", "aten.float_power.Scalar", ctx=True)
+def float_power(ctx, x, y):
+    x, y = computed_in(ctx, x, y)
+    return jnp.power(x, y)
+
+
+@lowers("aten.reciprocal.default")
+def reciprocal(x):
+    x = to_float(x)
+    return 1 / x
+
+
+@lowers("aten.square.default")
+def square(x):
+    if is_bool(_dtype(x)):
+        return x
+    x = to_float(x) if not is_integer(_dtype(x)) else x
+    return x * x
+
+
+# --- unary math -----------------------------------------------------------------------------
+
+
+def _float_unary(name: str, fn) -> None:
+    def lowering(x):
+        return fn(to_float(x))
+
+    lowering.__name__ = name
+    lowers(f"aten.{name}.default")(lowering)
 
 
 for _name, _fn in {
@@ -120,113 +237,250 @@ for _name, _fn in {
     "erfc": jax.scipy.special.erfc,
     "erfinv": jax.scipy.special.erfinv,
     "sigmoid": jax.nn.sigmoid,
-    "reciprocal": jnp.reciprocal,
-    "sign": jnp.sign,
-    "ceil": jnp.ceil,
-    "floor": jnp.floor,
-    "trunc": jnp.trunc,
-    "round": jnp.round,
-    "isnan": jnp.isnan,
-    "isinf": jnp.isinf,
-    "logical_not": jnp.logical_not,
-    "bitwise_not": jnp.invert,
+    "lgamma": jax.scipy.special.gammaln,
+    "digamma": jax.scipy.special.digamma,
+    "i0": jax.scipy.special.i0,
+    "sinc": jnp.sinc,
 }.items():
-    _unary(_name, _fn)
+    _float_unary(_name, _fn)
 
 
-def _float_input(x):
-    """Math functions of integer tensors compute in the default float type, as torch."""
-    return x.astype(jnp.float32) if not is_floating(x.dtype) and not jnp.iscomplexobj(x) else x
+def _keeps_integers(fn):
+    """Rounding ops return integer and bool tensors unchanged."""
+
+    def lowering(x):
+        if not is_floating(_dtype(x)):
+            return x
+        return fn(to_float(x))
+
+    return lowering
 
 
-@lowers("aten.relu.default")
-def relu(x):
-    return jnp.maximum(x, jnp.zeros((), x.dtype))
+lowers("aten.ceil.default")(_keeps_integers(jnp.ceil))
+lowers("aten.floor.default")(_keeps_integers(jnp.floor))
+lowers("aten.trunc.default")(_keeps_integers(jnp.trunc))
+lowers("aten.round.default")(_keeps_integers(jnp.round))  # half to even, as torch
 
 
-@lowers("aten.gelu.default")
-def gelu(x, approximate="none"):
-    return jax.nn.gelu(x, approximate=approximate == "tanh")
+@lowers("aten.round.decimals")
+def round_decimals(x, decimals=0):
+    if not is_floating(_dtype(x)):
+        return x
+    x = to_float(x)
+    if decimals == 0:
+        return jnp.round(x)
+    if decimals > 0:
+        scale = jnp.asarray(10.0**decimals, x.dtype)
+        return jnp.round(x * scale) / scale
+    scale = jnp.asarray(10.0 ** (-decimals), x.dtype)
+    return jnp.round(x / scale) * scale
 
 
-@lowers("aten.silu.default")
-def silu(x):
-    return jax.nn.silu(x)
+@lowers("aten.frac.default")
+def frac(x):
+    x = to_float(x)
+    return x - jnp.trunc(x)
 
 
-@lowers("aten.hardtanh.default")
-def hardtanh(x, min_val=-1.0, max_val=1.0):
-    return jnp.clip(x, min_val, max_val)
+@lowers("aten.sign.default", "aten.sgn.default")
+def sign(x):
+    """Not jnp.sign: torch's sign(nan) is 0."""
+    if is_bool(_dtype(x)):
+        return x
+    zero = jnp.zeros((), _dtype(x))
+    return (x > zero).astype(_dtype(x)) - (x < zero).astype(_dtype(x))
 
 
-@lowers("aten.leaky_relu.default")
-def leaky_relu(x, negative_slope=0.01):
-    return jnp.where(x > 0, x, x * negative_slope)
+@lowers("aten.signbit.default")
+def signbit(x):
+    if is_bool(_dtype(x)):
+        return jnp.zeros_like(x)
+    return jnp.signbit(x) if is_floating(_dtype(x)) else x < 0
 
 
-@lowers("aten.elu.default")
-def elu(x, alpha=1.0, scale=1.0, input_scale=1.0):
-    return scale * jnp.where(x > 0, x, alpha * jnp.expm1(x * input_scale))
+@lowers("aten.isnan.default")
+def isnan(x):
+    return jnp.isnan(x) if is_floating(_dtype(x)) else jnp.zeros(jnp.shape(x), bool)
 
 
-@lowers("aten.atan2.default")
-def atan2(x, y):
-    return jnp.arctan2(_float_input(x), _float_input(y))
+@lowers("aten.isinf.default")
+def isinf(x):
+    return jnp.isinf(x) if is_floating(_dtype(x)) else jnp.zeros(jnp.shape(x), bool)
 
 
-@lowers("aten.maximum.default")
-def maximum(x, y):
+@lowers("aten.isfinite.default")
+def isfinite(x):
+    return jnp.isfinite(x) if is_floating(_dtype(x)) else jnp.ones(jnp.shape(x), bool)
+
+
+@lowers("aten.isposinf.default")
+def isposinf(x):
+    return jnp.isposinf(x) if is_floating(_dtype(x)) else jnp.zeros(jnp.shape(x), bool)
+
+
+@lowers("aten.isneginf.default")
+def isneginf(x):
+    return jnp.isneginf(x) if is_floating(_dtype(x)) else jnp.zeros(jnp.shape(x), bool)
+
+
+@lowers("aten.nan_to_num.default")
+def nan_to_num(x, nan=0.0, posinf=None, neginf=None):
+    dtype = _dtype(x)
+    if not is_floating(dtype):
+        return x
+    info = jnp.finfo(dtype)
+    nan = 0.0 if nan is None else nan
+    posinf = info.max if posinf is None else posinf
+    neginf = info.min if neginf is None else neginf
+    x = jnp.where(jnp.isnan(x), jnp.asarray(nan, dtype), x)
+    x = jnp.where(jnp.isposinf(x), jnp.asarray(posinf, dtype), x)
+    return jnp.where(jnp.isneginf(x), jnp.asarray(neginf, dtype), x)
+
+
+# --- binary math ----------------------------------------------------------------------------
+
+
+@lowers("aten.atan2.default", "aten.atan2.out", ctx=True)
+def atan2(ctx, x, y, out=None):
+    x, y = computed_in(ctx, x, y)
+    return jnp.arctan2(x, y)
+
+
+@lowers("aten.hypot.default", ctx=True)
+def hypot(ctx, x, y):
+    x, y = computed_in(ctx, x, y)
+    return jnp.hypot(x, y)
+
+
+@lowers("aten.copysign.Tensor", "aten.copysign.Scalar", ctx=True)
+def copysign(ctx, x, y):
+    x, y = computed_in(ctx, x, y)
+    return jnp.copysign(x, y)
+
+
+@lowers("aten.nextafter.default")
+def nextafter(x, y):
+    return jnp.nextafter(x, y)
+
+
+@lowers("aten.logaddexp.default", ctx=True)
+def logaddexp(ctx, x, y):
+    x, y = computed_in(ctx, x, y)
+    return jnp.logaddexp(x, y)
+
+
+@lowers("aten.logaddexp2.default", ctx=True)
+def logaddexp2(ctx, x, y):
+    x, y = computed_in(ctx, x, y)
+    return jnp.logaddexp2(x, y)
+
+
+@lowers("aten.xlogy.Tensor", "aten.xlogy.Scalar_Self", "aten.xlogy.Scalar_Other", ctx=True)
+def xlogy(ctx, x, y):
+    """0 where x == 0, unless y is nan (torch propagates nan from y)."""
+    x, y = computed_in(ctx, x, y)
+    out = jnp.where(x == 0, jnp.zeros((), x.dtype), x * jnp.log(y))
+    return jnp.where(jnp.isnan(y), y, out)
+
+
+@lowers("aten.special_xlog1py.default", "aten.special_xlog1py.self_scalar", "aten.special_xlog1py.other_scalar", ctx=True)
+def xlog1py(ctx, x, y):
+    x, y = computed_in(ctx, x, y)
+    out = jnp.where(x == 0, jnp.zeros((), x.dtype), x * jnp.log1p(y))
+    return jnp.where(jnp.isnan(y), y, out)
+
+
+@lowers("aten.maximum.default", ctx=True)
+def maximum(ctx, x, y):
+    x, y = computed_in(ctx, x, y)
     return jnp.maximum(x, y)  # propagates NaN, as torch
 
 
-@lowers("aten.minimum.default")
-def minimum(x, y):
+@lowers("aten.minimum.default", ctx=True)
+def minimum(ctx, x, y):
+    x, y = computed_in(ctx, x, y)
     return jnp.minimum(x, y)
 
 
-@lowers("aten.clamp.default", "aten.clamp.Tensor")
-def clamp(x, min=None, max=None):
-    out = x
-    if min is not None:
-        out = jnp.maximum(out, min)
-    if max is not None:
-        out = jnp.minimum(out, max)
-    return out
+@lowers("aten.fmax.default", ctx=True)
+def fmax(ctx, x, y):
+    x, y = computed_in(ctx, x, y)
+    return jnp.fmax(x, y) if is_floating(x.dtype) else jnp.maximum(x, y)
 
 
-@lowers("aten.where.self")
-def where(cond, x, y):
+@lowers("aten.fmin.default", ctx=True)
+def fmin(ctx, x, y):
+    x, y = computed_in(ctx, x, y)
+    return jnp.fmin(x, y) if is_floating(x.dtype) else jnp.minimum(x, y)
+
+
+@lowers("aten.clamp.default", "aten.clamp.Tensor", ctx=True)
+def clamp(ctx, x, min=None, max=None):
+    """max(x, min) then min(_, max): NaN anywhere gives NaN, and min > max gives max, as torch."""
+    x, lo, hi = computed_in(ctx, x, min, max)
+    if lo is not None:
+        x = jnp.maximum(x, lo)
+    if hi is not None:
+        x = jnp.minimum(x, hi)
+    return x
+
+
+@lowers("aten.clamp_min.default", "aten.clamp_min.Tensor", ctx=True)
+def clamp_min(ctx, x, min):
+    return clamp(ctx, x, min, None)
+
+
+@lowers("aten.clamp_max.default", "aten.clamp_max.Tensor", ctx=True)
+def clamp_max(ctx, x, max):
+    return clamp(ctx, x, None, max)
+
+
+@lowers("aten.where.self", ctx=True)
+def where(ctx, cond, x, y):
+    x, y = cast(ctx.out_dtype, x, y)
     return jnp.where(cond, x, y)
 
 
-@lowers("aten.eq.Tensor", "aten.eq.Scalar")
-def eq(x, y):
-    return jnp.equal(x, y)
+@lowers("aten.lerp.Scalar", "aten.lerp.Tensor", ctx=True)
+def lerp(ctx, start, end, weight):
+    """torch's two-sided formula, exact at weight 0 and 1."""
+    start, end, weight = computed_in(ctx, start, end, weight)
+    diff = end - start
+    return jnp.where(jnp.abs(weight) < 0.5, start + weight * diff, end - diff * (1 - weight))
 
 
-@lowers("aten.ne.Tensor", "aten.ne.Scalar")
-def ne(x, y):
-    return jnp.not_equal(x, y)
+@lowers("aten.heaviside.default", ctx=True)
+def heaviside(ctx, x, values):
+    x, values = computed_in(ctx, x, values)
+    zero = jnp.zeros((), x.dtype)
+    return jnp.where(x == zero, values, (x > zero).astype(x.dtype))
 
 
-@lowers("aten.lt.Tensor", "aten.lt.Scalar")
-def lt(x, y):
-    return jnp.less(x, y)
+# --- comparisons and logic ------------------------------------------------------------------
 
 
-@lowers("aten.le.Tensor", "aten.le.Scalar")
-def le(x, y):
-    return jnp.less_equal(x, y)
+def _compare(name: str, fn) -> None:
+    def lowering(x, y):
+        return fn(x, y)
+
+    lowering.__name__ = name
+    lowers(f"aten.{name}.Tensor", f"aten.{name}.Scalar")(lowering)
 
 
-@lowers("aten.gt.Tensor", "aten.gt.Scalar")
-def gt(x, y):
-    return jnp.greater(x, y)
+for _name, _fn in {
+    "eq": jnp.equal,
+    "ne": jnp.not_equal,
+    "lt": jnp.less,
+    "le": jnp.less_equal,
+    "gt": jnp.greater,
+    "ge": jnp.greater_equal,
+}.items():
+    _compare(_name, _fn)
 
 
-@lowers("aten.ge.Tensor", "aten.ge.Scalar")
-def ge(x, y):
-    return jnp.greater_equal(x, y)
+@lowers("aten.logical_not.default")
+def logical_not(x):
+    return jnp.logical_not(x)
 
 
 @lowers("aten.logical_and.default")
@@ -244,24 +498,89 @@ def logical_xor(x, y):
     return jnp.logical_xor(x, y)
 
 
-@lowers("aten.bitwise_and.Tensor", "aten.bitwise_and.Scalar")
-def bitwise_and(x, y):
+@lowers("aten.bitwise_not.default")
+def bitwise_not(x):
+    return jnp.invert(x)
+
+
+@lowers("aten.bitwise_and.Tensor", "aten.bitwise_and.Scalar", "aten.bitwise_and.Scalar_Tensor", ctx=True)
+def bitwise_and(ctx, x, y):
+    x, y = cast(ctx.out_dtype, x, y)
     return jnp.bitwise_and(x, y)
 
 
-@lowers("aten.bitwise_or.Tensor", "aten.bitwise_or.Scalar")
-def bitwise_or(x, y):
+@lowers("aten.bitwise_or.Tensor", "aten.bitwise_or.Scalar", "aten.bitwise_or.Scalar_Tensor", ctx=True)
+def bitwise_or(ctx, x, y):
+    x, y = cast(ctx.out_dtype, x, y)
     return jnp.bitwise_or(x, y)
 
 
-@lowers("aten.bitwise_xor.Tensor", "aten.bitwise_xor.Scalar")
-def bitwise_xor(x, y):
+@lowers("aten.bitwise_xor.Tensor", "aten.bitwise_xor.Scalar", "aten.bitwise_xor.Scalar_Tensor", ctx=True)
+def bitwise_xor(ctx, x, y):
+    x, y = cast(ctx.out_dtype, x, y)
     return jnp.bitwise_xor(x, y)
+
+
+@lowers(
+    "aten.bitwise_left_shift.Tensor",
+    "aten.bitwise_left_shift.Tensor_Scalar",
+    "aten.bitwise_left_shift.Scalar_Tensor",
+    "aten.__lshift__.Tensor",
+    "aten.__lshift__.Scalar",
+    ctx=True,
+)
+def bitwise_left_shift(ctx, x, y):
+    """Shifts by a negative amount or by the bit width or more give 0, as torch."""
+    x, y = jnp.broadcast_arrays(*cast(ctx.out_dtype, x, y))
+    bits = jnp.iinfo(x.dtype).bits
+    return jnp.where((y < 0) | (y >= bits), jnp.zeros_like(x), lax.shift_left(x, y))
+
+
+@lowers(
+    "aten.bitwise_right_shift.Tensor",
+    "aten.bitwise_right_shift.Tensor_Scalar",
+    "aten.bitwise_right_shift.Scalar_Tensor",
+    "aten.__rshift__.Tensor",
+    "aten.__rshift__.Scalar",
+    ctx=True,
+)
+def bitwise_right_shift(ctx, x, y):
+    """Arithmetic shift; out-of-range amounts fill with the sign bit, as torch."""
+    x, y = jnp.broadcast_arrays(*cast(ctx.out_dtype, x, y))
+    bits = jnp.iinfo(x.dtype).bits
+    shift = jnp.where((y < 0) | (y >= bits), jnp.asarray(bits - 1, y.dtype), y)
+    if jnp.issubdtype(x.dtype, jnp.unsignedinteger):
+        return jnp.where((y < 0) | (y >= bits), jnp.zeros_like(x), lax.shift_right_logical(x, y))
+    return lax.shift_right_arithmetic(x, shift)
+
+
+@lowers("aten.gcd.default", ctx=True)
+def gcd(ctx, x, y):
+    x, y = cast(ctx.out_dtype, x, y)
+    return jnp.gcd(x, y)
+
+
+@lowers("aten.lcm.default", ctx=True)
+def lcm(ctx, x, y):
+    x, y = cast(ctx.out_dtype, x, y)
+    return jnp.lcm(x, y)
+
+
+# --- casts and copies -----------------------------------------------------------------------
+
+
+def convert(x, dtype):
+    """astype with torch's float -> narrow integer conversion (through int32, wrapping)."""
+    x = jnp.asarray(x)
+    dtype = np.dtype(dtype)
+    if is_floating(x.dtype) and is_integer(dtype) and dtype.itemsize < 4:
+        return x.astype(jnp.int32).astype(dtype)
+    return x.astype(dtype)
 
 
 @lowers("aten._to_copy.default")
 def to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
-    return x if dtype is None else x.astype(dtype)
+    return x if dtype is None else convert(x, dtype)
 
 
 @lowers("aten.clone.default", "aten.alias.default", "aten.lift_fresh_copy.default", "aten.detach.default")
@@ -271,4 +590,4 @@ def identity(x, memory_format=None):
 
 @lowers("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
 def masked_fill(x, mask, value):
-    return jnp.where(mask, jnp.asarray(value, dtype=x.dtype), x)
+    return jnp.where(mask, jnp.asarray(value).astype(_dtype(x)), x)

@@ -1,8 +1,15 @@
-"""Indexing, gather and scatter ops. Negative indices count from the end, as in torch."""
+"""Indexing, gather and scatter ops. Negative indices count from the end, as in torch.
+
+Scatter-style ops build one full coordinate array per dimension (an iota for every dim but the
+scattered one) and update with `.at[...]`, so `index` may be smaller than `self`/`src` in any dim,
+as torch allows.
+"""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 from ..registry import lowers
 
@@ -11,25 +18,262 @@ def _wrap(index, size):
     return jnp.where(index < 0, index + size, index)
 
 
+def _dim(dim, ndim):
+    return dim % ndim if ndim else 0
+
+
+def _coords(x, dim, index):
+    """Full coordinates addressing x at `index` along `dim`, and positions elsewhere (index's own)."""
+    if index.ndim == 0:
+        index = index.reshape(1)
+    if x.ndim == 0:
+        return (), index.reshape(())
+    dim = _dim(dim, x.ndim)
+    shape = index.shape
+    coords = []
+    for d in range(x.ndim):
+        if d == dim:
+            coords.append(_wrap(index, x.shape[d]).astype(jnp.int32))
+        else:
+            coords.append(lax.broadcasted_iota(jnp.int32, shape, d))
+    return tuple(coords), index
+
+
+def _leading_block(src, shape):
+    """src[:shape[0], :shape[1], ...]: the part of src that index addresses."""
+    if src.ndim == 0:
+        return jnp.broadcast_to(src, shape)
+    return src[tuple(slice(0, s) for s in shape)]
+
+
 @lowers("aten.embedding.default")
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    return jnp.take(weight, indices, axis=0)
+    return jnp.take(weight, _wrap(indices, weight.shape[0]), axis=0)
+
+
+@lowers("aten.embedding_dense_backward.default")
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    flat = indices.reshape(-1)
+    grad = grad_output.reshape((flat.shape[0],) + grad_output.shape[indices.ndim :])
+    keep = flat != padding_idx
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), jnp.int32).at[flat].add(1)
+        grad = grad / counts[flat].astype(grad.dtype).reshape((-1,) + (1,) * (grad.ndim - 1))
+    grad = jnp.where(keep.reshape((-1,) + (1,) * (grad.ndim - 1)), grad, jnp.zeros((), grad.dtype))
+    out = jnp.zeros((num_weights,) + grad.shape[1:], grad.dtype)
+    return out.at[flat].add(grad)
 
 
 @lowers("aten.index_select.default")
 def index_select(x, dim, index):
-    return jnp.take(x, _wrap(index, x.shape[dim]), axis=dim)
+    if x.ndim == 0:
+        return jnp.take(x.reshape(1), index.reshape(-1), axis=0).reshape(())
+    dim = _dim(dim, x.ndim)
+    return jnp.take(x, _wrap(index.reshape(-1), x.shape[dim]), axis=dim)
+
+
+def _index_key(x, indices):
+    key = []
+    for d, i in enumerate(indices):
+        if i is None:
+            key.append(slice(None))
+        elif i.dtype == jnp.bool_ or i.dtype == jnp.uint8:
+            key.append(i.astype(jnp.bool_))
+        else:
+            key.append(i)
+    return tuple(key)
 
 
 @lowers("aten.index.Tensor")
 def index(x, indices):
     """Advanced indexing with a list of optional index tensors (None keeps a dim whole)."""
-    key = tuple(
-        slice(None) if i is None else (i if i.dtype == jnp.bool_ else _wrap(i, x.shape[d])) for d, i in enumerate(indices)
-    )
-    return x[key]
+    return x[_index_key(x, indices)]
+
+
+@lowers("aten.index_put.default", "aten._unsafe_index_put.default")
+def index_put(x, indices, values, accumulate=False):
+    key = _index_key(x, indices)
+    values = values.astype(x.dtype)
+    if any(not isinstance(k, slice) and k.dtype == jnp.bool_ for k in key):
+        if len(key) == 1 and key[0].shape == x.shape and values.size == 1:
+            # x[mask] = v: a select, no data-dependent shapes
+            v = values.reshape(())
+            return jnp.where(key[0], x + v if accumulate else v, x)
+    if accumulate:
+        if x.dtype == jnp.bool_:
+            return x.at[key].max(values)
+        return x.at[key].add(values)
+    return x.at[key].set(values)
+
+
+@lowers("aten._unsafe_index.Tensor")
+def unsafe_index(x, indices):
+    return index(x, indices)
 
 
 @lowers("aten.gather.default")
 def gather(x, dim, index, sparse_grad=False):
-    return jnp.take_along_axis(x, _wrap(index, x.shape[dim]), axis=dim)
+    coords, index = _coords(x, dim, index)
+    if x.ndim == 0:
+        return jnp.broadcast_to(x, index.shape).reshape(index.shape if index.ndim else ())
+    return x[coords]
+
+
+def _scatter_prepare(x, dim, index, src):
+    out_shape = index.shape
+    coords, index = _coords(x, dim, index)
+    if x.ndim == 0:
+        return x.reshape(1), (index.reshape(-1) * 0,), _leading_block(jnp.asarray(src, x.dtype).reshape(-1), (index.size,)), True
+    if isinstance(src, (int, float, bool)) or getattr(src, "ndim", 1) == 0:
+        vals = jnp.broadcast_to(jnp.asarray(src).astype(x.dtype), index.shape)
+    else:
+        vals = _leading_block(src.astype(x.dtype), index.shape)
+    del out_shape
+    return x, coords, vals, False
+
+
+def _finish(out, scalar):
+    return out.reshape(()) if scalar else out
+
+
+@lowers("aten.scatter.src", "aten.scatter.value")
+def scatter(x, dim, index, src):
+    base, coords, vals, scalar = _scatter_prepare(x, dim, index, src)
+    return _finish(base.at[coords].set(vals), scalar)
+
+
+@lowers("aten.scatter.reduce", "aten.scatter.value_reduce")
+def scatter_with_reduce(x, dim, index, src, reduce):
+    base, coords, vals, scalar = _scatter_prepare(x, dim, index, src)
+    if reduce == "add":
+        out = base.at[coords].add(vals) if base.dtype != jnp.bool_ else base.at[coords].max(vals)
+    elif reduce == "multiply":
+        out = base.at[coords].multiply(vals) if base.dtype != jnp.bool_ else base.at[coords].min(vals)
+    else:
+        raise ValueError(f"scatter reduce={reduce!r}")
+    return _finish(out, scalar)
+
+
+@lowers("aten.scatter_add.default")
+def scatter_add(x, dim, index, src):
+    return scatter_with_reduce(x, dim, index, src, "add")
+
+
+def _lowest(dtype):
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.array(-jnp.inf, dtype)
+    if dtype == jnp.bool_:
+        return jnp.array(False)
+    return jnp.array(jnp.iinfo(dtype).min, dtype)
+
+
+def _highest(dtype):
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.array(jnp.inf, dtype)
+    if dtype == jnp.bool_:
+        return jnp.array(True)
+    return jnp.array(jnp.iinfo(dtype).max, dtype)
+
+
+@lowers("aten.scatter_reduce.two")
+def scatter_reduce(x, dim, index, src, reduce, include_self=True):
+    base, coords, vals, scalar = _scatter_prepare(x, dim, index, src)
+    is_bool = base.dtype == jnp.bool_
+    if reduce in ("sum", "mean"):
+        start = base if include_self else base.at[coords].set(jnp.zeros((), base.dtype))
+        out = start.at[coords].max(vals) if is_bool else start.at[coords].add(vals)
+        if reduce == "mean":
+            count = jnp.ones(base.shape, jnp.int32) if include_self else jnp.zeros(base.shape, jnp.int32)
+            count = count.at[coords].add(1)
+            count = jnp.maximum(count, 1)
+            if jnp.issubdtype(base.dtype, jnp.floating):
+                out = out / count.astype(base.dtype)
+            elif is_bool:
+                out = out  # a bool sum divided by a count >= 1 is unchanged when cast back to bool
+            else:
+                out = jnp.floor_divide(out, count.astype(base.dtype))
+    elif reduce == "prod":
+        start = base if include_self else base.at[coords].set(jnp.ones((), base.dtype))
+        out = start.at[coords].min(vals) if is_bool else start.at[coords].multiply(vals)
+    elif reduce == "amax":
+        start = base if include_self else base.at[coords].set(_lowest(base.dtype))
+        out = start.at[coords].max(vals)
+    elif reduce == "amin":
+        start = base if include_self else base.at[coords].set(_highest(base.dtype))
+        out = start.at[coords].min(vals)
+    else:
+        raise ValueError(f"scatter_reduce reduce={reduce!r}")
+    return _finish(out, scalar)
+
+
+@lowers("aten.masked_scatter.default")
+def masked_scatter(x, mask, source):
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)
+    xb = jnp.broadcast_to(x, shape).reshape(-1)
+    mb = jnp.broadcast_to(mask, shape).reshape(-1)
+    src = source.reshape(-1).astype(x.dtype)
+    if src.shape[0] == 0:
+        return xb.reshape(shape)
+    pos = jnp.cumsum(mb.astype(jnp.int32)) - 1
+    pos = jnp.clip(pos, 0, src.shape[0] - 1)
+    return jnp.where(mb, src[pos], xb).reshape(shape)
+
+
+@lowers("aten.nonzero_static.default")
+def nonzero_static(x, size, fill_value=-1):
+    if x.ndim == 0:
+        x = x.reshape(1)
+        out = jnp.nonzero(x, size=size, fill_value=fill_value)
+        return jnp.zeros((size, 0), jnp.int32)
+    out = jnp.nonzero(x, size=size, fill_value=fill_value)
+    return jnp.stack(out, axis=1).astype(jnp.int32)
+
+
+@lowers("aten.index_add.default")
+def index_add(x, dim, index, source, alpha=1):
+    if x.ndim == 0:
+        x1 = x.reshape(1)
+        src = jnp.asarray(source).reshape(-1)
+        out = index_add(x1, 0, index.reshape(-1), src, alpha)
+        return out.reshape(())
+    dim = _dim(dim, x.ndim)
+    source = source.astype(x.dtype)
+    if alpha != 1:
+        source = source * jnp.asarray(alpha, x.dtype)
+    key = (slice(None),) * dim + (_wrap(index.reshape(-1), x.shape[dim]),)
+    if source.ndim == 0:
+        source = source.reshape(1)
+    if x.dtype == jnp.bool_:
+        return x.at[key].max(source)
+    return x.at[key].add(source)
+
+
+@lowers("aten.index_copy.default")
+def index_copy(x, dim, index, source):
+    if x.ndim == 0:
+        return jnp.asarray(source, x.dtype).reshape(())
+    dim = _dim(dim, x.ndim)
+    key = (slice(None),) * dim + (_wrap(index.reshape(-1), x.shape[dim]),)
+    if source.ndim == 0:
+        source = source.reshape(1)
+    return x.at[key].set(source.astype(x.dtype))
+
+
+@lowers("aten.index_fill.int_Scalar", "aten.index_fill.int_Tensor")
+def index_fill(x, dim, index, value):
+    value = jnp.asarray(value).astype(x.dtype).reshape(())
+    if x.ndim == 0:
+        return jnp.where(index.size > 0, value, x)
+    dim = _dim(dim, x.ndim)
+    key = (slice(None),) * dim + (_wrap(index.reshape(-1), x.shape[dim]),)
+    return x.at[key].set(value)
+
+
+@lowers("aten.take.default")
+def take(x, index):
+    flat = x.reshape(-1)
+    return flat[_wrap(index, flat.shape[0])]
+
+
+def _np_int(v):
+    return np.asarray(v).astype(np.int64)
