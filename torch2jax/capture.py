@@ -7,6 +7,7 @@ symbolic dims are renamed to the user's dim names.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -210,14 +211,17 @@ def _json_keys(keys: list) -> list:
 
 
 def _user_frame(stack_trace: str | None) -> str | None:
-    """The innermost 'File ..., line N' frame and its code line: where the user wrote the op."""
+    """The innermost frame outside torch itself and its code line: where the user wrote the op."""
     if not stack_trace:
         return None
     lines = [line for line in stack_trace.strip().splitlines() if line.strip()]
-    for i in range(len(lines) - 1, -1, -1):
-        if lines[i].lstrip().startswith("File "):
-            return "\n".join(x.strip() for x in lines[i : i + 2])
-    return lines[-1].strip()
+    frames = [i for i, line in enumerate(lines) if line.lstrip().startswith("File ")]
+    outside_torch = [i for i in frames if _TORCH_DIR not in lines[i]]
+    chosen = (outside_torch or frames or [len(lines) - 1])[-1]
+    return "\n".join(x.strip() for x in lines[chosen : chosen + 2])
+
+
+_TORCH_DIR = str(Path(torch.__file__).parent) + "/"
 
 
 def _symbol_ranges(ep: torch.export.ExportedProgram, symbol_names: dict[str, str]) -> dict[str, dict]:

@@ -14,11 +14,14 @@ A converted graph that draws random numbers is checked for:
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 
 import jax
 import numpy as np
 import torch
+import torch.testing._utils as torch_testing_utils
 
 from torch2jax import dtypes
 from torch2jax.capture import dtype_name
@@ -35,8 +38,7 @@ def check_random(prepared, model) -> None:
         return _flat(model(*inputs, rng=jax.random.key(seed)))
 
     def theirs(seed):
-        torch.manual_seed(seed)
-        with torch.no_grad():
+        with _seeded(seed), torch.no_grad():
             return _flat(prepared.module(*(t.clone() for t in prepared.inputs)))
 
     first, again = ours(0), ours(0)
@@ -59,6 +61,29 @@ def check_random(prepared, model) -> None:
         t = np.stack([_np(d[k]) for d in torch_draws])
         o = np.stack([_np(d[k]) for d in our_draws])
         _check_output(f"output[{k}]", t, o)
+
+
+@contextlib.contextmanager
+def _seeded(seed: int):
+    """Seed torch for one draw. OpInfo wraps random ops in `wrapper_set_seed` (always seed 42), so
+    for the draw that wrapper is swapped, in the modules that use it, for one seeding with `seed`."""
+    original = torch_testing_utils.wrapper_set_seed
+
+    def reseeded(op, *args, **kwargs):
+        torch.manual_seed(seed)
+        return op(*args, **kwargs)
+
+    users = [m for name, m in list(sys.modules.items())
+             if name.startswith("torch.testing") and getattr(m, "wrapper_set_seed", None) is original]
+    for module in users:
+        module.wrapper_set_seed = reseeded
+    try:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            yield
+    finally:
+        for module in users:
+            module.wrapper_set_seed = original
 
 
 def _check_output(path: str, t: np.ndarray, o: np.ndarray) -> None:

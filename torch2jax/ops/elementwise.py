@@ -591,3 +591,15 @@ def identity(x, memory_format=None):
 @lowers("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
 def masked_fill(x, mask, value):
     return jnp.where(mask, jnp.asarray(value).astype(_dtype(x)), x)
+
+
+@lowers("aten.frexp.Tensor")
+def frexp(x):
+    mantissa, exponent = jnp.frexp(to_float(x))
+    return mantissa, exponent.astype(jnp.int32)
+
+
+@lowers("aten.ldexp.Tensor", ctx=True)
+def ldexp(ctx, x, other):
+    x, other = computed_in(ctx, x, other)
+    return x * jnp.exp2(other)

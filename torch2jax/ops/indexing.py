@@ -7,8 +7,8 @@ as torch allows.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from ..registry import lowers
@@ -74,7 +74,7 @@ def index_select(x, dim, index):
 
 def _index_key(x, indices):
     key = []
-    for d, i in enumerate(indices):
+    for i in indices:
         if i is None:
             key.append(slice(None))
         elif i.dtype == jnp.bool_ or i.dtype == jnp.uint8:
@@ -94,16 +94,44 @@ def index(x, indices):
 def index_put(x, indices, values, accumulate=False):
     key = _index_key(x, indices)
     values = values.astype(x.dtype)
+    mode = None
     if any(not isinstance(k, slice) and k.dtype == jnp.bool_ for k in key):
-        if len(key) == 1 and key[0].shape == x.shape and values.size == 1:
-            # x[mask] = v: a select, no data-dependent shapes
-            v = values.reshape(())
-            return jnp.where(key[0], x + v if accumulate else v, x)
+        key, values = _static_bool_key(x, key, values)
+        mode = "drop"
+    ref = x.at[key]
     if accumulate:
-        if x.dtype == jnp.bool_:
-            return x.at[key].max(values)
-        return x.at[key].add(values)
-    return x.at[key].set(values)
+        return ref.max(values, mode=mode) if x.dtype == jnp.bool_ else ref.add(values, mode=mode)
+    return ref.set(values, mode=mode)
+
+
+def _static_bool_key(x, key, values):
+    """Bool masks as integer indices of a static length (the mask's size), padded with an
+    out-of-range index whose updates are dropped; values are padded to match."""
+    out, d = [], 0
+    for k in key:
+        if isinstance(k, slice) or k.dtype != jnp.bool_:
+            out.append(k)
+            d += 1
+            continue
+        dims = x.shape[d : d + k.ndim]
+        out.extend(_nonzero_padded(k, dims))
+        d += k.ndim
+    key = tuple(out)
+    probe = tuple(k if isinstance(k, slice) else jnp.zeros(k.shape, jnp.int32) for k in key)
+    target = jax.eval_shape(lambda a: a[probe], jax.ShapeDtypeStruct(x.shape, jnp.bool_)).shape
+    try:
+        jnp.broadcast_shapes(values.shape, target)
+    except ValueError:
+        lead = len(target) - values.ndim
+        pads = [(0, max(t - v, 0)) if v != 1 else (0, 0) for v, t in zip(values.shape, target[lead:])]
+        values = jnp.pad(values, pads)
+    return key, values
+
+
+def _nonzero_padded(mask, dims):
+    coords = jnp.nonzero(mask, size=mask.size, fill_value=0)
+    valid = jnp.arange(mask.size) < jnp.sum(mask.astype(jnp.int32))
+    return [jnp.where(valid, c, size) for c, size in zip(coords, dims)]
 
 
 @lowers("aten._unsafe_index.Tensor")
@@ -120,7 +148,6 @@ def gather(x, dim, index, sparse_grad=False):
 
 
 def _scatter_prepare(x, dim, index, src):
-    out_shape = index.shape
     coords, index = _coords(x, dim, index)
     if x.ndim == 0:
         return x.reshape(1), (index.reshape(-1) * 0,), _leading_block(jnp.asarray(src, x.dtype).reshape(-1), (index.size,)), True
@@ -128,7 +155,6 @@ def _scatter_prepare(x, dim, index, src):
         vals = jnp.broadcast_to(jnp.asarray(src).astype(x.dtype), index.shape)
     else:
         vals = _leading_block(src.astype(x.dtype), index.shape)
-    del out_shape
     return x, coords, vals, False
 
 
@@ -222,8 +248,6 @@ def masked_scatter(x, mask, source):
 @lowers("aten.nonzero_static.default")
 def nonzero_static(x, size, fill_value=-1):
     if x.ndim == 0:
-        x = x.reshape(1)
-        out = jnp.nonzero(x, size=size, fill_value=fill_value)
         return jnp.zeros((size, 0), jnp.int32)
     out = jnp.nonzero(x, size=size, fill_value=fill_value)
     return jnp.stack(out, axis=1).astype(jnp.int32)
@@ -275,5 +299,46 @@ def take(x, index):
     return flat[_wrap(index, flat.shape[0])]
 
 
-def _np_int(v):
-    return np.asarray(v).astype(np.int64)
+@lowers("aten.put.default")
+def put(x, index, source, accumulate=False):
+    flat = x.reshape(-1)
+    idx = _wrap(index.reshape(-1), flat.shape[0])
+    src = source.reshape(-1).astype(x.dtype)
+    if accumulate:
+        out = flat.at[idx].max(src) if x.dtype == jnp.bool_ else flat.at[idx].add(src)
+    else:
+        out = flat.at[idx].set(src)
+    return out.reshape(x.shape)
+
+
+@lowers("aten.index_reduce.default")
+def index_reduce(x, dim, index, source, reduce, include_self=True):
+    if x.ndim == 0:
+        return index_reduce(x.reshape(1), 0, index.reshape(-1), source.reshape(-1), reduce, include_self).reshape(())
+    dim = _dim(dim, x.ndim)
+    key = (slice(None),) * dim + (_wrap(index.reshape(-1), x.shape[dim]),)
+    src = source.astype(x.dtype)
+    if src.ndim == 0:
+        src = src.reshape(1)
+    is_bool = x.dtype == jnp.bool_
+    if reduce == "prod":
+        start = x if include_self else x.at[key].set(jnp.ones((), x.dtype))
+        return start.at[key].min(src) if is_bool else start.at[key].multiply(src)
+    if reduce == "amax":
+        start = x if include_self else x.at[key].set(_lowest(x.dtype))
+        return start.at[key].max(src)
+    if reduce == "amin":
+        start = x if include_self else x.at[key].set(_highest(x.dtype))
+        return start.at[key].min(src)
+    if reduce == "mean":
+        start = x if include_self else x.at[key].set(jnp.zeros((), x.dtype))
+        out = start.at[key].max(src) if is_bool else start.at[key].add(src)
+        count = jnp.full((x.shape[dim],), 1 if include_self else 0, jnp.int32)
+        count = jnp.maximum(count.at[key[-1]].add(1), 1)
+        count = count.reshape((-1,) + (1,) * (x.ndim - dim - 1))
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            return out / count.astype(x.dtype)
+        if is_bool:
+            return out
+        return jnp.floor_divide(out, count.astype(x.dtype))
+    raise ValueError(f"index_reduce reduce={reduce!r}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import string
 
 import jax.numpy as jnp
+import numpy as np
 
 from ..registry import lowers
 
@@ -119,3 +120,49 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
         out = jnp.einsum(spec, *operands, preferred_element_type=_acc_dtype(dtype))
     return out.reshape(tuple(sizes.get(d, 1) for d in out_dims)).astype(dtype)
 
+
+
+# --- pairwise distances --------------------------------------------------------------------------
+
+
+def _p_norm(diff, p, axis=-1):
+    """torch's vector p-norm of differences: p=0 counts nonzeros, inf takes the max."""
+    a = jnp.abs(diff)
+    if p == 0:
+        return jnp.sum((a != 0).astype(diff.dtype), axis=axis)
+    if p == float("inf"):
+        return jnp.max(a, axis=axis)
+    if p == 1:
+        return jnp.sum(a, axis=axis)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(a * a, axis=axis))
+    return jnp.sum(a**p, axis=axis) ** (1.0 / p)
+
+
+@lowers("aten._cdist_forward.default")
+def cdist_forward(x1, x2, p, compute_mode=None):
+    dtype = jnp.result_type(x1, x2)
+    acc = _acc_dtype(dtype) or dtype
+    a, b = x1.astype(acc), x2.astype(acc)
+    rows, cols = x1.shape[-2], x2.shape[-2]
+    # torch's choice: 0/None -> matmul form when p == 2 and either side has more than 25 rows; 1 -> always
+    use_mm = p == 2 and (compute_mode == 1 or ((compute_mode in (None, 0)) and (rows > 25 or cols > 25)))
+    if use_mm:
+        na = jnp.sum(a * a, axis=-1, keepdims=True)
+        nb = jnp.sum(b * b, axis=-1, keepdims=True)
+        ones_a, ones_b = jnp.ones_like(na), jnp.ones_like(nb)
+        left = jnp.concatenate([a * -2, na, ones_a], axis=-1)
+        right = jnp.concatenate([b, ones_b, nb], axis=-1)
+        sq = jnp.matmul(left, jnp.swapaxes(right, -1, -2))
+        return jnp.sqrt(jnp.maximum(sq, 0)).astype(dtype)
+    diff = a[..., :, None, :] - b[..., None, :, :]
+    return _p_norm(diff, p).astype(dtype)
+
+
+@lowers("aten._pdist_forward.default")
+def pdist_forward(x, p=2.0):
+    n = x.shape[0]
+    i, j = np.triu_indices(n, k=1)
+    acc = _acc_dtype(x.dtype) or x.dtype
+    xf = x.astype(acc)
+    return _p_norm(xf[i] - xf[j], p).astype(x.dtype)

@@ -61,3 +61,66 @@ def native_group_norm(x, weight, bias, n, c, hw, group, eps):
     if bias is not None:
         out = out + bias.reshape(shape)
     return out.astype(x.dtype), mean.reshape(x.shape[0], group), rstd.reshape(x.shape[0], group)
+
+
+def _batch_stats(x):
+    """Per-channel mean and biased variance over (N, *spatial), in float32 for low precision."""
+    xf = _acc(x)
+    axes = (0,) + tuple(range(2, x.ndim))
+    mean = jnp.mean(xf, axis=axes)
+    var = jnp.mean(jnp.square(xf - mean.reshape(_channel_shape(x))), axis=axes)
+    return xf, mean, var
+
+
+def _normalize(x, xf, mean, rstd, weight, bias):
+    shape = _channel_shape(x)
+    out = (xf - mean.reshape(shape)) * rstd.reshape(shape)
+    if weight is not None:
+        out = out * weight.reshape(shape)
+    if bias is not None:
+        out = out + bias.reshape(shape)
+    return out.astype(x.dtype)
+
+
+def _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps):
+    """Training-mode batch norm: normalize with the batch's statistics and update the running ones."""
+    xf, mean, var = _batch_stats(x)
+    rstd = lax.rsqrt(var + eps)
+    out = _normalize(x, xf, mean, rstd, weight, bias)
+    new_mean = new_var = None
+    if running_mean is not None:
+        new_mean = (momentum * mean + (1 - momentum) * running_mean).astype(running_mean.dtype)
+    if running_var is not None:
+        n = x.size // x.shape[1]
+        unbiased = var * (n / (n - 1)) if n > 1 else var * jnp.inf
+        new_var = (momentum * unbiased + (1 - momentum) * running_var).astype(running_var.dtype)
+    return out, mean, rstd, new_mean, new_var
+
+
+@lowers("aten._native_batch_norm_legit_functional.default")
+def native_batch_norm_legit_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if not training:
+        out, _, _ = batch_norm_inference(x, weight, bias, running_mean, running_var, momentum, eps)
+        empty = jnp.zeros((0,), jnp.float32)
+        return out, empty, empty, running_mean, running_var
+    return _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps)
+
+
+@lowers("aten._native_batch_norm_legit.no_stats")
+def native_batch_norm_legit_no_stats(x, weight, bias, training, momentum, eps):
+    out, mean, rstd, _, _ = _batch_norm_train(x, weight, bias, None, None, momentum, eps)
+    return out, mean, rstd
+
+
+@lowers("aten._batch_norm_with_update_functional.default")
+def batch_norm_with_update_functional(x, weight, bias, running_mean, running_var, momentum, eps):
+    out, mean, rstd, new_mean, new_var = _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps)
+    return out, mean, rstd, jnp.zeros((0,), jnp.uint8), new_mean, new_var
+
+
+@lowers("aten._native_batch_norm_legit.default")
+def native_batch_norm_legit(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if training:
+        # updates running_mean/var in place; torch.export functionalizes this to the _functional op
+        raise NotImplementedError("in-place batch-norm statistics update: export the model functionalized")
+    return batch_norm_inference(x, weight, bias, running_mean, running_var, momentum, eps)

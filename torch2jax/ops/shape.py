@@ -7,6 +7,7 @@ torch.export's functionalization before the graph reaches us.
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ..registry import lowers
@@ -161,3 +162,247 @@ def constant_pad_nd(x, pad, value=0):
         axis = x.ndim - 1 - i
         config[axis] = (pad[2 * i], pad[2 * i + 1], 0)
     return lax.pad(x, jnp.asarray(value, x.dtype), config)
+
+
+# --- more views and view copies ------------------------------------------------------------------
+
+
+def _ax(dim, ndim):
+    return dim % ndim if ndim else 0
+
+
+@lowers("aten.view_copy.default")
+def view_copy(x, size):
+    return view(x, size)
+
+
+@lowers("aten.permute_copy.default")
+def permute_copy(x, dims):
+    return permute(x, dims)
+
+
+@lowers("aten.unbind.int", "aten.unbind_copy.int")
+def unbind(x, dim=0):
+    dim = _ax(dim, x.ndim)
+    return [lax.index_in_dim(x, i, axis=dim, keepdims=False) for i in range(x.shape[dim])]
+
+
+@lowers("aten.flip.default")
+def flip(x, dims):
+    if x.ndim == 0:
+        return x
+    return jnp.flip(x, axis=tuple(sorted({_ax(d, x.ndim) for d in dims})))
+
+
+@lowers("aten.repeat.default")
+def repeat(x, repeats):
+    repeats = tuple(repeats)
+    x = jnp.reshape(x, (1,) * (len(repeats) - x.ndim) + tuple(x.shape))
+    return jnp.tile(x, repeats)
+
+
+@lowers("aten.diagonal.default", "aten.diagonal_copy.default")
+def diagonal(x, offset=0, dim1=0, dim2=1):
+    d1, d2 = _ax(dim1, x.ndim), _ax(dim2, x.ndim)
+    rows, cols = _diag_coords(x.shape[d1], x.shape[d2], offset)
+    xt = jnp.moveaxis(x, (d1, d2), (-2, -1))
+    return xt[..., rows, cols]
+
+
+def _diag_coords(n1, n2, offset):
+    if offset >= 0:
+        length = max(0, min(n1, n2 - offset))
+        rows = np.arange(length)
+        cols = rows + offset
+    else:
+        length = max(0, min(n1 + offset, n2))
+        cols = np.arange(length)
+        rows = cols - offset
+    return rows.astype(np.int32), cols.astype(np.int32)
+
+
+@lowers("aten.diagonal_scatter.default")
+def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    d1, d2 = _ax(dim1, x.ndim), _ax(dim2, x.ndim)
+    rows, cols = _diag_coords(x.shape[d1], x.shape[d2], offset)
+    xt = jnp.moveaxis(x, (d1, d2), (-2, -1))
+    xt = xt.at[..., rows, cols].set(src.astype(x.dtype))
+    return jnp.moveaxis(xt, (-2, -1), (d1, d2))
+
+
+@lowers("aten.unfold.default", "aten.unfold_copy.default")
+def unfold(x, dimension, size, step):
+    if x.ndim == 0:
+        return jnp.broadcast_to(x, (size,))
+    dim = _ax(dimension, x.ndim)
+    count = (x.shape[dim] - size) // step + 1
+    idx = (np.arange(count) * step)[:, None] + np.arange(size)[None, :]
+    out = jnp.take(x, jnp.asarray(idx.astype(np.int32)), axis=dim)  # (..., count, size, ...)
+    return jnp.moveaxis(out, dim + 1, -1)
+
+
+@lowers("aten.narrow_copy.default", "aten.narrow.default")
+def narrow_copy(x, dim, start, length):
+    dim = _ax(dim, x.ndim)
+    if isinstance(start, int) and start < 0:
+        start += x.shape[dim]
+    return lax.slice_in_dim(x, start, start + length, axis=dim)
+
+
+@lowers("aten.slice_copy.Tensor")
+def slice_copy(x, dim=0, start=None, end=None, step=1):
+    return slice_(x, dim, start, end, step)
+
+
+@lowers("aten.select_copy.int")
+def select_copy(x, dim, index):
+    return select(x, dim, index)
+
+
+@lowers("aten.slice_scatter.default")
+def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
+    if x.ndim == 0:
+        return src.astype(x.dtype).reshape(())
+    dim = _ax(dim, x.ndim)
+    size = x.shape[dim]
+    start = _clamp_index(0 if start is None else start, size)
+    end = _clamp_index(size if end is None else end, size)
+    if isinstance(start, int) and isinstance(end, int) and end < start:
+        end = start
+    key = (slice(None),) * dim + (slice(start, end, step),)
+    return x.at[key].set(src.astype(x.dtype))
+
+
+@lowers("aten.select_scatter.default")
+def select_scatter(x, src, dim, index):
+    dim = _ax(dim, x.ndim)
+    if isinstance(index, int) and index < 0:
+        index += x.shape[dim]
+    key = (slice(None),) * dim + (index,)
+    return x.at[key].set(src.astype(x.dtype))
+
+
+def _strided_positions(size, stride, storage_offset):
+    storage_offset = 0 if storage_offset is None else storage_offset
+    pos = np.full(tuple(size), storage_offset, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        pos = pos + (np.arange(n) * s).reshape(shape)
+    return pos
+
+
+@lowers("aten.as_strided.default", "aten.as_strided_copy.default")
+def as_strided(x, size, stride, storage_offset=None):
+    """Reads x's elements as if x were a contiguous buffer (inputs and fresh tensors are)."""
+    pos = _strided_positions(size, stride, storage_offset)
+    return x.reshape(-1)[jnp.asarray(pos.astype(np.int32))] if pos.size else jnp.zeros(tuple(size), x.dtype)
+
+
+@lowers("aten.as_strided_scatter.default")
+def as_strided_scatter(x, src, size, stride, storage_offset=None):
+    pos = _strided_positions(size, stride, storage_offset)
+    if pos.size == 0:
+        return x
+    flat = x.reshape(-1).at[jnp.asarray(pos.reshape(-1).astype(np.int32))].set(src.reshape(-1).astype(x.dtype))
+    return flat.reshape(x.shape)
+
+
+@lowers("aten.sym_storage_offset.default")
+def sym_storage_offset(x):
+    return 0
+
+
+@lowers("aten.copy.default")
+def copy(x, src, non_blocking=False):
+    return jnp.broadcast_to(jnp.asarray(src).astype(x.dtype), x.shape)
+
+
+@lowers("aten.fill.Scalar", "aten.fill.Tensor")
+def fill(x, value):
+    return jnp.full(x.shape, jnp.asarray(value).astype(x.dtype).reshape(()), dtype=x.dtype)
+
+
+@lowers("aten.zeros_like.default", "aten.empty_like.default")
+def zeros_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.zeros(x.shape, dtype=dtype or x.dtype)
+
+
+@lowers("aten.ones_like.default")
+def ones_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.ones(x.shape, dtype=dtype or x.dtype)
+
+
+@lowers("aten.empty_permuted.default")
+def empty_permuted(size, physical_layout, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(tuple(size), dtype=dtype or jnp.float32)
+
+
+@lowers("aten.new_empty_strided.default")
+def new_empty_strided(x, size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(tuple(size), dtype=dtype or x.dtype)
+
+
+@lowers("aten.new_empty.default", "aten.new_zeros.default")
+def new_zeros(x, size, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(tuple(size), dtype=dtype or x.dtype)
+
+
+@lowers("aten.new_ones.default")
+def new_ones(x, size, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.ones(tuple(size), dtype=dtype or x.dtype)
+
+
+@lowers("aten.new_full.default")
+def new_full(x, size, fill_value, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.full(tuple(size), fill_value, dtype=dtype or x.dtype)
+
+
+def _tri_indices(np_fn, row, col, offset, dtype):
+    r, c = np_fn(row, offset, col)
+    return jnp.asarray(np.stack([r, c]).astype(np.int64)).astype(dtype or jnp.int32)
+
+
+@lowers("aten.triu_indices.default")
+def triu_indices(row, col, offset=0, dtype=None, layout=None, device=None, pin_memory=None):
+    return _tri_indices(np.triu_indices, row, col, offset, dtype)
+
+
+@lowers("aten.tril_indices.default")
+def tril_indices(row, col, offset=0, dtype=None, layout=None, device=None, pin_memory=None):
+    return _tri_indices(np.tril_indices, row, col, offset, dtype)
+
+
+# --- padding ---------------------------------------------------------------------------------------
+
+
+def _pad_mode(x, padding, mode):
+    """Pad the last len(padding)//2 dims; padding is torch's (last_lo, last_hi, prev_lo, ...).
+    Negative amounts crop first, then jnp.pad extends (reflect: mirror without the edge; edge:
+    replicate; wrap: circular)."""
+    n = len(padding) // 2
+    config = [(0, 0)] * x.ndim
+    crop = [slice(None)] * x.ndim
+    for i in range(n):
+        axis = x.ndim - 1 - i
+        lo, hi = padding[2 * i], padding[2 * i + 1]
+        size = x.shape[axis]
+        crop[axis] = slice(max(-lo, 0), size - max(-hi, 0))
+        config[axis] = (max(lo, 0), max(hi, 0))
+    x = x[tuple(crop)]
+    return jnp.pad(x, config, mode=mode)
+
+
+@lowers("aten.reflection_pad1d.default", "aten.reflection_pad2d.default", "aten.reflection_pad3d.default")
+def reflection_pad(x, padding):
+    return _pad_mode(x, padding, "reflect")
+
+
+@lowers("aten.replication_pad1d.default", "aten.replication_pad2d.default", "aten.replication_pad3d.default")
+def replication_pad(x, padding):
+    return _pad_mode(x, padding, "edge")
+
+
+@lowers("aten._pad_circular.default")
+def pad_circular(x, pad):
+    return _pad_mode(x, pad, "wrap")

@@ -1,0 +1,324 @@
+"""Upsampling / interpolation, with torch's source-index arithmetic.
+
+Shapes are static, so every source index and weight is a numpy constant computed the way torch's
+kernels compute it (float32 `area_pixel_compute_scale` / `compute_scales_value`); the lowering is a
+few static gathers and multiply-adds per spatial dim. Low precision blends in float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from ..registry import lowers
+
+_LOW = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+_f32 = np.float32
+
+
+def _output_sizes(x, n, output_size, scale_factors):
+    if output_size is not None:
+        return tuple(int(s) for s in output_size)
+    return tuple(int(math.floor(size * float(s))) for size, s in zip(x.shape[-n:], scale_factors))
+
+
+def _scales(n, scale_factors):
+    return [None] * n if scale_factors is None else [float(s) for s in scale_factors]
+
+
+def _source_scale(size, out, align_corners, scale):
+    """torch's area_pixel_compute_scale, in float32."""
+    if align_corners:
+        return _f32(size - 1) / _f32(out - 1) if out > 1 else _f32(0)
+    if scale is not None and scale > 0:
+        return _f32(1.0 / scale)
+    return _f32(size) / _f32(out)
+
+
+def _source_index(size, out, align_corners, scale, cubic=False):
+    ratio = _source_scale(size, out, align_corners, scale)
+    dst = np.arange(out, dtype=_f32)
+    if align_corners:
+        return ratio * dst
+    src = ratio * (dst + _f32(0.5)) - _f32(0.5)
+    return src if cubic else np.maximum(src, _f32(0))
+
+
+def _blend(x, n, taps_per_dim):
+    """Separable interpolation: taps_per_dim[i] is a list of (index array, weight array) for dim i."""
+    acc = x.astype(jnp.float32) if x.dtype in _LOW else x
+    # last dim first, so the sums associate like torch's kernels (outer dims weight inner blends)
+    for i in reversed(range(n)):
+        axis = x.ndim - n + i
+        moved = jnp.moveaxis(acc, axis, -1)
+        total = None
+        for index, weight in taps_per_dim[i]:
+            term = jnp.take(moved, index, axis=-1) * jnp.asarray(weight, acc.dtype)
+            total = term if total is None else total + term
+        acc = jnp.moveaxis(total, -1, axis)
+    return acc.astype(x.dtype)
+
+
+def _linear_taps(size, out, align_corners, scale):
+    src = _source_index(size, out, align_corners, scale)
+    i0 = np.minimum(np.floor(src).astype(np.int64), size - 1)
+    lam1 = np.clip(src - i0.astype(_f32), _f32(0), _f32(1)).astype(_f32)
+    i1 = i0 + (i0 < size - 1)
+    return [(i0, (_f32(1) - lam1).astype(_f32)), (i1, lam1)]
+
+
+def _cubic_weights(t):
+    a = _f32(-0.75)  # torch's cubic convolution coefficient
+
+    def near(v):  # |v| <= 1
+        return ((a + 2) * v - (a + 3)) * v * v + 1
+
+    def far(v):  # 1 < |v| < 2
+        return ((a * v - 5 * a) * v + 8 * a) * v - 4 * a
+
+    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
+def _cubic_taps(size, out, align_corners, scale):
+    src = _source_index(size, out, align_corners, scale, cubic=True)
+    base = np.floor(src)
+    t = (src - base).astype(_f32)
+    base = base.astype(np.int64)
+    weights = _cubic_weights(t)
+    return [(np.clip(base - 1 + k, 0, size - 1), weights[k].astype(_f32)) for k in range(4)]
+
+
+def _interpolate(x, n, output_size, align_corners, scale_factors, taps):
+    outs = _output_sizes(x, n, output_size, scale_factors)
+    scales = _scales(n, scale_factors)
+    per_dim = [taps(size, out, align_corners, s) for size, out, s in zip(x.shape[-n:], outs, scales)]
+    return _blend(x, n, per_dim)
+
+
+@lowers("aten.upsample_linear1d.vec")
+def upsample_linear1d(x, output_size, align_corners, scale_factors):
+    return _interpolate(x, 1, output_size, align_corners, scale_factors, _linear_taps)
+
+
+@lowers("aten.upsample_bilinear2d.vec")
+def upsample_bilinear2d(x, output_size, align_corners, scale_factors):
+    return _interpolate(x, 2, output_size, align_corners, scale_factors, _linear_taps)
+
+
+@lowers("aten.upsample_trilinear3d.vec")
+def upsample_trilinear3d(x, output_size, align_corners, scale_factors):
+    return _interpolate(x, 3, output_size, align_corners, scale_factors, _linear_taps)
+
+
+@lowers("aten.upsample_bicubic2d.vec")
+def upsample_bicubic2d(x, output_size, align_corners, scale_factors):
+    return _interpolate(x, 2, output_size, align_corners, scale_factors, _cubic_taps)
+
+
+def _nearest_index(size, out, scale, exact):
+    if not exact and out == size:
+        return np.arange(out)
+    if not exact and out == 2 * size:
+        return np.arange(out) >> 1
+    ratio = _source_scale(size, out, False, scale)
+    dst = np.arange(out, dtype=_f32)
+    src = np.floor((dst + _f32(0.5)) * ratio) if exact else np.floor(dst * ratio)
+    return np.minimum(src.astype(np.int64), size - 1)
+
+
+def _nearest(x, n, output_size, scale_factors, exact):
+    outs = _output_sizes(x, n, output_size, scale_factors)
+    scales = _scales(n, scale_factors)
+    for i, (size, out, s) in enumerate(zip(x.shape[-n:], outs, scales)):
+        x = jnp.take(x, _nearest_index(size, out, s, exact), axis=x.ndim - n + i)
+    return x
+
+
+@lowers("aten.upsample_nearest1d.vec")
+def upsample_nearest1d(x, output_size, scale_factors):
+    return _nearest(x, 1, output_size, scale_factors, False)
+
+
+@lowers("aten.upsample_nearest2d.vec")
+def upsample_nearest2d(x, output_size, scale_factors):
+    return _nearest(x, 2, output_size, scale_factors, False)
+
+
+@lowers("aten.upsample_nearest3d.vec")
+def upsample_nearest3d(x, output_size, scale_factors):
+    return _nearest(x, 3, output_size, scale_factors, False)
+
+
+@lowers("aten._upsample_nearest_exact1d.vec")
+def upsample_nearest_exact1d(x, output_size, scale_factors):
+    return _nearest(x, 1, output_size, scale_factors, True)
+
+
+@lowers("aten._upsample_nearest_exact2d.vec")
+def upsample_nearest_exact2d(x, output_size, scale_factors):
+    return _nearest(x, 2, output_size, scale_factors, True)
+
+
+@lowers("aten._upsample_nearest_exact3d.vec")
+def upsample_nearest_exact3d(x, output_size, scale_factors):
+    return _nearest(x, 3, output_size, scale_factors, True)
+
+
+# --- the overloads with an explicit output size and optional per-dim scales ----------------------
+
+
+def _explicit(x, n, output_size, scales, taps, align_corners=False):
+    per_dim = [taps(size, out, align_corners, s) for size, out, s in zip(x.shape[-n:], output_size, scales)]
+    return _blend(x, n, per_dim)
+
+
+@lowers("aten.upsample_linear1d.default")
+def upsample_linear1d_sized(x, output_size, align_corners, scales=None):
+    return _explicit(x, 1, output_size, [scales], _linear_taps, align_corners)
+
+
+@lowers("aten.upsample_bilinear2d.default")
+def upsample_bilinear2d_sized(x, output_size, align_corners, scales_h=None, scales_w=None):
+    return _explicit(x, 2, output_size, [scales_h, scales_w], _linear_taps, align_corners)
+
+
+@lowers("aten.upsample_trilinear3d.default")
+def upsample_trilinear3d_sized(x, output_size, align_corners, scales_d=None, scales_h=None, scales_w=None):
+    return _explicit(x, 3, output_size, [scales_d, scales_h, scales_w], _linear_taps, align_corners)
+
+
+@lowers("aten.upsample_bicubic2d.default")
+def upsample_bicubic2d_sized(x, output_size, align_corners, scales_h=None, scales_w=None):
+    return _explicit(x, 2, output_size, [scales_h, scales_w], _cubic_taps, align_corners)
+
+
+def _nearest_sized(x, output_size, scales, exact):
+    n = len(output_size)
+    for i, (size, out, s) in enumerate(zip(x.shape[-n:], output_size, scales)):
+        x = jnp.take(x, _nearest_index(size, int(out), s, exact), axis=x.ndim - n + i)
+    return x
+
+
+@lowers("aten.upsample_nearest1d.default")
+def upsample_nearest1d_sized(x, output_size, scales=None):
+    return _nearest_sized(x, output_size, [scales], False)
+
+
+@lowers("aten.upsample_nearest2d.default")
+def upsample_nearest2d_sized(x, output_size, scales_h=None, scales_w=None):
+    return _nearest_sized(x, output_size, [scales_h, scales_w], False)
+
+
+@lowers("aten.upsample_nearest3d.default")
+def upsample_nearest3d_sized(x, output_size, scales_d=None, scales_h=None, scales_w=None):
+    return _nearest_sized(x, output_size, [scales_d, scales_h, scales_w], False)
+
+
+@lowers("aten._upsample_nearest_exact1d.default")
+def upsample_nearest_exact1d_sized(x, output_size, scales=None):
+    return _nearest_sized(x, output_size, [scales], True)
+
+
+@lowers("aten._upsample_nearest_exact2d.default")
+def upsample_nearest_exact2d_sized(x, output_size, scales_h=None, scales_w=None):
+    return _nearest_sized(x, output_size, [scales_h, scales_w], True)
+
+
+@lowers("aten._upsample_nearest_exact3d.default")
+def upsample_nearest_exact3d_sized(x, output_size, scales_d=None, scales_h=None, scales_w=None):
+    return _nearest_sized(x, output_size, [scales_d, scales_h, scales_w], True)
+
+
+# --- grid_sampler: interpolation at arbitrary (data-dependent) points ----------------------------
+
+
+def _unnormalize(coord, size, align_corners):
+    if align_corners:
+        return (coord + 1) / 2 * (size - 1)
+    return ((coord + 1) * size - 1) / 2
+
+
+def _reflect(coord, twice_low, twice_high):
+    if twice_low == twice_high:
+        return jnp.zeros_like(coord)
+    low = twice_low / 2
+    span = (twice_high - twice_low) / 2
+    coord = jnp.abs(coord - low)
+    extra = jnp.fmod(coord, span)
+    flips = jnp.floor(coord / span)
+    return jnp.where(jnp.fmod(flips, 2) == 0, extra + low, span - extra + low)
+
+
+def _apply_padding(coord, size, padding_mode, align_corners):
+    """torch's compute_coordinates: 0 zeros (leave), 1 border (clip), 2 reflection (reflect then clip)."""
+    if padding_mode == 2:
+        coord = _reflect(coord, 0, 2 * (size - 1)) if align_corners else _reflect(coord, -1, 2 * size - 1)
+    if padding_mode in (1, 2):
+        coord = jnp.clip(coord, 0, size - 1)
+    return coord
+
+
+def _gather_points(x, coords, sizes):
+    """x (N, C, *sizes); coords: integer arrays (N, *out) per spatial dim -> (N, C, *out), 0 outside."""
+    n, c = x.shape[:2]
+    inside = None
+    flat = None
+    for coord, size in zip(coords, sizes):
+        ok = (coord >= 0) & (coord < size)
+        inside = ok if inside is None else inside & ok
+        clipped = jnp.clip(coord, 0, size - 1)
+        flat = clipped if flat is None else flat * size + clipped
+    out_shape = flat.shape[1:]
+    values = jnp.take_along_axis(x.reshape(n, c, -1), flat.reshape(n, 1, -1), axis=2)
+    values = values.reshape((n, c) + out_shape)
+    return jnp.where(inside[:, None], values, jnp.zeros((), values.dtype))
+
+
+def _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners):
+    nd = x.ndim - 2
+    sizes = x.shape[2:]  # (D,) H, W; the grid's last axis lists x (W) first
+    acc = jnp.float32 if x.dtype in _LOW else x.dtype
+    xf, g = x.astype(acc), grid.astype(acc)
+    coords = [_unnormalize(g[..., nd - 1 - i], sizes[i], align_corners) for i in range(nd)]
+    if interpolation_mode == 2:  # bicubic (2-d only): taps are padded one by one
+        return _grid_bicubic(xf, coords, sizes, padding_mode, align_corners).astype(x.dtype)
+    coords = [_apply_padding(cd, s, padding_mode, align_corners) for cd, s in zip(coords, sizes)]
+    if interpolation_mode == 1:  # nearest, ties to even like nearbyint
+        return _gather_points(xf, [jnp.round(cd).astype(jnp.int32) for cd in coords], sizes).astype(x.dtype)
+    lows = [jnp.floor(cd) for cd in coords]
+    out = None
+    for corner in range(2**nd):
+        offsets = [(corner >> (nd - 1 - i)) & 1 for i in range(nd)]
+        weight = None
+        for cd, low, off in zip(coords, lows, offsets):
+            w = (cd - low) if off else (low + 1 - cd)
+            weight = w if weight is None else weight * w
+        points = [(low + off).astype(jnp.int32) for low, off in zip(lows, offsets)]
+        term = _gather_points(xf, points, sizes) * weight[:, None]
+        out = term if out is None else out + term
+    return out.astype(x.dtype)
+
+
+def _grid_bicubic(xf, coords, sizes, padding_mode, align_corners):
+    (iy, ix), (h, w) = coords, sizes
+    y0, x0 = jnp.floor(iy), jnp.floor(ix)
+    wy, wx = _cubic_weights(iy - y0), _cubic_weights(ix - x0)
+    out = None
+    for j in range(4):
+        row = None
+        for i in range(4):
+            py = _apply_padding(y0 - 1 + j, h, padding_mode, align_corners)
+            px = _apply_padding(x0 - 1 + i, w, padding_mode, align_corners)
+            # reflection/border give fractional-free coords; floor keeps torch's int cast for them
+            value = _gather_points(xf, [py.astype(jnp.int32), px.astype(jnp.int32)], sizes) * wx[i][:, None]
+            row = value if row is None else row + value
+        term = row * wy[j][:, None]
+        out = term if out is None else out + term
+    return out
+
+
+@lowers("aten.grid_sampler_2d.default", "aten.grid_sampler_3d.default")
+def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners)
