@@ -153,3 +153,14 @@ def test_run_rejects_bad_inputs(cnn_artifact, tmp_path):
 def test_help_shows_examples():
     result = cli("convert", "--help")
     assert result.returncode == 0 and "torch2jax convert sample_models/tiny_gpt.py:TinyGPT" in result.stdout
+
+
+def test_custom_op_sample_converts_with_lowerings_file(tmp_path):
+    out = tmp_path / "softclip"
+    plain = cli("convert", "sample_models/custom_op.py:SoftClipNet", "--out", str(out))
+    assert plain.returncode == 1 and "samples.soft_clip.default" in plain.stderr
+    assert "@torch2jax.register_lowering('samples::soft_clip')" in plain.stderr
+    result = cli("convert", "sample_models/custom_op.py:SoftClipNet", "--lowerings", "sample_models/custom_op_lowerings.py",
+                 "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "ok  second size" in result.stdout

@@ -91,11 +91,19 @@ def check_supported(graph: Graph, schemas: dict[str, str] | None = None) -> None
                 lines.append(f"      schema: {schema}")
             if node.source:
                 lines.append("      at " + "\n         ".join(node.source.strip().splitlines()))
+            if not node.op.startswith(("aten.", "operator.", "higher_order.", "torch.", "math.")):
+                lines.append(f"      write its lowering: @torch2jax.register_lowering({_qualified(node.op)!r})")
         lines.append(
             "Register a lowering with @torch2jax.register_lowering('<op>') (see docs/api.md), "
             "or report the op so it can be added."
         )
         raise UnsupportedOpsError("\n".join(lines), [n.op for n in missing])
+
+
+def _qualified(op: str) -> str:
+    """`mylib.my_op.default` -> `mylib::my_op` (the form torch.library and register_lowering take)."""
+    namespace, name, overload = (op.split(".") + ["default"])[:3]
+    return f"{namespace}::{name}" + ("" if overload == "default" else f".{overload}")
 
 
 def build(graph: Graph) -> Callable:

@@ -58,6 +58,18 @@ class Model:
             self.params = {**self.params, **updates}
         return structure.unflatten(self.graph.out_spec, outputs)
 
+    def state_dict(self, params: dict | None = None) -> dict[str, np.ndarray]:
+        """`params` (default: self.params) as numpy arrays under every state_dict name, tied names included.
+
+        Load them back into the torch module with
+        `module.load_state_dict({k: torch.from_numpy(v) for k, v in jm.state_dict().items()})`.
+        """
+        params = self.params if params is None else params
+        out = {name: np.asarray(value) for name, value in params.items()}
+        for alias, kept in self.graph.aliases.items():
+            out[alias] = out[kept]
+        return out
+
     @property
     def signature(self) -> str:
         """A one-line description of the inputs, e.g. `(x: float32[batch, 3, 32, 32])`."""

@@ -31,4 +31,6 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
         else:
             scores = scores + attn_mask.astype(scores.dtype)
     weights = jax.nn.softmax(scores, axis=-1)
+    # torch's safe softmax: a row with every key masked out attends to nothing (zeros, not NaN)
+    weights = jnp.where(jnp.all(scores == -jnp.inf, axis=-1, keepdims=True), 0, weights)
     return jnp.einsum("...qk,...kd->...qd", weights.astype(v.dtype), v, preferred_element_type=acc).astype(q.dtype)

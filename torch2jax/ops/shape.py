@@ -76,7 +76,8 @@ def split_with_sizes(x, split_sizes, dim=0):
 @lowers("aten.split.Tensor")
 def split(x, split_size, dim=0):
     length = x.shape[dim]
-    sizes = [min(split_size, length - s) for s in range(0, length, split_size)]
+    sizes = [min(split_size, length - s) for s in range(0, length, split_size)] if split_size else []
+    sizes = sizes or [length]
     return split_with_sizes(x, sizes, dim)
 
 
@@ -142,11 +143,23 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
 
 @lowers("aten.arange.start_step", ctx=True)
 def arange(ctx, start, end=None, step=1, dtype=None, layout=None, device=None, pin_memory=None):
+    """start + i * step, computed as torch does: in the dtype's accumulate type (int64 for
+    integers, double for float32, float for 16-bit floats), then rounded once to the result."""
     (length,) = ctx.out_shape
     out_dtype = ctx.out_dtype
-    if dtype is None and all(isinstance(v, int) for v in (start, step)):
-        return (lax.iota(out_dtype, length) * step + start).astype(out_dtype)
-    return (lax.iota(jnp.float32 if out_dtype != jnp.float64 else out_dtype, length) * step + start).astype(out_dtype)
+    integer = not jnp.issubdtype(out_dtype, jnp.floating)
+    if integer:
+        start, step = int(start), int(step)
+    if isinstance(length, int) and isinstance(start, (int, float)) and isinstance(step, (int, float)):
+        if integer:
+            values = np.arange(length, dtype=np.int64) * step + start
+        else:
+            acc = np.float64 if np.dtype(out_dtype).itemsize >= 4 else np.float32
+            values = acc(start) + acc(step) * np.arange(length, dtype=acc)
+        return jnp.asarray(values.astype(out_dtype) if out_dtype != jnp.bfloat16 else values.astype(np.float32).astype(out_dtype))
+    if integer:
+        return (lax.iota(jnp.int32, length) * step + start).astype(out_dtype)
+    return (lax.iota(jnp.float32, length) * step + start).astype(out_dtype)
 
 
 @lowers("aten.arange.default", "aten.arange.start", ctx=True)
