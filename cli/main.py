@@ -88,12 +88,14 @@ def main() -> None:
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--no-verify", is_flag=True, help="Skip comparing the saved artifact with PyTorch.")
 @click.option("--train", is_flag=True, help="Export in training mode (default: module.eval()).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16", "float64"]),
+              help="Convert the model and its floating inputs to this dtype first, as module.to(dtype) would.")
 @click.option("--lowerings", multiple=True, type=click.Path(dir_okay=False, exists=True),
               help="Python file(s) registering lowerings for custom ops (torch2jax.register_lowering).")
 @click.option("--seed", default=0, show_default=True, help="Seed for model construction and random example inputs.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @handles_errors
-def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train, lowerings, seed, quiet):
+def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, quiet):
     """Convert TARGET (model.py:Model, or model.py:make_model) into an artifact directory.
 
     \b
@@ -113,11 +115,13 @@ def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train
     for path in lowerings:
         _import_lowerings(path)
     from torch2jax import artifact, stablehlo
-    from torch2jax.converter import StageTimer
+    from torch2jax.converter import StageTimer, cast
     from torch2jax.converter import convert as convert_module
     from torch2jax.target import resolve
 
     resolved = resolve(target, list(inputs), weights, train=train, seed=seed)
+    if dtype:
+        resolved.module, resolved.args, resolved.kwargs = cast(resolved.module, resolved.args, resolved.kwargs, dtype)
     timer = StageTimer(progress)
     model = convert_module(resolved.module, resolved.args, resolved.kwargs, resolved.dynamic_shapes, timer=timer)
     progress("compile", "jax.export to StableHLO")

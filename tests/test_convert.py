@@ -200,3 +200,20 @@ def test_dtype_keyword_arguments_survive_the_graph():
         assert max_err(g, w) == 0.0
     again = torch2jax.graph.Graph.loads(model.graph.dumps())  # JSON round trip keeps the kwargs
     assert [n.kwargs for n in again.nodes] == [n.kwargs for n in model.graph.nodes]
+
+
+def test_bfloat16_conversion_is_as_accurate_as_torch_bfloat16(converted):
+    """Rounding differs op by op (XLA fuses in float32), so both bf16 runs are judged against float32."""
+    module, args, _ = converted("tiny_gpt")
+    model = torch2jax.convert(module, args, dynamic_shapes={"tokens": {0: "batch"}}, dtype="bfloat16")
+    assert {str(p.dtype) for p in model.params.values()} == {"bfloat16"}
+    assert next(module.parameters()).dtype == torch.float32, "the user's module must stay float32"
+    from torch2jax.converter import cast
+
+    module_bf16, _, _ = cast(module, args, {}, torch.bfloat16)
+    tokens = torch.randint(0, 128, (3, 16))
+    reference = torch_out(module, tokens)
+    ours = np.asarray(model(tokens.numpy()), dtype=np.float32)
+    assert str(model(tokens.numpy()).dtype) == "bfloat16"
+    torch_bf16_error = max_err(torch_out(module_bf16, tokens).float(), reference)
+    assert max_err(ours, reference) <= 1.5 * torch_bf16_error

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from . import exporter, interpreter
 from .capture import capture
@@ -42,6 +44,7 @@ def convert(
     dynamic_shapes: Any = None,
     *,
     strict: bool = False,
+    dtype: str | torch.dtype | None = None,
     progress: ProgressFn | None = None,
     timer: StageTimer | None = None,
 ) -> Model:
@@ -49,11 +52,15 @@ def convert(
 
     `dynamic_shapes` takes torch.export's form or a plain one such as `{"x": {0: "batch"}}`.
     The module is exported in the mode it is in: call `module.eval()` first for inference.
+    `dtype` (e.g. "bfloat16") converts a copy of the module and its floating inputs first, as
+    `module.to(dtype)` would: params and computation in that precision.
     """
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"convert() takes a torch.nn.Module, got {type(module).__name__}")
     if not isinstance(args, (tuple, list)):
         args = (args,)
+    if dtype is not None:
+        module, args, kwargs = cast(module, tuple(args), kwargs or {}, dtype)
     timer = timer or StageTimer(progress)
     with timer.stage("export", "torch.export"):
         ep, names = exporter.export(module, tuple(args), kwargs, dynamic_shapes, strict=strict)
@@ -67,3 +74,16 @@ def convert(
     model = Model(run, params, captured.graph)
     model.timings = timer.timings
     return model
+
+
+def cast(module: torch.nn.Module, args: tuple, kwargs: dict, dtype: str | torch.dtype) -> tuple[torch.nn.Module, tuple, dict]:
+    """A copy of `module` in `dtype`, with floating example inputs cast alike (the user's module is untouched)."""
+    target = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    if not isinstance(target, torch.dtype) or not target.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch dtype such as 'bfloat16', got {dtype!r}")
+
+    def cast_value(value):
+        return value.to(target) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+    moved = copy.deepcopy(module).to(target)
+    return moved, tuple(pytree.tree_map(cast_value, list(args))), pytree.tree_map(cast_value, dict(kwargs))

@@ -7,7 +7,8 @@ A converted graph that draws random numbers is checked for:
   - support: integer-valued torch outputs give integer outputs; 0/1-style outputs (torch's draws
     take at most two distinct values) give values from that set;
   - distribution: a two-sample Kolmogorov-Smirnov test between DRAWS torch draws (seeds 0..) and
-    DRAWS of ours (keys 0..) on per-draw statistics (mean, mean square) at significance ALPHA.
+    DRAWS of ours (keys 0..) on per-draw statistics (mean, mean square, fraction of zeros) at
+    significance ALPHA.
     Per-draw statistics are independent across draws even when elements within a draw are not
     (randperm, dropout2d), so the test is valid for every op; seeds are fixed, so it is deterministic.
 """
@@ -27,7 +28,7 @@ from torch2jax import dtypes
 from torch2jax.capture import dtype_name
 from torch2jax.torch_arrays import to_numpy
 
-DRAWS = 64
+DRAWS = 200
 ALPHA = 1e-4
 
 
@@ -100,7 +101,8 @@ def _check_output(path: str, t: np.ndarray, o: np.ndarray) -> None:
     if support.size <= 2:
         extra = np.setdiff1d(np.unique(finite_o), support)
         assert extra.size == 0, f"{path}: values {extra[:5]} outside torch's support {support}"
-    for name, stat in (("mean", _mean), ("mean square", lambda v: _mean(v * v))):
+    stats = (("mean", _mean), ("mean square", lambda v: _mean(v * v)), ("zero fraction", lambda v: float(np.mean(v == 0))))
+    for name, stat in stats:
         st = np.array([stat(d) for d in t])
         so = np.array([stat(d) for d in o])
         stat_d, bound = _ks(st, so)

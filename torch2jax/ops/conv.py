@@ -77,3 +77,25 @@ def _conv_transpose(x, weight, stride, padding, dilation, output_padding, groups
         feature_group_count=groups,
         preferred_element_type=acc,
     )
+
+
+@lowers("aten.col2im.default")
+def col2im(x, output_size, kernel_size, dilation, padding, stride):
+    """nn.functional.fold: sum each column back onto the (padded) image at its patch position."""
+    kernel, dil, pad, st = (_tuple(v, 2) for v in (kernel_size, dilation, padding, stride))
+    out_h, out_w = (int(v) for v in output_size)
+    unbatched = x.ndim == 2
+    if unbatched:
+        x = x[None]
+    blocks = [(size + 2 * p - d * (k - 1) - 1) // s + 1 for size, k, d, p, s in zip((out_h, out_w), kernel, dil, pad, st)]
+    n, c = x.shape[0], x.shape[1] // (kernel[0] * kernel[1])
+    cols = x.reshape(n, c, kernel[0], kernel[1], blocks[0], blocks[1])
+    canvas = jnp.zeros((n, c, out_h + 2 * pad[0], out_w + 2 * pad[1]), x.dtype)
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            top, left = i * dil[0], j * dil[1]
+            rows = slice(top, top + st[0] * (blocks[0] - 1) + 1, st[0])
+            columns = slice(left, left + st[1] * (blocks[1] - 1) + 1, st[1])
+            canvas = canvas.at[:, :, rows, columns].add(cols[:, :, i, j])
+    out = canvas[:, :, pad[0] : pad[0] + out_h, pad[1] : pad[1] + out_w]
+    return out[0] if unbatched else out

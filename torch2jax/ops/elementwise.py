@@ -603,3 +603,10 @@ def frexp(x):
 def ldexp(ctx, x, other):
     x, other = computed_in(ctx, x, other)
     return x * jnp.exp2(other)
+
+
+@lowers("aten.angle.default")
+def angle(x):
+    """Real inputs: pi for negatives, 0 otherwise, NaN kept."""
+    x = to_float(x)
+    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.asarray(np.pi, x.dtype), jnp.zeros((), x.dtype)))
