@@ -6,7 +6,12 @@ One reason per entry, specific enough that the next person knows what to fix.
 SKIPS: dict[tuple[str, str], str] = {}
 
 # --- elementwise, activations, type promotion -------------------------------------------------
-SKIPS.update({})
+SKIPS.update({
+    ("nn.functional.rrelu", "*"): "samples with training=True draw torch's random slopes, which a JAX PRNG cannot "
+    "reproduce; eval mode (leaky_relu with the mean slope) lowers exactly",
+    ("logit", "bfloat16"): "eager clamps to 1-eps rounded to bfloat16, torch's decomposition to 1-eps in float32: "
+    "the exported program itself differs from eager by up to 0.008 near the upper clamp",
+})
 
 # --- reductions, sorting, cumulative, random --------------------------------------------------
 SKIPS.update({})
