@@ -291,5 +291,33 @@ def verify(artifact_dir, target, weights, inputs, seed):
     click.echo(f"ok: max abs error {report.max_abs:.3g}")
 
 
+@main.command()
+@click.argument("target")
+@click.option("--input", "inputs", multiple=True, metavar="SPEC", help="Inputs as for convert (default: example_inputs()).")
+@click.option("--weights", type=click.Path(dir_okay=False), help="state_dict to load into TARGET.")
+@click.option("--lowerings", multiple=True, type=click.Path(dir_okay=False, exists=True), help="Custom-op lowerings to import.")
+@click.option("--seed", default=0, show_default=True)
+@handles_errors
+def bisect(target, inputs, weights, lowerings, seed):
+    """Run torch and JAX node by node and name the first node whose output departs.
+
+    \b
+    Example:
+      torch2jax bisect sample_models/tiny_gpt.py:TinyGPT
+    Exit status 3 when a node diverges, 0 when every node matches.
+    """
+    for path in lowerings:
+        _import_lowerings(path)
+    from torch2jax.bisect import bisect as run_bisect
+    from torch2jax.target import resolve
+
+    resolved = resolve(target, list(inputs), weights, seed=seed)
+    divergence, checked = run_bisect(resolved.module, resolved.args, resolved.kwargs)
+    if divergence is None:
+        click.echo(f"ok: all {checked} compared nodes match torch within tolerance")
+        return
+    _fail(str(divergence), EXIT_MISMATCH)
+
+
 if __name__ == "__main__":
     main()

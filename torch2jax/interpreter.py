@@ -106,8 +106,11 @@ def _qualified(op: str) -> str:
     return f"{namespace}::{name}" + ("" if overload == "default" else f".{overload}")
 
 
-def build(graph: Graph) -> Callable:
-    """A pure JAX function running `graph`; fails early if any op has no lowering."""
+def build(graph: Graph, observe: Callable[[Node, Any], None] | None = None) -> Callable:
+    """A pure JAX function running `graph`; fails early if any op has no lowering.
+
+    `observe(node, value)`, if given, sees every node's result (used by bisect to compare per node).
+    """
     check_supported(graph)
     lowerings = {node.name: lookup(node.op) for node in _all_nodes(graph)}
     param_inputs = [i for i in graph.inputs if i.kind in PARAM_KINDS]
@@ -131,6 +134,8 @@ def build(graph: Graph) -> Callable:
                 env[inp.name] = None
         for index, node in enumerate(graph.nodes):
             env[node.name] = _run_node(node, lowerings[node.name], env, symbols, rng, index)
+            if observe is not None:
+                observe(node, env[node.name])
         outputs = [decode(o.value, env) for o in graph.user_outputs]
         updates = {o.target: decode(o.value, env) for o in graph.mutations}
         return outputs, updates
