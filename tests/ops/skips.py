@@ -36,4 +36,18 @@ SKIPS.update({
 SKIPS.update({
     ("nn.functional.adaptive_avg_pool3d", "bfloat16"): "torch's CPU adaptive_avg_pool3d sums bfloat16 in bfloat16 "
     "(scalar_t accumulator, then / kT / kH / kW); we accumulate in float32 as its 2-d and CUDA kernels do",
+    **{(name, "bfloat16"): "torch's CPU grid sampler computes source coordinates and weights in bfloat16 "
+       "(off by up to 4.7 from its own float32 result on the same inputs); we compute them in float32"
+       for name in ("grid_sampler_2d", "grid_sampler_3d", "nn.functional.grid_sample")},
+    **{(name, "bfloat16"): "training-mode batch norm with bfloat16 running stats: torch's CPU kernel rounds its "
+       "statistics in a way not yet reproduced (1-ulp output differences on ~30% of elements); eval mode matches"
+       for name in ("native_batch_norm", "_native_batch_norm_legit", "_batch_norm_with_update",
+                    "nn.functional.batch_norm", "nn.functional.instance_norm")},
+    ("nn.functional.fractional_max_pool2d", "*"): "random window offsets drawn inside the op: not comparable to eager",
+    ("nn.functional.fractional_max_pool3d", "*"): "random window offsets drawn inside the op: not comparable to eager",
+    ("max_pool2d_with_indices_backward", "*"): "backward op (training graphs); no lowering yet",
+    ("_upsample_bilinear2d_aa", "*"): "anti-aliased bilinear (_upsample_bilinear2d_aa) has no lowering yet",
+    ("sparse.sampled_addmm", "*"): "sparse tensors are not supported",
+    ("nn.functional.bilinear", "bfloat16"): "torch's _trilinear rounds the x1*W partial product to bfloat16 "
+    "between its two contractions; we contract all three in one float32 einsum (1-ulp differences)",
 })

@@ -100,12 +100,15 @@ def _floor_div_float(a, b):
     return jnp.where(b == 0, a / b, floored)
 
 
-def _div_rounded(x, y, rounding_mode):
+def _div_rounded(x, y, rounding_mode, out_dtype=None):
     if rounding_mode is None:
         return x / y
     if is_floating(x.dtype):
         if rounding_mode == "trunc":
-            return jnp.trunc(x / y)
+            quotient = x / y
+            if out_dtype is not None and np.dtype(out_dtype) in _LOW_PRECISION:
+                quotient = quotient.astype(out_dtype)  # torch rounds the quotient to half/bfloat16 first
+            return jnp.trunc(quotient)
         return _floor_div_float(*jnp.broadcast_arrays(x, y))
     if is_bool(x.dtype):
         x, y = x.astype(jnp.int32), y.astype(jnp.int32)
@@ -117,7 +120,7 @@ def _div_rounded(x, y, rounding_mode):
 @lowers("aten.div.Tensor_mode", "aten.div.Scalar_mode", ctx=True)
 def div_mode(ctx, x, y, rounding_mode=None):
     x, y = computed_in(ctx, x, y)
-    return _div_rounded(x, y, rounding_mode)
+    return _div_rounded(x, y, rounding_mode, ctx.out_dtype)
 
 
 @lowers("aten.floor_divide.default", "aten.floor_divide.Scalar", ctx=True)

@@ -141,10 +141,11 @@ def unsafe_index(x, indices):
 
 @lowers("aten.gather.default")
 def gather(x, dim, index, sparse_grad=False):
-    coords, index = _coords(x, dim, index)
+    shape = index.shape
     if x.ndim == 0:
-        return jnp.broadcast_to(x, index.shape).reshape(index.shape if index.ndim else ())
-    return x[coords]
+        return jnp.broadcast_to(x, shape)
+    coords, _ = _coords(x.reshape(x.shape or (1,)), dim, index)
+    return x[coords].reshape(shape)
 
 
 def _scatter_prepare(x, dim, index, src):
@@ -342,3 +343,46 @@ def index_reduce(x, dim, index, source, reduce, include_self=True):
             return out
         return jnp.floor_divide(out, count.astype(x.dtype))
     raise ValueError(f"index_reduce reduce={reduce!r}")
+
+
+@lowers("aten._embedding_bag.default", "aten._embedding_bag_forward_only.default")
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False, per_sample_weights=None,
+                  include_last_offset=False, padding_idx=-1):
+    """Bags of embeddings reduced by sum (0), mean (1) or max (2); entries equal to padding_idx are left out.
+
+    Returns torch's four outputs; only the first is the result, the others are bookkeeping
+    (bag of each index, bag sizes, argmax rows for max mode) that torch keeps for its backward.
+    """
+    num_bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
+    positions = jnp.arange(indices.shape[0])
+    bag = jnp.searchsorted(offsets[:num_bags], positions, side="right") - 1
+    if include_last_offset:
+        bag = jnp.where(positions < offsets[-1], bag, num_bags)  # past the last offset: dropped
+    keep = (indices != padding_idx) if padding_idx is not None and padding_idx >= 0 else jnp.ones(indices.shape, bool)
+    segment = jnp.where(keep, bag, num_bags)  # dropped entries go to an extra segment, discarded below
+    rows = jnp.take(weight, indices, axis=0)
+    if rows.dtype in (jnp.bfloat16, jnp.float16):
+        rows = rows.astype(jnp.float32)  # torch accumulates low-precision bags in float32
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights[:, None].astype(rows.dtype)
+    counts = jax.ops.segment_sum(keep.astype(jnp.int32), segment, num_segments=num_bags + 1)[:num_bags]
+    if mode == 2:
+        out = jax.ops.segment_max(rows, segment, num_segments=num_bags + 1)[:num_bags]
+        out = jnp.where(counts[:, None] > 0, out, jnp.zeros((), rows.dtype))
+        winners = jnp.where(rows == out[jnp.clip(segment, 0, num_bags - 1)], indices[:, None], -1)
+        max_indices = jax.ops.segment_max(winners, segment, num_segments=num_bags + 1)[:num_bags]
+    else:
+        out = jax.ops.segment_sum(rows, segment, num_segments=num_bags + 1)[:num_bags]
+        if mode == 1:
+            out = out / jnp.maximum(counts, 1)[:, None].astype(out.dtype)
+        max_indices = jnp.zeros((num_bags,), indices.dtype)
+    return out.astype(weight.dtype), bag, counts, max_indices
+
+
+@lowers("aten.embedding_renorm.default")
+def embedding_renorm(weight, indices, max_norm, norm_type):
+    """Rows of `weight` used by `indices` whose p-norm exceeds max_norm are scaled to max_norm (torch adds 1e-7)."""
+    used = jnp.zeros(weight.shape[0], bool).at[indices.reshape(-1)].set(True)
+    norms = jnp.linalg.norm(weight.astype(jnp.float32), ord=norm_type, axis=1)
+    scale = jnp.where(used & (norms > max_norm), max_norm / (norms + 1e-7), 1.0)
+    return (weight * scale[:, None].astype(weight.dtype)).astype(weight.dtype)

@@ -38,6 +38,8 @@ def _scale(value, factor):
 
 def _add_product(bias, product, beta, alpha, dtype):
     """beta * bias + alpha * product; beta == 0 ignores bias entirely (its NaNs included)."""
+    if jnp.issubdtype(dtype, jnp.integer):  # torch casts the scalars to the integer type first
+        beta, alpha = int(beta), int(alpha)
     out = _scale(product, alpha)
     if beta != 0:
         b = bias.astype(out.dtype)
@@ -69,7 +71,15 @@ def addmm(bias, a, b, beta=1, alpha=1):
 @lowers("aten.addbmm.default")
 def addbmm(bias, a, b, beta=1, alpha=1):
     dtype = jnp.result_type(bias, a, b)
-    if dtype == jnp.bool_:
+    if dtype in _LOW:
+        # torch runs addmm_ once per batch into the low-precision result: one rounding per batch
+        out = _add_product(bias, _product(a[0], b[0]), beta, alpha, dtype) if a.shape[0] else None
+        for i in range(1, a.shape[0]):
+            out = _add_product(out, _product(a[i], b[i]), 1, alpha, dtype)
+        if out is not None:
+            return jnp.broadcast_to(out, (a.shape[1], b.shape[2]))
+        product = jnp.zeros((a.shape[1], b.shape[2]), jnp.float32)
+    elif dtype == jnp.bool_:
         product = jnp.any(_product(a, b), axis=0)
     else:
         product = jnp.einsum("bij,bjk->ik", a, b, preferred_element_type=_acc_dtype(dtype))
@@ -106,7 +116,7 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
         operands.append(x)
         subscripts.append("".join(letters[d] for d in kept))
         for d, size in zip(kept, x.shape):
-            sizes[d] = max(sizes.get(d, 1), size)
+            sizes[d] = size if sizes.get(d, 1) == 1 else sizes[d]
     # broadcast size-1 dims explicitly: einsum wants equal sizes per letter
     operands = [
         jnp.broadcast_to(x, tuple(sizes[letters.index(c)] for c in sub)) for x, sub in zip(operands, subscripts)

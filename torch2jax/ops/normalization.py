@@ -36,15 +36,11 @@ def _channel_shape(x):
 
 @lowers("aten._native_batch_norm_legit_no_training.default")
 def batch_norm_inference(x, weight, bias, running_mean, running_var, momentum, eps):
-    shape = _channel_shape(x)
     xf = _acc(x)
-    out = (xf - running_mean.reshape(shape)) * lax.rsqrt(running_var.reshape(shape) + eps)
-    if weight is not None:
-        out = out * weight.reshape(shape)
-    if bias is not None:
-        out = out + bias.reshape(shape)
+    rstd = lax.rsqrt(running_var.astype(xf.dtype) + eps)
+    out = _normalize(x, xf, running_mean.astype(xf.dtype), rstd, weight, bias)
     empty = jnp.zeros((0,), x.dtype)
-    return out.astype(x.dtype), empty, empty
+    return out, empty, empty
 
 
 @lowers("aten.native_group_norm.default")
@@ -73,13 +69,11 @@ def _batch_stats(x):
 
 
 def _normalize(x, xf, mean, rstd, weight, bias):
+    """x * alpha + beta per channel, alpha = rstd * weight, beta = bias - mean * alpha (torch's CPU form)."""
     shape = _channel_shape(x)
-    out = (xf - mean.reshape(shape)) * rstd.reshape(shape)
-    if weight is not None:
-        out = out * weight.reshape(shape)
-    if bias is not None:
-        out = out + bias.reshape(shape)
-    return out.astype(x.dtype)
+    alpha = rstd if weight is None else rstd * weight.astype(rstd.dtype)
+    beta = -mean * alpha if bias is None else bias.astype(rstd.dtype) - mean * alpha
+    return (xf * alpha.reshape(shape) + beta.reshape(shape)).astype(x.dtype)
 
 
 def _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps):

@@ -6,6 +6,8 @@ torch.export's functionalization before the graph reaches us.
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -308,8 +310,29 @@ def _strided_positions(size, stride, storage_offset):
 @lowers("aten.as_strided.default", "aten.as_strided_copy.default")
 def as_strided(x, size, stride, storage_offset=None):
     """Reads x's elements as if x were a contiguous buffer (inputs and fresh tensors are)."""
+    if not storage_offset and _is_row_major(size, stride) and _same(math.prod(x.shape), math.prod(size)):
+        return x.reshape(tuple(size))  # a plain reshape: also works for symbolic sizes
     pos = _strided_positions(size, stride, storage_offset)
     return x.reshape(-1)[jnp.asarray(pos.astype(np.int32))] if pos.size else jnp.zeros(tuple(size), x.dtype)
+
+
+def _is_row_major(size, stride) -> bool:
+    """True when `stride` is the contiguous layout of `size` (strides of size-1 dims do not matter)."""
+    expected = 1
+    for dim, step in reversed(list(zip(size, stride))):
+        if isinstance(dim, int) and dim == 1:
+            continue
+        if not _same(step, expected):
+            return False
+        expected = expected * dim
+    return True
+
+
+def _same(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # symbolic dims that cannot be compared
+        return False
 
 
 @lowers("aten.as_strided_scatter.default")
