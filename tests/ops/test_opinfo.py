@@ -35,7 +35,7 @@ def test_opinfo(opinfo, dtype):
     samples = opinfo.sample_inputs("cpu", dtype, requires_grad=False)
     ran = 0
     torch_limits = []
-    for index, sample in enumerate(samples):
+    for sample in samples:
         if SAMPLES_PER_OP and ran >= SAMPLES_PER_OP:
             break
         try:
