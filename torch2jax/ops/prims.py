@@ -83,7 +83,7 @@ def _no_op_assert(*args, **kwargs):
     return None
 
 
-@lowers("aten.scalar_tensor.default")
+@lowers("aten.scalar_tensor.default", "prims.scalar_tensor.default")
 def scalar_tensor(value, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.asarray(value, dtype=dtype if dtype is not None else jnp.float32)
 
