@@ -35,8 +35,22 @@ runtime-check: install
 	import numpy as np, torch2jax; m = torch2jax.load('/tmp/torch2jax-runtime-check'); \
 	y = m(np.ones((3, 16), np.float32)); print('runtime-check ok: no torch installed,', m, 'output', y.shape)"
 
+# Benchmarks (a full run takes ~15 min on 2 cores): writes docs/benchmarks.md and docs/benchmarks.png.
+# `make bench BENCH_ARGS=--quick` runs three models and writes to build/benchmarks-quick/ instead.
+# torch==2.13.0 is named again so that pip keeps the installed CPU wheel while it resolves the extra.
+BENCH_STAMP := $(VENV)/.bench-installed
+BENCH_ARGS ?=
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q -e '.[convert,test,bench]' torch==2.13.0
+	$(PY) -c "import torch; assert torch.__version__.split('+')[0] == '2.13.0', torch.__version__"
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(PY) -m benchmarks.run $(BENCH_ARGS)
+
 lint: install
-	$(VENV)/bin/ruff check torch2jax cli tests scripts sample_models
+	$(VENV)/bin/ruff check torch2jax cli tests scripts sample_models benchmarks
 
 docs: install
 	$(PY) scripts/gen_ops_doc.py

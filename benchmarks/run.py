@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 
@@ -45,8 +46,20 @@ def thread_env(threads: int) -> dict[str, str]:
     return env
 
 
+def pinned_cpus(threads: int) -> set[int]:
+    """The cores every measuring process is pinned to: XLA's CPU client ignores XLA_FLAGS' thread count
+    (jaxlib 0.10 still runs 2 tf_XLAEigen threads on 2 cores), but sizes its pool by the process's affinity."""
+    return set(sorted(os.sched_getaffinity(0))[-threads:])
+
+
+def _pin(cpus: set[int]) -> None:
+    os.sched_setaffinity(0, cpus)
+
+
 def settings_line(threads: int) -> str:
-    return (f"threads: {threads} intra-op thread(s) everywhere: torch.set_num_threads({threads}) (eager and torch.compile), "
+    cpus = ",".join(map(str, sorted(pinned_cpus(threads))))
+    return (f"threads: every measuring process is pinned to {threads} core(s) (CPU {cpus}, `sched_setaffinity`), and "
+            f"{threads} intra-op thread(s) everywhere: torch.set_num_threads({threads}) (eager and torch.compile), "
             f"set_num_interop_threads(1), OMP/MKL_NUM_THREADS={threads}, XLA_FLAGS=`{thread_env(threads)['XLA_FLAGS']}`, "
             f"onnxruntime intra_op_num_threads={threads}, inter_op_num_threads=1, sequential execution")
 
@@ -99,7 +112,8 @@ def run_model(name: str, work: Path, rounds: int, threads: int, load_repeats: in
            "--rounds", str(rounds), "--threads", str(threads)]
     with open(log, "w") as err:
         try:
-            subprocess.run(cmd, env=env, cwd=ROOT, stdout=err, stderr=subprocess.STDOUT, timeout=WORKER_TIMEOUT_S)
+            subprocess.run(cmd, env=env, cwd=ROOT, stdout=err, stderr=subprocess.STDOUT, timeout=WORKER_TIMEOUT_S,
+                           preexec_fn=partial(_pin, pinned_cpus(threads)))
         except subprocess.TimeoutExpired:
             return {"model": name, "error": f"worker timed out after {WORKER_TIMEOUT_S} s (log: {log})"}
     if not result_path.exists():
@@ -109,7 +123,7 @@ def run_model(name: str, work: Path, rounds: int, threads: int, load_repeats: in
         loads = []
         for _ in range(load_repeats):
             try:
-                loads.append(time_load(artifact, work / f"{name}-inputs.npz", env))
+                loads.append(time_load(artifact, work / f"{name}-inputs.npz", env, pinned_cpus(threads)))
             except RuntimeError as err:
                 result["load_error"] = str(err)
                 break
@@ -118,12 +132,13 @@ def run_model(name: str, work: Path, rounds: int, threads: int, load_repeats: in
     return result
 
 
-def time_load(artifact: Path, inputs: Path, env: dict[str, str]) -> dict:
+def time_load(artifact: Path, inputs: Path, env: dict[str, str], cpus: set[int]) -> dict:
     """Spawn the torch-free probe; time from spawn to its first line of output."""
     cmd = [sys.executable, str(ROOT / "scripts" / "without_torch.py"), str(ROOT / "benchmarks" / "load_probe.py"),
            str(artifact), str(inputs)]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=partial(_pin, cpus))
     line = proc.stdout.readline()
     total = time.perf_counter() - start
     _, err = proc.communicate()

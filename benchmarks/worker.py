@@ -44,6 +44,11 @@ def rss_bytes() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
+def max_rss() -> int:
+    """The process's peak resident set size so far (ru_maxrss)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def weights_bytes(module: torch.nn.Module) -> int:
     """Bytes of the module's state_dict, each storage counted once (tied weights once)."""
     seen: dict[int, int] = {}
@@ -65,19 +70,24 @@ def measure_conversion(case: BenchCase, out_dir: Path) -> tuple[Model, dict]:
     """Convert, jax.export and save the model, timing each stage; peak memory is ru_maxrss over the RSS before."""
     jax.devices()  # start the CPU client before the baseline: it is not part of conversion
     base = rss_bytes()
-    timer = StageTimer()
+    marks: list[tuple[str, int]] = []  # (stage, high-water mark as it starts)
+    timer = StageTimer(progress=lambda stage, _message: marks.append((stage, max_rss())))
     model = convert(case.module, (), case.inputs, case.dynamic_shapes, timer=timer)
     with timer.stage("jax.export", "stablehlo.export"):
         exported = stablehlo.export(model)
     with timer.stage("save", "artifact.save"):
         artifact.save(model, out_dir, force=True, exported=exported)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = max_rss()
+    marks.append(("end", peak))
+    marks[0] = (marks[0][0], max(marks[0][1], base))
+    rises = {stage: after - before for (stage, before), (_, after) in zip(marks, marks[1:])}
     files = {p.name: dir_bytes(p) if p.is_dir() else p.stat().st_size for p in out_dir.iterdir()}
     return model, {
         "stages_s": dict(timer.timings),
         "rss_before_bytes": base,
         "peak_bytes": peak,
         "peak_extra_bytes": peak - base,
+        "peak_rise_by_stage": rises,  # how much each stage raised the high-water mark
         "artifact_bytes": dir_bytes(out_dir),
         "artifact_files": files,
     }
@@ -92,16 +102,21 @@ def first_tensor(out: Any, key: Any = None) -> Any:
     return out
 
 
-def runtimes(case: BenchCase, model: Model, artifact_dir: Path, tmp: Path) -> tuple[dict[str, Callable[[], Any]], dict[str, str]]:
-    """One zero-argument callable per runtime (each blocks until its result is ready), and why others are missing."""
+def runtimes(case: BenchCase, model: Model, artifact_dir: Path, tmp: Path) -> tuple[dict[str, Callable[[], Any]], dict, dict]:
+    """One zero-argument callable per runtime (each blocks until its result is ready), why others are missing,
+    and how long the optional ones took to build and run once (torch.compile's compile, ONNX export)."""
     module, inputs = case.module, case.inputs
     fns: dict[str, Callable[[], Any]] = {"torch eager": lambda: module(**inputs)}
     failed: dict[str, str] = {}
+    setup_s: dict[str, float] = {}
 
     jinputs = {name: jnp.asarray(a) for name, a in jax_inputs(inputs).items()}
     apply = jax.jit(model.apply)
     params = model.params
     fns["converted"] = lambda: jax.block_until_ready(apply(params, **jinputs))
+    start = time.perf_counter()
+    fns["converted"]()
+    setup_s["converted"] = time.perf_counter() - start  # XLA compilation, mostly
     loaded = artifact.load(artifact_dir)
     fns["artifact"] = lambda: jax.block_until_ready(loaded(**jinputs))
 
@@ -111,13 +126,16 @@ def runtimes(case: BenchCase, model: Model, artifact_dir: Path, tmp: Path) -> tu
         "torchax": lambda: _torchax(case),
     }
     for name, make in attempts.items():
+        start = time.perf_counter()
         try:
             fn = make()
             fn()  # compile / first run inside the try: a failure here is recorded, not fatal
             fns[name] = fn
+            setup_s[name] = time.perf_counter() - start
         except Exception as err:
-            failed[name] = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300] if str(err).strip() else ''}"
-    return fns, failed
+            lines = str(err).strip().splitlines()
+            failed[name] = f"{type(err).__name__}: {lines[0][:300] if lines else ''}"
+    return fns, failed, setup_s
 
 
 def _torch_compile(case: BenchCase) -> Callable[[], Any]:
@@ -143,7 +161,7 @@ def _onnxruntime(case: BenchCase, tmp: Path) -> Callable[[], Any]:
 
 
 def _torchax(case: BenchCase) -> Callable[[], Any]:
-    import torchax  # noqa: F401  (0.0.13, the newest on PyPI, fails to import against torch 2.13)
+    import torchax  # 0.0.13, the newest on PyPI, fails to import with torch 2.13
 
     weights, fn = torchax.extract_jax(case.module)
     jitted = jax.jit(lambda w, kw: fn(w, (), kw))
@@ -181,7 +199,7 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str
 
 def measure_latency(case: BenchCase, model: Model, artifact_dir: Path, rounds: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
-        fns, failed = runtimes(case, model, artifact_dir, Path(tmp))
+        fns, failed, setup_s = runtimes(case, model, artifact_dir, Path(tmp))
         out = case.module(**case.inputs)
         key = next(iter(out.keys())) if hasattr(out, "keys") else None
         expected, got = first_tensor(out, key).double().numpy(), np.asarray(first_tensor(fns["converted"](), key), np.float64)
@@ -190,6 +208,8 @@ def measure_latency(case: BenchCase, model: Model, artifact_dir: Path, rounds: i
     return {
         "samples": samples,
         "failed": failed,
+        "setup_s": setup_s,
+        "affinity": sorted(os.sched_getaffinity(0)),
         "max_abs_err": max_err,
         "rounds": rounds,
     }

@@ -44,8 +44,9 @@ def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str]) -> C
     """Build the portable graph of `ep`; `symbol_names` renames torch symbols (s0) to dim names."""
     capturer = _Capturer(symbol_names)
     graph = capturer.graph(ep.graph_module, ep.graph_signature)
-    graph.in_spec = treespec_to_json(ep.call_spec.in_spec)
-    graph.out_spec = treespec_to_json(ep.call_spec.out_spec)
+    call_spec = ep.call_spec  # torch rebuilds it on every access
+    graph.in_spec = treespec_to_json(call_spec.in_spec)
+    graph.out_spec = treespec_to_json(call_spec.out_spec)
     graph.symbols = _symbol_ranges(ep, symbol_names)
     tensors, graph.aliases = _state_tensors(ep, graph)
     return Captured(graph, tensors, capturer.schemas)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -33,4 +34,5 @@ def to_torch(array) -> torch.Tensor:
 
 
 def to_jax(tensor: torch.Tensor):
-    return jnp.asarray(to_numpy(tensor))
+    """device_put, not jnp.asarray: asarray compiles a copy per distinct shape, which dominated lowering time."""
+    return jax.device_put(to_numpy(tensor))
