@@ -17,10 +17,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: install
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n 2 -m "not slow"
 
+# Every OpInfo, every dtype, every sample; records docs/opinfo_results.json for `make docs`.
 test-ops-full: install
-	T2J_OPINFO_SAMPLES=0 $(PY) -m pytest -q tests/ops
+	T2J_OPINFO_DTYPES=all T2J_OPINFO_SAMPLES=0 T2J_OPINFO_REPORT=docs/opinfo_results.json $(PY) -m pytest -q -n 2 tests/ops
 
 demo: install
 	$(PY) scripts/demo.py

@@ -22,6 +22,8 @@ def pytest_runtest_logreport(report):
 
 def pytest_sessionfinish(session, exitstatus):
     path = os.environ.get("T2J_OPINFO_REPORT")
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the controller sees every report and writes the file
     if not path or not _OUTCOMES:
         return
     by_dtype: dict[str, Counter] = {}
@@ -29,7 +31,8 @@ def pytest_sessionfinish(session, exitstatus):
         dtype = case.rsplit("-", 1)[1]
         by_dtype.setdefault(dtype, Counter())[outcome] += 1
     data = {
-        "samples_per_op": os.environ.get("T2J_OPINFO_SAMPLES", "2"),
+        "samples_per_op": os.environ.get("T2J_OPINFO_SAMPLES", "1"),
+        "dtypes": os.environ.get("T2J_OPINFO_DTYPES", "rotate"),
         "by_dtype": {d: dict(c) for d, c in sorted(by_dtype.items())},
         "cases": dict(sorted(_OUTCOMES.items())),
     }

@@ -15,7 +15,7 @@ from torch2jax.errors import UnsupportedOpsError
 from torch2jax.model import Model
 from torch2jax.torch_arrays import to_jax, to_numpy
 
-SAMPLES_PER_OP = int(os.environ.get("T2J_OPINFO_SAMPLES", "2"))  # 0 = every sample (make test-ops-full)
+SAMPLES_PER_OP = int(os.environ.get("T2J_OPINFO_SAMPLES", "1"))  # 0 = every sample (make test-ops-full)
 
 
 class TorchLimit(Exception):
