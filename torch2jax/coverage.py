@@ -11,7 +11,9 @@ import torch
 from .registry import registered
 
 # Core ops deliberately without a lowering: op -> why. Keep this short and honest.
-NOT_LOWERED: dict[str, str] = {}
+NOT_LOWERED: dict[str, str] = {
+    "aten.nonzero.default": "output shape depends on the data; JAX needs static shapes (nonzero_static is lowered)",
+}
 
 
 def core_aten_ops() -> list[str]:

@@ -3,8 +3,10 @@
 from . import (  # noqa: F401
     activations,
     attention,
+    backward,
     conv,
     elementwise,
+    fft,
     indexing,
     linalg,
     normalization,

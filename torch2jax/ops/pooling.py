@@ -126,7 +126,7 @@ def _max_pool(x, n, kernel_size, stride, padding, dilation, ceil_mode):
     padding, dilation = _ints(padding, n), _ints(dilation, n)
     geo = _geometry(x, n, kernel, stride, padding, dilation, ceil_mode)
     values = lax.reduce_window(
-        x, jnp.asarray(_lowest(x.dtype), x.dtype), lax.max, **_window(x, n, kernel, stride, dilation, geo)
+        x, np.array(_lowest(x.dtype), x.dtype), lax.max, **_window(x, n, kernel, stride, dilation, geo)
     )
     values = _crop(values, n, geo)
     windows = [
@@ -160,7 +160,7 @@ def max_pool(ctx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=Fa
     padding, dilation = _ints(padding, n), _ints(dilation, n)
     geo = _geometry(x, n, kernel, stride, padding, dilation, ceil_mode)
     values = lax.reduce_window(
-        x, jnp.asarray(_lowest(x.dtype), x.dtype), lax.max, **_window(x, n, kernel, stride, dilation, geo)
+        x, np.array(_lowest(x.dtype), x.dtype), lax.max, **_window(x, n, kernel, stride, dilation, geo)
     )
     return _crop(values, n, geo)
 
@@ -175,7 +175,7 @@ def _avg_pool(x, n, kernel_size, stride, padding, ceil_mode, count_include_pad, 
     ones = (1,) * n
     geo = _geometry(x, n, kernel, stride, padding, ones, ceil_mode)
     acc = _acc(x)
-    total = lax.reduce_window(acc, jnp.asarray(0, acc.dtype), lax.add, **_window(x, n, kernel, stride, ones, geo))
+    total = lax.reduce_window(acc, np.array(0, acc.dtype), lax.add, **_window(x, n, kernel, stride, ones, geo))
     total = _crop(total, n, geo)
     if divisor_override:
         if jnp.issubdtype(x.dtype, jnp.integer):

@@ -277,6 +277,8 @@ def _softmax_parts(x, dim):
 
 @lowers("aten._softmax.default")
 def softmax(x, dim, half_to_float=False):
+    if x.size == 0:
+        return _acc(x)
     shifted, axis = _softmax_parts(x, dim)
     e = jnp.exp(shifted)
     return (e / jnp.sum(e, axis=axis, keepdims=True)).reshape(x.shape)
@@ -284,8 +286,13 @@ def softmax(x, dim, half_to_float=False):
 
 @lowers("aten._log_softmax.default")
 def log_softmax(x, dim, half_to_float=False):
+    if x.size == 0:
+        return _acc(x)
     shifted, axis = _softmax_parts(x, dim)
-    return (shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis=axis, keepdims=True))).reshape(x.shape)
+    total = jnp.sum(jnp.exp(shifted), axis=axis, keepdims=True)
+    if x.dtype in _LOW_PRECISION and not half_to_float and axis == shifted.ndim - 1:
+        total = total.astype(x.dtype).astype(total.dtype)  # torch's CPU last-dim kernel rounds the sum
+    return (shifted - jnp.log(total)).reshape(x.shape)
 
 
 @lowers("aten._safe_softmax.default")
