@@ -187,6 +187,8 @@ def treespec_to_json(spec: Any) -> dict:
         return {"type": "dict", "keys": _json_keys(keys), "children": children}
     if isinstance(kind, type) and issubclass(kind, tuple) and hasattr(kind, "_fields"):
         return {"type": "dict", "keys": list(kind._fields), "children": children}
+    if isinstance(kind, type) and issubclass(kind, tuple):  # torch.return_types (values, indices), ...
+        return {"type": "tuple", "children": children}
     fields = _context_keys(spec.context)
     if fields is not None and len(fields) == len(children):
         return {"type": "dict", "keys": fields, "children": children}

@@ -7,6 +7,7 @@ import os
 from collections import Counter
 
 _OUTCOMES: dict[str, str] = {}
+_REASONS: dict[str, str] = {}
 
 
 def pytest_runtest_logreport(report):
@@ -18,6 +19,8 @@ def pytest_runtest_logreport(report):
         if outcome == "skipped" and "torch.export cannot export" in str(report.longrepr):
             outcome = "torch-limit"
         _OUTCOMES[case] = outcome
+        if report.failed:
+            _REASONS[case] = failure_reason(report.longreprtext)
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -35,6 +38,20 @@ def pytest_sessionfinish(session, exitstatus):
         "dtypes": os.environ.get("T2J_OPINFO_DTYPES", "rotate"),
         "by_dtype": {d: dict(c) for d, c in sorted(by_dtype.items())},
         "cases": dict(sorted(_OUTCOMES.items())),
+        "failures": dict(sorted(_REASONS.items())),
     }
     with open(path, "w") as f:
         json.dump(data, f, indent=1)
+
+
+def failure_reason(text: str) -> str:
+    """One line saying why a case failed: the ops without a lowering, or the first error line."""
+    lines = [line.strip().removeprefix("E").strip() for line in text.splitlines()]
+    missing = sorted({line[2:].split(" ")[0] for line in lines if line.startswith("- ") and "(node " in line})
+    if "UnsupportedOpsError" in text and missing:
+        return "no lowering for " + ", ".join(missing)
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("E ") and ("Error" in stripped or "not close" in stripped or "Mismatch" in stripped):
+            return stripped[1:].strip()[:160]
+    return text.strip().splitlines()[-1][:160] if text.strip() else "failed"

@@ -6,11 +6,11 @@ A converted graph that draws random numbers is checked for:
   - exactness where torch is deterministic (every torch draw the same, e.g. p=0 dropout);
   - support: integer-valued torch outputs give integer outputs; 0/1-style outputs (torch's draws
     take at most two distinct values) give values from that set;
-  - distribution: a two-sample Kolmogorov-Smirnov test between DRAWS torch draws (seeds 0..) and
-    DRAWS of ours (keys 0..) on per-draw statistics (mean, mean square, fraction of zeros) at
-    significance ALPHA.
-    Per-draw statistics are independent across draws even when elements within a draw are not
-    (randperm, dropout2d), so the test is valid for every op; seeds are fixed, so it is deterministic.
+  - distribution: a two-sample Kolmogorov-Smirnov test between DRAWS torch draws (seeds 0..;
+    OpInfo's fixed-seed wrapper is reseeded per draw) and DRAWS of ours (keys 0..) on per-draw
+    statistics (mean, mean square, fraction of zeros) at significance ALPHA. Per-draw statistics
+    are independent across draws even when elements within a draw are not (randperm, dropout2d),
+    so the test is valid for every op; seeds are fixed, so it is deterministic.
 """
 
 from __future__ import annotations
