@@ -13,22 +13,28 @@ from .registry import registered
 # Core ops deliberately without a lowering: op -> why. Keep this short and honest.
 NOT_LOWERED: dict[str, str] = {
     "aten.nonzero.default": "output shape depends on the data; JAX needs static shapes (nonzero_static is lowered)",
+    "aten.resize_.default": "in-place storage resize: functionalization removes it, so it never reaches an exported graph",
 }
 
 
 def core_aten_ops() -> list[str]:
-    """Every overload tagged torch.Tag.core in the installed torch, as registry names."""
-    names = []
-    for packet_name in dir(torch.ops.aten):
-        packet = getattr(torch.ops.aten, packet_name, None)
-        overloads = getattr(packet, "overloads", None)
-        if not callable(overloads):
+    """Every overload tagged torch.Tag.core in the installed torch, as registry names.
+
+    Walks the dispatcher's full op list: `dir(torch.ops.aten)` only shows packets already touched.
+    """
+    names = set()
+    for qualified in torch._C._dispatch_get_all_op_names():
+        namespace, _, rest = qualified.partition("::")
+        if namespace != "aten":
             continue
-        for overload in overloads():
-            op = getattr(packet, overload)
-            if torch.Tag.core in getattr(op, "tags", ()):
-                names.append(str(op))
-    return sorted(set(names))
+        name, _, overload = rest.partition(".")
+        try:
+            op = getattr(getattr(torch.ops.aten, name), overload or "default")
+        except (AttributeError, RuntimeError):
+            continue
+        if torch.Tag.core in getattr(op, "tags", ()):
+            names.add(str(op))
+    return sorted(names)
 
 
 def coverage() -> dict[str, str]:

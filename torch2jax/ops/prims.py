@@ -91,3 +91,9 @@ def scalar_tensor(value, dtype=None, layout=None, device=None, pin_memory=None):
 @lowers("aten._local_scalar_dense.default")
 def local_scalar_dense(x):
     return x.reshape(())
+
+
+@lowers("aten.sym_is_contiguous.default")
+def sym_is_contiguous(x, memory_format=None):
+    """JAX arrays are values with no strides: every one is contiguous."""
+    return True
