@@ -23,12 +23,11 @@ from .registry import lookup
 class LoweringContext:
     """What a `ctx=True` lowering may ask about its node: output dtype/shape and a PRNG key."""
 
-    def __init__(self, node: Node, symbols: dict[str, Any], rng: jax.Array | None, index: int, run_subgraph=None):
+    def __init__(self, node: Node, symbols: dict[str, Any], rng: jax.Array | None, index: int):
         self.node = node
         self._symbols = symbols
         self._rng = rng
         self._index = index
-        self.run_subgraph = run_subgraph
 
     @property
     def out_meta(self) -> Any:

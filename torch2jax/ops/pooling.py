@@ -120,7 +120,8 @@ def _argmax_pool(x, windows):
 # --- max pooling ---------------------------------------------------------------------------------
 
 
-def _max_pool(x, n, kernel_size, stride, padding, dilation, ceil_mode):
+def _max_values(x, n, kernel_size, stride, padding, dilation, ceil_mode):
+    """The max over each window, and the window geometry (kernel, stride, padding, dilation, geo)."""
     kernel = _ints(kernel_size, n)
     stride = _ints(stride, n) if stride else kernel
     padding, dilation = _ints(padding, n), _ints(dilation, n)
@@ -128,7 +129,11 @@ def _max_pool(x, n, kernel_size, stride, padding, dilation, ceil_mode):
     values = lax.reduce_window(
         x, np.array(_lowest(x.dtype), x.dtype), lax.max, **_window(x, n, kernel, stride, dilation, geo)
     )
-    values = _crop(values, n, geo)
+    return _crop(values, n, geo), (kernel, stride, padding, dilation, geo)
+
+
+def _max_pool(x, n, kernel_size, stride, padding, dilation, ceil_mode):
+    values, (kernel, stride, padding, dilation, geo) = _max_values(x, n, kernel_size, stride, padding, dilation, ceil_mode)
     windows = [
         _regular_windows(size, out, k, s, p, d)
         for size, (out, _, _), k, s, p, d in zip(x.shape[-n:], geo, kernel, stride, padding, dilation)
@@ -155,14 +160,7 @@ def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ce
 @lowers("aten.max_pool1d.default", "aten.max_pool2d.default", "aten.max_pool3d.default", ctx=True)
 def max_pool(ctx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     n = int(ctx.node.op.split(".")[1][-2])  # aten.max_pool2d.default -> 2
-    kernel = _ints(kernel_size, n)
-    stride = _ints(stride, n) if stride else kernel
-    padding, dilation = _ints(padding, n), _ints(dilation, n)
-    geo = _geometry(x, n, kernel, stride, padding, dilation, ceil_mode)
-    values = lax.reduce_window(
-        x, np.array(_lowest(x.dtype), x.dtype), lax.max, **_window(x, n, kernel, stride, dilation, geo)
-    )
-    return _crop(values, n, geo)
+    return _max_values(x, n, kernel_size, stride, padding, dilation, ceil_mode)[0]
 
 
 # --- average pooling -----------------------------------------------------------------------------
