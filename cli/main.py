@@ -93,61 +93,113 @@ def main() -> None:
 @click.option("--lowerings", multiple=True, type=click.Path(dir_okay=False, exists=True),
               help="Python file(s) registering lowerings for custom ops (torch2jax.register_lowering).")
 @click.option("--seed", default=0, show_default=True, help="Seed for model construction and random example inputs.")
+@click.option("--report", "report_file", type=click.Path(dir_okay=False),
+              help="Write a markdown report (stages, timings, op counts, per-output errors, environment), pass or fail.")
+@click.option("--repro-dir", type=click.Path(file_okay=False),
+              help="Where to write the standalone reproduction when one op fails (default: $TMPDIR/torch2jax-repro).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @handles_errors
-def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, quiet):
+def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, report_file, repro_dir, quiet):
     """Convert TARGET (model.py:Model, or model.py:make_model) into an artifact directory.
 
     \b
     Example:
       torch2jax convert sample_models/tiny_gpt.py:TinyGPT --out out/gpt
-      torch2jax convert model.py:Net --input x=float32[batch,3,32,32] --out out/net
+      torch2jax convert model.py:Net --input x=float32[batch,3,32,32] --out out/net --report report.md
 
     By default the saved artifact is loaded back and compared with PyTorch on the example
-    inputs and on a second size of each symbolic dim; a mismatch exits with status 3 and
-    leaves no output directory.
+    inputs, on random inputs of the same shapes and on a second size of each symbolic dim; a
+    mismatch exits with status 3 and leaves no output directory. When a single op stops the
+    conversion, a standalone script reproducing it is written and its path printed.
     """
+    from torch2jax.report import ReportData, write
+
     out = Path(out_dir)
     if out.exists() and not force:
         _fail(f"{out} already exists; pass --force to replace it", EXIT_USAGE)
-    progress = Progress(quiet)
-    progress("load", f"build {target}")
-    for path in lowerings:
-        _import_lowerings(path)
+    data = ReportData(title="torch2jax conversion report", target=target, artifact=str(out))
+    try:
+        _convert(data, target, out, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, repro_dir, quiet)
+    except BaseException as err:
+        from torch2jax.errors import VerificationError
+
+        data.status = "numerics differ" if isinstance(err, VerificationError) else "failed"
+        data.error = str(err) or type(err).__name__
+        raise
+    finally:
+        if report_file:
+            write(data, report_file)
+            click.echo(f"report: {report_file}", err=True)
+
+
+def _convert(data, target, out, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, repro_dir, quiet):
     from torch2jax import artifact, stablehlo
     from torch2jax.converter import StageTimer, cast
     from torch2jax.converter import convert as convert_module
+    from torch2jax.errors import LoweringError, UnsupportedOpsError
     from torch2jax.target import resolve
 
-    resolved = resolve(target, list(inputs), weights, train=train, seed=seed)
-    if dtype:
-        resolved.module, resolved.args, resolved.kwargs = cast(resolved.module, resolved.args, resolved.kwargs, dtype)
+    progress = Progress(quiet)
     timer = StageTimer(progress)
-    model = convert_module(resolved.module, resolved.args, resolved.kwargs, resolved.dynamic_shapes, timer=timer)
-    progress("compile", "jax.export to StableHLO")
-    exported = stablehlo.export(model, [p.strip() for p in platforms.split(",") if p.strip()])
-    report_holder = []
+    data.timings = timer.timings
+    with timer.stage("build model", f"build {target}"):
+        for path in lowerings:
+            _import_lowerings(path)
+        resolved = resolve(target, list(inputs), weights, train=train, seed=seed)
+        if dtype:
+            resolved.module, resolved.args, resolved.kwargs = cast(resolved.module, resolved.args, resolved.kwargs, dtype)
+    model = None
+    try:
+        model = convert_module(resolved.module, resolved.args, resolved.kwargs, resolved.dynamic_shapes, timer=timer)
+        data.graph = model.graph
+        with timer.stage("jax.export", "jax.export to StableHLO"):
+            exported = stablehlo.export(model, [p.strip() for p in platforms.split(",") if p.strip()])
+    except (UnsupportedOpsError, LoweringError) as err:
+        progress.done()
+        _add_repro(err, model.graph if model is not None else None, resolved, repro_dir)
+        raise
 
     def verify_artifact(tmp: Path) -> None:
         if no_verify:
             return
         from torch2jax.verify import check, verify
 
-        progress("verify", "compare the saved artifact with PyTorch")
-        loaded = artifact.load(tmp)
-        report = verify(resolved.module, loaded, resolved.args, resolved.kwargs, seed)
-        report_holder.append(report)
-        check(report)
+        with timer.stage("verify", "compare the saved artifact with PyTorch"):
+            loaded = artifact.load(tmp)
+            data.verification = verify(resolved.module, loaded, resolved.args, resolved.kwargs, seed)
+        check(data.verification)
 
     progress("save", f"write {out}")
+    start = time.perf_counter()
     try:
         artifact.save(model, out, force=force, source=target, exported=exported, check=verify_artifact)
     finally:
         progress.done()
+        # verification runs inside the save (before the rename); count it once, under its own name
+        timer.timings["save"] = time.perf_counter() - start - timer.timings.get("verify", 0.0)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     click.echo(f"wrote {out} ({size / 1e6:.2f} MB) {model.signature}")
-    if report_holder:
-        click.echo(f"verified against PyTorch:\n{report_holder[0].summary()}")
+    if data.verification is not None:
+        click.echo(f"verified against PyTorch:\n{data.verification.summary()}")
+
+
+def _add_repro(err, graph, resolved, repro_dir) -> None:
+    """Write a standalone script reproducing the one failing op, and name it in the error."""
+    import torch.utils._pytree as pytree
+
+    from torch2jax import repro
+    from torch2jax.errors import UnsupportedOpsError
+
+    graph = getattr(err, "graph", None) or graph
+    ops = getattr(err, "ops", None) or ([err.node.op] if getattr(err, "node", None) is not None else [])
+    node = repro.failing_node(graph, ops) if graph is not None else None
+    if node is None:
+        return
+    shapes = [tuple(x.shape) for x in pytree.tree_flatten((resolved.args, resolved.kwargs))[0] if hasattr(x, "shape")]
+    model_file = getattr(resolved.file_module, "__file__", None)
+    reason = f"no JAX lowering for {node.op}" if isinstance(err, UnsupportedOpsError) else str(err)
+    path = repro.write_repro(graph, node, repro.symbol_sizes(graph, shapes), reason, repro_dir, model_file)
+    err.args = (f"{err}\nA standalone reproduction of this op: {path} (run it with python after adding or fixing the lowering).",)
 
 
 def _import_lowerings(path: str) -> None:
@@ -270,25 +322,48 @@ def _flatten_outputs(value, prefix: str = "output") -> dict:
 @click.option("--weights", type=click.Path(dir_okay=False), help="state_dict to load into TARGET before comparing.")
 @click.option("--input", "inputs", multiple=True, metavar="SPEC", help="Inputs as for convert (default: example_inputs()).")
 @click.option("--seed", default=0, show_default=True)
+@click.option("--report", "report_file", type=click.Path(dir_okay=False),
+              help="Write a markdown report (per-output errors, timings, op counts, environment), pass or fail.")
 @handles_errors
-def verify(artifact_dir, target, weights, inputs, seed):
+def verify(artifact_dir, target, weights, inputs, seed, report_file):
     """Compare an artifact with PyTorch running TARGET on the same inputs.
 
     \b
     Example:
-      torch2jax verify out/gpt sample_models/tiny_gpt.py:TinyGPT
+      torch2jax verify out/gpt sample_models/tiny_gpt.py:TinyGPT --report verify.md
+
+    Inputs: the example inputs, random inputs of the same shapes, and a second size of every
+    symbolic dim. Exit status 3 when an output differs beyond its dtype's tolerance.
     """
     import torch2jax
+    from torch2jax.converter import StageTimer
+    from torch2jax.errors import VerificationError
+    from torch2jax.report import ReportData, write
     from torch2jax.target import resolve
     from torch2jax.verify import check
     from torch2jax.verify import verify as run_verify
 
-    model = torch2jax.load(artifact_dir)
-    resolved = resolve(target, list(inputs), weights, seed=seed)
-    report = run_verify(resolved.module, model, resolved.args, resolved.kwargs, seed)
-    click.echo(report.summary())
-    check(report)
-    click.echo(f"ok: max abs error {report.max_abs:.3g}")
+    timer = StageTimer()
+    data = ReportData(title="torch2jax verification report", target=target, artifact=str(artifact_dir), timings=timer.timings)
+    try:
+        with timer.stage("load artifact", ""):
+            model = torch2jax.load(artifact_dir)
+        data.graph = model.graph
+        with timer.stage("build torch model", ""):
+            resolved = resolve(target, list(inputs), weights, seed=seed)
+        with timer.stage("compare", ""):
+            data.verification = run_verify(resolved.module, model, resolved.args, resolved.kwargs, seed)
+        click.echo(data.verification.summary())
+        check(data.verification)
+    except BaseException as err:
+        data.status = "numerics differ" if isinstance(err, VerificationError) else "failed"
+        data.error = str(err) or type(err).__name__
+        raise
+    finally:
+        if report_file:
+            write(data, report_file)
+            click.echo(f"report: {report_file}", err=True)
+    click.echo(f"ok: max abs error {data.verification.max_abs:.3g}")
 
 
 @main.command()

@@ -18,13 +18,18 @@ class ExportError(Torch2JaxError):
 class UnsupportedOpsError(Torch2JaxError):
     """The graph uses ops that have no JAX lowering; all of them are listed at once."""
 
-    def __init__(self, message: str, ops: list[str]):
+    def __init__(self, message: str, ops: list[str], graph=None):
         super().__init__(message)
         self.ops = ops
+        self.graph = graph  # the portable graph the ops were found in, for a reproduction script
 
 
 class LoweringError(Torch2JaxError):
     """A lowering failed while tracing one node of the graph."""
+
+    def __init__(self, message: str, node=None):
+        super().__init__(message)
+        self.node = node  # the graph node whose lowering failed, when known
 
 
 class ArtifactError(Torch2JaxError):

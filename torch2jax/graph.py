@@ -10,6 +10,7 @@ Argument values are kept in an encoded, JSON-ready form:
   a reference to another node        {"ref": "node_name"}
   torch.dtype                        {"dtype": "float32"}
   torch.device / layout / memory_format   {"device": "cpu"} / {"layout": ...} / {"memory_format": ...}
+  an op passed as an argument        {"op": "aten._linalg_check_errors.default"} (higher_order.with_effects)
 Shapes are lists whose entries are ints or strings: a string is a symbolic dimension,
 an expression over the graph's named symbols (e.g. "batch", "2*seq").
 """
@@ -149,15 +150,15 @@ class Graph:
     def mutations(self) -> list[GraphOutput]:
         return [o for o in self.outputs if o.kind == "buffer_mutation"]
 
+    def all_nodes(self):
+        """Every node, those of subgraphs (control-flow branches and bodies) included."""
+        yield from self.nodes
+        for sub in self.subgraphs.values():
+            yield from sub.all_nodes()
+
     def ops(self) -> list[str]:
         """Every op name used, subgraphs included, in first-use order."""
-        seen: dict[str, None] = {}
-        for node in self.nodes:
-            seen.setdefault(node.op, None)
-        for sub in self.subgraphs.values():
-            for op in sub.ops():
-                seen.setdefault(op, None)
-        return list(seen)
+        return list(dict.fromkeys(node.op for node in self.all_nodes()))
 
     def to_json(self) -> dict:
         return {

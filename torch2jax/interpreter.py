@@ -60,7 +60,7 @@ class LoweringContext:
 def find_unsupported(graph: Graph) -> list[Node]:
     """Every node (subgraphs included) whose op has no lowering, one per op."""
     missing: dict[str, Node] = {}
-    for node in _all_nodes(graph):
+    for node in graph.all_nodes():
         if node.op not in missing and lookup(node.op) is None:
             missing[node.op] = node
     return list(missing.values())
@@ -69,13 +69,7 @@ def find_unsupported(graph: Graph) -> list[Node]:
 def needs_rng(graph: Graph) -> bool:
     from .ops.random import RANDOM_OPS
 
-    return any(node.op in RANDOM_OPS for node in _all_nodes(graph))
-
-
-def _all_nodes(graph: Graph):
-    yield from graph.nodes
-    for sub in graph.subgraphs.values():
-        yield from _all_nodes(sub)
+    return any(node.op in RANDOM_OPS for node in graph.all_nodes())
 
 
 def check_supported(graph: Graph, schemas: dict[str, str] | None = None) -> None:
@@ -96,7 +90,7 @@ def check_supported(graph: Graph, schemas: dict[str, str] | None = None) -> None
             "Register a lowering with @torch2jax.register_lowering('<op>') (see docs/api.md), "
             "or report the op so it can be added."
         )
-        raise UnsupportedOpsError("\n".join(lines), [n.op for n in missing])
+        raise UnsupportedOpsError("\n".join(lines), [n.op for n in missing], graph=graph)
 
 
 def _qualified(op: str) -> str:
@@ -111,7 +105,7 @@ def build(graph: Graph, observe: Callable[[Node, Any], None] | None = None) -> C
     `observe(node, value)`, if given, sees every node's result (used by bisect to compare per node).
     """
     check_supported(graph)
-    lowerings = {node.name: lookup(node.op) for node in _all_nodes(graph)}
+    lowerings = {node.name: lookup(node.op) for node in graph.all_nodes()}
     param_inputs = [i for i in graph.inputs if i.kind in PARAM_KINDS]
     user_inputs = graph.user_inputs
 
@@ -157,7 +151,8 @@ def _run_node(node: Node, lowering, env: dict, symbols: dict, rng, index: int) -
         where = f"\n  at {node.source.strip().splitlines()[-1].strip()}" if node.source else ""
         raise LoweringError(
             f"lowering {node.op} failed on node {node.name} with inputs ({shapes}): "
-            f"{type(err).__name__}: {err}{where}"
+            f"{type(err).__name__}: {err}{where}",
+            node=node,
         ) from err
     return _match_meta(result, node.meta)
 

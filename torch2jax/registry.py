@@ -50,6 +50,7 @@ def register_lowering(op: Any, fn: Callable | None = None, *, ctx: bool = False,
     jax arrays. Usable as a call or as a decorator: `@torch2jax.register_lowering("mylib::my_op")`.
     """
     name = canonical_op_name(op)
+    _load_op_families()  # built-in lowerings first, so that replace=True overrides them and not the reverse
 
     def decorate(f: Callable) -> Callable:
         _add(name, f, ctx, replace=replace)

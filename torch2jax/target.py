@@ -39,7 +39,12 @@ def resolve(target: str, inputs: list[str], weights: str | None = None, train: b
     file_module, attr = _import_target(target)
     factory = getattr(file_module, attr, None)
     if factory is None:
-        raise Torch2JaxError(f"{target}: {file_module.__name__} has no attribute {attr!r}")
+        candidates = [
+            name for name, value in vars(file_module).items()
+            if isinstance(value, type) and issubclass(value, torch.nn.Module) and value.__module__ == file_module.__name__
+        ]
+        hint = f"; it defines the nn.Module classes {', '.join(candidates)}" if candidates else "; it defines no nn.Module class"
+        raise Torch2JaxError(f"{target}: {attr!r} is not defined in {target.rpartition(':')[0]}{hint}")
     torch.manual_seed(seed)
     module = _instantiate(factory, target)
     if weights:

@@ -1,7 +1,8 @@
 """Numerical verification (convert half): run torch and a converted/loaded model on the same inputs.
 
-Inputs: the example inputs, then the same with every symbolic dim at a second size, so an
-artifact that only works at the traced size cannot pass.
+Inputs: the example inputs, random inputs of the same shapes (a model that only works on the
+example values cannot pass), and random inputs with every symbolic dim at a second size (nor can
+an artifact that only works at the traced size).
 """
 
 from __future__ import annotations
@@ -75,15 +76,17 @@ class Report:
 
 
 def verify(module: torch.nn.Module, model: Model, args: tuple, kwargs: dict, seed: int = 0) -> Report:
-    """Compare `model` with `module` on the example inputs and at a second size of each symbolic dim."""
+    """Compare `model` with `module` on the example inputs, fresh random inputs of the same shapes,
+    and a second size of each symbolic dim."""
     runs = [_compare("example inputs", module, model, args, kwargs)]
-    resized = second_size_inputs(model.graph, args, kwargs, seed)
-    if resized is not None:
-        label, new_args, new_kwargs = resized
+    for extra in (random_inputs(model.graph, args, kwargs, seed), second_size_inputs(model.graph, args, kwargs, seed)):
+        if extra is None:
+            continue
+        label, new_args, new_kwargs = extra
         try:
             runs.append(_compare(label, module, model, new_args, new_kwargs))
         except _TorchFailed as err:
-            runs.append(Run(label, skipped=f"torch itself fails at this size: {err}"))
+            runs.append(Run(label, skipped=f"torch itself fails on these inputs: {err}"))
     return Report(runs)
 
 
@@ -149,21 +152,20 @@ def _check_output(path: str, want: torch.Tensor, have: torch.Tensor) -> OutputCh
     return OutputCheck(path, dtype, shape, float(diff.max()), max_rel, within and special_ok)
 
 
+def random_inputs(graph: Graph, args: tuple, kwargs: dict, seed: int) -> tuple[str, tuple, dict] | None:
+    """Fresh random inputs of the example shapes: catches a model that only works on the example values."""
+    return _resampled(graph, args, kwargs, {}, seed, "random inputs")
+
+
 def second_size_inputs(graph: Graph, args: tuple, kwargs: dict, seed: int) -> tuple[str, tuple, dict] | None:
     """The example inputs with every symbolic dim moved to another size in its declared range."""
-    flat, spec = pytree.tree_flatten((args, kwargs))
-    tensors = [x for x in flat if isinstance(x, torch.Tensor)]
-    if len(tensors) != len(graph.user_inputs):
-        return None
     current: dict[str, int] = {}
-    for inp, tensor in zip(graph.user_inputs, tensors):
+    for inp, tensor in _user_tensors(graph, args, kwargs) or []:
         if inp.meta is None:
             continue
         for dim, size in zip(inp.meta.shape, tensor.shape):
             if isinstance(dim, str) and dim.isidentifier():
                 current.setdefault(dim, int(size))
-    if not current:
-        return None
     new_sizes = {}
     for name, size in current.items():
         bounds = graph.symbols.get(name, {})
@@ -175,19 +177,33 @@ def second_size_inputs(graph: Graph, args: tuple, kwargs: dict, seed: int) -> tu
         new_sizes[name] = candidate
     if not new_sizes:
         return None
-    gen = torch.Generator().manual_seed(seed + 1)
+    label = "second size (" + ", ".join(f"{k}={v}" for k, v in new_sizes.items()) + ")"
+    return _resampled(graph, args, kwargs, new_sizes, seed + 1, label)
+
+
+def _user_tensors(graph: Graph, args: tuple, kwargs: dict) -> list | None:
+    tensors = [x for x in pytree.tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+    return list(zip(graph.user_inputs, tensors)) if len(tensors) == len(graph.user_inputs) else None
+
+
+def _resampled(graph: Graph, args: tuple, kwargs: dict, new_sizes: dict[str, int], seed: int, label: str):
+    """New inputs like the examples, with symbolic dims resized per `new_sizes`; None if they can't be matched."""
+    pairs = _user_tensors(graph, args, kwargs)
+    if pairs is None:
+        return None
+    gen = torch.Generator().manual_seed(seed)
+    flat, spec = pytree.tree_flatten((args, kwargs))
+    pair_iter = iter(pairs)
     resized = []
-    tensor_iter = iter(zip(graph.user_inputs, tensors))
     for leaf in flat:
         if not isinstance(leaf, torch.Tensor):
             resized.append(leaf)
             continue
-        inp, tensor = next(tensor_iter)
+        inp, tensor = next(pair_iter)
         dims = inp.meta.shape if inp.meta else list(tensor.shape)
         shape = [new_sizes.get(d, s) if isinstance(d, str) else s for d, s in zip(dims, tensor.shape)]
         resized.append(_like(tensor, shape, gen))
     new_args, new_kwargs = pytree.tree_unflatten(resized, spec)
-    label = "second size (" + ", ".join(f"{k}={v}" for k, v in new_sizes.items()) + ")"
     return label, tuple(new_args), dict(new_kwargs)
 
 
