@@ -159,6 +159,22 @@ def test_path_escaping_the_artifact_is_refused(copy_of):
         torch2jax.load(path)
 
 
+def test_files_slipped_into_params_are_refused(copy_of):
+    path = copy_of("mlp")
+    (path / "params" / "extra").write_bytes(b"not ours")
+    with pytest.raises(torch2jax.ArtifactError, match="not listed in the manifest"):
+        torch2jax.load(path)
+
+
+def test_params_folder_pointing_elsewhere_is_refused(copy_of, tmp_path):
+    path = copy_of("mlp")
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(path / "params", elsewhere)
+    (path / "params").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(torch2jax.ArtifactError, match="outside the artifact"):
+        torch2jax.load(path)
+
+
 def test_undeserializable_exported_falls_back_to_graph_with_warning(copy_of, converted):
     module, args, _ = converted("mlp")
     path = copy_of("mlp")

@@ -71,3 +71,61 @@ def test_threads_share_a_loaded_model_and_shapes_compile_once(saved, converted):
     for got, want in zip(results, expected):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert model._jitted._cache_size() == len(set(batches)), "recompiled beyond one compile per input shape"
+
+
+def test_processes_load_one_artifact_read_only_at_once(saved, converted):
+    module, _, _ = converted("mlp")
+    path = saved("mlp")
+    before = {p: p.stat().st_mtime_ns for p in path.rglob("*")}
+    path.chmod(0o555)  # read-only: loading must not write next to the artifact
+    code = (
+        "import sys, numpy as np, torch2jax\n"
+        "m = torch2jax.load(sys.argv[1])\n"
+        "x = np.random.default_rng(int(sys.argv[2])).standard_normal((int(sys.argv[2]), 16)).astype(np.float32)\n"
+        "np.save(sys.argv[3], np.asarray(m(x)))\n"
+    )
+    try:
+        procs = [
+            subprocess.Popen([sys.executable, "-c", code, str(path), str(i + 1), str(path.parent / f"out{i}.npy")],
+                             stderr=subprocess.PIPE, text=True)
+            for i in range(4)
+        ]
+        errors = [p.communicate(timeout=300)[1] for p in procs]
+    finally:
+        path.chmod(0o755)
+    import torch
+
+    for i, (proc, err) in enumerate(zip(procs, errors)):
+        assert proc.returncode == 0, err
+        x = np.random.default_rng(i + 1).standard_normal((i + 1, 16)).astype(np.float32)
+        with torch.no_grad():
+            want = module(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(np.load(path.parent / f"out{i}.npy"), want, rtol=1e-5, atol=1e-5)
+    assert {p: p.stat().st_mtime_ns for p in path.rglob("*")} == before
+
+
+def test_thousands_of_calls_keep_memory_flat_and_compile_once_per_shape(saved):
+    # the CNN's inputs are ~50 KB a call on average: keeping any per-call buffer alive would add >100 MB
+    model = torch2jax.load(saved("cnn"))
+    rng = np.random.default_rng(1)
+    sizes = [1, 2, 3, 5, 8]
+    inputs = {b: rng.standard_normal((b, 3, 32, 32)).astype(np.float32) for b in sizes}
+
+    def drive(calls: int) -> None:
+        for i in range(calls):
+            np.asarray(model(inputs[sizes[i % len(sizes)]]))
+
+    drive(500)  # warm-up: every shape compiled, allocator pools filled
+    rss_before = _resident_mb()
+    drive(3000)
+    growth_mb = _resident_mb() - rss_before
+    assert growth_mb < 50, f"resident memory grew by {growth_mb:.0f} MB over 3000 calls: something leaks"
+    assert model._jitted._cache_size() == len(sizes), "recompiled beyond one compile per input shape"
+
+
+def _resident_mb() -> float:
+    """Current resident set size (not the peak: earlier tests in this process may have set that)."""
+    import os
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20

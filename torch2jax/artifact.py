@@ -165,6 +165,13 @@ def check_files(root: Path, manifest: dict) -> None:
     for required in (EXPORTED, GRAPH):
         if required not in manifest["files"]:
             raise ArtifactError(f"{root}: the manifest does not list {required}; the artifact is damaged")
+    params_dir = root / PARAMS
+    if params_dir.exists():  # Orbax reads the whole folder: it must be ours, inside, and hold only listed files
+        if params_dir.is_symlink() or base not in params_dir.resolve().parents:
+            raise ArtifactError(f"{root}: {PARAMS} points outside the artifact; refusing to load")
+        unlisted = [rel for rel in _files_under(root) if rel.startswith(PARAMS + os.sep) and rel not in manifest["files"]]
+        if unlisted:
+            raise ArtifactError(f"{root}: {unlisted[0]} is not listed in the manifest; the artifact was changed after saving")
 
 
 def _manifest(model: Model, exported: Any, vjp_order: int, source: str | None) -> dict:
