@@ -62,7 +62,7 @@ class _Capturer:
         if signature is not None:
             for spec in signature.input_specs:
                 kinds[spec.arg.name] = (_INPUT_KIND.get(spec.kind.name), spec.target)
-        inputs, nodes, outputs = [], [], []
+        inputs, nodes, outputs, subgraphs = [], [], [], {}
         for fx_node in gm.graph.nodes:
             if fx_node.op == "placeholder":
                 kind, target = kinds.get(fx_node.name, ("user_input", None))
@@ -74,6 +74,8 @@ class _Capturer:
                 nodes.append(self.node(fx_node))
             elif fx_node.op == "output":
                 values = fx_node.args[0]
+                if not isinstance(values, (list, tuple)):  # a subgraph returning one value (a while_loop condition)
+                    values = [values]
                 specs = signature.output_specs if signature is not None else [None] * len(values)
                 for value, spec in zip(values, specs):
                     kind = _OUTPUT_KIND.get(spec.kind.name) if spec is not None else "user_output"
@@ -82,10 +84,14 @@ class _Capturer:
                     target = spec.target if spec is not None else None
                     outputs.append(GraphOutput(kind, self.encode(value), target))
             elif fx_node.op == "get_attr":
-                continue  # subgraph modules of higher-order ops are captured where they are used
+                # the branches and bodies of control-flow ops: captured as subgraphs, all inputs explicit
+                module = getattr(gm, fx_node.target)
+                if not isinstance(module, torch.fx.GraphModule):
+                    raise ExportError(f"get_attr {fx_node.target} of type {type(module).__name__} is not supported")
+                subgraphs[fx_node.name] = self.graph(module, None)
             else:
                 raise ExportError(f"unexpected FX node kind {fx_node.op!r} ({fx_node.name})")
-        return Graph(inputs, nodes, outputs)
+        return Graph(inputs, nodes, outputs, subgraphs=subgraphs)
 
     def node(self, fx_node: torch.fx.Node) -> Node:
         target = fx_node.target
@@ -104,7 +110,7 @@ class _Capturer:
 
     def encode(self, value: Any) -> Any:
         if isinstance(value, torch.fx.Node):
-            return {"ref": value.name}
+            return {"subgraph": value.name} if value.op == "get_attr" else {"ref": value.name}
         if value is None or isinstance(value, (bool, int, str)):
             return value
         if isinstance(value, float):
@@ -121,6 +127,8 @@ class _Capturer:
             return {"memory_format": str(value).removeprefix("torch.")}
         if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return self.sym(value)
+        if isinstance(value, torch._ops.OpOverload):  # with_effects' op, e.g. aten._linalg_check_errors
+            return {"op": op_name(value)}
         raise ExportError(f"cannot represent argument {value!r} of type {type(value).__name__} in the portable graph")
 
     def meta(self, val: Any) -> Any:

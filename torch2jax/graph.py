@@ -11,6 +11,7 @@ Argument values are kept in an encoded, JSON-ready form:
   torch.dtype                        {"dtype": "float32"}
   torch.device / layout / memory_format   {"device": "cpu"} / {"layout": ...} / {"memory_format": ...}
   an op passed as an argument        {"op": "aten._linalg_check_errors.default"} (higher_order.with_effects)
+  a branch or body of control flow   {"subgraph": "true_graph_0"}, a key of the graph's `subgraphs`
 Shapes are lists whose entries are ints or strings: a string is a symbolic dimension,
 an expression over the graph's named symbols (e.g. "batch", "2*seq").
 """
@@ -265,6 +266,8 @@ def _check_references(graph: Graph) -> None:
     for node in graph.nodes:
         for ref in iter_refs([node.args, list(node.kwargs.values())]):
             _expect(ref in defined, f"node {node.name} uses {ref!r} before it is defined", node.name)
+        for name in iter_refs([node.args, list(node.kwargs.values())], key="subgraph"):
+            _expect(isinstance(name, str) and name in graph.subgraphs, f"node {node.name} uses subgraph {name!r}, which the graph does not have", node.name)
         _expect(node.name not in defined, f"node name {node.name!r} is defined twice", node.name)
         defined.add(node.name)
     for out in graph.outputs:
@@ -272,14 +275,14 @@ def _check_references(graph: Graph) -> None:
             _expect(ref in defined, f"an output uses undefined value {ref!r}", ref)
 
 
-def iter_refs(value: Any):
-    """Yield every node name referenced inside an encoded value."""
+def iter_refs(value: Any, key: str = "ref"):
+    """Yield every node name (or with key="subgraph", subgraph name) referenced inside an encoded value."""
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, dict):
-            if set(item) == {"ref"}:
-                yield item["ref"]
+            if set(item) == {key}:
+                yield item[key]
             else:
                 stack.extend(item.values())
         elif isinstance(item, list):

@@ -105,7 +105,7 @@ def build(graph: Graph, observe: Callable[[Node, Any], None] | None = None) -> C
     `observe(node, value)`, if given, sees every node's result (used by bisect to compare per node).
     """
     check_supported(graph)
-    lowerings = {node.name: lookup(node.op) for node in graph.all_nodes()}
+    program = _Program(graph, observe)
     param_inputs = [i for i in graph.inputs if i.kind in PARAM_KINDS]
     user_inputs = graph.user_inputs
 
@@ -116,19 +116,11 @@ def build(graph: Graph, observe: Callable[[Node, Any], None] | None = None) -> C
         symbols: dict[str, Any] = {}
         for inp in param_inputs:
             env[inp.name] = params[graph.aliases.get(inp.target, inp.target)]
-        for inp, value in zip(user_inputs, leaves):
-            env[inp.name] = value
-            if inp.meta is not None and value is not None:
-                for dim, actual in zip(inp.meta.shape, jnp.shape(value)):
-                    if symbolic.is_symbol(dim):
-                        symbols.setdefault(dim, actual)
+        _bind(user_inputs, leaves, env, symbols)
         for inp in graph.inputs:
             if inp.kind == "token":
                 env[inp.name] = None
-        for index, node in enumerate(graph.nodes):
-            env[node.name] = _run_node(node, lowerings[node.name], env, symbols, rng, index)
-            if observe is not None:
-                observe(node, env[node.name])
+        program.run_nodes(env, symbols, rng)
         outputs = [decode(o.value, env) for o in graph.user_outputs]
         updates = {o.target: decode(o.value, env) for o in graph.mutations}
         return outputs, updates
@@ -136,9 +128,56 @@ def build(graph: Graph, observe: Callable[[Node, Any], None] | None = None) -> C
     return run
 
 
-def _run_node(node: Node, lowering, env: dict, symbols: dict, rng, index: int) -> Any:
-    args = decode(node.args, env)
-    kwargs = {key: decode(value, env) for key, value in node.kwargs.items()}
+def _bind(inputs: Sequence, values: Sequence, env: dict, symbols: dict) -> None:
+    """Put input values in `env` and bind the symbolic dims their shapes carry."""
+    for inp, value in zip(inputs, values):
+        env[inp.name] = value
+        if inp.meta is not None and value is not None:
+            for dim, actual in zip(inp.meta.shape, jnp.shape(value)):
+                if symbolic.is_symbol(dim):
+                    symbols.setdefault(dim, actual)
+
+
+class _Program:
+    """One graph's nodes with their lowerings looked up, and its subgraphs (control-flow bodies) alike."""
+
+    def __init__(self, graph: Graph, observe: Callable[[Node, Any], None] | None = None):
+        self.graph = graph
+        self.observe = observe
+        self.lowerings = [lookup(node.op) for node in graph.nodes]
+        self.subprograms = {name: _Program(sub) for name, sub in graph.subgraphs.items()}
+
+    def run_nodes(self, env: dict, symbols: dict, rng: jax.Array | None) -> None:
+        for index, (node, lowering) in enumerate(zip(self.graph.nodes, self.lowerings)):
+            env[node.name] = _run_node(node, lowering, env, symbols, rng, index, self)
+            if self.observe is not None:
+                self.observe(node, env[node.name])
+
+    def subgraph_function(self, name: str, symbols: dict, rng: jax.Array | None, index: int) -> Callable:
+        """Subgraph `name` as a JAX-traceable function of its inputs, returning the list of its outputs.
+
+        Control-flow lowerings hand it to lax.cond / while_loop / scan / map, which trace it. Random
+        ops inside get keys derived from the calling node's (the same key on every iteration).
+        """
+        program = self.subprograms[name]
+        key = None if rng is None else jax.random.fold_in(rng, index)
+
+        def call(*values: Any) -> list:
+            env: dict[str, Any] = {}
+            inner = dict(symbols)
+            _bind(program.graph.inputs, values, env, inner)
+            program.run_nodes(env, inner, key)
+            return [decode(o.value, env) for o in program.graph.outputs]
+
+        return call
+
+
+def _run_node(node: Node, lowering, env: dict, symbols: dict, rng, index: int, program: _Program) -> Any:
+    def subgraph(name: str) -> Callable:
+        return program.subgraph_function(name, symbols, rng, index)
+
+    args = decode(node.args, env, subgraph)
+    kwargs = {key: decode(value, env, subgraph) for key, value in node.kwargs.items()}
     try:
         if lowering.ctx:
             result = lowering.fn(LoweringContext(node, symbols, rng, index), *args, **kwargs)
@@ -177,20 +216,25 @@ def _describe(value: Any) -> str:
     return repr(value)
 
 
-def decode(value: Any, env: dict) -> Any:
-    """Turn an encoded argument into the python/JAX value a lowering receives."""
+def decode(value: Any, env: dict, subgraph: Callable[[str], Callable] | None = None) -> Any:
+    """Turn an encoded argument into the python/JAX value a lowering receives.
+
+    `subgraph(name)` turns a {"subgraph": name} argument into a callable (control-flow branches).
+    """
     if isinstance(value, list):
-        return [decode(v, env) for v in value]
+        return [decode(v, env, subgraph) for v in value]
     if isinstance(value, dict):
         if len(value) == 1:
             (key, item), = value.items()
             if key == "ref":
                 return env[item]
+            if key == "subgraph" and subgraph is not None:
+                return subgraph(item)
             if key == "dtype":
                 return dtypes.jax_dtype(item)
             if key == "float":
                 return float(item)
             if key in ("device", "layout", "memory_format"):
                 return item
-        return {k: decode(v, env) for k, v in value.items()}
+        return {k: decode(v, env, subgraph) for k, v in value.items()}
     return value

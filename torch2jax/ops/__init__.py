@@ -4,6 +4,7 @@ from . import (  # noqa: F401
     activations,
     attention,
     backward,
+    control_flow,
     conv,
     elementwise,
     fft,
