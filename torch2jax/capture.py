@@ -44,12 +44,31 @@ def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str]) -> C
     """Build the portable graph of `ep`; `symbol_names` renames torch symbols (s0) to dim names."""
     capturer = _Capturer(symbol_names)
     graph = capturer.graph(ep.graph_module, ep.graph_signature)
+    _refuse_input_mutation(graph)
     call_spec = ep.call_spec  # torch rebuilds it on every access
     graph.in_spec = treespec_to_json(call_spec.in_spec)
     graph.out_spec = treespec_to_json(call_spec.out_spec)
     graph.symbols = _symbol_ranges(ep, symbol_names)
     tensors, graph.aliases = _state_tensors(ep, graph)
     return Captured(graph, tensors, capturer.schemas)
+
+
+def _refuse_input_mutation(graph: Graph) -> None:
+    """A JAX function cannot change its caller's arrays: say so instead of dropping the write."""
+    mutations = [o for o in graph.outputs if o.kind == "user_input_mutation"]
+    if not mutations:
+        return
+    sources = {node.name: node.source for node in graph.nodes}
+    lines = []
+    for out in mutations:
+        ref = out.value.get("ref") if isinstance(out.value, dict) else None
+        where = sources.get(ref) or ""
+        lines.append(f"  - input {out.target!r}" + (f", at {where.strip().splitlines()[-1].strip()}" if where else ""))
+    raise ExportError(
+        "forward() modifies its input(s) in place, which a JAX function cannot do to its caller's arrays:\n"
+        + "\n".join(lines)
+        + "\nReturn the new value instead (x = x + 1 rather than x.add_(1)), or work on a copy (x = x.clone())."
+    )
 
 
 class _Capturer:

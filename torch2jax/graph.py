@@ -267,7 +267,8 @@ def _check_references(graph: Graph) -> None:
         for ref in iter_refs([node.args, list(node.kwargs.values())]):
             _expect(ref in defined, f"node {node.name} uses {ref!r} before it is defined", node.name)
         for name in iter_refs([node.args, list(node.kwargs.values())], key="subgraph"):
-            _expect(isinstance(name, str) and name in graph.subgraphs, f"node {node.name} uses subgraph {name!r}, which the graph does not have", node.name)
+            known = isinstance(name, str) and name in graph.subgraphs
+            _expect(known, f"node {node.name} uses subgraph {name!r}, which the graph does not have", node.name)
         _expect(node.name not in defined, f"node name {node.name!r} is defined twice", node.name)
         defined.add(node.name)
     for out in graph.outputs:

@@ -34,5 +34,11 @@ def to_torch(array) -> torch.Tensor:
 
 
 def to_jax(tensor: torch.Tensor):
-    """device_put, not jnp.asarray: asarray compiles a copy per distinct shape, which dominated lowering time."""
-    return jax.device_put(to_numpy(tensor))
+    """A JAX array with its own copy of the values.
+
+    On CPU, device_put may alias a numpy array's memory, and `to_numpy` is a view of the torch
+    tensor: without the copy, torch's in-place updates (a BatchNorm step, an optimizer) would
+    change the "immutable" JAX params. device_put, not jnp.asarray: asarray compiles a copy per
+    distinct shape, which dominated lowering time.
+    """
+    return jax.device_put(np.array(to_numpy(tensor), copy=True))

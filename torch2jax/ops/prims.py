@@ -83,6 +83,14 @@ def _no_op_assert(*args, **kwargs):
     return None
 
 
+@lowers("aten._assert_async.default", "aten._assert_async.msg")
+def _no_op_data_assert(condition, message=None):
+    """torch's check on tensor *values* (e.g. one_hot's index < num_classes) raises on bad data; a jitted
+    JAX function cannot raise on data, so the check is dropped: valid inputs give torch's results, invalid
+    ones are not reported (docs/limitations.md)."""
+    return None
+
+
 @lowers("aten.scalar_tensor.default", "prims.scalar_tensor.default")
 def scalar_tensor(value, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.asarray(value, dtype=dtype if dtype is not None else jnp.float32)
