@@ -109,7 +109,9 @@ def test_error_cases_give_one_paragraph_and_nonzero_exit(tmp_path):
         "        return x + 1 if x.sum() > 0 else x - 1\n",
     )
     cases.append((["convert", f"{branchy}:M", "--input", "x=float32[3]"], 1, "torch.cond"))
-    fixed = _write(tmp_path, "fixed.py", "import torch\nclass M(torch.nn.Module):\n    def forward(self, x):\n        return x.reshape(4, -1)\n")
+    fixed = _write(
+        tmp_path, "fixed.py", "import torch\nclass M(torch.nn.Module):\n    def forward(self, x):\n        return x.reshape(4, -1)\n"
+    )
     cases.append((["convert", f"{fixed}:M", "--input", "x=float32[batch=4,3]"], 1, "Check the dynamic dims you declared"))
     custom = _write(
         tmp_path, "custom.py",

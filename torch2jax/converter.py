@@ -14,7 +14,7 @@ import torch.utils._pytree as pytree
 from . import exporter, interpreter
 from .capture import capture
 from .model import Model
-from .torch_arrays import to_jax
+from .torch_arrays import to_jax, to_torch
 
 ProgressFn = Callable[[str, str], None]  # (stage, message)
 
@@ -87,3 +87,18 @@ def cast(module: torch.nn.Module, args: tuple, kwargs: dict, dtype: str | torch.
 
     moved = copy.deepcopy(module).to(target)
     return moved, tuple(pytree.tree_map(cast_value, list(args))), pytree.tree_map(cast_value, dict(kwargs))
+
+
+def load_into_torch(module: torch.nn.Module, model: Model, params: dict | None = None, strict: bool = True) -> Any:
+    """Copy `params` (default: `model.params`, e.g. after fine-tuning in JAX) into `module`.
+
+    Names are the module's state_dict names (tied weights land under every name); each value is
+    cast to the dtype the module's tensor has (int32 counters back to int64, bfloat16 exactly).
+    Returns torch's `load_state_dict` result (missing / unexpected keys when strict=False).
+    """
+    current = module.state_dict()
+    state = {}
+    for name, value in model.state_dict(params).items():
+        tensor = to_torch(value)
+        state[name] = tensor.to(current[name].dtype) if name in current else tensor
+    return module.load_state_dict(state, strict=strict)
