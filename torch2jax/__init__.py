@@ -35,6 +35,13 @@ def convert(module: Any, args: Any = (), kwargs: dict | None = None, dynamic_sha
     return _convert(module, args, kwargs, dynamic_shapes, **options)
 
 
+def load_into_torch(module: Any, model: Model, params: dict | None = None, strict: bool = True) -> Any:
+    """Copy a model's (fine-tuned) params back into the torch module (see converter.load_into_torch)."""
+    from .converter import load_into_torch as _load_into_torch  # imports torch, only now
+
+    return _load_into_torch(module, model, params, strict)
+
+
 __all__ = [
     "ArtifactError",
     "ExportError",
@@ -47,6 +54,7 @@ __all__ = [
     "VerificationError",
     "convert",
     "load",
+    "load_into_torch",
     "register_lowering",
     "save",
 ]

@@ -152,6 +152,8 @@ def _export_failure_message(err: BaseException) -> str:
             "\nThe model branches on a tensor's value. torch.export cannot capture that; "
             "express the branch with torch.cond, or make the condition depend on shapes only."
         )
+    elif "top-level keys must be the arg names" in lowered:
+        hint = "\nName the dynamic dims by forward()'s parameter names (the keys torch lists above)."
     elif "constraints violated" in lowered or "specialized" in lowered or "dynamic_shapes" in lowered:
         hint = "\nCheck the dynamic dims you declared: torch found the model needs a fixed size or a narrower range there."
     elif "not a known type" in lowered and "pytree" in lowered:
