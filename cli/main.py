@@ -265,8 +265,9 @@ def inspect(artifact_dir, as_json):
               help="Input array, repeatable: x=x.npy (or an .npz holding NAME).")
 @click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False), help="Where to write the outputs (.npz).")
 @click.option("--from-graph", is_flag=True, help="Rebuild the function from graph.json instead of the StableHLO.")
+@click.option("--seed", default=0, show_default=True, help="PRNG seed for models with random ops (train-mode dropout).")
 @handles_errors
-def run(artifact_dir, inputs, out_file, from_graph):
+def run(artifact_dir, inputs, out_file, from_graph, seed):
     """Call an artifact on .npy/.npz inputs and write its outputs to an .npz file.
 
     \b
@@ -291,7 +292,12 @@ def run(artifact_dir, inputs, out_file, from_graph):
     unknown = [n for n in arrays if n not in names]
     if missing or unknown:
         raise InputSpecError(f"the artifact takes inputs {names}; missing {missing}, unknown {unknown}")
-    outputs = model.call_flat([arrays[n] for n in names])
+    rng = None
+    if model.needs_rng:
+        import jax
+
+        rng = jax.random.key(seed)
+    outputs = model.call_flat([arrays[n] for n in names], rng)
     flat = _flatten_outputs(outputs)
     out = Path(out_file)
     tmp = out.with_name(f".{out.name}.tmp.npz")

@@ -145,3 +145,25 @@ def test_data_dependent_shapes_are_refused_with_the_bounded_alternative():
     x = torch.tensor([0.5, -1.0, 2.0, 0.0, 3.0])
     got = torch2jax.convert(Bounded(), (x,))(x.numpy())
     assert np.array_equal(np.asarray(got), Bounded()(x).numpy())
+
+
+def test_cli_converts_a_train_mode_model_with_dropout_and_runs_it_with_a_seed(tmp_path):
+    from .test_cli import cli
+
+    source = tmp_path / "drop.py"
+    source.write_text(
+        "import torch\nclass M(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.lin = torch.nn.Linear(8, 8)\n        self.drop = torch.nn.Dropout(0.5)\n"
+        "    def forward(self, x):\n        return self.drop(self.lin(x))\n"
+    )
+    out = tmp_path / "drop"
+    result = cli("convert", f"{source}:M", "--input", "x=float32[batch=4,8]", "--train", "--out", str(out), "-q")
+    assert result.returncode == 0, result.stderr
+    assert "random ops: shapes and dtypes compared, not values" in result.stdout
+    np.save(tmp_path / "x.npy", np.ones((3, 8), np.float32))
+    draws = []
+    for seed in ("1", "1", "2"):
+        ran = cli("run", str(out), "--input", f"x={tmp_path / 'x.npy'}", "--out", str(tmp_path / "y.npz"), "--seed", seed)
+        assert ran.returncode == 0, ran.stderr
+        draws.append(np.load(tmp_path / "y.npz")["output"])
+    assert np.array_equal(draws[0], draws[1]) and not np.array_equal(draws[0], draws[2])

@@ -71,6 +71,13 @@ class Model:
         return out
 
     @property
+    def needs_rng(self) -> bool:
+        """Whether the graph draws random numbers, so that calls need `rng=`."""
+        from .interpreter import needs_rng
+
+        return needs_rng(self.graph)
+
+    @property
     def signature(self) -> str:
         """A one-line description of the inputs, e.g. `(x: float32[batch, 3, 32, 32])`."""
         parts = [f"{inp.name}: {_describe_meta(inp.meta)}" for inp in self.graph.user_inputs]
