@@ -165,6 +165,36 @@ def test_registering_a_lowering_makes_a_custom_op_convert():
         registry._REGISTRY.pop("t2jtest.enigma.default")
 
 
+# a custom op defined the classic way: a Library fragment with a schema, a CPU kernel and a fake kernel
+_CLASSIC = torch.library.Library("t2jclassic", "DEF")
+_CLASSIC.define("scaled_tanh(Tensor x, float scale) -> Tensor")
+_CLASSIC.impl("scaled_tanh", lambda x, scale: torch.tanh(x) * scale, "CPU")
+torch.library.register_fake("t2jclassic::scaled_tanh")(lambda x, scale: torch.empty_like(x))
+
+
+def test_classic_library_op_with_a_registered_lowering_converts_and_saves(tmp_path):
+    from torch2jax import registry
+
+    class UsesClassic(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.t2jclassic.scaled_tanh(x, 3.0) + 1
+
+    @torch2jax.register_lowering("t2jclassic::scaled_tanh")
+    def scaled_tanh(x, scale):
+        import jax.numpy as jnp
+
+        return jnp.tanh(x) * scale
+
+    try:
+        x = torch.randn(4, 5)
+        model = torch2jax.convert(UsesClassic(), (x,))
+        assert max_err(model(x.numpy()), UsesClassic()(x)) < 1e-6
+        torch2jax.save(model, tmp_path / "classic")
+        assert max_err(torch2jax.load(tmp_path / "classic")(x.numpy()), UsesClassic()(x)) < 1e-6
+    finally:
+        registry._REGISTRY.pop("t2jclassic.scaled_tanh.default")
+
+
 class Branchy(torch.nn.Module):
     def forward(self, x):
         if x.sum() > 0:
