@@ -24,6 +24,10 @@ test-ops-full: install
 	T2J_OPINFO_DTYPES=all T2J_OPINFO_SAMPLES=0 T2J_OPINFO_REPORT=docs/opinfo_results.json T2J_RUN_KNOWN_FAILURES=1 \
 		$(PY) -m pytest -q -n 2 tests/ops
 
+# The slow model tier: benchmark-sized configs and the rest of the bfloat16 variants (tests/models, -m slow).
+test-models-full: install
+	$(PY) -m pytest -q -m slow tests/models
+
 demo: install
 	$(PY) scripts/demo.py
 

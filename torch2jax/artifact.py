@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import dtypes, interpreter, stablehlo, structure
+from . import dtypes, interpreter, passes, stablehlo, structure
 from .errors import ArtifactError, GraphFormatError
 from .graph import Graph
 from .model import Model
@@ -96,7 +96,7 @@ def load(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bo
         raise ArtifactError(f"{root}: {err}") from None
     params = _restore_params(root / PARAMS, manifest)
     if from_graph:
-        return Model(interpreter.build(graph), params, graph, manifest, backend="graph")
+        return Model(interpreter.build(passes.optimize(graph)), params, graph, manifest, backend="graph")
     try:
         exported = jax.export.deserialize(bytearray((root / EXPORTED).read_bytes()))
     except Exception as err:  # too old/new for this jax, or damaged: the graph still works
@@ -105,7 +105,7 @@ def load(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bo
             "falling back to rebuilding the function from graph.json",
             stacklevel=2,
         )
-        return Model(interpreter.build(graph), params, graph, manifest, backend="graph")
+        return Model(interpreter.build(passes.optimize(graph)), params, graph, manifest, backend="graph")
     return Model(stablehlo.exported_runner(exported), params, graph, manifest, backend="exported")
 
 

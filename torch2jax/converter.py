@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from . import exporter, interpreter
+from . import exporter, interpreter, passes
 from .capture import capture
 from .model import Model
 from .torch_arrays import to_jax, to_torch
@@ -69,7 +69,7 @@ def convert(
     with timer.stage("lower", "translate to JAX"):
         captured = capture(ep, names)
         interpreter.check_supported(captured.graph, captured.schemas)
-        run = interpreter.build(captured.graph)
+        run = interpreter.build(passes.optimize(captured.graph))  # the saved graph stays plain ATen
         params = {name: to_jax(t) for name, t in captured.tensors.items()}
     model = Model(run, params, captured.graph)
     model.timings = timer.timings

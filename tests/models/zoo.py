@@ -252,3 +252,76 @@ MODELS: dict[str, Callable[[], Case]] = {
     "unet": unet,
     "embedding_bag_scatter": embedding_bag_scatter,
 }
+
+
+# --- larger configs (the slow tier: `make test-models-full`) -------------------------------------
+# Benchmark-sized: more layers, wider, longer sequences and bigger images, where XLA takes other
+# code paths (e.g. YNNPACK convolutions above 16 channels, the 3-channel stem padded to 4).
+
+LARGE_TEXT_DIMS = {0: "batch", 1: {"name": "seq", "max": 128}}
+
+
+def _large_ids():
+    return _ids(batch=4, seq=64, vocab=1000)
+
+
+def bert_large() -> Case:
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024, vocab_size=1000,
+                     max_position_embeddings=128)
+    mask = torch.ones(4, 64, dtype=torch.long)
+    mask[1, 40:] = 0
+    return Case(BertModel(cfg), (_large_ids(),), {"attention_mask": mask},
+                {"input_ids": LARGE_TEXT_DIMS, "attention_mask": LARGE_TEXT_DIMS})
+
+
+def gpt2_large() -> Case:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=1000, n_positions=128, use_cache=False)
+    return Case(GPT2LMHeadModel(cfg), (_large_ids(),), {}, {"input_ids": LARGE_TEXT_DIMS})
+
+
+def llama_large() -> Case:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=8, num_key_value_heads=2, intermediate_size=1024,
+                      vocab_size=1000, max_position_embeddings=128, use_cache=False)
+    return Case(LlamaForCausalLM(cfg), (_large_ids(),), {}, {"input_ids": LARGE_TEXT_DIMS})
+
+
+def vit_large() -> Case:
+    from transformers import ViTConfig, ViTModel
+
+    cfg = ViTConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024, image_size=64, patch_size=8)
+    return Case(ViTModel(cfg), (torch.randn(4, 3, 64, 64),), {}, {"pixel_values": IMAGE_DIMS})
+
+
+def resnet_large() -> Case:
+    from transformers import ResNetConfig, ResNetModel
+
+    cfg = ResNetConfig(embedding_size=32, hidden_sizes=[32, 64, 128, 256], depths=[2, 2, 2, 2], layer_type="bottleneck")
+    model = ResNetModel(cfg)
+    _trained_batch_norm(model)
+    return Case(model, (torch.randn(4, 3, 64, 64),), {}, {"pixel_values": IMAGE_DIMS})
+
+
+def _trained_batch_norm(module: torch.nn.Module) -> None:
+    """Non-trivial running statistics and affine params, as a trained model has (fresh ones are 0/1)."""
+    generator = torch.Generator().manual_seed(1)
+    for m in module.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.running_mean.uniform_(-0.5, 0.5, generator=generator)
+            m.running_var.uniform_(0.5, 2.0, generator=generator)
+            m.weight.data.uniform_(0.5, 1.5, generator=generator)
+            m.bias.data.uniform_(-0.5, 0.5, generator=generator)
+
+
+LARGE_MODELS: dict[str, Callable[[], Case]] = {
+    "bert_large": bert_large,
+    "gpt2_large": gpt2_large,
+    "llama_large": llama_large,
+    "vit_large": vit_large,
+    "resnet_large": resnet_large,
+}

@@ -4,33 +4,56 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
+from jax import lax
 
 from ..registry import lowers
 
 
 @lowers("aten.scaled_dot_product_attention.default")
 def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """torch's math attention: softmax(q k^T * scale + mask) v, in float32 for low precision.
+
+    A row whose every key is masked out (-inf) attends to nothing and gives zeros, as torch's safe
+    softmax does. With enable_gqa, each group of q heads shares a k/v head: the heads are split
+    into (kv head, group) for the einsums instead of copying k and v per group.
+    """
     if dropout_p:
         raise NotImplementedError("attention dropout in train mode is not supported yet; call module.eval()")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    if enable_gqa and k.shape[-3] != q.shape[-3]:
-        repeat = q.shape[-3] // k.shape[-3]
-        k = jnp.repeat(k, repeat, axis=-3)
-        v = jnp.repeat(v, repeat, axis=-3)
+    groups = q.shape[-3] // k.shape[-3] if enable_gqa and k.shape[-3] != q.shape[-3] else 1
     acc = jnp.float32 if q.dtype in (jnp.bfloat16, jnp.float16) else q.dtype
+    lq, lk = q.shape[-2], k.shape[-2]
+    if groups > 1:  # (..., Hq, L, D) -> (..., Hkv, G, L, D); k, v -> (..., Hkv, 1, L, D)
+        q = q.reshape(q.shape[:-3] + (k.shape[-3], groups) + q.shape[-2:])
+        k, v = k[..., None, :, :], v[..., None, :, :]
     scores = jnp.einsum("...qd,...kd->...qk", q, k, preferred_element_type=acc) * scale
+    if groups > 1:
+        scores = scores.reshape(scores.shape[:-4] + (-1, lq, lk))
     if is_causal:
-        lq, lk = q.shape[-2], k.shape[-2]
-        causal = jnp.tril(jnp.ones((lq, lk), dtype=bool))
+        causal = jnp.tril(jnp.ones((lq, lk), dtype=bool))  # top-left aligned, as torch's
         scores = jnp.where(causal, scores, -jnp.inf)
     if attn_mask is not None:
         if attn_mask.dtype == jnp.bool_:
             scores = jnp.where(attn_mask, scores, -jnp.inf)
         else:
             scores = scores + attn_mask.astype(scores.dtype)
-    weights = jax.nn.softmax(scores, axis=-1)
-    # torch's safe softmax: a row with every key masked out attends to nothing (zeros, not NaN)
-    weights = jnp.where(jnp.all(scores == -jnp.inf, axis=-1, keepdims=True), 0, weights)
-    return jnp.einsum("...qk,...kd->...qd", weights.astype(v.dtype), v, preferred_element_type=acc).astype(q.dtype)
+    weights = _safe_softmax(scores)
+    if groups > 1:
+        weights = weights.reshape(weights.shape[:-3] + (k.shape[-4], groups, lq, lk))
+    out = jnp.einsum("...qk,...kd->...qd", weights.astype(v.dtype), v, preferred_element_type=acc)
+    if groups > 1:
+        out = out.reshape(out.shape[:-4] + (-1,) + out.shape[-2:])
+    return out.astype(q.dtype)
+
+
+def _safe_softmax(scores):
+    """Softmax over the last axis; a row that is all -inf gives zeros (torch's _safe_softmax).
+
+    The row max, which softmax needs anyway, is -inf exactly when every entry is -inf (a NaN makes
+    the max NaN and the row NaN, as in torch), so no second reduction over the scores is needed.
+    """
+    top = lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
+    unnormalized = jnp.exp(scores - top)
+    weights = unnormalized / jnp.sum(unnormalized, axis=-1, keepdims=True)
+    return jnp.where(top == -jnp.inf, 0, weights)

@@ -66,6 +66,21 @@ def _window(x, n, kernel, stride, dilation, geo):
     )
 
 
+def _reduce_window(x, n, init, op, window):
+    """`lax.reduce_window` over the last n dims, run channels-last when x is (N, C, *spatial).
+
+    XLA CPU computes convolutions channels-last; a pool on the NCHW value makes it transpose the
+    activations out of and back into that layout around the pool (resnet's stem: about 2 ms of 8).
+    Moving C last here lets those transposes cancel. The window is the same, so the values are too.
+    """
+    if x.ndim != n + 2 or n < 2:
+        return lax.reduce_window(x, init, op, **window)
+    to_last = (0,) + tuple(range(2, x.ndim)) + (1,)
+    back = (0, x.ndim - 1) + tuple(range(1, x.ndim - 1))
+    window = {key: value[:1] + value[2:] + value[1:2] for key, value in window.items()}
+    return lax.reduce_window(x.transpose(to_last), init, op, **window).transpose(back)
+
+
 def _crop(y, n, geo):
     """reduce_window may produce a window more than torch keeps; cut to torch's output size."""
     index = (slice(None),) * (y.ndim - n) + tuple(slice(0, out) for out, _, _ in geo)
@@ -126,9 +141,7 @@ def _max_values(x, n, kernel_size, stride, padding, dilation, ceil_mode):
     stride = _ints(stride, n) if stride else kernel
     padding, dilation = _ints(padding, n), _ints(dilation, n)
     geo = _geometry(x, n, kernel, stride, padding, dilation, ceil_mode)
-    values = lax.reduce_window(
-        x, np.array(_lowest(x.dtype), x.dtype), lax.max, **_window(x, n, kernel, stride, dilation, geo)
-    )
+    values = _reduce_window(x, n, np.array(_lowest(x.dtype), x.dtype), lax.max, _window(x, n, kernel, stride, dilation, geo))
     return _crop(values, n, geo), (kernel, stride, padding, dilation, geo)
 
 
@@ -173,7 +186,7 @@ def _avg_pool(x, n, kernel_size, stride, padding, ceil_mode, count_include_pad, 
     ones = (1,) * n
     geo = _geometry(x, n, kernel, stride, padding, ones, ceil_mode)
     acc = _acc(x)
-    total = lax.reduce_window(acc, np.array(0, acc.dtype), lax.add, **_window(x, n, kernel, stride, ones, geo))
+    total = _reduce_window(acc, n, np.array(0, acc.dtype), lax.add, _window(x, n, kernel, stride, ones, geo))
     total = _crop(total, n, geo)
     if divisor_override:
         if jnp.issubdtype(x.dtype, jnp.integer):
