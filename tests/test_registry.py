@@ -48,3 +48,17 @@ def test_lowerings_do_not_import_torch():
 
     code = "import sys, torch2jax.registry as r; r.registered(); assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_an_op_wrapped_by_with_effects_is_checked_for_a_lowering_too():
+    from torch2jax import interpreter
+    from torch2jax.errors import UnsupportedOpsError
+    from torch2jax.graph import Graph, GraphInput, GraphOutput, Node, TensorMeta
+
+    graph = Graph(
+        inputs=[GraphInput("token", "token", None), GraphInput("x", "user_input", TensorMeta("float32", [2]))],
+        nodes=[Node("fx", "higher_order.with_effects", [{"ref": "token"}, {"op": "aten.not_a_real_op.default"}, {"ref": "x"}], {})],
+        outputs=[GraphOutput("user_output", {"ref": "x"})],
+    )
+    with pytest.raises(UnsupportedOpsError, match=r"aten.not_a_real_op.default \(node fx\)"):
+        interpreter.check_supported(graph)

@@ -57,13 +57,19 @@ class LoweringContext:
         return jax.random.fold_in(self._rng, self._index)
 
 
-def find_unsupported(graph: Graph) -> list[Node]:
-    """Every node (subgraphs included) whose op has no lowering, one per op."""
+def find_unsupported(graph: Graph) -> list[tuple[str, Node]]:
+    """Every op without a lowering (subgraphs and ops wrapped by higher-order ops included), with its first node."""
     missing: dict[str, Node] = {}
     for node in graph.all_nodes():
-        if node.op not in missing and lookup(node.op) is None:
-            missing[node.op] = node
-    return list(missing.values())
+        for op in (node.op, *_wrapped_ops(node)):
+            if op not in missing and lookup(op) is None:
+                missing[op] = node
+    return list(missing.items())
+
+
+def _wrapped_ops(node: Node) -> list[str]:
+    """Ops passed to a higher-order op as arguments (with_effects' op), which need lowerings too."""
+    return [a["op"] for a in node.args if isinstance(a, dict) and set(a) == {"op"} and isinstance(a["op"], str)]
 
 
 def needs_rng(graph: Graph) -> bool:
@@ -89,23 +95,23 @@ def check_supported(graph: Graph, schemas: dict[str, str] | None = None) -> None
     missing = find_unsupported(graph)
     if missing:
         lines = [f"{len(missing)} op(s) in this model have no JAX lowering yet:"]
-        for node in missing:
-            schema = (schemas or {}).get(node.op)
-            lines.append(f"  - {node.op} (node {node.name})")
-            if node.op in DATA_DEPENDENT_SHAPES:
-                hint = DATA_DEPENDENT_SHAPES[node.op]
+        for op, node in missing:
+            schema = (schemas or {}).get(op)
+            lines.append(f"  - {op} (node {node.name})")
+            if op in DATA_DEPENDENT_SHAPES:
+                hint = DATA_DEPENDENT_SHAPES[op]
                 lines.append(f"      its output shape depends on the input values, which XLA cannot compile: {hint}")
             if schema:
                 lines.append(f"      schema: {schema}")
             if node.source:
                 lines.append("      at " + "\n         ".join(node.source.strip().splitlines()))
-            if not node.op.startswith(("aten.", "operator.", "higher_order.", "torch.", "math.")):
-                lines.append(f"      write its lowering: @torch2jax.register_lowering({_qualified(node.op)!r})")
+            if not op.startswith(("aten.", "operator.", "higher_order.", "torch.", "math.")):
+                lines.append(f"      write its lowering: @torch2jax.register_lowering({_qualified(op)!r})")
         lines.append(
             "Register a lowering with @torch2jax.register_lowering('<op>') (see docs/api.md), "
             "or report the op so it can be added."
         )
-        raise UnsupportedOpsError("\n".join(lines), [n.op for n in missing], graph=graph)
+        raise UnsupportedOpsError("\n".join(lines), [op for op, _ in missing], graph=graph)
 
 
 def _qualified(op: str) -> str:

@@ -10,6 +10,7 @@ from . import (  # noqa: F401
     fft,
     indexing,
     linalg,
+    linalg_decomp,
     normalization,
     pooling,
     prims,

@@ -1,4 +1,4 @@
-"""torch's control-flow operators -> lax control flow.
+"""torch's higher-order operators: control flow -> lax control flow, and effect tokens.
 
 Branches and bodies arrive as callables (the interpreter turns each `{"subgraph": name}` argument
 into a traceable function of the subgraph's inputs returning the list of its outputs). torch
@@ -11,7 +11,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from ..registry import lowers
+from ..errors import LoweringError
+from ..registry import lookup, lowers
 
 
 def _scalar_bool(value):
@@ -64,3 +65,14 @@ def map_impl(body_fn, xs, pos_args):
     """torch's map: body applied to every slice along dim 0 of `xs`, results stacked."""
     xs, extra = tuple(xs), tuple(pos_args)
     return list(lax.map(lambda slices: tuple(body_fn(*slices, *extra)), xs))
+
+
+@lowers("higher_order.with_effects")
+def with_effects(token, op, *args, **kwargs):
+    """torch threads effectful ops (e.g. linalg's error checks) through a token: run the op, pass the token on."""
+    name = op["op"] if isinstance(op, dict) else op
+    lowering = lookup(name)
+    if lowering is None or lowering.ctx:
+        raise LoweringError(f"with_effects around {name}: no context-free lowering for it")
+    result = lowering.fn(*args, **kwargs)
+    return (token, *result) if isinstance(result, tuple) else (token, result)
