@@ -42,6 +42,8 @@ SKIPS.update({
     ("empty_permuted", "*"): _UNINITIALIZED,
     ("masked_select", "*"): "output length is data-dependent (unbacked symint); JAX needs static shapes",
     ("combinations", "*"): "decomposes to masked_select, whose output length is data-dependent (unbacked symint)",
+    ("bincount", "*"): "output length max(max(input) + 1, minlength) is data-dependent (the exported graph has an "
+    "unbacked symint u0); JAX needs static shapes",
     ("tensor_split", "*"): "samples with a tensor of split indices give data-dependent (unbacked) slice bounds",
     ("as_strided.partial_views", "*"): "input is a view at storage_offset 5 of a larger storage; as_strided reads "
     "memory outside the tensor, which a graph of values cannot see",
@@ -63,6 +65,16 @@ SKIPS.update({
     ("max_pool2d_with_indices_backward", "*"): "backward op (training graphs); no lowering yet",
     ("_upsample_bilinear2d_aa", "*"): "anti-aliased bilinear (_upsample_bilinear2d_aa) has no lowering yet",
     ("sparse.sampled_addmm", "*"): "sparse tensors are not supported",
+    ("linalg.svd", "*"): "singular vectors defined up to sign; checked by reconstruction in tests/ops/test_linalg_identities.py",
+    ("svd", "*"): "singular vectors defined up to sign; checked by reconstruction in tests/ops/test_linalg_identities.py",
+    ("linalg.eigh", "*"): "eigenvectors defined up to sign; checked by A V == V diag(w) in tests/ops/test_linalg_identities.py",
+    ("pca_lowrank", "*"): "random projections, and singular vectors defined up to sign; checked by reconstruction "
+    "in tests/ops/test_linalg_identities.py",
+    ("svd_lowrank", "*"): "random projections, and singular vectors defined up to sign; checked by reconstruction "
+    "in tests/ops/test_linalg_identities.py",
+    ("matrix_exp", "float32"): "entries that cancel (0.148 from terms ~400) differ beyond float32 tolerance; torch's "
+    "own float32 value is 0.24% off float64 there; checked against float64 in tests/ops/test_linalg_identities.py",
+    ("matrix_exp", "bfloat16"): "torch's CPU bfloat16 matrix_exp returns NaN on the OpInfo samples; ours is finite",
     ("nn.functional.bilinear", "bfloat16"): "torch's _trilinear rounds the x1*W partial product to bfloat16 "
     "between its two contractions; we contract all three in one float32 einsum (1-ulp differences)",
 })

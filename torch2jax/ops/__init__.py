@@ -8,6 +8,7 @@ from . import (  # noqa: F401
     conv,
     elementwise,
     fft,
+    histogram,
     indexing,
     linalg,
     linalg_decomp,
@@ -18,5 +19,6 @@ from . import (  # noqa: F401
     reductions,
     shape,
     sorting,
+    special,
     upsample,
 )

@@ -241,7 +241,6 @@ for _name, _fn in {
     "erfinv": jax.scipy.special.erfinv,
     "sigmoid": jax.nn.sigmoid,
     "lgamma": jax.scipy.special.gammaln,
-    "digamma": jax.scipy.special.digamma,
     "i0": jax.scipy.special.i0,
     "sinc": jnp.sinc,
 }.items():
