@@ -6,9 +6,6 @@ skipped in make test; remove an entry when its lowering lands (make test-ops-ful
 """
 
 KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    ('argwhere', 'float32'): "no lowering for aten.nonzero.default",
-    ('chalf', 'bfloat16'): "complex32 (chalf) has no JAX dtype",
-    ('chalf', 'float32'): "complex32 (chalf) has no JAX dtype",
     ('hash_tensor', 'bool'): "no lowering for aten.hash_tensor.default",
     ('hash_tensor', 'float32'): "no lowering for aten.hash_tensor.default",
     ('linalg.ldl_factor', 'float32'): "no lowering for aten.linalg_ldl_factor_ex.default: torch's output is LAPACK sytrf's Bunch-Kaufman packed LD with its signed pivots; JAX has no sytrf",
@@ -17,14 +14,6 @@ KNOWN_FAILURES: dict[tuple[str, str], str] = {
     ('nn.functional.linear_cross_entropy.chunked', 'bfloat16'): "no lowering for torch_nn._linear_cross_entropy_batch_chunked.default",
     ('nn.functional.linear_cross_entropy.chunked', 'float32'): "no lowering for torch_nn._linear_cross_entropy_batch_chunked.default",
     ('nn.functional.linear_cross_entropy.chunked_none', 'float32'): "no lowering for torch_nn._linear_cross_entropy_batch_chunked_no_reduction.default",
-    ('nonzero', 'float32'): "no lowering for aten.nonzero.default",
-    ('nonzero', 'int32'): "no lowering for aten.nonzero.default",
     ('resize_as_', 'bfloat16'): "no lowering for aten.resize.default",
     ('resize_as_', 'float32'): "no lowering for aten.resize.default",
-    ('sparse.mm.reduce', 'bfloat16'): "no lowering for aten._sparse_mm_reduce_impl.default",
-    ('sparse.mm.reduce', 'float32'): "no lowering for aten._sparse_mm_reduce_impl.default",
-    ('to_sparse', 'float32'): "no lowering for aten._to_sparse.default",
-    ('unique', 'float32'): "no lowering for aten._unique2.default",
-    ('unique_consecutive', 'bool'): "no lowering for aten.unique_consecutive.default",
-    ('unique_consecutive', 'float32'): "no lowering for aten.unique_consecutive.default",
 }
