@@ -18,6 +18,8 @@ def pytest_runtest_logreport(report):
         outcome = report.outcome
         if outcome == "skipped" and "torch.export cannot export" in str(report.longrepr):
             outcome = "torch-limit"
+        elif outcome == "skipped" and "refused by design" in str(report.longrepr):
+            outcome = "refused"
         _OUTCOMES[case] = outcome
         if report.failed:
             _REASONS[case] = failure_reason(report.longreprtext)

@@ -15,6 +15,8 @@ import pytest
 import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
+from torch2jax.errors import ExportError
+
 from .known_failures import KNOWN_FAILURES
 from .opinfo_harness import SAMPLES_PER_OP, TorchLimit, convert_sample, prepare, run_and_compare
 from .skips import SKIPS
@@ -66,6 +68,10 @@ def test_opinfo(opinfo, dtype):
         except TorchLimit as err:
             torch_limits.append(str(err))
             continue
+        except ExportError as err:
+            if "modifies its input" not in str(err):
+                raise
+            pytest.skip("refused by design: the op writes to its input in place (docs/limitations.md)")
         run_and_compare(prepared, model)
         ran += 1
     if ran == 0:
