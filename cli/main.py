@@ -112,24 +112,14 @@ def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train
     mismatch exits with status 3 and leaves no output directory. When a single op stops the
     conversion, a standalone script reproducing it is written and its path printed.
     """
-    from torch2jax.report import ReportData, write
+    from torch2jax.report import ReportData, reporting
 
     out = Path(out_dir)
     if out.exists() and not force:
         _fail(f"{out} already exists; pass --force to replace it", EXIT_USAGE)
     data = ReportData(title="torch2jax conversion report", target=target, artifact=str(out))
-    try:
+    with reporting(data, report_file, lambda line: click.echo(line, err=True)):
         _convert(data, target, out, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, repro_dir, quiet)
-    except BaseException as err:
-        from torch2jax.errors import VerificationError
-
-        data.status = "numerics differ" if isinstance(err, VerificationError) else "failed"
-        data.error = str(err) or type(err).__name__
-        raise
-    finally:
-        if report_file:
-            write(data, report_file)
-            click.echo(f"report: {report_file}", err=True)
 
 
 def _convert(data, target, out, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, repro_dir, quiet):
@@ -343,15 +333,14 @@ def verify(artifact_dir, target, weights, inputs, seed, report_file):
     """
     import torch2jax
     from torch2jax.converter import StageTimer
-    from torch2jax.errors import VerificationError
-    from torch2jax.report import ReportData, write
+    from torch2jax.report import ReportData, reporting
     from torch2jax.target import resolve
     from torch2jax.verify import check
     from torch2jax.verify import verify as run_verify
 
     timer = StageTimer()
     data = ReportData(title="torch2jax verification report", target=target, artifact=str(artifact_dir), timings=timer.timings)
-    try:
+    with reporting(data, report_file, lambda line: click.echo(line, err=True)):
         with timer.stage("load artifact", ""):
             model = torch2jax.load(artifact_dir)
         data.graph = model.graph
@@ -361,14 +350,6 @@ def verify(artifact_dir, target, weights, inputs, seed, report_file):
             data.verification = run_verify(resolved.module, model, resolved.args, resolved.kwargs, seed)
         click.echo(data.verification.summary())
         check(data.verification)
-    except BaseException as err:
-        data.status = "numerics differ" if isinstance(err, VerificationError) else "failed"
-        data.error = str(err) or type(err).__name__
-        raise
-    finally:
-        if report_file:
-            write(data, report_file)
-            click.echo(f"report: {report_file}", err=True)
     click.echo(f"ok: max abs error {data.verification.max_abs:.3g}")
 
 

@@ -11,6 +11,8 @@ import collections
 import os
 import platform
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
@@ -32,6 +34,23 @@ class ReportData:
     graph: Graph | None = None
     verification: Any = None  # verify.Report, when verification ran
     artifact: str | None = None
+
+
+@contextmanager
+def reporting(data: ReportData, path: str | os.PathLike | None, announce: Callable[[str], None] = print) -> Iterator[ReportData]:
+    """Fill `data` in the block; whatever happens (pass, mismatch, error), write it to `path` if given."""
+    from .errors import VerificationError
+
+    try:
+        yield data
+    except BaseException as err:
+        data.status = "numerics differ" if isinstance(err, VerificationError) else "failed"
+        data.error = str(err) or type(err).__name__
+        raise
+    finally:
+        if path:
+            write(data, path)
+            announce(f"report: {path}")
 
 
 def write(data: ReportData, path: str | os.PathLike) -> Path:
