@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .errors import VerificationError
 from .graph import Graph
 
 _PACKAGES = ("torch2jax-aot", "torch", "jax", "jaxlib", "numpy", "orbax-checkpoint", "transformers")
@@ -39,8 +40,6 @@ class ReportData:
 @contextmanager
 def reporting(data: ReportData, path: str | os.PathLike | None, announce: Callable[[str], None] = print) -> Iterator[ReportData]:
     """Fill `data` in the block; whatever happens (pass, mismatch, error), write it to `path` if given."""
-    from .errors import VerificationError
-
     try:
         yield data
     except BaseException as err:

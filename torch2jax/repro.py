@@ -88,15 +88,16 @@ def repro_source(graph: Graph, node: Node, sizes: dict[str, int], reason: str, m
     first_line = reason.strip().splitlines()[0] if reason.strip() else "conversion failed"
     setup = ""
     if namespace != "aten" and model_file:
-        setup = f"\n# the model file defines {namespace}::{name}: run it so that torch knows the op\nrunpy.run_path({model_file!r})\n"
+        setup = (
+            f"import runpy\n\n# the model file defines {namespace}::{name}: run it so that torch knows the op\n"
+            f"runpy.run_path({model_file!r})\n"
+        )
     return f'''"""torch2jax reproduction: {node.op} (node {node.name}).
 
 {first_line}{where}
 Input values are random; shapes, dtypes and the other arguments are the model's.
 Run: python {_file_name(node)}
 """
-
-import runpy  # noqa: F401
 
 import torch
 

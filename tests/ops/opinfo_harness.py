@@ -29,6 +29,17 @@ class Prepared:
     expected: object
 
 
+class CallFn(torch.nn.Module):
+    """A module whose forward calls `fn` on its tensor inputs: one op (or a small function) to convert."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *tensors):
+        return self.fn(*tensors)
+
+
 class _OpModule(torch.nn.Module):
     """Calls the op with the sample's tensors as inputs and its other arguments baked in."""
 
@@ -126,4 +137,4 @@ def _compare(expected, got, path):
         assert np.allclose(np.asarray(got), expected, equal_nan=True), f"{path}: {got} != {expected}"
 
 
-__all__ = ["Prepared", "TorchLimit", "UnsupportedOpsError", "SAMPLES_PER_OP", "convert_sample", "prepare", "run_and_compare"]
+__all__ = ["CallFn", "Prepared", "TorchLimit", "UnsupportedOpsError", "SAMPLES_PER_OP", "convert_sample", "prepare", "run_and_compare"]

@@ -5,22 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .opinfo_harness import Prepared, convert_sample, run_and_compare
+from .opinfo_harness import CallFn, Prepared, convert_sample, run_and_compare
 
 aten = torch.ops.aten
 
 
-class CallOp(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *tensors):
-        return self.fn(*tensors)
-
-
 def _check(fn, *tensors):
-    module = CallOp(fn)
+    module = CallFn(fn)
     with torch.no_grad():
         expected = module(*tensors)
     prepared = Prepared(module, tensors, expected)

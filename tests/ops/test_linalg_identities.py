@@ -15,23 +15,14 @@ import pytest
 import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
-from .opinfo_harness import Prepared, convert_sample
+from .opinfo_harness import CallFn, Prepared, convert_sample
 
 RTOL = 2e-5  # float32 LAPACK on small, well-scaled matrices
 
 
-class _Call(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *tensors):
-        return self.fn(*tensors)
-
-
 def _convert_and_run(fn, *tensors, rng=None):
     """(our outputs as numpy, torch eager's outputs as numpy), via the converter."""
-    module = _Call(fn)
+    module = CallFn(fn)
     with torch.no_grad():
         expected = module(*tensors)
     model = convert_sample(Prepared(module, tensors, expected))
