@@ -79,11 +79,13 @@ def _sweep_section() -> list[str]:
         "",
         f"PyTorch's OpInfo database, each (op, dtype) case exported, converted, run under jax.jit and compared with "
         f"torch eager (samples per case: {data['samples_per_op']}, 0 = all). A case passes when all its exportable "
-        "samples match; `torch-limit` means torch.export itself could not export any sample; `refused` means the "
-        "op writes to its own input in place, which torch2jax refuses by design (docs/limitations.md). The pass rate "
-        "counts skipped and refused cases as not passed.",
+        "samples match (ops whose results torch leaves partly open, such as the order of ties or the signs of "
+        "singular vectors, are compared by what is defined: tests/ops/comparisons.py); `torch-limit` means "
+        "torch.export itself could not export any sample; `refused` means every sample's output shape depends on "
+        "the input values, which torch2jax refuses by design with the bounded alternative (docs/limitations.md). "
+        "The pass rate counts skipped and refused cases as not passed.",
         "",
-        "| dtype | passed | failed | skipped (listed gap) | refused (in-place on inputs) | torch-limit | pass rate of exportable |",
+        "| dtype | passed | failed | skipped (listed gap) | refused (data-dependent shape) | torch-limit | pass rate of exportable |",
         "|---|---|---|---|---|---|---|",
     ]
     for dtype, c in data["by_dtype"].items():

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from .errors import ExportError
+from .errors import ExportError, UnsupportedOpsError
 from .graph import Graph, GraphInput, GraphOutput, Node, TensorMeta, encode_float
 
 _INPUT_KIND = {
@@ -42,6 +42,7 @@ class Captured:
 
 def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str]) -> Captured:
     """Build the portable graph of `ep`; `symbol_names` renames torch symbols (s0) to dim names."""
+    _refuse_data_dependent_shapes(ep.graph_module)
     capturer = _Capturer(symbol_names)
     graph = capturer.graph(ep.graph_module, ep.graph_signature)
     _refuse_input_mutation(graph)
@@ -51,6 +52,38 @@ def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str]) -> C
     graph.symbols = _symbol_ranges(ep, symbol_names)
     tensors, graph.aliases = _state_tensors(ep, graph)
     return Captured(graph, tensors, capturer.schemas)
+
+
+def _refuse_data_dependent_shapes(graph_module: torch.fx.GraphModule) -> None:
+    """XLA compiles static (or symbolic) shapes only: name every op whose output size torch could only
+    express with an unbacked symbol (a size read from tensor values), and how to bound it."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    from .interpreter import DATA_DEPENDENT_SHAPES
+
+    found: dict[str, torch.fx.Node] = {}
+    for module in graph_module.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            values = node.meta.get("val")
+            values = values if isinstance(values, (list, tuple)) else [values]
+            shaped = [v for v in values if isinstance(v, torch.Tensor)]
+            if node.op == "call_function" and any(free_unbacked_symbols(v.shape) for v in shaped):
+                found.setdefault(op_name(node.target), node)
+    if not found:
+        return
+    generic = ("a size or bound read from tensor values (.item(), .tolist(), a tensor of split points): pass it as "
+               "a Python int, or keep the shape fixed and mask with torch.where")
+    lines = [f"{len(found)} op(s) in this model make tensors whose shape depends on the input values:"]
+    for op, node in found.items():
+        lines.append(f"  - {op} (node {node.name})")
+        lines.append(f"      its output shape depends on the input values, which XLA cannot compile: "
+                     f"{DATA_DEPENDENT_SHAPES.get(op, generic)}")
+        source = _user_frame(node.meta.get("stack_trace"))
+        if source:
+            lines.append("      at " + "\n         ".join(source.strip().splitlines()))
+    raise UnsupportedOpsError("\n".join(lines), list(found))
 
 
 def _refuse_input_mutation(graph: Graph) -> None:

@@ -87,6 +87,8 @@ DATA_DEPENDENT_SHAPES: dict[str, str] = {
     "aten.unique_dim.default": "as torch.unique: no bounded form; restructure with a fixed-size result",
     "aten.unique_consecutive.default": "as torch.unique: no bounded form; restructure with a fixed-size result",
     "aten.masked_select.default": "use torch.where(mask, x, fill) to keep the shape static",
+    "aten.bincount.default": "its length is max(x) + 1: use torch.zeros(N).index_add_(0, x, weights) with a "
+                             "declared length N",
 }
 
 

@@ -8,9 +8,6 @@ skipped in make test; remove an entry when its lowering lands (make test-ops-ful
 KNOWN_FAILURES: dict[tuple[str, str], str] = {
     ('hash_tensor', 'bool'): "no lowering for aten.hash_tensor.default",
     ('hash_tensor', 'float32'): "no lowering for aten.hash_tensor.default",
-    ('linalg.ldl_factor', 'float32'): "no lowering for aten.linalg_ldl_factor_ex.default: torch's output is LAPACK sytrf's Bunch-Kaufman packed LD with its signed pivots; JAX has no sytrf",
-    ('linalg.ldl_factor_ex', 'float32'): "no lowering for aten.linalg_ldl_factor_ex.default",
-    ('linalg.ldl_solve', 'float32'): "no lowering for aten.linalg_ldl_solve.default",
     ('nn.functional.linear_cross_entropy.chunked', 'bfloat16'): "no lowering for torch_nn._linear_cross_entropy_batch_chunked.default",
     ('nn.functional.linear_cross_entropy.chunked', 'float32'): "no lowering for torch_nn._linear_cross_entropy_batch_chunked.default",
     ('nn.functional.linear_cross_entropy.chunked_none', 'float32'): "no lowering for torch_nn._linear_cross_entropy_batch_chunked_no_reduction.default",

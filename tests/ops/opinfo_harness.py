@@ -11,7 +11,7 @@ import torch
 
 from torch2jax import exporter, interpreter
 from torch2jax.capture import capture
-from torch2jax.errors import UnsupportedOpsError
+from torch2jax.errors import ExportError, UnsupportedOpsError
 from torch2jax.model import Model
 from torch2jax.torch_arrays import to_jax, to_numpy
 
@@ -27,6 +27,8 @@ class Prepared:
     module: torch.nn.Module
     inputs: tuple
     expected: object
+    case_id: str = ""
+    sample: object = None  # the OpInfo SampleInput, for comparisons that need the op's arguments
 
 
 class CallFn(torch.nn.Module):
@@ -41,19 +43,26 @@ class CallFn(torch.nn.Module):
 
 
 class _OpModule(torch.nn.Module):
-    """Calls the op with the sample's tensors as inputs and its other arguments baked in."""
+    """Calls the op with the sample's tensors as inputs and its other arguments baked in.
 
-    def __init__(self, op, template):
+    An op that writes to its inputs (`uniform_`, training batch norm's running stats, ...) gets
+    copies of those inputs, returned after its output: the converter refuses models that modify
+    their inputs (a JAX function cannot), so the op's in-place effect is checked as an output.
+    """
+
+    def __init__(self, op, template, written: tuple[int, ...] = ()):
         super().__init__()
         self.op = op
         self.template = template
+        self.written = written
 
     def forward(self, *tensors):
-        it = iter(tensors)
-        args, kwargs = _fill(self.template, it)
+        tensors = tuple(t.clone() if i in self.written else t for i, t in enumerate(tensors))
+        args, kwargs = _fill(self.template, iter(tensors))
         out = self.op(*args, **kwargs)
         # torch.return_types (max.dim, sort, topk, ...) are structseqs: compare them as plain tuples
-        return tuple(out) if isinstance(out, tuple) and type(out).__module__ == "torch.return_types" else out
+        out = tuple(out) if isinstance(out, tuple) and type(out).__module__ == "torch.return_types" else out
+        return (out, *(tensors[i] for i in self.written)) if self.written else out
 
 
 def _split(value, tensors: list):
@@ -81,13 +90,38 @@ def _fill(value, it):
     return value
 
 
-def prepare(opinfo, sample) -> Prepared:
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.layout != torch.strided:  # sparse inputs: not written in place by any OpInfo sample
+        return True
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return torch.equal(a, b)
+
+
+def case_id(opinfo) -> str:
+    return f"{opinfo.name}.{opinfo.variant_test_name}" if opinfo.variant_test_name else opinfo.name
+
+
+def prepare(opinfo, sample, copy_all_inputs: bool = False) -> Prepared:
+    """The op as a module, its tensor inputs and torch's result. Inputs the op writes to are given
+    as copies and returned (found by running it once; `copy_all_inputs` when that run cannot tell,
+    e.g. batch norm's kernel updating its running stats to the values they had)."""
     tensors: list = []
     template = _split(((sample.input, *sample.args), dict(sample.kwargs)), tensors)
-    module = _OpModule(opinfo.op, template)
+    probe = [t.detach().clone() for t in tensors]
+    versions = [t._version for t in probe]
     with torch.no_grad():
-        expected = module(*tensors)
-    return Prepared(module, tuple(t.detach().clone() for t in tensors), expected)
+        _OpModule(opinfo.op, template)(*probe)
+    # some kernels (batch norm's running stats) write without bumping the version counter
+    written = tuple(i for i, (t, v, before) in enumerate(zip(probe, versions, tensors))
+                    if copy_all_inputs or t._version != v or not _same(t, before))
+    module = _OpModule(opinfo.op, template, written)
+    inputs = tuple(t.detach().clone() for t in tensors)
+    with torch.no_grad():
+        expected = module(*(t.clone() for t in inputs))
+    return Prepared(module, inputs, expected, case_id(opinfo), sample)
 
 
 def convert_sample(prepared: Prepared) -> Model:
@@ -96,24 +130,40 @@ def convert_sample(prepared: Prepared) -> Model:
         ep = exporter.decompose(ep)
     except Exception as err:  # torch's limit, recorded as such
         raise TorchLimit(str(err).split("\n")[0][:200]) from err
-    captured = capture(ep, names)
+    captured = capture(ep, names)  # raises ExportError if the op writes to an input not copied
     interpreter.check_supported(captured.graph, captured.schemas)
     run = interpreter.build(captured.graph)
     params = {name: to_jax(t) for name, t in captured.tensors.items()}
     return Model(run, params, captured.graph)
 
 
+def convert_op_sample(opinfo, sample, prepared: Prepared) -> tuple[Prepared, Model]:
+    """convert_sample, again with every input copied when the op writes to one the probe missed."""
+    try:
+        return prepared, convert_sample(prepared)
+    except ExportError as err:
+        if "modifies its input" not in str(err):
+            raise
+        prepared = prepare(opinfo, sample, copy_all_inputs=True)
+        return prepared, convert_sample(prepared)
+
+
 def run_and_compare(prepared: Prepared, model: Model) -> None:
+    from .comparisons import COMPARISONS
+
+    if prepared.case_id in COMPARISONS:  # results defined only up to a choice torch leaves open
+        return COMPARISONS[prepared.case_id].check(prepared, model)
     if interpreter.needs_rng(model.graph):  # random ops: statistics, not exact values (random_check.py)
         from .random_check import check_random
 
         return check_random(prepared, model)
     inputs = [to_numpy(t) for t in prepared.inputs]
     got = model(*inputs)
-    _compare(prepared.expected, got, "output")
+    compare(prepared.expected, got, "output")
 
 
-def _compare(expected, got, path):
+def compare(expected, got, path: str) -> None:
+    """torch's result vs ours, element-wise with assert_close's dtype-aware tolerances, NaN == NaN."""
     if isinstance(expected, torch.Tensor):
         got = np.asarray(jax.device_get(got))
         want = expected.detach()
@@ -132,9 +182,12 @@ def _compare(expected, got, path):
     elif isinstance(expected, (list, tuple)):
         assert isinstance(got, (list, tuple)) and len(got) == len(expected), f"{path}: structure differs"
         for i, (e, g) in enumerate(zip(expected, got)):
-            _compare(e, g, f"{path}[{i}]")
+            compare(e, g, f"{path}[{i}]")
     elif isinstance(expected, (int, float, bool)):
         assert np.allclose(np.asarray(got), expected, equal_nan=True), f"{path}: {got} != {expected}"
 
 
-__all__ = ["CallFn", "Prepared", "TorchLimit", "UnsupportedOpsError", "SAMPLES_PER_OP", "convert_sample", "prepare", "run_and_compare"]
+__all__ = [
+    "CallFn", "Prepared", "TorchLimit", "UnsupportedOpsError", "SAMPLES_PER_OP",
+    "case_id", "compare", "convert_op_sample", "convert_sample", "prepare", "run_and_compare",
+]

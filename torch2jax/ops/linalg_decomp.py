@@ -5,7 +5,8 @@ int32 zeros, eigenvalues of `eigh` ascend, `compute_uv=False` / `compute_v=False
 give empty tensors where torch does. On CPU, JAX calls the same LAPACK routines torch does (getrf,
 geqrf/orgqr, gesdd, syevd, geev, potrf, trsm), so factors agree with torch's, signs included.
 
-What a graph of values cannot do: raise on bad data. The `*_ex` ops report `info == 0` always, and
+What a graph of values cannot do: raise on bad data. The `*_ex` ops report `info == 0` always (but
+`linalg_ldl_factor_ex`, which runs LAPACK's own ?sytf2 steps in lax loops and so knows it), and
 `aten._linalg_check_errors` is a no-op; a singular or non-positive-definite input gives inf/NaN
 results (as JAX does) instead of torch's error. `linalg_eig` has no TPU lowering in JAX (CPU uses
 LAPACK geev as torch does; CUDA/ROCm have their own solver, whose eigenvector phases may differ).
@@ -304,6 +305,204 @@ def linalg_slogdet(a):
     singular = jnp.any(absdiag == 0, axis=-1)
     sign = jnp.where(singular, jnp.zeros((), a.dtype), parity * phase)
     return sign, logabsdet, lu, pivots
+
+
+# --- LDL^T (Bunch-Kaufman): sytrf / sytrs -------------------------------------------------------
+
+
+def _map_matrices(fn, batch, *xs):
+    """vmap `fn` over the flattened batch dims `batch` shared by every array in `xs`."""
+    nb = len(batch)
+    flat = [x.reshape((-1,) + x.shape[nb:]) for x in xs]
+    outs = jax.vmap(fn)(*flat)
+    return tuple(o.reshape(batch + o.shape[1:]) for o in outs)
+
+
+def _abs1(x):
+    """LAPACK's pivot magnitude: |x| for reals, CABS1 = |re| + |im| for complex (i?amax, ?sytf2)."""
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return jnp.abs(x.real) + jnp.abs(x.imag)
+    return jnp.abs(x)
+
+
+def _real_div(z, r):
+    """Complex / real componentwise, as Fortran does it (XLA's complex division rounds differently)."""
+    if jnp.issubdtype(z.dtype, jnp.complexfloating):
+        return lax.complex(z.real / r, z.imag / r)
+    return z / r
+
+
+def _sytf2_lower(a, herm):
+    """LAPACK ?sytf2 (herm: ?hetf2) with uplo='L' on one matrix, step by step, so LD, pivots and info
+    are LAPACK's own: Bunch-Kaufman pivots, interchanges applied to the trailing matrix only.
+
+    `a` holds the lower triangle (zeros above); `s = full(a)` is its symmetric (Hermitian) view, in
+    which the symmetric interchange of rows/cols kk, kp is a gather.
+    """
+    n = a.shape[-1]
+    real = jnp.finfo(a.dtype).dtype
+    alpha = (1 + jnp.sqrt(jnp.asarray(17, real))) / 8
+    idx = jnp.arange(n)
+    row, col = idx[:, None], idx[None, :]
+    lower = row >= col
+    diag = row == col
+    conj = jnp.conj if herm else (lambda x: x)
+
+    def full(a):
+        return jnp.where(lower, a, conj(a.T))
+
+    def realdiag(a):  # ?hetf2 keeps D's diagonal real (ignoring any imaginary input)
+        return jnp.where(diag, a.real.astype(a.dtype), a) if herm else a
+
+    def diag_abs(x):
+        return jnp.abs(x.real) if herm else _abs1(x)
+
+    def step(state):
+        k, a, ipiv, info = state
+        s = full(a)
+        absakk = diag_abs(s[k, k])
+        cabs = jnp.where(idx > k, _abs1(s[:, k]), -1)
+        imax = jnp.argmax(cabs)  # first maximum, as i?amax
+        colmax = jnp.maximum(cabs[imax], 0)
+        rowmax = jnp.max(jnp.where((idx >= k) & (idx != imax), _abs1(s[imax]), 0))
+        singular = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)
+        keep = singular | (absakk >= alpha * colmax) | (absakk >= alpha * colmax * (colmax / rowmax))
+        two = ~keep & ~(diag_abs(s[imax, imax]) >= alpha * rowmax)
+        kp = jnp.where(keep, k, imax)
+        kk = jnp.where(two, k + 1, k)
+        perm = jnp.where(idx == kk, kp, jnp.where(idx == kp, kk, idx))
+        s = jnp.where((row >= k) & (col >= k), s[perm][:, perm], s)
+        a = jnp.where(lower, s, 0)
+
+        k1 = jnp.minimum(k + 1, n - 1)
+        xk, xk1 = s[:, k], s[:, k1]
+        # 1x1 pivot: A22 -= x (1/d) x^T (?syr / ?her), then column k = x / d
+        xb = jnp.where(idx > k, xk, 0)
+        if herm:
+            d = 1 / s[k, k].real
+            temp = (-d) * jnp.conj(xb)
+        else:
+            d = 1 / s[k, k]
+            temp = (-d) * xb
+        one_a = jnp.where(lower & (row > k) & (col > k), a + xb[:, None] * temp[None, :], a)
+        one_a = jnp.where((col == k) & (row > k), (d * xb)[:, None], one_a)
+        # 2x2 pivot: rank-2 update of A(k+2:, k+2:) with W = (x_k x_k+1) inv(D), as ?sytf2 writes it
+        if herm:
+            d21 = jnp.abs(s[k1, k])
+            d11 = s[k1, k1].real / d21
+            d22 = s[k, k].real / d21
+            tt = 1 / (d11 * d22 - 1)
+            u21 = _real_div(s[k1, k], d21)
+            dd = tt / d21
+            wk = dd * (d11 * xk - u21 * xk1)
+            wkp1 = dd * (d22 * xk1 - jnp.conj(u21) * xk)
+        else:
+            d21 = s[k1, k]
+            d11 = s[k1, k1] / d21
+            d22 = s[k, k] / d21
+            dd = (1 / (d11 * d22 - 1)) / d21
+            wk = dd * (d11 * xk - xk1)
+            wkp1 = dd * (d22 * xk1 - xk)
+        upd = a - xk[:, None] * conj(wk)[None, :] - xk1[:, None] * conj(wkp1)[None, :]
+        two_a = jnp.where(lower & (row > k1) & (col > k1), upd, a)
+        two_a = jnp.where((col == k) & (row > k1), wk[:, None], two_a)
+        two_a = jnp.where((col == k1) & (row > k1), wkp1[:, None], two_a)
+
+        new = realdiag(jnp.where(two, two_a, one_a))
+        a = jnp.where(singular, a, new)  # a zero (or NaN) column: no elimination, info = k
+        p = (kp + 1).astype(jnp.int32)
+        ipiv = jnp.where(two, jnp.where((idx == k) | (idx == k1), -p, ipiv), jnp.where(idx == k, p, ipiv))
+        info = jnp.where(singular & (info == 0), (k + 1).astype(jnp.int32), info)
+        return k + jnp.where(two, 2, 1), a, ipiv, info
+
+    a = realdiag(jnp.where(lower, a, 0))
+    init = (jnp.asarray(0, idx.dtype), a, jnp.zeros((n,), jnp.int32), jnp.zeros((), jnp.int32))
+    _, a, ipiv, info = lax.while_loop(lambda st: st[0] < n, step, init)
+    return a, ipiv, info
+
+
+def _sytrs_lower(ld, ipiv, b, herm):
+    """LAPACK ?sytrs (herm: ?hetrs), uplo='L': A X = B from ?sytf2's LD and pivots, for one matrix.
+
+    Forward: interchange, then L and D solves block by block; backward: L^T (L^H) and interchanges.
+    """
+    n = ld.shape[-1]
+    idx = jnp.arange(n)
+    conj = jnp.conj if herm else (lambda x: x)
+
+    def swap(b, i, j):
+        return b[jnp.where(idx == i, j, jnp.where(idx == j, i, idx))]
+
+    def forward(state):
+        k, b = state
+        p = ipiv[k]
+        one = p > 0
+        k1 = jnp.minimum(k + 1, n - 1)
+        b = swap(b, jnp.where(one, k, k1), jnp.abs(p) - 1)
+        lk, lk1 = ld[:, k], ld[:, k1]
+        bk, bk1 = b[k], b[k1]
+        # 1x1: B(k+1:) -= L(:,k) B(k) (?ger), then B(k) /= D(k)
+        one_b = jnp.where((idx > k)[:, None], b + lk[:, None] * (-bk)[None, :], b)
+        scale = 1 / ld[k, k].real if herm else 1 / ld[k, k]
+        one_b = one_b.at[k].set(scale * bk)
+        # 2x2: B(k+2:) -= L(:,k) B(k) + L(:,k+1) B(k+1), then solve with D's 2x2 block
+        upd = (b + lk[:, None] * (-bk)[None, :]) + lk1[:, None] * (-bk1)[None, :]
+        two_b = jnp.where((idx > k1)[:, None], upd, b)
+        akm1k = ld[k1, k]
+        akm1 = ld[k, k] / conj(akm1k)
+        ak = ld[k1, k1] / akm1k
+        denom = akm1 * ak - 1
+        bkm1 = bk / conj(akm1k)
+        bkk = bk1 / akm1k
+        two_b = two_b.at[k].set((ak * bkm1 - bkk) / denom).at[k1].set((akm1 * bkk - bkm1) / denom)
+        return k + jnp.where(one, 1, 2), jnp.where(one, one_b, two_b)
+
+    def backward(state):
+        k, b = state
+        p = ipiv[k]
+        one = p > 0
+        km1 = jnp.maximum(k - 1, 0)
+        below = (idx > k)[:, None]
+        dot_k = jnp.sum(jnp.where(below, conj(ld[:, k])[:, None] * b, 0), axis=0)
+        dot_km1 = jnp.sum(jnp.where(below, conj(ld[:, km1])[:, None] * b, 0), axis=0)
+        b = b.at[k].add(-dot_k)
+        b = jnp.where(one, b, b.at[km1].add(-dot_km1))
+        return k - jnp.where(one, 1, 2), swap(b, k, jnp.abs(p) - 1)
+
+    k0 = jnp.asarray(0, idx.dtype)
+    _, b = lax.while_loop(lambda st: st[0] < n, forward, (k0, b))
+    _, b = lax.while_loop(lambda st: st[0] >= 0, backward, (k0 + n - 1, b))
+    return b
+
+
+@lowers("aten.linalg_ldl_factor_ex.default")
+def linalg_ldl_factor_ex(a, hermitian=False, check_errors=False):
+    """torch's sytrf (hetrf for complex hermitian) with uplo='L'; the strict upper triangle is zero.
+
+    JAX has no sytrf, so this runs the unblocked ?sytf2 (whose pivot choices the blocked routine
+    shares). Unlike the other `_ex` ops, `info` is exact: the first zero pivot column, 1-based.
+    """
+    n = a.shape[-1]
+    batch = a.shape[:-2]
+    if n == 0:
+        return a, jnp.zeros(batch + (0,), jnp.int32), _info(batch)
+    herm = bool(hermitian) and jnp.issubdtype(a.dtype, jnp.complexfloating)
+    ld, pivots, info = _map_matrices(lambda m: _sytf2_lower(m, herm), batch, a)
+    return ld, pivots, info
+
+
+@lowers("aten.linalg_ldl_solve.default")
+def linalg_ldl_solve(ld, pivots, b, hermitian=False):
+    """sytrs (hetrs for complex hermitian) from ldl_factor's LD and pivots; batch dims broadcast."""
+    batch = jnp.broadcast_shapes(ld.shape[:-2], pivots.shape[:-1], b.shape[:-2])
+    ld = jnp.broadcast_to(ld, batch + ld.shape[-2:])
+    pivots = jnp.broadcast_to(pivots.astype(jnp.int32), batch + pivots.shape[-1:])
+    b = jnp.broadcast_to(b, batch + b.shape[-2:])
+    if ld.shape[-1] == 0 or b.shape[-1] == 0:
+        return b
+    herm = bool(hermitian) and jnp.issubdtype(ld.dtype, jnp.complexfloating)
+    (x,) = _map_matrices(lambda m, p, r: (_sytrs_lower(m, p, r, herm),), batch, ld, pivots, b)
+    return x
 
 
 # --- triangular solves -------------------------------------------------------------------------

@@ -76,17 +76,34 @@ def _normalize(x, xf, mean, rstd, weight, bias):
     return (xf * alpha.reshape(shape) + beta.reshape(shape)).astype(x.dtype)
 
 
+def _stats_dtype(x, *params):
+    """torch's CPU `param_t`: float32 when a low-precision input comes with float32 parameters,
+    else the input's dtype. Torch stores the batch mean and the sum of squares in it before using
+    them, so bfloat16 training rounds its statistics there; so do we."""
+    given = [p for p in params if p is not None]
+    if x.dtype in (jnp.bfloat16, jnp.float16) and given and all(p.dtype == jnp.float32 for p in given):
+        return jnp.float32
+    return x.dtype
+
+
+def _rounded(value, dtype):
+    return value.astype(dtype).astype(value.dtype)
+
+
 def _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps):
     """Training-mode batch norm: normalize with the batch's statistics and update the running ones."""
+    stats = _stats_dtype(x, weight, bias, running_mean, running_var)
     xf, mean, var = _batch_stats(x)
-    rstd = lax.rsqrt(var + eps)
+    n = x.size // x.shape[1]
+    mean = _rounded(mean, stats)
+    var_sum = _rounded(var * n, stats)
+    rstd = _rounded(lax.rsqrt(var_sum / n + eps), stats)
     out = _normalize(x, xf, mean, rstd, weight, bias)
     new_mean = new_var = None
     if running_mean is not None:
         new_mean = (momentum * mean + (1 - momentum) * running_mean).astype(running_mean.dtype)
     if running_var is not None:
-        n = x.size // x.shape[1]
-        unbiased = var * (n / (n - 1)) if n > 1 else var * jnp.inf
+        unbiased = var_sum / (n - 1) if n > 1 else var_sum * jnp.inf
         new_var = (momentum * unbiased + (1 - momentum) * running_var).astype(running_var.dtype)
     return out, mean, rstd, new_mean, new_var
 

@@ -104,8 +104,15 @@ def _adaptive_windows(size, out):
 
 
 def _gather_last(x, pos, size):
-    """x[..., size] -> x[..., out, K] at the (clipped) positions."""
-    return jnp.take(x, np.clip(pos, 0, size - 1), axis=-1)
+    """x[..., size] -> x[..., out, K] at the (clipped) positions: static (out, K), or traced
+    (N, C, out, K) positions that differ per plane (fractional pooling)."""
+    if isinstance(pos, np.ndarray):
+        return jnp.take(x, np.clip(pos, 0, size - 1), axis=-1)
+    out, k = pos.shape[-2:]
+    lead = pos.shape[:-2]
+    flat = pos.reshape(lead + (1,) * (x.ndim - len(lead) - 1) + (out * k,))
+    flat = jnp.broadcast_to(flat, x.shape[:-1] + (out * k,))
+    return jnp.take_along_axis(x, flat, axis=-1).reshape(x.shape[:-1] + (out, k))
 
 
 def _argmax_pool(x, windows):
@@ -280,3 +287,46 @@ def adaptive_max_pool2d(x, output_size):
 @lowers("aten.adaptive_max_pool3d.default")
 def adaptive_max_pool3d(x, output_size):
     return _adaptive_max(x, 3, output_size)
+
+
+# --- fractional max pooling ---------------------------------------------------------------------
+
+
+def _fractional_starts(sample, size, out, k):
+    """torch's window starts: int((i + u) * alpha) - int(u * alpha), alpha = (size - k) / (out - 1),
+    computed in the input's dtype as torch's kernel does; the last window ends at the border."""
+    last = jnp.full(sample.shape + (1,), size - k, jnp.int32)
+    if out == 1:
+        return last
+    alpha = (jnp.asarray(size - k, sample.dtype) / jnp.asarray(out - 1, sample.dtype)).astype(sample.dtype)
+    i = jnp.arange(out - 1, dtype=sample.dtype)
+    starts = ((i + sample[..., None]) * alpha).astype(jnp.int32) - (sample * alpha).astype(jnp.int32)[..., None]
+    return jnp.concatenate([starts, last], axis=-1)
+
+
+def _fractional_max_pool(x, n, kernel_size, output_size, random_samples):
+    """Windows of `kernel_size` at pseudo-random starts drawn from `random_samples` (one u in [0, 1)
+    per plane and dim, made by torch.rand in the graph); max and flat index as max pooling's."""
+    batched = x.ndim == n + 2
+    if not batched:
+        x = x[None]
+    kernel, outs = _ints(kernel_size, n), _ints(output_size, n)
+    samples = random_samples.astype(x.dtype).reshape(x.shape[:2] + (n,))
+    # torch's 2-d kernel reads u[0] for the width and u[1] for the height; the 3-d one u[0..2] for T, H, W
+    order = [1, 0] if n == 2 else list(range(n))
+    windows = []
+    for i, (size, out, k) in enumerate(zip(x.shape[2:], outs, kernel)):
+        starts = _fractional_starts(samples[..., order[i]], size, out, k)
+        windows.append((starts[..., None] + jnp.arange(k, dtype=jnp.int32), np.ones((out, k), bool)))
+    values, indices = _argmax_pool(x, windows)
+    return (values, indices) if batched else (values[0], indices[0])
+
+
+@lowers("aten.fractional_max_pool2d.default")
+def fractional_max_pool2d(x, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(x, 2, kernel_size, output_size, random_samples)
+
+
+@lowers("aten.fractional_max_pool3d.default")
+def fractional_max_pool3d(x, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(x, 3, kernel_size, output_size, random_samples)
