@@ -12,6 +12,7 @@ from . import (  # noqa: F401
     indexing,
     linalg,
     linalg_decomp,
+    losses,
     normalization,
     pooling,
     prims,

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..dtypes import is_bool, is_floating, is_integer
+from ..errors import LoweringError
 from ..registry import lowers
 
 _LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -251,6 +252,29 @@ def count_nonzero(x, dim=None):
     return jnp.sum(x != 0, axis=_axes(x, dim), dtype=_int_acc_dtype())
 
 
+@lowers("aten.hash_tensor.default")
+def hash_tensor(x, dim=(), keepdim=False, mode=0):
+    """torch's xor hash: each element's 64-bit pattern (floats as float64, integers sign-extended to
+    int64), xor-reduced over `dim` (`[]` means every dim). The result is uint64, which JAX holds only
+    with x64 enabled: without it no 32-bit value could equal torch's, so we refuse rather than truncate."""
+    if mode != 0:
+        raise LoweringError(f"hash_tensor: only mode=0 (xor of the 64-bit patterns) exists, got mode={mode}")
+    if not jax.config.jax_enable_x64:
+        raise LoweringError(
+            "hash_tensor returns uint64 bit patterns, which JAX represents only with 64-bit types enabled: "
+            "set JAX_ENABLE_X64=1 (or jax.config.update('jax_enable_x64', True)) before converting"
+        )
+    if is_floating(x.dtype):
+        bits = lax.bitcast_convert_type(x.astype(jnp.float64), jnp.uint64)
+    elif is_bool(x.dtype) or jnp.dtype(x.dtype) == jnp.uint64:
+        bits = x.astype(jnp.uint64)
+    else:
+        bits = lax.bitcast_convert_type(x.astype(jnp.int64), jnp.uint64)
+    axes = _axes(x, dim)
+    out = lax.reduce(bits, jnp.uint64(0), lax.bitwise_xor, axes)
+    return jnp.expand_dims(out, axes) if keepdim else out
+
+
 @lowers("aten.logsumexp.default")
 def logsumexp(x, dim, keepdim=False):
     xf = _acc(x)
@@ -286,10 +310,15 @@ def softmax(x, dim, half_to_float=False):
 
 @lowers("aten._log_softmax.default")
 def log_softmax(x, dim, half_to_float=False):
+    """x - max - log(sum(exp(x - max))); over the last dim, torch's CPU kernel for bfloat16/float16
+    stores the sum and its log in the input dtype (a row whose max dominates gives exactly 0 there)."""
     if x.size == 0:
         return _acc(x)
     shifted, axis = _softmax_parts(x, dim)
     total = jnp.sum(jnp.exp(shifted), axis=axis, keepdims=True)
+    if x.dtype in _LOW_PRECISION and axis % max(x.ndim, 1) == max(x.ndim, 1) - 1:
+        log_total = jnp.log(total.astype(x.dtype).astype(total.dtype)).astype(x.dtype).astype(total.dtype)
+        return (shifted - log_total).reshape(x.shape)
     return (shifted - jnp.log(total)).reshape(x.shape)
 
 

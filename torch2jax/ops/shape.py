@@ -335,6 +335,26 @@ def _same(a, b) -> bool:
         return False
 
 
+@lowers("aten.resize.default")
+def resize(x, size, memory_format=None):
+    """Functional `resize_`: the first numel(size) elements of x's buffer, read in the new layout.
+
+    Like as_strided, x is taken as a contiguous buffer (inputs and fresh tensors are). Shrinking keeps
+    the leading elements; growing leaves torch's new elements uninitialized, and we fill them with 0.
+    A channels-last `memory_format` lays the buffer out as N(D)HWC.
+    """
+    size = tuple(size)
+    if _same(math.prod(x.shape), math.prod(size)) and memory_format in (None, "contiguous_format"):
+        return x.reshape(size)  # also works for symbolic sizes
+    n = math.prod(size)
+    flat = x.reshape(-1)
+    flat = flat[:n] if n <= flat.shape[0] else jnp.concatenate([flat, jnp.zeros((n - flat.shape[0],), x.dtype)])
+    if memory_format in ("channels_last", "channels_last_3d") and len(size) in (4, 5):
+        physical = (size[0], *size[2:], size[1])
+        return jnp.moveaxis(flat.reshape(physical), -1, 1)
+    return flat.reshape(size)
+
+
 @lowers("aten.as_strided_scatter.default")
 def as_strided_scatter(x, src, size, stride, storage_offset=None):
     pos = _strided_positions(size, stride, storage_offset)

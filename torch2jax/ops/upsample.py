@@ -322,3 +322,159 @@ def _grid_bicubic(xf, coords, sizes, padding_mode, align_corners):
 @lowers("aten.grid_sampler_2d.default", "aten.grid_sampler_3d.default")
 def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
     return _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners)
+
+
+# --- anti-aliased interpolation (_upsample_*_aa): torch's separable CPU kernel --------------------
+#
+# Per output pixel i along a dim, torch (UpSampleKernel.cpp, `_compute_indices_min_size_weights_aa`)
+# centres a filter at scale * (i + 0.5), widens its support by the downscale factor, takes the input
+# pixels [xmin, xmin + xsize) under it and normalizes their weights to sum to 1; the last dim is
+# resampled first, then the others, and a dim whose size does not change is left as it is. The weights
+# are numpy constants computed in torch's float32/double mix; the lowering is one gather and a
+# masked sum per resampled dim (pixels outside the window are never read, as in torch).
+# One torch CPU quirk is not reproduced: with an output width of 1 and a contiguous input, its vertical
+# pass gives every output row the first row's value (it assumes the width loop is innermost); we
+# resample each row, as torch does for the same input in channels-last layout.
+
+
+def _aa_triangle(x):
+    x = np.abs(x)
+    return np.where(x < 1, x.dtype.type(1) - x, x.dtype.type(0))
+
+
+def _fma(a, b, c):
+    """float32 a * b + c rounded once: torch's x86 build contracts the filter polynomials into FMAs."""
+    return (np.asarray(a, np.float64) * np.asarray(b, np.float64) + np.asarray(c, np.float64)).astype(_f32)
+
+
+def _aa_keys_cubic(x):
+    real = x.dtype.type
+    a = real(-0.5)  # Keys' coefficient, as PIL (the non-antialiased bicubic uses -0.75)
+    x = np.abs(x)
+    if real is _f32:
+        near = _fma((_fma(a + 2, x, -(a + 3)) * x).astype(_f32), x, real(1))  # ((a+2)x - (a+3)) x x + 1
+        far = _fma(_fma(_fma(a, x, -5 * a), x, 8 * a), x, -4 * a)  # ((a x - 5a) x + 8a) x - 4a
+    else:
+        near = ((a + 2) * x - (a + 3)) * x * x + 1
+        far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return np.where(x < 1, near, np.where(x < 2, far, real(0)))
+
+
+def _aa_lanczos3(x):
+    real = x.dtype.type
+
+    def sinc(v):
+        v = v.astype(real)
+        pv = v * real(math.pi)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(v == 0, real(1), np.sin(pv) / pv)
+
+    x = np.abs(x)
+    return np.where(x < 3, sinc(x) * sinc(x.astype(np.float64) / 3.0), real(0))
+
+
+def _aa_taps(size, out, align_corners, scale, interp_size, filt, real=_f32):
+    """(index, weight, valid) arrays of shape (out, max_interp_size) for one dim, weights in `real`."""
+    if real is _f32:
+        scale = _source_scale(size, out, align_corners, scale)
+    elif align_corners:
+        scale = (size - 1) / (out - 1) if out > 1 else 0.0
+    else:
+        scale = 1.0 / scale if scale is not None and scale > 0 else size / out
+    wide = scale >= 1
+    support = real(interp_size * 0.5 * float(scale)) if wide else real(interp_size * 0.5)
+    taps = int(math.ceil(float(support))) * 2 + 1
+    invscale = real(1.0 / float(scale)) if wide else real(1.0)
+    center = (np.float64(scale) * (np.arange(out, dtype=np.float64) + 0.5)).astype(real)
+    # static_cast<int64_t> truncates toward zero
+    xmin = np.maximum(((center - support).astype(np.float64) + 0.5).astype(np.int64), 0)
+    xmax = np.minimum(((center + support).astype(np.float64) + 0.5).astype(np.int64), size)
+    xsize = np.clip(xmax - xmin, 0, taps)
+    index = xmin[:, None] + np.arange(taps)[None, :]
+    valid = np.arange(taps)[None, :] < xsize[:, None]
+    arg = ((index.astype(real) - center[:, None]).astype(np.float64) + 0.5) * np.float64(invscale)
+    weight = np.where(valid, filt(arg.astype(real)).astype(real), real(0))
+    total = np.zeros(out, real)
+    for k in range(taps):  # torch sums the weights in order
+        total = (total + weight[:, k]).astype(real)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        weight = np.where(total[:, None] != 0, weight / total[:, None], weight).astype(real)
+    return np.minimum(index, size - 1), weight, valid
+
+
+def _int16_weights(weight):
+    """torch's uint8 path: double weights scaled by 2**precision (as large as int16 allows) and rounded."""
+    wt_max = float(weight.max()) if weight.size else 0.0
+    precision = 0
+    while precision < 22 and int(0.5 + wt_max * (1 << (precision + 1))) < (1 << 15):
+        precision += 1
+    scaled = weight * float(1 << precision)
+    return np.where(scaled < 0, np.trunc(scaled - 0.5), np.trunc(scaled + 0.5)).astype(np.int32), precision
+
+
+def _aa_resample(x, output_size, align_corners, scales, interp_size, filt, torch_dtype):
+    """`torch_dtype` picks torch's weight precision: double for float64 (even narrowed here) and uint8."""
+    n = len(output_size)
+    output_size = tuple(int(s) for s in output_size)
+    if tuple(x.shape[-n:]) == output_size:
+        return x
+    integer = jnp.issubdtype(x.dtype, jnp.integer)  # uint8 images: torch's fixed-point path
+    acc = x.astype(jnp.float32) if x.dtype in _LOW else x
+    for i in reversed(range(n)):  # horizontal (last dim) first, as torch
+        axis = x.ndim - n + i
+        size, out = x.shape[axis], output_size[i]
+        if size == out:
+            continue
+        real = np.float64 if integer or torch_dtype == "float64" else _f32
+        index, weight, valid = _aa_taps(size, out, align_corners, scales[i], interp_size, filt, real)
+        moved = jnp.moveaxis(acc, axis, -1)
+        picked = jnp.take(moved, jnp.asarray(index.astype(np.int32)), axis=-1)
+        if integer:
+            weight, precision = _int16_weights(weight)
+            terms = picked.astype(jnp.int32) * jnp.asarray(weight)
+            summed = jnp.sum(jnp.where(jnp.asarray(valid), terms, 0), axis=-1) + (1 << (precision - 1))
+            summed = jnp.clip(summed >> precision, 0, 255).astype(x.dtype)
+        else:
+            terms = picked * jnp.asarray(weight, acc.dtype)
+            summed = jnp.sum(jnp.where(jnp.asarray(valid), terms, jnp.zeros((), acc.dtype)), axis=-1)
+        acc = jnp.moveaxis(summed, -1, axis)
+    return acc.astype(x.dtype)
+
+
+def _aa_vec(ctx, x, output_size, align_corners, scale_factors, interp_size, filt):
+    outs = _output_sizes(x, 2, output_size, scale_factors)
+    return _aa_resample(x, outs, align_corners, _scales(2, scale_factors), interp_size, filt, ctx.out_meta.dtype)
+
+
+def _aa_sized(ctx, x, output_size, align_corners, scales, interp_size, filt):
+    return _aa_resample(x, output_size, align_corners, scales, interp_size, filt, ctx.out_meta.dtype)
+
+
+@lowers("aten._upsample_bilinear2d_aa.default", ctx=True)
+def upsample_bilinear2d_aa(ctx, x, output_size, align_corners, scales_h=None, scales_w=None):
+    return _aa_sized(ctx, x, output_size, align_corners, [scales_h, scales_w], 2, _aa_triangle)
+
+
+@lowers("aten._upsample_bilinear2d_aa.vec", ctx=True)
+def upsample_bilinear2d_aa_vec(ctx, x, output_size, align_corners, scale_factors):
+    return _aa_vec(ctx, x, output_size, align_corners, scale_factors, 2, _aa_triangle)
+
+
+@lowers("aten._upsample_bicubic2d_aa.default", ctx=True)
+def upsample_bicubic2d_aa(ctx, x, output_size, align_corners, scales_h=None, scales_w=None):
+    return _aa_sized(ctx, x, output_size, align_corners, [scales_h, scales_w], 4, _aa_keys_cubic)
+
+
+@lowers("aten._upsample_bicubic2d_aa.vec", ctx=True)
+def upsample_bicubic2d_aa_vec(ctx, x, output_size, align_corners, scale_factors):
+    return _aa_vec(ctx, x, output_size, align_corners, scale_factors, 4, _aa_keys_cubic)
+
+
+@lowers("aten._upsample_lanczos2d_aa.default", ctx=True)
+def upsample_lanczos2d_aa(ctx, x, output_size, align_corners, scales_h=None, scales_w=None):
+    return _aa_sized(ctx, x, output_size, align_corners, [scales_h, scales_w], 6, _aa_lanczos3)
+
+
+@lowers("aten._upsample_lanczos2d_aa.vec", ctx=True)
+def upsample_lanczos2d_aa_vec(ctx, x, output_size, align_corners, scale_factors):
+    return _aa_vec(ctx, x, output_size, align_corners, scale_factors, 6, _aa_lanczos3)
