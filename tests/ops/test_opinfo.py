@@ -58,7 +58,7 @@ def test_opinfo(opinfo, dtype):
     ran = 0
     torch_limits, refused = [], []
     for sample in samples:
-        if SAMPLES_PER_OP and ran >= SAMPLES_PER_OP:
+        if SAMPLES_PER_OP and ran + len(refused) >= SAMPLES_PER_OP:
             break
         try:
             prepared = prepare(opinfo, sample)
