@@ -89,7 +89,9 @@ def _sweep_section() -> list[str]:
         "## OpInfo sweep",
         "",
         f"PyTorch's OpInfo database, each (op, dtype) case exported, converted, run under jax.jit and compared with "
-        f"torch eager (samples per case: {data['samples_per_op']}, 0 = all). A case passes when all its exportable "
+        f"torch eager (samples per case: {data['samples_per_op']}, 0 = all; dtypes: "
+        f"{'every one the op supports of float32, bfloat16, int32, bool' if data['dtypes'] == 'all' else 'float32 and one more in turn'}). "
+        "A case passes when all its exportable "
         "samples match (ops whose results torch leaves partly open, such as the order of ties or the signs of "
         "singular vectors, are compared by what is defined: tests/ops/comparisons.py); `torch-limit` means "
         "torch.export itself could not export any sample; `refused` means every sample's output shape depends on "

@@ -580,6 +580,11 @@ def convert(x, dtype):
     return x.astype(dtype)
 
 
+@lowers("prims.convert_element_type.default")
+def convert_element_type(x, dtype):
+    return convert(x, dtype)
+
+
 @lowers("aten._to_copy.default")
 def to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     return x if dtype is None else convert(x, dtype)

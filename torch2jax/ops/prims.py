@@ -72,6 +72,14 @@ def sym_int(a):
     return int(a) if isinstance(a, float) else a
 
 
+@lowers("torch.sym_ite")
+def sym_ite(condition, if_true, if_false):
+    """`if_true if condition else if_false`; a condition read from a tensor's value is traced: select."""
+    if isinstance(condition, (bool, int)):
+        return if_true if condition else if_false
+    return jnp.where(condition, if_true, if_false)
+
+
 @lowers("torch.sym_not")
 def sym_not(a):
     return not a
