@@ -441,40 +441,18 @@ def _aa_resample(x, output_size, align_corners, scales, interp_size, filt, torch
     return acc.astype(x.dtype)
 
 
-def _aa_vec(ctx, x, output_size, align_corners, scale_factors, interp_size, filt):
-    outs = _output_sizes(x, 2, output_size, scale_factors)
-    return _aa_resample(x, outs, align_corners, _scales(2, scale_factors), interp_size, filt, ctx.out_meta.dtype)
+def _register_antialiased(name: str, interp_size: int, filt) -> None:
+    """`_upsample_<name>2d_aa` in both overloads: explicit output size (+ scales) or scale factors."""
+
+    @lowers(f"aten._upsample_{name}2d_aa.default", ctx=True)
+    def sized(ctx, x, output_size, align_corners, scales_h=None, scales_w=None):
+        return _aa_resample(x, output_size, align_corners, [scales_h, scales_w], interp_size, filt, ctx.out_meta.dtype)
+
+    @lowers(f"aten._upsample_{name}2d_aa.vec", ctx=True)
+    def vec(ctx, x, output_size, align_corners, scale_factors):
+        outs = _output_sizes(x, 2, output_size, scale_factors)
+        return _aa_resample(x, outs, align_corners, _scales(2, scale_factors), interp_size, filt, ctx.out_meta.dtype)
 
 
-def _aa_sized(ctx, x, output_size, align_corners, scales, interp_size, filt):
-    return _aa_resample(x, output_size, align_corners, scales, interp_size, filt, ctx.out_meta.dtype)
-
-
-@lowers("aten._upsample_bilinear2d_aa.default", ctx=True)
-def upsample_bilinear2d_aa(ctx, x, output_size, align_corners, scales_h=None, scales_w=None):
-    return _aa_sized(ctx, x, output_size, align_corners, [scales_h, scales_w], 2, _aa_triangle)
-
-
-@lowers("aten._upsample_bilinear2d_aa.vec", ctx=True)
-def upsample_bilinear2d_aa_vec(ctx, x, output_size, align_corners, scale_factors):
-    return _aa_vec(ctx, x, output_size, align_corners, scale_factors, 2, _aa_triangle)
-
-
-@lowers("aten._upsample_bicubic2d_aa.default", ctx=True)
-def upsample_bicubic2d_aa(ctx, x, output_size, align_corners, scales_h=None, scales_w=None):
-    return _aa_sized(ctx, x, output_size, align_corners, [scales_h, scales_w], 4, _aa_keys_cubic)
-
-
-@lowers("aten._upsample_bicubic2d_aa.vec", ctx=True)
-def upsample_bicubic2d_aa_vec(ctx, x, output_size, align_corners, scale_factors):
-    return _aa_vec(ctx, x, output_size, align_corners, scale_factors, 4, _aa_keys_cubic)
-
-
-@lowers("aten._upsample_lanczos2d_aa.default", ctx=True)
-def upsample_lanczos2d_aa(ctx, x, output_size, align_corners, scales_h=None, scales_w=None):
-    return _aa_sized(ctx, x, output_size, align_corners, [scales_h, scales_w], 6, _aa_lanczos3)
-
-
-@lowers("aten._upsample_lanczos2d_aa.vec", ctx=True)
-def upsample_lanczos2d_aa_vec(ctx, x, output_size, align_corners, scale_factors):
-    return _aa_vec(ctx, x, output_size, align_corners, scale_factors, 6, _aa_lanczos3)
+for _name, _size, _filter in (("bilinear", 2, _aa_triangle), ("bicubic", 4, _aa_keys_cubic), ("lanczos", 6, _aa_lanczos3)):
+    _register_antialiased(_name, _size, _filter)
