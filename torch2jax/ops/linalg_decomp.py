@@ -610,3 +610,9 @@ def complex_(real, imag):
 @lowers("aten.view_as_complex.default")
 def view_as_complex(x):
     return lax.complex(x[..., 0], x[..., 1])
+
+
+@lowers("aten.view_as_real.default")
+def view_as_real(x):
+    """(..., 2) real and imaginary parts, as torch's view of a complex tensor."""
+    return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
