@@ -54,12 +54,24 @@ def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str]) -> C
     return Captured(graph, tensors, capturer.schemas)
 
 
+# how to bound the ops whose output shape depends on the input values (XLA compiles static or symbolic shapes)
+DATA_DEPENDENT_SHAPES: dict[str, str] = {
+    "aten.nonzero.default": "use torch.nonzero_static(x, size=N, fill_value=-1) with a declared upper bound N "
+                            "(lowered); for x[mask] reductions use torch.where(mask, x, 0) instead",
+    "aten._unique2.default": "torch.unique has no bounded form in torch; compute on a fixed-size result "
+                             "(e.g. sort + torch.where) or give the op a lowering with a static size",
+    "aten.unique_dim.default": "as torch.unique: no bounded form; restructure with a fixed-size result",
+    "aten.unique_consecutive.default": "as torch.unique: no bounded form; restructure with a fixed-size result",
+    "aten.masked_select.default": "use torch.where(mask, x, fill) to keep the shape static",
+    "aten.bincount.default": "its length is max(x) + 1: use torch.zeros(N).index_add_(0, x, weights) with a "
+                             "declared length N",
+}
+
+
 def _refuse_data_dependent_shapes(graph_module: torch.fx.GraphModule) -> None:
     """XLA compiles static (or symbolic) shapes only: name every op whose output size torch could only
     express with an unbacked symbol (a size read from tensor values), and how to bound it."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-
-    from .interpreter import DATA_DEPENDENT_SHAPES
 
     found: dict[str, torch.fx.Node] = {}
     for module in graph_module.modules():

@@ -78,20 +78,6 @@ def needs_rng(graph: Graph) -> bool:
     return any(node.op in RANDOM_OPS for node in graph.all_nodes())
 
 
-# ops whose output shape depends on the input values: XLA compiles static (or symbolic) shapes only
-DATA_DEPENDENT_SHAPES: dict[str, str] = {
-    "aten.nonzero.default": "use torch.nonzero_static(x, size=N, fill_value=-1) with a declared upper bound N "
-                            "(lowered); for x[mask] reductions use torch.where(mask, x, 0) instead",
-    "aten._unique2.default": "torch.unique has no bounded form in torch; compute on a fixed-size result "
-                             "(e.g. sort + torch.where) or give the op a lowering with a static size",
-    "aten.unique_dim.default": "as torch.unique: no bounded form; restructure with a fixed-size result",
-    "aten.unique_consecutive.default": "as torch.unique: no bounded form; restructure with a fixed-size result",
-    "aten.masked_select.default": "use torch.where(mask, x, fill) to keep the shape static",
-    "aten.bincount.default": "its length is max(x) + 1: use torch.zeros(N).index_add_(0, x, weights) with a "
-                             "declared length N",
-}
-
-
 def check_supported(graph: Graph, schemas: dict[str, str] | None = None) -> None:
     """Raise one error listing every unsupported op, with its schema and the user's source line."""
     missing = find_unsupported(graph)
@@ -100,9 +86,6 @@ def check_supported(graph: Graph, schemas: dict[str, str] | None = None) -> None
         for op, node in missing:
             schema = (schemas or {}).get(op)
             lines.append(f"  - {op} (node {node.name})")
-            if op in DATA_DEPENDENT_SHAPES:
-                hint = DATA_DEPENDENT_SHAPES[op]
-                lines.append(f"      its output shape depends on the input values, which XLA cannot compile: {hint}")
             if schema:
                 lines.append(f"      schema: {schema}")
             if node.source:

@@ -25,7 +25,7 @@ import torch
 
 from torch2jax.torch_arrays import to_numpy
 
-from .opinfo_harness import Prepared, compare
+from .opinfo_harness import Prepared, check_shape_and_dtype, compare
 
 
 @dataclass(frozen=True)
@@ -54,13 +54,10 @@ def _outputs(value) -> list:
 
 
 def _shape_and_dtype(prepared: Prepared, model) -> None:
-    got = model(*_inputs(prepared))
-    ours, theirs = _outputs(got), _outputs(prepared.expected)
-    assert len(ours) == len(theirs)
-    for g, want in zip(ours, theirs):
-        assert tuple(np.shape(g)) == tuple(want.shape), f"shape {np.shape(g)}, torch {tuple(want.shape)}"
-        zero = torch.zeros(want.shape, dtype=want.dtype)
-        compare(zero, jax.numpy.zeros_like(g), "dtype")  # compares the dtype, not the undefined values
+    ours, theirs = _outputs(model(*_inputs(prepared))), _outputs(prepared.expected)
+    assert len(ours) == len(theirs), f"{len(ours)} outputs, torch gives {len(theirs)}"
+    for k, (got, want) in enumerate(zip(ours, theirs)):
+        check_shape_and_dtype(want, got, f"output[{k}]")
 
 
 # --- unstable order ----------------------------------------------------------------------------

@@ -9,8 +9,8 @@ import jax
 import numpy as np
 import torch
 
-from torch2jax import exporter, interpreter
-from torch2jax.capture import capture
+from torch2jax import dtypes, exporter, interpreter
+from torch2jax.capture import capture, dtype_name
 from torch2jax.errors import ExportError, UnsupportedOpsError
 from torch2jax.model import Model
 from torch2jax.torch_arrays import to_jax, to_numpy
@@ -162,6 +162,14 @@ def run_and_compare(prepared: Prepared, model: Model) -> None:
     compare(prepared.expected, got, "output")
 
 
+def check_shape_and_dtype(want: torch.Tensor, got, path: str) -> None:
+    """Our output has torch's shape, and the dtype JAX carries torch's in (what is defined when values are not)."""
+    got = np.asarray(jax.device_get(got))
+    assert tuple(got.shape) == tuple(want.shape), f"{path}: shape {got.shape}, torch {tuple(want.shape)}"
+    want_dtype = dtypes.jax_dtype(dtype_name(want.dtype))
+    assert got.dtype == want_dtype, f"{path}: dtype {got.dtype}, expected {want_dtype}"
+
+
 def compare(expected, got, path: str) -> None:
     """torch's result vs ours, element-wise with assert_close's dtype-aware tolerances, NaN == NaN."""
     if isinstance(expected, torch.Tensor):
@@ -189,5 +197,5 @@ def compare(expected, got, path: str) -> None:
 
 __all__ = [
     "CallFn", "Prepared", "TorchLimit", "UnsupportedOpsError", "SAMPLES_PER_OP",
-    "case_id", "compare", "convert_op_sample", "convert_sample", "prepare", "run_and_compare",
+    "case_id", "check_shape_and_dtype", "compare", "convert_op_sample", "convert_sample", "prepare", "run_and_compare",
 ]

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 import torch.testing._utils as torch_testing_utils
 
-from torch2jax import dtypes
-from torch2jax.capture import dtype_name
 from torch2jax.torch_arrays import to_numpy
+
+from .opinfo_harness import check_shape_and_dtype
 
 DRAWS = 200
 ALPHA = 1e-4
@@ -50,9 +50,7 @@ def check_random(prepared, model) -> None:
         a, b = np.asarray(jax.device_get(a)), np.asarray(jax.device_get(b))
         assert a.tobytes() == b.tobytes(), f"{path}: the same key gave different outputs"
         if isinstance(want, torch.Tensor):
-            assert tuple(a.shape) == tuple(want.shape), f"{path}: shape {a.shape}, torch {tuple(want.shape)}"
-            want_dtype = dtypes.jax_dtype(dtype_name(want.dtype))
-            assert a.dtype == want_dtype, f"{path}: dtype {a.dtype}, expected {want_dtype}"
+            check_shape_and_dtype(want, a, path)
 
     torch_draws = [theirs(i) for i in range(DRAWS)]
     our_draws = [ours(i) for i in range(DRAWS)]

@@ -298,7 +298,7 @@ def _fractional_starts(sample, size, out, k):
     last = jnp.full(sample.shape + (1,), size - k, jnp.int32)
     if out == 1:
         return last
-    alpha = (jnp.asarray(size - k, sample.dtype) / jnp.asarray(out - 1, sample.dtype)).astype(sample.dtype)
+    alpha = jnp.asarray(size - k, sample.dtype) / jnp.asarray(out - 1, sample.dtype)
     i = jnp.arange(out - 1, dtype=sample.dtype)
     starts = ((i + sample[..., None]) * alpha).astype(jnp.int32) - (sample * alpha).astype(jnp.int32)[..., None]
     return jnp.concatenate([starts, last], axis=-1)
