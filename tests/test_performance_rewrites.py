@@ -169,7 +169,7 @@ def test_conv_batch_norm_fold_bfloat16_rounds_as_torch():
 def _sdpa_both(q, k, v, **kw):
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
     jkw = {key: _j(val) if isinstance(val, torch.Tensor) else val for key, val in kw.items()}
-    return scaled_dot_product_attention(_j(q), _j(k), _j(v), **jkw), want
+    return scaled_dot_product_attention(None, _j(q), _j(k), _j(v), **jkw), want
 
 
 def test_attention_fully_masked_rows_give_zeros():
@@ -201,6 +201,6 @@ def test_attention_gqa_matches_torch(causal):
     got, want = _sdpa_both(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
     assert got.shape == (2, 8, 5, 16)
     assert max_err(got, want) < 1e-5
-    grads = jax.grad(lambda q_, k_: jnp.sum(scaled_dot_product_attention(q_, k_, _j(v), is_causal=causal, enable_gqa=True)),
+    grads = jax.grad(lambda q_, k_: jnp.sum(scaled_dot_product_attention(None, q_, k_, _j(v), is_causal=causal, enable_gqa=True)),
                      argnums=(0, 1))(_j(q), _j(k))
     assert grads[0].shape == q.shape and grads[1].shape == k.shape and all(bool(jnp.isfinite(g).all()) for g in grads)

@@ -120,6 +120,31 @@ def test_random_ops_take_an_explicit_key(tmp_path):
         loaded(x)
 
 
+class AttentionDropout(torch.nn.Module):
+    """Attention kept whole (one SDPA node) that drops attention weights in training."""
+
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.5 if self.training else 0.0)
+
+
+def test_attention_dropout_draws_from_the_key_and_keeps_the_expectation():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    eval_model = torch2jax.convert(AttentionDropout().eval(), (q, k, v))
+    assert not eval_model.needs_rng, "dropout_p=0 draws nothing"
+    model = torch2jax.convert(AttentionDropout().train(), (q, k, v))
+    assert model.needs_rng
+    args = [t.numpy() for t in (q, k, v)]
+    first = np.asarray(model(*args, rng=jax.random.key(0)))
+    assert np.array_equal(first, np.asarray(model(*args, rng=jax.random.key(0))))
+    assert not np.array_equal(first, np.asarray(model(*args, rng=jax.random.key(1))))
+    # E[dropout(w) / (1 - p)] = w, so the mean over draws approaches attention without dropout.
+    draws = jax.vmap(lambda key: model(*args, rng=key))(jax.random.split(jax.random.key(2), 4000))
+    want = AttentionDropout().eval()(q, k, v).numpy()
+    assert np.abs(np.asarray(draws).mean(0) - want).max() < 0.1
+    assert np.abs(np.asarray(draws).std(0)).min() > 0.05, "every output varies between draws"
+
+
 def test_in_place_writes_to_inputs_are_refused_with_the_fix():
     class Bump(torch.nn.Module):
         def forward(self, x):

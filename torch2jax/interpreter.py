@@ -73,9 +73,9 @@ def _wrapped_ops(node: Node) -> list[str]:
 
 
 def needs_rng(graph: Graph) -> bool:
-    from .ops.random import RANDOM_OPS
+    from .ops.random import draws_random
 
-    return any(node.op in RANDOM_OPS for node in graph.all_nodes())
+    return any(draws_random(node) for node in graph.all_nodes())
 
 
 def check_supported(graph: Graph, schemas: dict[str, str] | None = None) -> None:

@@ -159,7 +159,65 @@ def run_and_compare(prepared: Prepared, model: Model) -> None:
         return check_random(prepared, model)
     inputs = [to_numpy(t) for t in prepared.inputs]
     got = model(*inputs)
-    compare(prepared.expected, got, "output")
+    try:
+        compare(prepared.expected, got, "output")
+    except AssertionError:
+        if not as_accurate_as_torch(prepared, got):
+            raise
+
+
+# assert_close's default (rtol, atol) per floating dtype
+_TOLERANCES = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), torch.float32: (1.3e-6, 1e-5)}
+
+
+def as_accurate_as_torch(prepared: Prepared, got) -> bool:
+    """Whether each floating output is as close to the float64 result as torch's own output is.
+
+    Where terms cancel, torch's float32 (or bfloat16) result is itself off from the exact one by more
+    than assert_close's tolerance, and a different but equally valid summation order lands
+    elsewhere. Such an output passes when, element by element, our distance to the float64 result
+    is within the dtype's tolerance plus twice torch's largest distance. Used only after the
+    direct comparison failed, and only where the op runs in float64 too.
+    """
+    wide = [t.double() if t.is_floating_point() else t for t in prepared.inputs]
+    if wide == [] or all(w is t for w, t in zip(wide, prepared.inputs)):
+        return False
+    try:
+        with torch.no_grad():
+            truth = prepared.module(*wide)
+    except Exception:  # the op has no float64 kernel, or mixes in a tensor of its own
+        return False
+    expected, got, truth = _leaves(prepared.expected), _leaves(got), _leaves(truth)
+    if not len(expected) == len(got) == len(truth):
+        return False
+    for k, (want, ours, exact) in enumerate(zip(expected, got, truth)):
+        try:
+            compare(want, ours, f"output[{k}]")
+            continue
+        except AssertionError:
+            pass
+        if not isinstance(want, torch.Tensor) or want.dtype not in _TOLERANCES or exact.dtype != torch.float64:
+            return False
+        rtol, atol = _TOLERANCES[want.dtype]
+        exact = exact.numpy()
+        ours = np.asarray(jax.device_get(ours)).astype(np.float64)
+        theirs = want.detach().double().numpy()
+        if ours.shape != exact.shape or not np.array_equal(np.isnan(ours), np.isnan(exact)):
+            return False
+        finite = np.isfinite(exact)
+        if not np.array_equal(ours[~finite], exact[~finite], equal_nan=True):
+            return False
+        torch_error = np.abs(theirs - exact)[finite]
+        bound = atol + rtol * np.abs(exact[finite]) + 2 * torch_error
+        if not np.all(np.abs(ours[finite] - exact[finite]) <= bound):
+            return False
+    return True
+
+
+def _leaves(value) -> list:
+    if isinstance(value, (list, tuple)):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [value]
 
 
 def check_shape_and_dtype(want: torch.Tensor, got, path: str) -> None:

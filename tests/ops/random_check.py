@@ -102,7 +102,7 @@ def _check_output(path: str, t: np.ndarray, o: np.ndarray) -> None:
     stats = (("mean", _mean), ("mean square", lambda v: _mean(v * v)), ("zero fraction", lambda v: float(np.mean(v == 0))))
     for name, stat in stats:
         st = np.array([stat(d) for d in t])
-        so = np.array([stat(d) for d in o])
+        so = _onto_atoms(np.array([stat(d) for d in o]), st)
         stat_d, bound = _ks(st, so)
         assert stat_d <= bound, (
             f"{path}: per-draw {name} differs from torch's in distribution (KS D={stat_d:.3f} > {bound:.3f}); "
@@ -113,6 +113,23 @@ def _check_output(path: str, t: np.ndarray, o: np.ndarray) -> None:
 def _mean(values: np.ndarray) -> float:
     v = np.sort(values[np.isfinite(values)].ravel())  # sorted: the sum does not depend on element order
     return float(np.sum(v) / v.size) if v.size else 0.0
+
+
+def _onto_atoms(ours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
+    """Our statistics moved onto torch's nearest value when within float32 rounding of it.
+
+    A draw's statistic often takes a few exact values (a row either dropped or kept), computed by
+    torch and by us in a different order: the same atom then sits a few ulps apart in the two
+    samples, and KS, which compares step functions, would count the whole atom as a difference.
+    """
+    finite = np.sort(theirs[np.isfinite(theirs)])
+    if finite.size == 0:
+        return ours
+    scale = np.max(np.abs(finite))
+    slot = np.clip(np.searchsorted(finite, ours), 1, max(finite.size - 1, 1))
+    below, above = finite[slot - 1], finite[np.minimum(slot, finite.size - 1)]
+    nearest = np.where(np.abs(ours - below) <= np.abs(ours - above), below, above)
+    return np.where(np.abs(ours - nearest) <= 1e-5 * scale, nearest, ours)
 
 
 def _ks(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:

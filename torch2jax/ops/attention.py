@@ -7,19 +7,33 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
+from ..graph import Node
 from ..registry import lowers
+from .random import dropout, random_when
+
+_SDPA = "aten.scaled_dot_product_attention.default"
 
 
-@lowers("aten.scaled_dot_product_attention.default")
-def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+def _has_dropout(node: Node) -> bool:
+    """dropout_p is the 5th argument; a non-literal (symbolic) value counts as drawing."""
+    p = node.args[4] if len(node.args) > 4 else node.kwargs.get("dropout_p", 0.0)
+    return not isinstance(p, (int, float)) or p != 0
+
+
+random_when(_SDPA, _has_dropout)
+
+
+@lowers(_SDPA, ctx=True)
+def scaled_dot_product_attention(
+    ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """torch's math attention: softmax(q k^T * scale + mask) v, in float32 for low precision.
 
     A row whose every key is masked out (-inf) attends to nothing and gives zeros, as torch's safe
     softmax does. With enable_gqa, each group of q heads shares a k/v head: the heads are split
-    into (kv head, group) for the einsums instead of copying k and v per group.
+    into (kv head, group) for the einsums instead of copying k and v per group. dropout_p > 0
+    (training) drops attention weights with the node's key and rescales the rest, as torch does.
     """
-    if dropout_p:
-        raise NotImplementedError("attention dropout in train mode is not supported yet; call module.eval()")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     groups = q.shape[-3] // k.shape[-3] if enable_gqa and k.shape[-3] != q.shape[-3] else 1
     acc = jnp.float32 if q.dtype in (jnp.bfloat16, jnp.float16) else q.dtype
@@ -39,6 +53,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
         else:
             scores = scores + attn_mask.astype(scores.dtype)
     weights = _safe_softmax(scores)
+    if dropout_p:
+        weights, _ = dropout(ctx, weights, dropout_p)
     if groups > 1:
         weights = weights.reshape(weights.shape[:-3] + (k.shape[-4], groups, lq, lk))
     out = jnp.einsum("...qk,...kd->...qd", weights.astype(v.dtype), v, preferred_element_type=acc)

@@ -8,11 +8,13 @@ Floats are drawn in float32 at least and cast to the dtype torch recorded for th
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
 from ..dtypes import is_floating
+from ..graph import Node
 from ..registry import lowers
 
 _RANDOM: list[str] = []
@@ -118,6 +120,11 @@ def bernoulli_tensor(ctx, x, p, generator=None):
 def native_dropout(ctx, x, p, train):
     if train is False:
         return x, jnp.ones(x.shape, bool)
+    return dropout(ctx, x, p)
+
+
+def dropout(ctx, x, p):
+    """Zero each element with probability p and scale the rest by 1/(1-p); returns (out, keep)."""
     keep = _bernoulli_mask(ctx, x.shape, 1.0 - p)
     scale = 0.0 if p == 1 else 1.0 / (1.0 - p)
     out = jnp.where(keep, x.astype(_float(x.dtype)) * scale, 0)
@@ -217,3 +224,17 @@ def rrelu_with_noise(ctx, x, noise, lower=0.125, upper=1.0 / 3.0, training=False
 
 # The set the interpreter checks to decide whether a graph needs a key.
 RANDOM_OPS: frozenset[str] = frozenset(_RANDOM)
+
+# Ops that draw only for some arguments (attention with dropout_p > 0): op -> "does this node draw?"
+_RANDOM_WHEN: dict[str, Callable[[Node], bool]] = {}
+
+
+def random_when(op: str, predicate: Callable[[Node], bool]) -> None:
+    """Record that `op` needs a key exactly when `predicate(node)` holds (its lowering takes ctx)."""
+    _RANDOM_WHEN[op] = predicate
+
+
+def draws_random(node: Node) -> bool:
+    """Whether running `node` draws from the model's key."""
+    predicate = _RANDOM_WHEN.get(node.op)
+    return node.op in RANDOM_OPS or (predicate is not None and predicate(node))
