@@ -109,6 +109,19 @@ def _sweep_section() -> list[str]:
         rate = 100.0 * c.get("passed", 0) / exportable if exportable else 0.0
         counts = " | ".join(str(c.get(k, 0)) for k in ("passed", "failed", "skipped", "refused", "torch-limit"))
         out.append(f"| {dtype} | {counts} | {rate:.1f}% |")
+    if data.get("samples_by_dtype"):
+        out += [
+            "",
+            "Counted by sample (every sample of every case that ran; a skipped case's samples are not enumerated):",
+            "",
+            "| dtype | samples passed | failed | refused (data-dependent shape) | torch-limit | pass rate of exportable |",
+            "|---|---|---|---|---|---|",
+        ]
+        for dtype, c in data["samples_by_dtype"].items():
+            exportable = sum(c.get(k, 0) for k in ("passed", "failed", "refused"))
+            rate = 100.0 * c.get("passed", 0) / exportable if exportable else 0.0
+            counts = " | ".join(str(c.get(k, 0)) for k in ("passed", "failed", "refused", "torch-limit"))
+            out.append(f"| {dtype} | {counts} | {rate:.1f}% |")
     return out + [""]
 
 

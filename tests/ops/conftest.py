@@ -8,6 +8,7 @@ from collections import Counter
 
 _OUTCOMES: dict[str, str] = {}
 _REASONS: dict[str, str] = {}
+_SAMPLES: dict[str, dict[str, int]] = {}  # case -> sample outcome -> count
 
 
 def pytest_runtest_logreport(report):
@@ -21,6 +22,9 @@ def pytest_runtest_logreport(report):
         elif outcome == "skipped" and "refused by design" in str(report.longrepr):
             outcome = "refused"
         _OUTCOMES[case] = outcome
+        for name, value in report.user_properties:
+            if name == "samples":
+                _SAMPLES[case] = value
         if report.failed:
             _REASONS[case] = failure_reason(report.longreprtext)
 
@@ -35,10 +39,14 @@ def pytest_sessionfinish(session, exitstatus):
     for case, outcome in _OUTCOMES.items():
         dtype = case.rsplit("-", 1)[1]
         by_dtype.setdefault(dtype, Counter())[outcome] += 1
+    samples_by_dtype: dict[str, Counter] = {}
+    for case, counts in _SAMPLES.items():
+        samples_by_dtype.setdefault(case.rsplit("-", 1)[1], Counter()).update(counts)
     data = {
         "samples_per_op": os.environ.get("T2J_OPINFO_SAMPLES", "1"),
         "dtypes": os.environ.get("T2J_OPINFO_DTYPES", "rotate"),
         "by_dtype": {d: dict(c) for d, c in sorted(by_dtype.items())},
+        "samples_by_dtype": {d: dict(c) for d, c in sorted(samples_by_dtype.items())},
         "cases": dict(sorted(_OUTCOMES.items())),
         "failures": dict(sorted(_REASONS.items())),
     }
@@ -52,6 +60,9 @@ def failure_reason(text: str) -> str:
     missing = sorted({line[2:].split(" ")[0] for line in lines if line.startswith("- ") and "(node " in line})
     if "UnsupportedOpsError" in text and missing:
         return "no lowering for " + ", ".join(missing)
+    summary = [line for line in lines if "samples failed; sample" in line]
+    if summary:
+        return summary[-1].removeprefix("AssertionError:").strip()[:200]
     for line in text.splitlines():
         stripped = line.strip()
         if stripped.startswith("E ") and ("Error" in stripped or "not close" in stripped or "Mismatch" in stripped):

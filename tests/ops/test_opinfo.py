@@ -52,13 +52,15 @@ def _cases():
 
 
 @pytest.mark.parametrize("opinfo,dtype", list(_cases()))
-def test_opinfo(opinfo, dtype):
+def test_opinfo(opinfo, dtype, record_property):
+    """Every sample up to the quota; a failing sample does not stop the others, so the report counts
+    samples (T2J_OPINFO_REPORT); the case fails with the first failure."""
     torch.manual_seed(0)
     samples = opinfo.sample_inputs("cpu", dtype, requires_grad=False)
     ran = 0
-    torch_limits, refused = [], []
-    for sample in samples:
-        if SAMPLES_PER_OP and ran + len(refused) >= SAMPLES_PER_OP:
+    torch_limits, refused, failures = [], [], []
+    for index, sample in enumerate(samples):
+        if SAMPLES_PER_OP and ran + len(failures) + len(refused) >= SAMPLES_PER_OP:
             break
         try:
             prepared = prepare(opinfo, sample)
@@ -67,16 +69,26 @@ def test_opinfo(opinfo, dtype):
             continue
         try:
             prepared, model = convert_op_sample(opinfo, sample, prepared)
+            run_and_compare(prepared, model)
         except TorchLimit as err:
             torch_limits.append(str(err))
             continue
         except UnsupportedOpsError as err:
             if "depends on the input values" not in str(err):
-                raise
+                failures.append((index, err))
+                continue
             refused.append(", ".join(err.ops))
             continue
-        run_and_compare(prepared, model)
+        except Exception as err:
+            failures.append((index, err))
+            continue
         ran += 1
+    record_property("samples", {"passed": ran, "failed": len(failures), "refused": len(refused),
+                                "torch-limit": len(torch_limits)})
+    if failures:
+        index, first = failures[0]
+        raise AssertionError(f"{len(failures)} of {ran + len(failures)} samples failed; sample {index}: "
+                             f"{type(first).__name__}: {first}") from first
     if ran == 0 and refused:
         pytest.skip(f"refused by design: output shape depends on the input values ({refused[0]}); docs/limitations.md")
     if ran == 0:
