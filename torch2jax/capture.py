@@ -120,6 +120,7 @@ class _Capturer:
     def __init__(self, symbol_names: dict[str, str]):
         self.symbol_names = symbol_names
         self.schemas: dict[str, str] = {}
+        self._sym_text: dict[Any, str] = {}  # sympy expression -> its text with dims renamed
 
     def graph(self, gm: torch.fx.GraphModule, signature) -> Graph:
         kinds = {}
@@ -213,11 +214,16 @@ class _Capturer:
         return self.sym(d)
 
     def sym(self, value: Any) -> str:
+        """The expression as text with dims renamed; cached, since sympy's printer is slow and a graph
+        repeats a handful of expressions (s0, 8*s0, ...) in nearly every node's shape."""
         expr = value.node.expr if hasattr(value, "node") else value
-        import sympy
+        text = self._sym_text.get(expr)
+        if text is None:
+            import sympy
 
-        renamed = expr.xreplace({s: sympy.Symbol(self.symbol_names.get(str(s), str(s))) for s in expr.free_symbols})
-        return str(renamed)
+            names = {s: sympy.Symbol(self.symbol_names.get(str(s), str(s))) for s in expr.free_symbols}
+            text = self._sym_text[expr] = str(expr.xreplace(names))
+        return text
 
 
 def op_name(target: Any) -> str:

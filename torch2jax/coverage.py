@@ -12,7 +12,6 @@ from .registry import registered
 
 # Core ops deliberately without a lowering: op -> why. Keep this short and honest.
 NOT_LOWERED: dict[str, str] = {
-    "aten.nonzero.default": "output shape depends on the data; JAX needs static shapes (nonzero_static is lowered)",
     "aten.resize_.default": "in-place storage resize: functionalization removes it, so it never reaches an exported graph",
 }
 

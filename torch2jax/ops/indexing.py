@@ -254,6 +254,21 @@ def nonzero_static(x, size, fill_value=-1):
     return jnp.stack(out, axis=1).astype(jnp.int32)
 
 
+# nonzero and repeat_interleave(repeats) reach the interpreter only when torch knows their output
+# size without the values (an empty input; an explicit output_size): capture refuses the others,
+# whose size is an unbacked symbol. The size recorded in the node is then exact.
+@lowers("aten.nonzero.default", ctx=True)
+def nonzero(ctx, x):
+    return nonzero_static(x, ctx.out_shape[0])
+
+
+@lowers("aten.repeat_interleave.Tensor", ctx=True)
+def repeat_interleave_counts(ctx, repeats, output_size=None):
+    """Index i repeated repeats[i] times (torch's building block for repeat_interleave)."""
+    positions = jnp.arange(repeats.shape[0], dtype=jnp.int32)
+    return jnp.repeat(positions, repeats, total_repeat_length=ctx.out_shape[0])
+
+
 @lowers("aten.index_add.default")
 def index_add(x, dim, index, source, alpha=1):
     if x.ndim == 0:
