@@ -10,6 +10,8 @@ is the conversion's peak. Latency then compares every runtime inside this one pr
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import os
 import resource
@@ -66,17 +68,39 @@ def jax_inputs(inputs: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     return {name: np.asarray(jnp.asarray(t.numpy())) for name, t in inputs.items()}
 
 
+@contextlib.contextmanager
+def _gc_pauses(current_stage: Callable[[], str]):
+    """Seconds of cyclic-GC pauses per stage. A full collection after torch.export walks everything it
+    allocated (0.4 s on tiny_gpt) and lands in whichever stage next allocates: timed apart."""
+    pauses: dict[str, float] = {}
+    started: list[float] = []
+
+    def callback(phase: str, _info: dict) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            stage = current_stage()
+            pauses[stage] = pauses.get(stage, 0.0) + time.perf_counter() - started.pop()
+
+    gc.callbacks.append(callback)
+    try:
+        yield pauses
+    finally:
+        gc.callbacks.remove(callback)
+
+
 def measure_conversion(case: BenchCase, out_dir: Path) -> tuple[Model, dict]:
     """Convert, jax.export and save the model, timing each stage; peak memory is ru_maxrss over the RSS before."""
     jax.devices()  # start the CPU client before the baseline: it is not part of conversion
     base = rss_bytes()
     marks: list[tuple[str, int]] = []  # (stage, high-water mark as it starts)
     timer = StageTimer(progress=lambda stage, _message: marks.append((stage, max_rss())))
-    model = convert(case.module, (), case.inputs, case.dynamic_shapes, timer=timer)
-    with timer.stage("jax.export", "stablehlo.export"):
-        exported = stablehlo.export(model)
-    with timer.stage("save", "artifact.save"):
-        artifact.save(model, out_dir, force=True, exported=exported)
+    with _gc_pauses(lambda: marks[-1][0] if marks else "export") as gc_s:
+        model = convert(case.module, (), case.inputs, case.dynamic_shapes, timer=timer)
+        with timer.stage("jax.export", "stablehlo.export"):
+            exported = stablehlo.export(model)
+        with timer.stage("save", "artifact.save"):
+            artifact.save(model, out_dir, force=True, exported=exported)
     peak = max_rss()
     marks.append(("end", peak))
     marks[0] = (marks[0][0], max(marks[0][1], base))
@@ -84,6 +108,7 @@ def measure_conversion(case: BenchCase, out_dir: Path) -> tuple[Model, dict]:
     files = {p.name: dir_bytes(p) if p.is_dir() else p.stat().st_size for p in out_dir.iterdir()}
     return model, {
         "stages_s": dict(timer.timings),
+        "gc_pauses_s": dict(gc_s),  # Python's cyclic GC, by the stage it happened to interrupt
         "rss_before_bytes": base,
         "peak_bytes": peak,
         "peak_extra_bytes": peak - base,

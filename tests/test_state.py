@@ -172,6 +172,28 @@ def test_data_dependent_shapes_are_refused_with_the_bounded_alternative():
     assert np.array_equal(np.asarray(got), Bounded()(x).numpy())
 
 
+def test_sizes_torch_knows_without_the_values_are_lowered():
+    """repeat_interleave with output_size, nonzero of an empty tensor: static sizes, so no refusal."""
+
+    class Spread(torch.nn.Module):
+        def forward(self, x, repeats):
+            return torch.repeat_interleave(x, repeats, dim=0, output_size=6)
+
+    x, repeats = torch.randn(4, 3), torch.tensor([0, 1, 2, 3])
+    model = torch2jax.convert(Spread(), (x, repeats))
+    assert np.array_equal(np.asarray(model(x.numpy(), repeats.numpy())), Spread()(x, repeats).numpy())
+    other = torch.tensor([3, 0, 0, 3])  # another split of the same output_size
+    assert np.array_equal(np.asarray(model(x.numpy(), other.numpy())), Spread()(x, other).numpy())
+
+    class Where(torch.nn.Module):
+        def forward(self, x):
+            return torch.argwhere(x)
+
+    empty = torch.zeros(5, 0)
+    got = torch2jax.convert(Where(), (empty,))(empty.numpy())
+    assert np.asarray(got).shape == (0, 2)
+
+
 def test_cli_converts_a_train_mode_model_with_dropout_and_runs_it_with_a_seed(tmp_path):
     from .test_cli import cli
 
