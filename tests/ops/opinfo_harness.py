@@ -176,8 +176,8 @@ def as_accurate_as_torch(prepared: Prepared, got) -> bool:
     Where terms cancel, torch's float32 (or bfloat16) result is itself off from the exact one by more
     than assert_close's tolerance, and a different but equally valid summation order lands
     elsewhere. Such an output passes when, element by element, our distance to the float64 result
-    is within the dtype's tolerance plus twice torch's largest distance. Used only after the
-    direct comparison failed, and only where the op runs in float64 too.
+    is within the dtype's tolerance plus twice torch's own distance at that element. Used only
+    after the direct comparison failed, and only where the op runs in float64 too.
     """
     wide = [t.double() if t.is_floating_point() else t for t in prepared.inputs]
     if wide == [] or all(w is t for w, t in zip(wide, prepared.inputs)):
@@ -187,7 +187,7 @@ def as_accurate_as_torch(prepared: Prepared, got) -> bool:
             truth = prepared.module(*wide)
     except Exception:  # the op has no float64 kernel, or mixes in a tensor of its own
         return False
-    expected, got, truth = _leaves(prepared.expected), _leaves(got), _leaves(truth)
+    expected, got, truth = leaves(prepared.expected), leaves(got), leaves(truth)
     if not len(expected) == len(got) == len(truth):
         return False
     for k, (want, ours, exact) in enumerate(zip(expected, got, truth)):
@@ -214,9 +214,10 @@ def as_accurate_as_torch(prepared: Prepared, got) -> bool:
     return True
 
 
-def _leaves(value) -> list:
+def leaves(value) -> list:
+    """The tensors (and other leaves) of a nested list/tuple output, in order."""
     if isinstance(value, (list, tuple)):
-        return [leaf for v in value for leaf in _leaves(v)]
+        return [leaf for v in value for leaf in leaves(v)]
     return [value]
 
 
@@ -255,5 +256,5 @@ def compare(expected, got, path: str) -> None:
 
 __all__ = [
     "CallFn", "Prepared", "TorchLimit", "UnsupportedOpsError", "SAMPLES_PER_OP",
-    "case_id", "check_shape_and_dtype", "compare", "convert_op_sample", "convert_sample", "prepare", "run_and_compare",
+    "case_id", "check_shape_and_dtype", "compare", "leaves", "convert_op_sample", "convert_sample", "prepare", "run_and_compare",
 ]

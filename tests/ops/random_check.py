@@ -26,7 +26,7 @@ import torch.testing._utils as torch_testing_utils
 
 from torch2jax.torch_arrays import to_numpy
 
-from .opinfo_harness import check_shape_and_dtype
+from .opinfo_harness import check_shape_and_dtype, leaves
 
 DRAWS = 200
 ALPHA = 1e-4
@@ -36,14 +36,14 @@ def check_random(prepared, model) -> None:
     inputs = [to_numpy(t) for t in prepared.inputs]
 
     def ours(seed):
-        return _flat(model(*inputs, rng=jax.random.key(seed)))
+        return leaves(model(*inputs, rng=jax.random.key(seed)))
 
     def theirs(seed):
         with _seeded(seed), torch.no_grad():
-            return _flat(prepared.module(*(t.clone() for t in prepared.inputs)))
+            return leaves(prepared.module(*(t.clone() for t in prepared.inputs)))
 
     first, again = ours(0), ours(0)
-    expected = _flat(prepared.expected)
+    expected = leaves(prepared.expected)
     assert len(first) == len(expected), f"{len(first)} outputs, torch gives {len(expected)}"
     for k, (a, b, want) in enumerate(zip(first, again, expected)):
         path = f"output[{k}]"
@@ -146,9 +146,3 @@ def _np(value) -> np.ndarray:
     if isinstance(value, torch.Tensor):
         return value.detach().to(torch.float64).numpy() if value.dtype != torch.bool else value.numpy().astype(np.float64)
     return np.asarray(jax.device_get(value)).astype(np.float64)
-
-
-def _flat(value) -> list:
-    if isinstance(value, (list, tuple)):
-        return [leaf for v in value for leaf in _flat(v)]
-    return [value]

@@ -1,0 +1,32 @@
+"""The OpInfo harness's own judgement: what it lets through when torch itself is inexact."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .opinfo_harness import CallFn, Prepared, as_accurate_as_torch
+
+
+def _prepared(fn, *inputs) -> Prepared:
+    return Prepared(CallFn(fn), inputs, fn(*inputs))
+
+
+def test_cancellation_lets_through_only_results_as_close_to_float64_as_torchs():
+    x = torch.tensor([[1e8, 1.0, -1e8, 3.0]], dtype=torch.float32)  # float32 sums lose the 1.0
+    prepared = _prepared(lambda t: t.sum(-1), x)
+    assert float(prepared.expected) != 4.0, "torch's float32 sum is inexact here"
+    assert as_accurate_as_torch(prepared, np.array([4.0], np.float32)), "the exact sum"
+    assert as_accurate_as_torch(prepared, prepared.expected.numpy()), "torch's own sum"
+    assert not as_accurate_as_torch(prepared, np.array([40.0], np.float32)), "off by far more than torch"
+
+
+def test_well_conditioned_results_get_no_slack():
+    x = torch.linspace(1, 2, 16, dtype=torch.float32)
+    prepared = _prepared(torch.exp, x)
+    ours = prepared.expected.numpy() * np.float32(1 + 1e-4)  # 100x float32's tolerance
+    assert not as_accurate_as_torch(prepared, ours)
+    bf = x.to(torch.bfloat16)
+    prepared = _prepared(torch.exp, bf)
+    wrong = (prepared.expected.float() * 1.1).to(torch.bfloat16)
+    assert not as_accurate_as_torch(prepared, wrong.float().numpy().astype(np.float32))
