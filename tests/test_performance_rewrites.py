@@ -1,6 +1,6 @@
 """The lowerings and graph passes that exist for speed keep torch's numbers (and grads) exactly.
 
-Each rewrite takes a path that the generic OpInfo samples rarely reach: the 3/5/7-channel conv
+Each rewrite takes a path that the generic OpInfo samples rarely reach: the conv channel
 padding, channels-last pooling, conv + batch-norm folding, and attention's safe softmax and GQA.
 """
 
@@ -16,7 +16,7 @@ from torch import nn
 import torch2jax
 from torch2jax import interpreter, passes
 from torch2jax.ops.attention import scaled_dot_product_attention
-from torch2jax.ops.conv import convolution
+from torch2jax.ops.conv import _cpu_channel_padding, convolution
 from torch2jax.ops.pooling import avg_pool2d, max_pool2d_with_indices
 
 from .helpers import max_err
@@ -26,16 +26,16 @@ def _j(t: torch.Tensor) -> jax.Array:
     return jnp.asarray(t.detach().numpy())
 
 
-# --- convolution: odd channel counts padded to a multiple of 4 --------------------------------
+# --- convolution: channels padded onto XLA CPU's fast path ---------------------------------------
 
 
-@pytest.mark.parametrize("cin", [3, 5, 7])
+@pytest.mark.parametrize("cin, cout", [(3, 32), (5, 32), (7, 32), (3, 16), (8, 16), (16, 16), (4, 12)])
 @pytest.mark.parametrize("kernel, stride, padding, dilation", [(7, 2, 3, 1), (3, 1, 1, 1), (3, 2, 0, 2), (1, 1, 0, 1)])
-def test_conv_padded_channels_match_torch(cin, kernel, stride, padding, dilation):
+def test_conv_padded_channels_match_torch(cin, cout, kernel, stride, padding, dilation):
     torch.manual_seed(0)
     x = torch.randn(2, cin, 20, 20, requires_grad=True)
-    w = torch.randn(32, cin, kernel, kernel, requires_grad=True)
-    b = torch.randn(32)
+    w = torch.randn(cout, cin, kernel, kernel, requires_grad=True)
+    b = torch.randn(cout)
     want = torch.nn.functional.conv2d(x, w, b, stride, padding, dilation)
 
     def f(xj, wj):
@@ -50,6 +50,19 @@ def test_conv_padded_channels_match_torch(cin, kernel, stride, padding, dilation
     assert gx.shape == tuple(x.shape) and gw.shape == tuple(w.shape)
     np.testing.assert_allclose(np.asarray(gx), x.grad.numpy(), rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(np.asarray(gw), w.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_conv_channel_padding_choices():
+    def extra(cin, cout, stride=1, dtype=jnp.float32):
+        x, w = jnp.zeros((1, cin, 8, 8), dtype), jnp.zeros((cout, cin, 3, 3), dtype)
+        return _cpu_channel_padding(x, w, (stride, stride), (1, 1))
+
+    assert extra(3, 64) == (1, 0), "odd input channels on YNNPACK: to a multiple of 4"
+    assert extra(32, 64) is None, "already fast"
+    assert extra(3, 16) == (1, 16), "a small conv: widened to 32 outputs, onto YNNPACK"
+    assert extra(16, 16) == (0, 16)
+    assert extra(3, 16, stride=2) is None, "widening measured on stride 1 only"
+    assert extra(3, 16, dtype=jnp.bfloat16) is None
 
 
 def test_conv_grouped_and_unbatched_are_not_padded():

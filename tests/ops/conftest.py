@@ -48,6 +48,7 @@ def pytest_sessionfinish(session, exitstatus):
         "by_dtype": {d: dict(c) for d, c in sorted(by_dtype.items())},
         "samples_by_dtype": {d: dict(c) for d, c in sorted(samples_by_dtype.items())},
         "cases": dict(sorted(_OUTCOMES.items())),
+        "case_samples": dict(sorted(_SAMPLES.items())),
         "failures": dict(sorted(_REASONS.items())),
     }
     with open(path, "w") as f:

@@ -49,8 +49,13 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
                 preferred_element_type=acc,
             )
 
-        if _odd_channels_on_ynnpack(x, weight):  # a CPU-only detour: other platforms run the plain conv
-            out = lax.platform_dependent(x, weight, cpu=lambda x, w: conv(*_pad_channels(x, w)), default=conv)
+        extra = _cpu_channel_padding(x, weight, stride, dilation)
+        if extra:  # a CPU-only detour: other platforms run the plain conv
+
+            def padded(x, weight):
+                return conv(*_pad_channels(x, weight, *extra))[:, : weight.shape[0]]
+
+            out = lax.platform_dependent(x, weight, cpu=padded, default=conv)
         else:
             out = conv(x, weight)
     else:
@@ -61,23 +66,29 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     return out[0] if unbatched else out
 
 
-def _odd_channels_on_ynnpack(x, weight) -> bool:
-    """A 2-d float32 conv with 3, 5 or 7 input channels that XLA CPU runs through YNNPACK.
+def _cpu_channel_padding(x, weight, stride, dilation) -> tuple[int, int] | None:
+    """Zero channels (input, output) to add so XLA CPU runs a 2-d float32 conv on its fast path.
 
-    XLA CPU (jaxlib 0.10) runs 2-d float32 convolutions with more than 16 channels through YNNPACK,
-    which is 3-7x slower with an odd channel count than with the padded one (resnet's 7x7 stem:
-    8.5 ms -> 1.9 ms).
+    XLA CPU (jaxlib 0.10) runs a 2-d float32 conv through YNNPACK when a side has more than 16
+    channels and through a generic kernel otherwise, which is 2-5x slower: a small stride-1 conv
+    (a CNN's 3 -> 16 stem) is widened to 32 output channels and sliced back (8x3x64x64: 5.3 ->
+    2.7 ms; 8x8x32x32 -> 16: 1.22 -> 1.01 ms). YNNPACK is itself 3-7x slower with 3, 5 or 7 input
+    channels than with a multiple of 4 (resnet's 7x7 stem: 8.5 -> 1.9 ms). None: leave it.
     """
-    cin = x.shape[1]
-    if weight.ndim != 4 or x.dtype != jnp.float32 or weight.dtype != jnp.float32 or cin not in (3, 5, 7):
-        return False
-    return weight.shape[1] == cin and max(cin, weight.shape[0]) > 16  # not grouped, and a YNNPACK conv
+    if weight.ndim != 4 or x.dtype != jnp.float32 or weight.dtype != jnp.float32 or weight.shape[1] != x.shape[1]:
+        return None  # not 2-d float32, or grouped
+    cin, cout = x.shape[1], weight.shape[0]
+    if max(cin, cout) > 16:  # already on YNNPACK
+        return (-cin % 4, 0) if cin in (3, 5, 7) else None
+    if any(s != 1 for s in stride) or any(d != 1 for d in dilation):
+        return None  # widening measured on stride-1 convs only
+    return (-cin % 4, 32 - cout)
 
 
-def _pad_channels(x, weight):
-    """Zero input channels up to a multiple of 4, in both operands: they add exact zeros."""
-    extra = (0, -x.shape[1] % 4)
-    return jnp.pad(x, ((0, 0), extra, (0, 0), (0, 0))), jnp.pad(weight, ((0, 0), extra, (0, 0), (0, 0)))
+def _pad_channels(x, weight, add_in: int, add_out: int):
+    """Zero input channels in both operands (they add exact zeros) and zero output filters (sliced off)."""
+    x = jnp.pad(x, ((0, 0), (0, add_in), (0, 0), (0, 0)))
+    return x, jnp.pad(weight, ((0, add_out), (0, add_in), (0, 0), (0, 0)))
 
 
 def _conv_transpose(x, weight, stride, padding, dilation, output_padding, groups, acc):
