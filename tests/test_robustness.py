@@ -49,7 +49,7 @@ def test_failing_orbax_save_is_an_error(converted, tmp_path, monkeypatch):
     def broken_save(self, *args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(ocp.StandardCheckpointer, "save", broken_save)
+    monkeypatch.setattr(ocp.AsyncCheckpointer, "save", broken_save)  # what artifact.save writes params with
     with pytest.raises(torch2jax.ArtifactError, match="disk full"):
         torch2jax.save(converted("mlp")[2], tmp_path / "art")
     assert list(tmp_path.iterdir()) == []
