@@ -222,7 +222,7 @@ def rrelu_with_noise(ctx, x, noise, lower=0.125, upper=1.0 / 3.0, training=False
     return out, jnp.where(neg, a, jnp.ones_like(a)).astype(noise.dtype)
 
 
-# The set the interpreter checks to decide whether a graph needs a key.
+# Ops that always draw; draws_random (what the interpreter asks) also consults _RANDOM_WHEN.
 RANDOM_OPS: frozenset[str] = frozenset(_RANDOM)
 
 # Ops that draw only for some arguments (attention with dropout_p > 0): op -> "does this node draw?"
