@@ -571,6 +571,7 @@ def lcm(ctx, x, y):
 # --- casts and copies -----------------------------------------------------------------------
 
 
+@lowers("prims.convert_element_type.default")
 def convert(x, dtype):
     """astype with torch's float -> narrow integer conversion (through int32, wrapping)."""
     x = jnp.asarray(x)
@@ -578,11 +579,6 @@ def convert(x, dtype):
     if is_floating(x.dtype) and is_integer(dtype) and dtype.itemsize < 4:
         return x.astype(jnp.int32).astype(dtype)
     return x.astype(dtype)
-
-
-@lowers("prims.convert_element_type.default")
-def convert_element_type(x, dtype):
-    return convert(x, dtype)
 
 
 @lowers("aten._to_copy.default")
