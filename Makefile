@@ -19,10 +19,15 @@ $(STAMP): pyproject.toml
 test: install
 	$(PY) -m pytest -q -n 2 -m "not slow"
 
-# Every OpInfo, every dtype, every sample; records docs/opinfo_results.json for `make docs`.
+# Every OpInfo, every dtype, every sample; records docs/opinfo_results.json (after every case) for `make docs`.
+# Hours on 2 cores: `OPINFO_DTYPE=float32` sweeps one dtype and keeps the report's others; `RESUME=1` goes on
+# from the report, skipping the cases it already has at every sample.
+OPINFO_DTYPE ?=
+RESUME ?=
 test-ops-full: install
-	T2J_OPINFO_DTYPES=all T2J_OPINFO_SAMPLES=0 T2J_OPINFO_REPORT=docs/opinfo_results.json T2J_RUN_KNOWN_FAILURES=1 \
-		$(PY) -m pytest -q -n 2 tests/ops
+	T2J_OPINFO_DTYPES=$(or $(OPINFO_DTYPE),all) T2J_OPINFO_MERGE=$(if $(OPINFO_DTYPE),1,) T2J_OPINFO_RESUME=$(RESUME) \
+		T2J_OPINFO_SAMPLES=0 T2J_OPINFO_REPORT=docs/opinfo_results.json T2J_RUN_KNOWN_FAILURES=1 \
+		$(PY) -m pytest -q -n 2 $(if $(OPINFO_DTYPE),tests/ops/test_opinfo.py,tests/ops)
 
 # The slow model tier: benchmark-sized configs and the rest of the bfloat16 variants (tests/models, -m slow).
 test-models-full: install

@@ -110,6 +110,81 @@ def resnet() -> BenchCase:
                      f"{BATCH}x3x64x64")
 
 
+def t5() -> BenchCase:
+    from transformers import T5Config, T5Model
+
+    cfg = T5Config(num_layers=LAYERS, num_decoder_layers=LAYERS, d_model=HIDDEN, d_kv=HIDDEN // HEADS, num_heads=HEADS,
+                   d_ff=FFN, vocab_size=VOCAB, use_cache=False)
+    inputs = {"input_ids": _ids(), "decoder_input_ids": torch.randint(0, VOCAB, (BATCH, SEQ // 4))}
+    dims = {"input_ids": TEXT_DIMS, "decoder_input_ids": {0: "batch", 1: {"name": "dec_seq", "max": MAX_SEQ}}}
+    return BenchCase(T5Model(cfg), inputs, dims, f"{BATCH}x{SEQ} + {BATCH}x{SEQ // 4} tokens")
+
+
+def mixtral() -> BenchCase:
+    """Fewer tokens than the others: transformers' exportable expert path gathers each token's expert weights."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    cfg = MixtralConfig(num_hidden_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, num_key_value_heads=HEADS // 2,
+                        intermediate_size=FFN // 2, vocab_size=VOCAB, max_position_embeddings=MAX_SEQ, num_local_experts=4,
+                        num_experts_per_tok=2, use_cache=False, experts_implementation="batched_mm")
+    ids = torch.randint(0, VOCAB, (2, SEQ // 2))
+    return BenchCase(MixtralForCausalLM(cfg), {"input_ids": ids}, {"input_ids": TEXT_DIMS}, f"2x{SEQ // 2} tokens")
+
+
+def whisper() -> BenchCase:
+    from transformers import WhisperConfig, WhisperModel
+
+    mels, frames = 80, 2 * SEQ
+    cfg = WhisperConfig(encoder_layers=LAYERS, decoder_layers=LAYERS, d_model=HIDDEN, encoder_attention_heads=HEADS,
+                        decoder_attention_heads=HEADS, encoder_ffn_dim=FFN, decoder_ffn_dim=FFN, num_mel_bins=mels,
+                        max_source_positions=frames // 2, max_target_positions=MAX_SEQ, vocab_size=VOCAB, pad_token_id=0,
+                        bos_token_id=1, eos_token_id=2, decoder_start_token_id=1, use_cache=False)
+    inputs = {"input_features": torch.randn(BATCH, mels, frames), "decoder_input_ids": torch.randint(0, VOCAB, (BATCH, SEQ // 4))}
+    dims = {"input_features": {0: "batch"}, "decoder_input_ids": {0: "batch", 1: {"name": "dec_seq", "max": MAX_SEQ}}}
+    return BenchCase(WhisperModel(cfg), inputs, dims, f"{BATCH}x{mels}x{frames} mel + {BATCH}x{SEQ // 4} tokens")
+
+
+def clip() -> BenchCase:
+    from transformers import CLIPConfig, CLIPModel
+
+    tower = {"num_hidden_layers": LAYERS, "hidden_size": HIDDEN, "num_attention_heads": HEADS, "intermediate_size": FFN}
+    cfg = CLIPConfig(text_config={**tower, "vocab_size": VOCAB, "max_position_embeddings": MAX_SEQ},
+                     vision_config={**tower, "image_size": 64, "patch_size": 8}, projection_dim=HIDDEN // 2)
+    inputs = {"input_ids": _ids(), "pixel_values": torch.randn(BATCH, 3, 64, 64)}
+    return BenchCase(CLIPModel(cfg), inputs, {"input_ids": TEXT_DIMS, "pixel_values": IMAGE_DIMS},
+                     f"{BATCH}x{SEQ} tokens + {BATCH}x3x64x64")
+
+
+def convnext() -> BenchCase:
+    from transformers import ConvNextConfig, ConvNextModel
+
+    cfg = ConvNextConfig(hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1])
+    return BenchCase(ConvNextModel(cfg), {"pixel_values": torch.randn(BATCH, 3, 64, 64)}, {"pixel_values": IMAGE_DIMS},
+                     f"{BATCH}x3x64x64")
+
+
+def swin() -> BenchCase:
+    from transformers import SwinConfig, SwinModel
+
+    cfg = SwinConfig(image_size=64, patch_size=4, embed_dim=64, depths=[2, 2], num_heads=[2, 4], window_size=4)
+    return BenchCase(SwinModel(cfg), {"pixel_values": torch.randn(BATCH, 3, 64, 64)}, {"pixel_values": IMAGE_DIMS},
+                     f"{BATCH}x3x64x64")
+
+
+def lstm() -> BenchCase:
+    from sample_models.recurrent import LSTMTagger
+
+    module = LSTMTagger(vocab=VOCAB, dim=HIDDEN // 2, hidden=HIDDEN // 2, gru_hidden=HIDDEN // 2, tags=16)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ // 2))
+    return BenchCase(module, {"ids": ids}, {"ids": {0: "batch"}}, f"{BATCH}x{SEQ // 2} tokens")
+
+
+def unet() -> BenchCase:
+    from sample_models.unet import TinyUNet
+
+    return BenchCase(TinyUNet(channels=32), {"x": torch.randn(BATCH, 3, 64, 64)}, {"x": IMAGE_DIMS}, f"{BATCH}x3x64x64")
+
+
 MODELS: dict[str, Callable[[], BenchCase]] = {
     "mlp": mlp,
     "cnn": cnn,
@@ -119,6 +194,14 @@ MODELS: dict[str, Callable[[], BenchCase]] = {
     "llama": llama,
     "vit": vit,
     "resnet": resnet,
+    "t5": t5,
+    "mixtral": mixtral,
+    "whisper": whisper,
+    "clip": clip,
+    "convnext": convnext,
+    "swin": swin,
+    "lstm": lstm,
+    "unet": unet,
     "wide_mlp": wide_mlp,
 }
 QUICK_MODELS = ["mlp", "tiny_gpt", "bert"]

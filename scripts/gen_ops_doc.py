@@ -85,12 +85,19 @@ def _sweep_section() -> list[str]:
     if not path.exists():
         return ["No OpInfo sweep recorded yet: run `make test-ops-full`.", ""]
     data = json.loads(path.read_text())
+    quotas = data["samples_per_op"]
+    if not isinstance(quotas, dict):  # an older report: one quota for every dtype
+        quotas = {dtype: quotas for dtype in data["by_dtype"]}
+
+    def quota(dtype: str) -> str:
+        return {"0": "all"}.get(str(quotas.get(dtype)), str(quotas.get(dtype)))
+
     out = [
         "## OpInfo sweep",
         "",
-        f"PyTorch's OpInfo database, each (op, dtype) case exported, converted, run under jax.jit and compared with "
-        f"torch eager (samples per case: {data['samples_per_op']}, 0 = all; dtypes: "
-        f"{'every one the op supports of float32, bfloat16, int32, bool' if data['dtypes'] == 'all' else 'float32 and one more in turn'}). "
+        "PyTorch's OpInfo database, each (op, dtype) case exported, converted, run under jax.jit and compared with "
+        "torch eager, in every dtype the op supports of float32, bfloat16, int32 and bool (samples per case: the "
+        "column below; `all` = every sample the OpInfo generates). "
         "A sample matches when assert_close's dtype tolerances hold, or, where torch's own result is off the "
         "float64 one (cancellation in float32, bfloat16 kernels that round between steps), when each output "
         "element is within those tolerances plus twice torch's own error of the float64 result. "
@@ -101,27 +108,29 @@ def _sweep_section() -> list[str]:
         "the input values, which torch2jax refuses by design with the bounded alternative (docs/limitations.md). "
         "The pass rate counts skipped and refused cases as not passed.",
         "",
-        "| dtype | passed | failed | skipped (listed gap) | refused (data-dependent shape) | torch-limit | pass rate of exportable |",
-        "|---|---|---|---|---|---|---|",
+        "| dtype | samples per case | passed | failed | skipped (listed gap) | refused (data-dependent shape) | torch-limit "
+        "| pass rate of exportable |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for dtype, c in data["by_dtype"].items():
         exportable = sum(c.get(k, 0) for k in ("passed", "failed", "skipped", "refused"))
         rate = 100.0 * c.get("passed", 0) / exportable if exportable else 0.0
         counts = " | ".join(str(c.get(k, 0)) for k in ("passed", "failed", "skipped", "refused", "torch-limit"))
-        out.append(f"| {dtype} | {counts} | {rate:.1f}% |")
+        out.append(f"| {dtype} | {quota(dtype)} | {counts} | {rate:.1f}% |")
     if data.get("samples_by_dtype"):
         out += [
             "",
             "Counted by sample (every sample of every case that ran; a skipped case's samples are not enumerated):",
             "",
-            "| dtype | samples passed | failed | refused (data-dependent shape) | torch-limit | pass rate of exportable |",
-            "|---|---|---|---|---|---|",
+            "| dtype | samples per case | samples passed | failed | refused (data-dependent shape) | torch-limit "
+            "| pass rate of exportable |",
+            "|---|---|---|---|---|---|---|",
         ]
         for dtype, c in data["samples_by_dtype"].items():
             exportable = sum(c.get(k, 0) for k in ("passed", "failed", "refused"))
             rate = 100.0 * c.get("passed", 0) / exportable if exportable else 0.0
             counts = " | ".join(str(c.get(k, 0)) for k in ("passed", "failed", "refused", "torch-limit"))
-            out.append(f"| {dtype} | {counts} | {rate:.1f}% |")
+            out.append(f"| {dtype} | {quota(dtype)} | {counts} | {rate:.1f}% |")
     return out + [""]
 
 

@@ -1,7 +1,8 @@
 """The lowerings and graph passes that exist for speed keep torch's numbers (and grads) exactly.
 
 Each rewrite takes a path that the generic OpInfo samples rarely reach: the conv channel
-padding, channels-last pooling, conv + batch-norm folding, and attention's safe softmax and GQA.
+padding, grouped convs as taps or one conv per group, channels-last pooling, conv + batch-norm
+folding, and attention's safe softmax and GQA.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from torch import nn
 import torch2jax
 from torch2jax import interpreter, passes
 from torch2jax.ops.attention import scaled_dot_product_attention
-from torch2jax.ops.conv import _cpu_channel_padding, convolution
+from torch2jax.ops.conv import _cpu_channel_padding, _cpu_grouped_route, convolution
 from torch2jax.ops.pooling import avg_pool2d, max_pool2d_with_indices
 
 from .helpers import max_err
@@ -48,8 +49,74 @@ def test_conv_padded_channels_match_torch(cin, cout, kernel, stride, padding, di
     gx, gw = jax.grad(lambda xj, wj: jnp.sum(f(xj, wj) ** 2), argnums=(0, 1))(_j(x), _j(w))
     (want**2).sum().backward()
     assert gx.shape == tuple(x.shape) and gw.shape == tuple(w.shape)
-    np.testing.assert_allclose(np.asarray(gx), x.grad.numpy(), rtol=1e-4, atol=1e-3)
-    np.testing.assert_allclose(np.asarray(gw), w.grad.numpy(), rtol=1e-4, atol=1e-3)
+    # against the gradient's scale: an element that cancels to near zero still carries the rounding of
+    # the hundreds of large products it sums (the order differs with XLA's threading); a leak is O(scale)
+    for got_grad, want_grad in ((gx, x.grad), (gw, w.grad)):
+        assert max_err(got_grad, want_grad) < 1e-5 * float(want_grad.abs().max())
+
+
+# --- grouped convolution: taps (written out or looped) and one conv per group on CPU ---------------
+
+GROUPED = {  # (input shape, weight shape, groups, stride, padding, dilation): route
+    "depthwise 7x7 (loop)": ((2, 8, 11, 13), (8, 1, 7, 7), 8, 1, 3, 1),
+    "depthwise 3x3 (written out)": ((2, 8, 11, 13), (8, 1, 3, 3), 8, 1, 1, 1),
+    "channel multiplier 2": ((2, 8, 11, 13), (16, 1, 3, 3), 8, 1, 1, 1),
+    "strided": ((2, 8, 11, 13), (8, 1, 3, 3), 8, 2, 1, 1),
+    "dilated, no padding": ((2, 8, 11, 13), (8, 1, 3, 5), 8, 1, 0, 2),
+    "1-d, 31 taps (loop)": ((2, 12, 40), (12, 1, 31), 12, 1, 15, 1),
+    "3-d depthwise": ((2, 4, 5, 6, 7), (4, 1, 3, 3, 3), 4, 1, 1, 1),
+    "4 channels per group (loop)": ((2, 16, 9, 9), (32, 4, 3, 3), 4, 1, 1, 1),
+    "one conv per group": ((2, 64, 9, 9), (64, 32, 3, 3), 2, 1, 1, 1),
+    "1-d, one conv per group": ((2, 64, 40), (64, 16, 16), 4, 1, 8, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(GROUPED))
+def test_grouped_conv_matches_torch(case):
+    xs, ws, groups, stride, padding, dilation = GROUPED[case]
+    n = len(xs) - 2
+    torch.manual_seed(0)
+    x, w, b = torch.randn(*xs, requires_grad=True), torch.randn(*ws, requires_grad=True), torch.randn(ws[0])
+    conv = (torch.nn.functional.conv1d, torch.nn.functional.conv2d, torch.nn.functional.conv3d)[n - 1]
+    want = conv(x, w, b, stride, padding, dilation, groups)
+
+    def f(xj, wj):
+        return convolution(xj, wj, _j(b), [stride] * n, [padding] * n, [dilation] * n, False, [0] * n, groups)
+
+    got = jax.jit(f)(_j(x), _j(w))
+    assert got.shape == tuple(want.shape)
+    assert max_err(got, want) < 1e-5 * float(want.abs().max())
+    gx, gw = jax.grad(lambda xj, wj: jnp.sum(f(xj, wj) ** 2), argnums=(0, 1))(_j(x), _j(w))
+    (want**2).sum().backward()
+    for got_grad, want_grad in ((gx, x.grad), (gw, w.grad)):
+        assert max_err(got_grad, want_grad) < 1e-5 * float(want_grad.abs().max())
+    # bfloat16: accumulated in float32 and rounded once, as torch does
+    xb, wb, bb = (t.detach().bfloat16() for t in (x, w, b))
+    want_b = conv(xb, wb, bb, stride, padding, dilation, groups).float()
+    got_b = convolution(_j(xb.float()).astype(jnp.bfloat16), _j(wb.float()).astype(jnp.bfloat16),
+                        _j(bb.float()).astype(jnp.bfloat16), [stride] * n, [padding] * n, [dilation] * n, False, [0] * n, groups)
+    assert got_b.dtype == jnp.bfloat16
+    assert max_err(got_b.astype(jnp.float32), want_b) <= 2 ** -7 * float(want_b.abs().max())
+
+
+def test_grouped_conv_routes():
+    def route(ws, groups):
+        return _cpu_grouped_route(jnp.zeros(ws), groups)
+
+    assert route((32, 1, 7, 7), 32) == "taps", "depthwise: XLA CPU's grouped conv is 10-50x slower"
+    assert route((128, 4, 3, 3), 32) == "taps"
+    assert route((256, 128, 3, 3), 2) == "split", "wide groups: one YNNPACK conv each"
+    assert route((64, 8, 3, 3), 8) is None, "8 channels x 9 taps: neither measured faster"
+
+
+def test_grouped_conv_with_symbolic_spatial_dims_round_trips(tmp_path):
+    module = nn.Conv2d(8, 8, 7, padding=3, groups=8).eval()
+    model = torch2jax.convert(module, (torch.randn(2, 8, 12, 12),), dynamic_shapes={"input": {0: "batch", 2: "h", 3: "w"}})
+    torch2jax.save(model, tmp_path / "art")
+    loaded = torch2jax.load(tmp_path / "art")
+    for shape in [(3, 8, 9, 10), (1, 8, 16, 5)]:
+        x = torch.randn(*shape)
+        assert max_err(loaded(x.numpy()), module(x)) < 1e-5
 
 
 def test_conv_channel_padding_choices():

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from ..conftest import load_sample
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
@@ -169,46 +171,13 @@ def clip() -> Case:
                 {"input_ids": {0: "batch", 1: {"name": "seq", "max": 32}}, "pixel_values": {0: "batch"}})
 
 
-class LSTMTagger(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = torch.nn.Embedding(50, 16)
-        self.lstm = torch.nn.LSTM(16, 32, num_layers=2, batch_first=True, bidirectional=True)
-        self.gru = torch.nn.GRU(64, 16, batch_first=True)
-        self.out = torch.nn.Linear(16, 5)
-
-    def forward(self, ids):
-        h, _ = self.lstm(self.emb(ids))
-        h, _ = self.gru(h)
-        return self.out(h)
-
-
 def lstm_gru() -> Case:
     # torch unrolls the recurrence over time, so the sequence length is static; the batch stays symbolic
-    return Case(LSTMTagger(), (torch.randint(0, 50, (2, 7)),), {}, {"ids": {0: "batch"}})
-
-
-class TinyUNet(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        conv = torch.nn.Conv2d
-        self.down1 = torch.nn.Sequential(conv(3, 8, 3, padding=1), torch.nn.GroupNorm(2, 8), torch.nn.SiLU())
-        self.down2 = torch.nn.Sequential(conv(8, 16, 3, stride=2, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU())
-        self.mid = conv(16, 16, 3, padding=2, dilation=2)
-        self.up = torch.nn.ConvTranspose2d(16, 8, 4, stride=2, padding=1)
-        self.up2 = torch.nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
-        self.out = conv(16, 2, 1)
-
-    def forward(self, x):
-        d1 = self.down1(x)
-        d2 = self.down2(d1)
-        u = self.up(self.mid(d2))
-        skip = torch.nn.functional.avg_pool2d(self.up2(d1), 2)
-        return self.out(torch.cat([u, skip], dim=1))
+    return Case(load_sample("recurrent").LSTMTagger(), (torch.randint(0, 50, (2, 7)),), {}, {"ids": {0: "batch"}})
 
 
 def unet() -> Case:
-    return Case(TinyUNet(), (torch.randn(2, 3, 16, 16),), {}, {"x": {0: "batch"}})
+    return Case(load_sample("unet").TinyUNet(), (torch.randn(2, 3, 16, 16),), {}, {"x": {0: "batch"}})
 
 
 class BagScatter(torch.nn.Module):

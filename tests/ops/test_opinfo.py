@@ -2,7 +2,7 @@
 
 Default (make test), to stay inside CI's time: every op in float32, and every other op in one more
 dtype taken in turn (bfloat16, int32, bool), SAMPLES_PER_OP samples each. Full sweep (make test-ops-full):
-T2J_OPINFO_DTYPES=all T2J_OPINFO_SAMPLES=0, every dtype and every sample.
+T2J_OPINFO_DTYPES=all T2J_OPINFO_SAMPLES=0, every dtype and every sample (T2J_OPINFO_DTYPES=float32: one dtype).
 A sample torch.export cannot export is skipped as torch's limit; a sample whose output shape depends
 on its values (nonzero, unique, ...) is refused by the converter by design, and counted as not passed.
 Ops whose results torch leaves partly open are compared by what is defined (comparisons.py); known
@@ -24,14 +24,17 @@ from .opinfo_harness import SAMPLES_PER_OP, TorchLimit, case_id, convert_op_samp
 from .skips import SKIPS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int32": torch.int32, "bool": torch.bool}
-ALL_DTYPES = os.environ.get("T2J_OPINFO_DTYPES", "rotate") == "all"
+# "rotate" (make test), "all", or a comma-separated list of DTYPES names (a sweep one dtype at a time)
+DTYPE_CHOICE = os.environ.get("T2J_OPINFO_DTYPES", "rotate")
 KNOWN = {} if os.environ.get("T2J_RUN_KNOWN_FAILURES") else KNOWN_FAILURES
 
 
 def _dtypes_for(index: int, supported) -> list[str]:
     names = [name for name, dtype in DTYPES.items() if dtype in supported]
-    if ALL_DTYPES:
+    if DTYPE_CHOICE == "all":
         return names
+    if DTYPE_CHOICE != "rotate":
+        return [name for name in names if name in DTYPE_CHOICE.split(",")]
     if "float32" not in names:
         return names[:1]
     others = [n for n in names if n != "float32"]

@@ -5,6 +5,8 @@ Low-precision inputs compute statistics in float32 and cast back, as torch's ker
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 from jax import lax
 
@@ -46,7 +48,8 @@ def batch_norm_inference(x, weight, bias, running_mean, running_var, momentum, e
 @lowers("aten.native_group_norm.default")
 def native_group_norm(x, weight, bias, n, c, hw, group, eps):
     xf = _acc(x)
-    grouped = xf.reshape(x.shape[0], group, -1)
+    per_group = x.shape[1] // group * math.prod(x.shape[2:])  # spelled out: -1 cannot be inferred for an empty batch
+    grouped = xf.reshape(x.shape[0], group, per_group)
     mean = jnp.mean(grouped, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(grouped - mean), axis=-1, keepdims=True)
     rstd = lax.rsqrt(var + eps)
