@@ -284,3 +284,52 @@ def test_attention_gqa_matches_torch(causal):
     grads = jax.grad(lambda q_, k_: jnp.sum(scaled_dot_product_attention(None, q_, k_, _j(v), is_causal=causal, enable_gqa=True)),
                      argnums=(0, 1))(_j(q), _j(k))
     assert grads[0].shape == q.shape and grads[1].shape == k.shape and all(bool(jnp.isfinite(g).all()) for g in grads)
+
+
+# --- bmm of a weight broadcast over the batch: one matmul -------------------------------------------
+
+
+class SequenceProjection(nn.Module):
+    """x @ w.T over a whole (steps, batch, features) sequence in the form torch's decomposition gives
+    an LSTM's input projection, next to a bmm of a 3-d operand expanded from size 1 (left alone)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(12, 6))
+        self.batched = nn.Parameter(torch.randn(1, 6, 5))
+
+    def forward(self, x):
+        shared = torch.bmm(x, self.w.t().expand(x.shape[0], 6, 12))
+        per_step = torch.bmm(x, self.batched.expand(x.shape[0], 6, 5))
+        return shared, per_step
+
+
+def test_bmm_of_a_broadcast_weight_becomes_one_matmul():
+    torch.manual_seed(0)
+    module = SequenceProjection()
+    x = torch.randn(7, 3, 6)
+    model = torch2jax.convert(module, (x,), dynamic_shapes={"x": {0: "steps"}})
+    optimized = passes.optimize(model.graph)
+    assert sum(node.op == passes.MATMUL for node in optimized.nodes) == 1, "the 2-d weight's bmm is rewritten"
+    assert sum(node.op == passes.BMM for node in optimized.nodes) == 1, "a 3-d operand expanded from size 1 is left alone"
+    with torch.no_grad():
+        for steps in (7, 4):
+            x = torch.randn(steps, 3, 6)
+            for got, want in zip(model(x.numpy()), module(x)):
+                assert max_err(got, want) < 1e-5
+    grads = jax.grad(lambda p: jnp.sum(model.apply(p, x.numpy())[0] ** 2))(model.params)
+    (module(x)[0] ** 2).sum().backward()
+    assert max_err(grads["w"], module.w.grad) < 1e-4
+
+
+def test_lstm_matches_torch():
+    torch.manual_seed(0)
+    module = nn.LSTM(6, 8, num_layers=2, bidirectional=True, batch_first=True).eval()
+    x = torch.randn(3, 5, 6)
+    model = torch2jax.convert(module, (x,))
+    assert any(node.op == passes.BMM for node in model.graph.nodes), "torch's decomposition expands the weights"
+    assert not any(node.op == passes.BMM for node in passes.optimize(model.graph).nodes), "no copies of the weights"
+    with torch.no_grad():
+        want, (h, c) = module(x)
+    got, (gh, gc) = model(x.numpy())
+    assert max(max_err(got, want), max_err(gh, h), max_err(gc, c)) < 1e-5

@@ -15,11 +15,13 @@ from .graph import PARAM_KINDS, Graph, Node
 CONV = "aten.convolution.default"
 BATCH_NORM = "aten._native_batch_norm_legit_no_training.default"
 CONV_BATCH_NORM = "torch2jax.conv_batch_norm.default"
+BMM, MATMUL, EXPAND, VIEWS = "aten.bmm.default", "aten.matmul.default", "aten.expand.default", (
+    "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
 
 
 def optimize(graph: Graph) -> Graph:
     """Every pass, in order."""
-    return fold_conv_batch_norm(graph)
+    return shared_matmul_operand(fold_conv_batch_norm(graph))
 
 
 def _refs(value: Any, out: Counter) -> None:
@@ -73,3 +75,49 @@ def fold_conv_batch_norm(graph: Graph) -> Graph:
         return graph
     nodes = [fused.get(n.name, n) for n in graph.nodes if n.name not in dropped]
     return dataclasses.replace(graph, nodes=nodes)
+
+
+def shared_matmul_operand(graph: Graph) -> Graph:
+    """bmm(x, expand(w)) with a 2-d w broadcast over the batch becomes matmul(x, w).
+
+    torch decomposes a 3-d @ 2-d matmul (an RNN's input projection over the whole sequence) into
+    expanding the 2-d side to a batch of copies and a bmm; XLA then materializes the copies (8 MB
+    per LSTM layer and direction for 32 steps). matmul(x, w) is one GEMM over all rows instead.
+    """
+    by_name = {node.name: node for node in graph.nodes}
+    metas = {**{i.name: i.meta for i in graph.inputs}, **{n.name: n.meta for n in graph.nodes}}
+    uses = _uses(graph)
+    replaced: dict[str, Node] = {}
+    dropped: set[str] = set()
+    for node in graph.nodes:
+        if node.op != BMM or len(node.args) != 2 or node.kwargs:
+            continue
+        chain = _broadcast_2d(node.args[1], by_name, metas)
+        if chain is None:
+            continue
+        source, between = chain
+        replaced[node.name] = Node(node.name, MATMUL, [node.args[0], {"ref": source}], {}, node.meta, node.source)
+        dropped.update(name for name in between if uses[name] == 1)
+    if not replaced:
+        return graph
+    nodes = [replaced.get(n.name, n) for n in graph.nodes if n.name not in dropped]
+    return dataclasses.replace(graph, nodes=nodes)
+
+
+def _broadcast_2d(arg: Any, by_name: dict, metas: dict) -> tuple[str, list[str]] | None:
+    """(w, [the view and expand nodes]) when `arg` is (a view of) a 2-d w expanded along a new leading dim."""
+    between = []
+    node = by_name.get(arg.get("ref")) if isinstance(arg, dict) else None
+    if node is not None and node.op in VIEWS:
+        between.append(node.name)
+        node = by_name.get(node.args[0].get("ref")) if isinstance(node.args[0], dict) else None
+    if node is None or node.op != EXPAND or not isinstance(node.args[0], dict):
+        return None
+    between.append(node.name)
+    source, sizes = node.args[0].get("ref"), node.args[1]
+    meta = metas.get(source)
+    if source is None or not hasattr(meta, "shape") or len(meta.shape) != 2 or len(sizes) != 3:
+        return None
+    if any(size not in (-1, dim) for size, dim in zip(sizes[1:], meta.shape)):
+        return None
+    return source, between
