@@ -16,6 +16,7 @@ comparison does:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -259,12 +260,17 @@ def _fractional_max_pool(prepared: Prepared, model) -> None:
     kernel = (kernel,) * n_spatial if isinstance(kernel, int) else tuple(kernel)
     windows = np.lib.stride_tricks.sliding_window_view(x, kernel, axis=tuple(range(x.ndim - n_spatial, x.ndim)))
     maxima = windows.max(axis=tuple(range(-n_spatial, 0)))  # every window's max, by window start
-    flat = maxima.reshape(*maxima.shape[: x.ndim - n_spatial], -1)
-    hits = (out.reshape(*out.shape[: x.ndim - n_spatial], -1)[..., :, None] == flat[..., None, :]).any(-1)
+    lead = x.ndim - n_spatial
+
+    def planes(a):  # (*batch dims, the spatial plane flattened); no -1, which an empty batch cannot infer
+        return a.reshape(*a.shape[:lead], math.prod(a.shape[lead:]))
+
+    flat = planes(maxima)
+    hits = (planes(out)[..., :, None] == flat[..., None, :]).any(-1)
     assert hits.all(), "an output is not the maximum of any pooling window"
     if len(got) > 1:  # return_indices: flat positions within each spatial plane
-        indices = _numpy(got[1]).reshape(*out.shape[: x.ndim - n_spatial], -1)
-        plane = x.reshape(*x.shape[: x.ndim - n_spatial], -1)
+        indices = planes(_numpy(got[1]))
+        plane = planes(x)
         np.testing.assert_array_equal(np.take_along_axis(plane, indices.astype(np.int64), -1),
                                       out.reshape(indices.shape), err_msg="x[indices] != output")
 
