@@ -333,3 +333,27 @@ def test_lstm_matches_torch():
         want, (h, c) = module(x)
     got, (gh, gc) = model(x.numpy())
     assert max(max_err(got, want), max_err(gh, h), max_err(gc, c)) < 1e-5
+
+
+def test_bmm_rewrite_keeps_a_view_that_something_else_reads():
+    class SharedView(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(6, 4))
+
+        def forward(self, x):
+            expanded = self.w.expand(x.shape[0], 6, 4).reshape(x.shape[0], 6, 4)
+            return torch.bmm(x, expanded), expanded.sum()
+
+    torch.manual_seed(0)
+    module = SharedView()
+    x = torch.randn(3, 5, 6)
+    model = torch2jax.convert(module, (x,))
+    optimized = passes.optimize(model.graph)
+    names = {node.name for node in optimized.nodes} | {i.name for i in optimized.inputs}
+    for node in optimized.nodes:
+        refs = [a["ref"] for a in node.args if isinstance(a, dict) and "ref" in a]
+        assert all(ref in names for ref in refs), f"{node.name} reads a dropped node"
+    with torch.no_grad():
+        for got, want in zip(model(x.numpy()), module(x)):
+            assert max_err(got, want) < 1e-5

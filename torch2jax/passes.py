@@ -97,7 +97,10 @@ def shared_matmul_operand(graph: Graph) -> Graph:
             continue
         source, between = chain
         replaced[node.name] = Node(node.name, MATMUL, [node.args[0], {"ref": source}], {}, node.meta, node.source)
-        dropped.update(name for name in between if uses[name] == 1)
+        for name in between:  # the view, then the expand: each only if nothing else reads it
+            if uses[name] != 1:
+                break
+            dropped.add(name)
     if not replaced:
         return graph
     nodes = [replaced.get(n.name, n) for n in graph.nodes if n.name not in dropped]

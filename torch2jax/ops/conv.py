@@ -115,7 +115,7 @@ def _cpu_grouped_route(weight, groups: int) -> str | None:
     per_group, taps = weight.shape[1], math.prod(weight.shape[2:])
     if per_group * taps <= _TAPS_MAX:
         return "taps"
-    if per_group >= _SPLIT_MIN and groups <= 64:
+    if per_group >= _SPLIT_MIN and groups <= 64:  # a conv per group in the program: keep their number bounded
         return "split"
     return None
 
