@@ -89,8 +89,8 @@ def _sweep_section() -> list[str]:
     if not isinstance(quotas, dict):  # an older report: one quota for every dtype
         quotas = {dtype: quotas for dtype in data["by_dtype"]}
 
-    def quota(dtype: str) -> str:
-        return {"0": "all"}.get(str(quotas.get(dtype)), str(quotas.get(dtype)))
+    def quota(dtype: str) -> str:  # "0" is every sample; a dtype swept in pieces can list several
+        return ", ".join("all" if q == "0" else q for q in str(quotas.get(dtype)).split(", "))
 
     out = [
         "## OpInfo sweep",

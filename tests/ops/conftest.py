@@ -98,7 +98,7 @@ def merge_report(kept: dict, outcomes: dict, samples: dict, reasons: dict, quota
         "cases": cases,
         "case_samples": case_samples,
         "case_quota": case_quota,
-        "failures": merged({c: r for c, r in kept.get("failures", {}).items()}, reasons),
+        "failures": merged(kept.get("failures", {}), reasons),
     }
 
 

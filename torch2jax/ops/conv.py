@@ -53,16 +53,17 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
             )
 
         extra = _cpu_channel_padding(x, weight, stride, dilation)
+        route = _cpu_grouped_route(weight, groups) if groups > 1 else None
         if extra:  # a CPU-only detour: other platforms run the plain conv
 
             def padded(x, weight):
                 return conv(*_pad_channels(x, weight, *extra))[:, : weight.shape[0]]
 
             out = lax.platform_dependent(x, weight, cpu=padded, default=conv)
-        elif groups > 1 and _cpu_grouped_route(weight, groups):
+        elif route:
 
             def grouped(x, weight):
-                if _cpu_grouped_route(weight, groups) == "taps":
+                if route == "taps":
                     return _grouped_taps(x, weight, stride, padding, dilation, groups, acc)
                 parts = zip(jnp.split(x, groups, axis=1), jnp.split(weight, groups, axis=0))
                 return jnp.concatenate([conv(a, b, groups=1) for a, b in parts], axis=1)
