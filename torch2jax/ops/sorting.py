@@ -1,4 +1,4 @@
-"""Sorting and selection: sort, topk, kthvalue, median, nanmedian, mode, searchsorted, bucketize.
+"""Sorting and selection: sort, topk, kthvalue, median, nanmedian, mode, unique, searchsorted, bucketize.
 
 Torch's order: NaN is larger than every number (last ascending, first descending), -0.0 == 0.0,
 and stable sorts keep equal elements in input order (descending too). Where torch's index among
@@ -7,6 +7,8 @@ used.
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -146,6 +148,61 @@ def mode(x, dim=-1, keepdim=False):
     if keepdim:
         v, i = jnp.expand_dims(v, axis), jnp.expand_dims(i, axis)
     return v, i
+
+
+def _unique_rows(rows, k, sort):
+    """Distinct rows of a (n, m) array, `k` of them: (values (k, m), inverse (n,), counts (k,)).
+    Sorted lexicographically when `sort`, else runs of equal neighbouring rows (unique_consecutive)."""
+    n, m = rows.shape
+    order = jnp.arange(n, dtype=jnp.int32)
+    if sort and n > 1 and m > 0:
+        columns = [_key(rows[:, j]) for j in reversed(range(m))]  # lexsort: the last key is primary
+        order = jnp.lexsort(columns).astype(jnp.int32)
+    ordered = rows[order]
+    differs = jnp.any(ordered[1:] != ordered[:-1], axis=1)
+    starts = jnp.concatenate([jnp.ones((min(n, 1),), bool), differs])
+    group = jnp.cumsum(starts.astype(jnp.int32)) - 1
+    inverse = jnp.zeros((n,), jnp.int32).at[order].set(group)
+    counts = jnp.zeros((k,), jnp.int32).at[group].add(1)
+    values = jnp.zeros((k, m), rows.dtype).at[group].set(ordered)
+    return values, inverse, counts
+
+
+def _unique(ctx, x, dim, sort):
+    """unique / unique_consecutive, flattened (dim None) or along `dim`. Only graphs whose output
+    size torch knows without the values reach here (capture refuses the others as data-dependent),
+    so the size in the node's metadata is exact. Outputs torch was not asked for are empty, as the
+    metadata says."""
+    metas = ctx.out_meta
+    if dim is None:
+        k = ctx.shape_of(metas[0])[0]
+        values, inverse, counts = _unique_rows(x.reshape(-1, 1), k, sort)
+        results = (values.reshape(-1), inverse.reshape(x.shape), counts)
+    else:
+        axis = _axis(x, dim)
+        moved = jnp.moveaxis(x, axis, 0) if x.ndim else x.reshape(1)
+        k = ctx.shape_of(metas[0])[axis]
+        rows = moved.reshape(moved.shape[0], math.prod(moved.shape[1:]))
+        values, inverse, counts = _unique_rows(rows, k, sort)
+        values = values.reshape((k,) + moved.shape[1:])
+        results = (jnp.moveaxis(values, 0, axis) if x.ndim else values.reshape(()), inverse, counts)
+    wanted = [ctx.shape_of(meta) for meta in metas]
+    return tuple(r if r.shape == shape else jnp.zeros(shape, r.dtype) for r, shape in zip(results, wanted))
+
+
+@lowers("aten._unique2.default", ctx=True)
+def unique2(ctx, x, sorted=True, return_inverse=False, return_counts=False):
+    return _unique(ctx, x, None, sort=True)
+
+
+@lowers("aten.unique_dim.default", ctx=True)
+def unique_dim(ctx, x, dim, sorted=True, return_inverse=False, return_counts=False):
+    return _unique(ctx, x, dim, sort=True)
+
+
+@lowers("aten.unique_consecutive.default", ctx=True)
+def unique_consecutive(ctx, x, return_inverse=False, return_counts=False, dim=None):
+    return _unique(ctx, x, dim, sort=False)
 
 
 def _insertion_index(seq, values, right):
