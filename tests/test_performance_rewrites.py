@@ -357,3 +357,57 @@ def test_bmm_rewrite_keeps_a_view_that_something_else_reads():
     with torch.no_grad():
         for got, want in zip(model(x.numpy()), module(x)):
             assert max_err(got, want) < 1e-5
+
+
+# --- mixture of experts: gathered expert weights computed densely ---------------------------------
+
+
+class GatheredExperts(nn.Module):
+    """A router picks top-2 of `experts` expert matrices per token; each token's matrices are
+    gathered and applied with bmm, as transformers' exportable batched_mm experts do."""
+
+    def __init__(self, experts: int, dim: int = 8, hidden: int = 12):
+        super().__init__()
+        self.router = nn.Linear(dim, experts)
+        self.up = nn.Parameter(torch.randn(experts, hidden, dim) / dim**0.5)
+        self.down = nn.Parameter(torch.randn(experts, hidden, dim) / hidden**0.5)
+
+    def forward(self, x):
+        weights, ids = torch.topk(self.router(x).softmax(-1), 2)
+        ids = ids.reshape(-1)
+        rows = x.repeat_interleave(2, dim=0)
+        h = torch.bmm(self.up[ids], rows.unsqueeze(-1)).squeeze(-1).relu()  # experts on the left
+        out = torch.bmm(h.unsqueeze(1), self.down[ids]).squeeze(1)  # and on the right
+        return (out * weights.reshape(-1, 1)).view(x.shape[0], 2, -1).sum(1)
+
+
+@pytest.mark.parametrize("experts, rewritten", [(4, 2), (passes.DENSE_EXPERTS_MAX + 1, 0)])
+def test_gathered_expert_bmm_is_computed_densely(experts, rewritten):
+    torch.manual_seed(0)
+    module = GatheredExperts(experts)
+    x = torch.randn(10, 8)
+    model = torch2jax.convert(module, (x,), dynamic_shapes={"x": {0: "tokens"}})
+    optimized = passes.optimize(model.graph)
+    assert sum(node.op == passes.EXPERT_BMM for node in optimized.nodes) == rewritten
+    assert sum(node.op == passes.BMM for node in optimized.nodes) == 2 - rewritten
+    assert not any(node.op == passes.INDEX for node in optimized.nodes) or not rewritten, "the gathers are gone"
+    with torch.no_grad():
+        for tokens in (10, 3):
+            x = torch.randn(tokens, 8)
+            assert max_err(model(x.numpy()), module(x)) < 1e-5
+    grads = jax.grad(lambda p: jnp.sum(model.apply(p, x.numpy()) ** 2))(model.params)
+    (module(x) ** 2).sum().backward()
+    for name in ("up", "down", "router.weight"):
+        assert max_err(grads[name], dict(module.named_parameters())[name].grad) < 1e-5
+
+
+def test_gathered_expert_bmm_bfloat16_rounds_as_torch():
+    torch.manual_seed(0)
+    module = GatheredExperts(4).to(torch.bfloat16)
+    x = torch.randn(16, 8, dtype=torch.bfloat16)
+    model = torch2jax.convert(module, (x,))
+    assert any(node.op == passes.EXPERT_BMM for node in passes.optimize(model.graph).nodes)
+    with torch.no_grad():
+        want = module(x).float()
+    got = np.asarray(model(jnp.asarray(x.float().numpy(), jnp.bfloat16)), np.float32)
+    assert max_err(got, want) <= 2 ** -7 * float(want.abs().max())

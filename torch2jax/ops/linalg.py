@@ -52,6 +52,22 @@ def mm(a, b):
     return _product(a, b).astype(jnp.result_type(a, b))
 
 
+@lowers("torch2jax.expert_bmm.default")
+def expert_bmm(weights, ids, other, weights_first):
+    """bmm(weights[ids], other) if weights_first else bmm(other, weights[ids]), from every expert's
+    product with every row, then each row's pick (see passes.expert_matmul). Each picked value is
+    the same dot product as the gathered bmm's, in the same accumulation dtype."""
+    dtype = jnp.result_type(weights, other)
+    acc = _acc_dtype(dtype)
+    if weights_first:
+        every = jnp.einsum("enk,skm->senm", weights, other, preferred_element_type=acc)
+    else:
+        every = jnp.einsum("smk,ekn->semn", other, weights, preferred_element_type=acc)
+    ids = jnp.where(ids < 0, ids + weights.shape[0], ids)  # wrapped as index does; out-of-range ids clamp, as the gather did
+    picked = jnp.take_along_axis(every, ids.astype(jnp.int32)[:, None, None, None], axis=1, mode="clip")
+    return picked[:, 0].astype(dtype)
+
+
 @lowers("aten.mv.default")
 def mv(a, v):
     return _product(a, v).astype(jnp.result_type(a, v))
