@@ -411,3 +411,48 @@ def test_gathered_expert_bmm_bfloat16_rounds_as_torch():
         want = module(x).float()
     got = np.asarray(model(jnp.asarray(x.float().numpy(), jnp.bfloat16)), np.float32)
     assert max_err(got, want) <= 2 ** -7 * float(want.abs().max())
+
+
+# --- expensive elementwise values that a consumer broadcasts: computed once ------------------------
+
+
+class RotaryTables(nn.Module):
+    """cos/sin of a (seq, dim) angle table broadcast into per-head products, as in Llama's RoPE;
+    tanh of the input itself is only used at its own size."""
+
+    def __init__(self, dim: int = 8):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / 100 ** (torch.arange(0, dim, 2) / dim))
+
+    def forward(self, q, positions):
+        angles = positions[:, None].float() * self.inv_freq[None]
+        angles = torch.cat([angles, angles], -1)
+        cos, sin = angles.cos() * 0.5, angles.sin()
+        half = q.shape[-1] // 2
+        rotated = torch.cat([-q[..., half:], q[..., :half]], -1)
+        return q * cos[None, None] + rotated * sin[None, None] + q.tanh()
+
+
+def test_broadcast_transcendentals_are_computed_once(tmp_path):
+    torch.manual_seed(0)
+    module = RotaryTables()
+    q, positions = torch.randn(2, 3, 5, 8), torch.arange(5)
+    dims = {"q": {0: "batch", 2: "seq"}, "positions": {0: "seq"}}
+    model = torch2jax.convert(module, (q, positions), dynamic_shapes=dims)
+    wrapped = [node.args[0] for node in passes.optimize(model.graph).nodes if node.op == passes.COMPUTED_ONCE]
+    assert sorted(wrapped) == ["aten.cos.default", "aten.sin.default"], "tanh(q) is not broadcast"
+    with torch.no_grad():
+        want = module(q, positions)
+    assert max_err(model(q.numpy(), positions.numpy()), want) < 1e-5
+    hlo = jax.jit(model.apply).lower(model.params, q.numpy(), positions.numpy()).compile().as_text()
+    cos_shapes = {line.split(" = ")[1].split("{")[0] for line in hlo.splitlines() if " cosine(" in line}
+    assert cos_shapes and all(shape.count(",") < 3 for shape in cos_shapes), f"cos of the table, not per product: {cos_shapes}"
+    grad = jax.grad(lambda x: jnp.sum(model(x, positions.numpy()) ** 2))(jnp.asarray(q.numpy()))
+    q_ = q.clone().requires_grad_()
+    (module(q_, positions) ** 2).sum().backward()
+    assert max_err(grad, q_.grad) < 1e-4
+    torch2jax.save(model, tmp_path / "rope")
+    loaded = torch2jax.load(tmp_path / "rope")
+    q2, p2 = torch.randn(3, 3, 7, 8), torch.arange(7)
+    with torch.no_grad():
+        assert max_err(loaded(q2.numpy(), p2.numpy()), module(q2, p2)) < 1e-5

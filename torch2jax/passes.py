@@ -22,11 +22,24 @@ INDEX, EXPERT_BMM = "aten.index.Tensor", "torch2jax.expert_bmm.default"
 # weights (XLA CPU, 1024x256 experts, 128 rows: gather + bmm 113 ms; dense 11 ms at 4 experts,
 # 32 ms at 16, 87 ms at 32; at 64 experts of 512x256 dense is 2.1x slower).
 DENSE_EXPERTS_MAX = 16
+COMPUTED_ONCE = "torch2jax.computed_once.default"
+# Unary ops that cost several times a multiply-add per element: XLA fuses them into each consumer,
+# and a consumer that broadcasts the result then recomputes them for every element it writes.
+EXPENSIVE_UNARY = frozenset(f"aten.{name}.default" for name in (
+    "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos", "tan",
+    "asin", "acos", "atan", "sinh", "cosh", "tanh", "erf", "erfc", "sigmoid"))
+# Ops XLA fuses along with their input without changing which elements are read: followed when
+# looking for the consumer that broadcasts an expensive value.
+_CARRIES = frozenset({*VIEWS, "aten.unsqueeze.default", "aten.squeeze.dims", "aten.squeeze.dim",
+                      "aten.permute.default", "aten.slice.Tensor", "aten.select.int", "aten._to_copy.default",
+                      "aten.clone.default", "aten.alias.default", "aten.neg.default"})
+_BINARY = frozenset({"aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.div.Tensor", "aten.where.self",
+                     "aten.maximum.default", "aten.minimum.default"})
 
 
 def optimize(graph: Graph) -> Graph:
     """Every pass, in order."""
-    return expert_matmul(shared_matmul_operand(fold_conv_batch_norm(graph)))
+    return computed_once(expert_matmul(shared_matmul_operand(fold_conv_batch_norm(graph))))
 
 
 def _refs(value: Any, out: Counter) -> None:
@@ -182,3 +195,56 @@ def _expert_gather(arg: Any, by_name: dict, metas: dict) -> tuple[dict, dict] | 
     if not isinstance(experts, int) or experts > DENSE_EXPERTS_MAX or ids_meta.dtype not in ("int64", "int32"):
         return None
     return weights, indices[0]
+
+
+def computed_once(graph: Graph) -> Graph:
+    """An expensive unary op whose result some consumer broadcasts is computed once, on its own.
+
+    Llama's rotary tables are cos and sin of a (1, seq, head_dim) array, multiplied into q and k of
+    every layer (batch x heads times larger): XLA CPU fused cos/sin into each of those products and
+    recomputed them per element, 10x the cost of the products themselves (4.7 vs 0.47 ms for four
+    8x4x64x64 products). The op is wrapped in a node whose lowering keeps it out of the consumers.
+    """
+    consumers: dict[str, list[Node]] = {}
+    for node in graph.nodes:
+        for ref in _node_refs(node):
+            consumers.setdefault(ref, []).append(node)
+    metas = {**{i.name: i.meta for i in graph.inputs}, **{n.name: n.meta for n in graph.nodes}}
+    replaced = {}
+    for node in graph.nodes:
+        if node.op in EXPENSIVE_UNARY and len(node.args) == 1 and not node.kwargs and _broadcast_later(node.name, consumers, metas):
+            replaced[node.name] = Node(node.name, COMPUTED_ONCE, [node.op, node.args[0]], {}, node.meta, node.source)
+    if not replaced:
+        return graph
+    return dataclasses.replace(graph, nodes=[replaced.get(n.name, n) for n in graph.nodes])
+
+
+def _node_refs(node: Node) -> list[str]:
+    refs: Counter = Counter()
+    _refs(node.args, refs)
+    _refs(node.kwargs, refs)
+    return list(refs)
+
+
+def _broadcast_later(name: str, consumers: dict, metas: dict, depth: int = 6) -> bool:
+    """Whether the value `name`, through ops that carry it element for element, meets an expand or a
+    binary op whose output has more elements than it (a size-1 or missing dim made larger)."""
+    if depth == 0:
+        return False
+    for user in consumers.get(name, []):
+        if user.op == EXPAND:
+            return True
+        if user.op in _BINARY and _broadcasts(metas.get(name), user.meta):
+            return True
+        if (user.op in _CARRIES or user.op in _BINARY) and _broadcast_later(user.name, consumers, metas, depth - 1):
+            return True
+    return False
+
+
+def _broadcasts(operand: Any, result: Any) -> bool:
+    if not hasattr(operand, "shape") or not hasattr(result, "shape"):
+        return False
+    small, large = list(operand.shape), list(result.shape)
+    if len(small) < len(large):
+        return True
+    return any(a == 1 and b != 1 for a, b in zip(reversed(small), reversed(large)))

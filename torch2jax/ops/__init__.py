@@ -14,6 +14,7 @@ from . import (  # noqa: F401
     linalg_decomp,
     losses,
     normalization,
+    placement,
     pooling,
     prims,
     random,
