@@ -417,12 +417,14 @@ def test_gathered_expert_bmm_bfloat16_rounds_as_torch():
 
 
 class RotaryTables(nn.Module):
-    """cos/sin of a (seq, dim) angle table broadcast into per-head products, as in Llama's RoPE;
-    tanh of the input itself is only used at its own size."""
+    """cos/sin of a (seq, dim) angle table broadcast into per-head products, as in Llama's RoPE, and
+    a per-position bias looked up in a table (T5's relative bias); tanh of the input itself is only
+    used at its own size."""
 
     def __init__(self, dim: int = 8):
         super().__init__()
         self.register_buffer("inv_freq", 1.0 / 100 ** (torch.arange(0, dim, 2) / dim))
+        self.bias = nn.Embedding(16, dim)
 
     def forward(self, q, positions):
         angles = positions[:, None].float() * self.inv_freq[None]
@@ -430,17 +432,17 @@ class RotaryTables(nn.Module):
         cos, sin = angles.cos() * 0.5, angles.sin()
         half = q.shape[-1] // 2
         rotated = torch.cat([-q[..., half:], q[..., :half]], -1)
-        return q * cos[None, None] + rotated * sin[None, None] + q.tanh()
+        return q * cos[None, None] + rotated * sin[None, None] + q.tanh() + self.bias(positions)[None, None]
 
 
-def test_broadcast_transcendentals_are_computed_once(tmp_path):
+def test_broadcast_costly_ops_are_computed_once(tmp_path):
     torch.manual_seed(0)
     module = RotaryTables()
     q, positions = torch.randn(2, 3, 5, 8), torch.arange(5)
     dims = {"q": {0: "batch", 2: "seq"}, "positions": {0: "seq"}}
     model = torch2jax.convert(module, (q, positions), dynamic_shapes=dims)
     wrapped = [node.args[0] for node in passes.optimize(model.graph).nodes if node.op == passes.COMPUTED_ONCE]
-    assert sorted(wrapped) == ["aten.cos.default", "aten.sin.default"], "tanh(q) is not broadcast"
+    assert sorted(wrapped) == ["aten.cos.default", "aten.embedding.default", "aten.sin.default"], "tanh(q) is not"
     with torch.no_grad():
         want = module(q, positions)
     assert max_err(model(q.numpy(), positions.numpy()), want) < 1e-5
@@ -451,6 +453,8 @@ def test_broadcast_transcendentals_are_computed_once(tmp_path):
     q_ = q.clone().requires_grad_()
     (module(q_, positions) ** 2).sum().backward()
     assert max_err(grad, q_.grad) < 1e-4
+    param_grads = jax.grad(lambda p: jnp.sum(model.apply(p, q.numpy(), positions.numpy()) ** 2))(model.params)
+    assert max_err(param_grads["bias.weight"], module.bias.weight.grad) < 1e-4, "the table's grads pass the conditional"
     torch2jax.save(model, tmp_path / "rope")
     loaded = torch2jax.load(tmp_path / "rope")
     q2, p2 = torch.randn(3, 3, 7, 8), torch.arange(7)

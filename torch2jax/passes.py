@@ -23,11 +23,13 @@ INDEX, EXPERT_BMM = "aten.index.Tensor", "torch2jax.expert_bmm.default"
 # 32 ms at 16, 87 ms at 32; at 64 experts of 512x256 dense is 2.1x slower).
 DENSE_EXPERTS_MAX = 16
 COMPUTED_ONCE = "torch2jax.computed_once.default"
-# Unary ops that cost several times a multiply-add per element: XLA fuses them into each consumer,
-# and a consumer that broadcasts the result then recomputes them for every element it writes.
-EXPENSIVE_UNARY = frozenset(f"aten.{name}.default" for name in (
-    "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos", "tan",
-    "asin", "acos", "atan", "sinh", "cosh", "tanh", "erf", "erfc", "sigmoid"))
+# Ops that cost several times a multiply-add per element (transcendentals, gathers): XLA fuses them
+# into each consumer, and a consumer that broadcasts the result recomputes them per element it writes.
+COSTLY = frozenset({
+    *(f"aten.{name}.default" for name in (
+        "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos", "tan",
+        "asin", "acos", "atan", "sinh", "cosh", "tanh", "erf", "erfc", "sigmoid", "embedding")),
+    "aten.index.Tensor"})
 # Ops XLA fuses along with their input without changing which elements are read: followed when
 # looking for the consumer that broadcasts an expensive value.
 _CARRIES = frozenset({*VIEWS, "aten.unsqueeze.default", "aten.squeeze.dims", "aten.squeeze.dim",
@@ -198,12 +200,14 @@ def _expert_gather(arg: Any, by_name: dict, metas: dict) -> tuple[dict, dict] | 
 
 
 def computed_once(graph: Graph) -> Graph:
-    """An expensive unary op whose result some consumer broadcasts is computed once, on its own.
+    """A costly op whose result some consumer broadcasts is computed once, on its own.
 
     Llama's rotary tables are cos and sin of a (1, seq, head_dim) array, multiplied into q and k of
     every layer (batch x heads times larger): XLA CPU fused cos/sin into each of those products and
     recomputed them per element, 10x the cost of the products themselves (4.7 vs 0.47 ms for four
-    8x4x64x64 products). The op is wrapped in a node whose lowering keeps it out of the consumers.
+    8x4x64x64 products). T5's relative position bias, a gather from a (buckets, heads) table, was
+    likewise gathered again for every batch element inside each layer's softmax. The op is wrapped
+    in a node whose lowering keeps it out of the consumers (ops/placement.py).
     """
     consumers: dict[str, list[Node]] = {}
     for node in graph.nodes:
@@ -212,8 +216,8 @@ def computed_once(graph: Graph) -> Graph:
     metas = {**{i.name: i.meta for i in graph.inputs}, **{n.name: n.meta for n in graph.nodes}}
     replaced = {}
     for node in graph.nodes:
-        if node.op in EXPENSIVE_UNARY and len(node.args) == 1 and not node.kwargs and _broadcast_later(node.name, consumers, metas):
-            replaced[node.name] = Node(node.name, COMPUTED_ONCE, [node.op, node.args[0]], {}, node.meta, node.source)
+        if node.op in COSTLY and _broadcast_later(node.name, consumers, metas):
+            replaced[node.name] = Node(node.name, COMPUTED_ONCE, [node.op, *node.args], node.kwargs, node.meta, node.source)
     if not replaced:
         return graph
     return dataclasses.replace(graph, nodes=[replaced.get(n.name, n) for n in graph.nodes])

@@ -1,15 +1,19 @@
 """Where XLA computes a value: `torch2jax.computed_once`, added by passes.computed_once.
 
-XLA CPU fuses elementwise producers into their consumers even when a consumer broadcasts the
-producer's result, so an expensive op (cos, exp, ...) is then recomputed for every element the
-consumer writes. `lax.optimization_barrier` does not stop this on XLA CPU (it is gone before
-fusion runs). A conditional does: its branches are separate computations, so the op is computed
-once into a buffer that the consumers read. Both branches compute the same op; the predicate only
-has to be unknown at compile time. CPU only: on GPUs a conditional costs a device-to-host sync.
+XLA CPU fuses elementwise producers (and gathers) into their consumers even when a consumer
+broadcasts the producer's result, so a costly op (cos, exp, a table lookup) is then recomputed for
+every element the consumer writes. `lax.optimization_barrier` does not stop this on XLA CPU (it is
+gone before fusion runs). A conditional does: its branches are separate computations, so the op is
+computed once into a buffer that the consumers read. Both branches compute the same op; the
+predicate only has to be unknown at compile time. CPU only: on GPUs a conditional costs a
+device-to-host sync.
 """
 
 from __future__ import annotations
 
+import math
+
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -17,13 +21,26 @@ from ..registry import lookup, lowers
 
 
 @lowers("torch2jax.computed_once.default")
-def computed_once(op: str, x):
+def computed_once(op: str, *args, **kwargs):
     lowering = lookup(op)
     if lowering is None or lowering.ctx:
-        raise ValueError(f"computed_once wraps a plain unary lowering, not {op}")
+        raise ValueError(f"computed_once wraps a lowering that needs no context, not {op}")
 
-    def separately(x):
-        runtime = jnp.isnan(jnp.sum(x.astype(jnp.float32)))  # any value-dependent predicate
-        return lax.cond(runtime, lowering.fn, lowering.fn, x)
+    def compute():
+        return lowering.fn(*args, **kwargs)
 
-    return lax.platform_dependent(x, cpu=separately, default=lowering.fn)
+    def separately():
+        probe = min(_arrays(args), key=_size_hint)  # the cheapest input to read for a runtime value
+        runtime = jnp.isnan(jnp.sum(probe.astype(jnp.float32)))
+        return lax.cond(runtime, compute, compute)
+
+    return lax.platform_dependent(cpu=separately, default=compute)
+
+
+def _arrays(args) -> list:
+    return [leaf for leaf in jax.tree.leaves(args) if isinstance(leaf, jax.Array)]
+
+
+def _size_hint(x) -> int:
+    """The number of elements, a symbolic dim counted as large."""
+    return math.prod(d if isinstance(d, int) else 1 << 20 for d in x.shape)
