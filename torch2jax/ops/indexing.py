@@ -250,6 +250,8 @@ def masked_scatter(x, mask, source):
 def nonzero_static(x, size, fill_value=-1):
     if x.ndim == 0:
         return jnp.zeros((size, 0), jnp.int32)
+    if any(isinstance(d, int) and d == 0 for d in x.shape):  # jnp.nonzero pads an empty input with 0s
+        return jnp.full((size, x.ndim), fill_value, jnp.int32)
     out = jnp.nonzero(x, size=size, fill_value=fill_value)
     return jnp.stack(out, axis=1).astype(jnp.int32)
 
