@@ -66,6 +66,17 @@ def _uses(graph: Graph) -> Counter:
     return uses
 
 
+def _metas(graph: Graph) -> dict:
+    return {**{i.name: i.meta for i in graph.inputs}, **{n.name: n.meta for n in graph.nodes}}
+
+
+def _rewritten(graph: Graph, replaced: dict[str, Node], dropped: set[str]) -> Graph:
+    """`graph` with nodes replaced by name and the `dropped` ones left out (the same graph if none)."""
+    if not replaced:
+        return graph
+    return dataclasses.replace(graph, nodes=[replaced.get(n.name, n) for n in graph.nodes if n.name not in dropped])
+
+
 def fold_conv_batch_norm(graph: Graph) -> Graph:
     """conv -> eval-mode batch norm becomes one conv whose weights are scaled by the norm, per call.
 
@@ -91,10 +102,7 @@ def fold_conv_batch_norm(graph: Graph) -> Graph:
             continue
         fused[node.name] = Node(node.name, CONV_BATCH_NORM, list(conv.args) + list(node.args[1:]), {}, node.meta, node.source)
         dropped.add(conv.name)
-    if not fused:
-        return graph
-    nodes = [fused.get(n.name, n) for n in graph.nodes if n.name not in dropped]
-    return dataclasses.replace(graph, nodes=nodes)
+    return _rewritten(graph, fused, dropped)
 
 
 def shared_matmul_operand(graph: Graph) -> Graph:
@@ -104,27 +112,37 @@ def shared_matmul_operand(graph: Graph) -> Graph:
     expanding the 2-d side to a batch of copies and a bmm; XLA then materializes the copies (8 MB
     per LSTM layer and direction for 32 steps). matmul(x, w) is one GEMM over all rows instead.
     """
+    return _rewrite_bmms(graph, _matmul_of_broadcast)
+
+
+def _rewrite_bmms(graph: Graph, rewrite) -> Graph:
+    """Each bmm that `rewrite(node, by_name, metas)` turns into (new node, the nodes feeding only it,
+    nearest first) is replaced; those feeding nodes are dropped up to the first one read elsewhere."""
     by_name = {node.name: node for node in graph.nodes}
-    metas = {**{i.name: i.meta for i in graph.inputs}, **{n.name: n.meta for n in graph.nodes}}
+    metas = _metas(graph)
     uses = _uses(graph)
     replaced: dict[str, Node] = {}
     dropped: set[str] = set()
     for node in graph.nodes:
         if node.op != BMM or len(node.args) != 2 or node.kwargs:
             continue
-        chain = _broadcast_2d(node.args[1], by_name, metas)
-        if chain is None:
+        found = rewrite(node, by_name, metas)
+        if found is None:
             continue
-        source, between = chain
-        replaced[node.name] = Node(node.name, MATMUL, [node.args[0], {"ref": source}], {}, node.meta, node.source)
-        for name in between:  # the view, then the expand: each only if nothing else reads it
+        replaced[node.name], chain = found
+        for name in chain:
             if uses[name] != 1:
                 break
             dropped.add(name)
-    if not replaced:
-        return graph
-    nodes = [replaced.get(n.name, n) for n in graph.nodes if n.name not in dropped]
-    return dataclasses.replace(graph, nodes=nodes)
+    return _rewritten(graph, replaced, dropped)
+
+
+def _matmul_of_broadcast(node: Node, by_name: dict, metas: dict) -> tuple[Node, list[str]] | None:
+    chain = _broadcast_2d(node.args[1], by_name, metas)
+    if chain is None:
+        return None
+    source, between = chain  # the view, then the expand
+    return Node(node.name, MATMUL, [node.args[0], {"ref": source}], {}, node.meta, node.source), between
 
 
 def _broadcast_2d(arg: Any, by_name: dict, metas: dict) -> tuple[str, list[str]] | None:
@@ -154,28 +172,19 @@ def expert_matmul(graph: Graph) -> Graph:
     token's expert matrix, rows x N x K bytes, before a batch of matrix-vector products: XLA CPU
     spends ~3 ns per gathered element. With few experts, the dense products are one GEMM instead.
     """
-    by_name = {node.name: node for node in graph.nodes}
-    metas = {**{i.name: i.meta for i in graph.inputs}, **{n.name: n.meta for n in graph.nodes}}
-    uses = _uses(graph)
-    replaced: dict[str, Node] = {}
-    dropped: set[str] = set()
-    for node in graph.nodes:
-        if node.op != BMM or len(node.args) != 2 or node.kwargs or not _is_floating(node.meta):
-            continue
-        for side in (0, 1):
-            gathered = _expert_gather(node.args[side], by_name, metas)
-            if gathered is None:
-                continue
+    return _rewrite_bmms(graph, _dense_experts)
+
+
+def _dense_experts(node: Node, by_name: dict, metas: dict) -> tuple[Node, list[str]] | None:
+    if not _is_floating(node.meta):
+        return None
+    for side in (0, 1):
+        gathered = _expert_gather(node.args[side], by_name, metas)
+        if gathered is not None:
             weights, ids = gathered
-            other = node.args[1 - side]
-            replaced[node.name] = Node(node.name, EXPERT_BMM, [weights, ids, other, side == 0], {}, node.meta, node.source)
-            if uses[node.args[side]["ref"]] == 1:
-                dropped.add(node.args[side]["ref"])
-            break
-    if not replaced:
-        return graph
-    nodes = [replaced.get(n.name, n) for n in graph.nodes if n.name not in dropped]
-    return dataclasses.replace(graph, nodes=nodes)
+            args = [weights, ids, node.args[1 - side], side == 0]
+            return Node(node.name, EXPERT_BMM, args, {}, node.meta, node.source), [node.args[side]["ref"]]
+    return None
 
 
 def _is_floating(meta: Any) -> bool:
@@ -213,14 +222,12 @@ def computed_once(graph: Graph) -> Graph:
     for node in graph.nodes:
         for ref in _node_refs(node):
             consumers.setdefault(ref, []).append(node)
-    metas = {**{i.name: i.meta for i in graph.inputs}, **{n.name: n.meta for n in graph.nodes}}
+    metas = _metas(graph)
     replaced = {}
     for node in graph.nodes:
         if node.op in COSTLY and _broadcast_later(node.name, consumers, metas):
             replaced[node.name] = Node(node.name, COMPUTED_ONCE, [node.op, *node.args], node.kwargs, node.meta, node.source)
-    if not replaced:
-        return graph
-    return dataclasses.replace(graph, nodes=[replaced.get(n.name, n) for n in graph.nodes])
+    return _rewritten(graph, replaced, set())
 
 
 def _node_refs(node: Node) -> list[str]:
