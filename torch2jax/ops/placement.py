@@ -29,8 +29,12 @@ def computed_once(op: str, *args, **kwargs):
     def compute():
         return lowering.fn(*args, **kwargs)
 
+    arrays = _arrays(args)
+    if not arrays:  # constants only: nothing at run time to build a predicate from
+        return compute()
+
     def separately():
-        probe = min(_arrays(args), key=_size_hint)  # the cheapest input to read for a runtime value
+        probe = min(arrays, key=_size_hint)  # the cheapest input to read for a runtime value
         runtime = jnp.isnan(jnp.sum(probe.astype(jnp.float32)))
         return lax.cond(runtime, compute, compute)
 
