@@ -455,6 +455,10 @@ def test_broadcast_costly_ops_are_computed_once(tmp_path):
     assert max_err(grad, q_.grad) < 1e-4
     param_grads = jax.grad(lambda p: jnp.sum(model.apply(p, q.numpy(), positions.numpy()) ** 2))(model.params)
     assert max_err(param_grads["bias.weight"], module.bias.weight.grad) < 1e-4, "the table's grads pass the conditional"
+    batched_positions = torch.stack([positions, positions.flip(0)])  # vmap batches the conditional's predicate
+    got = jax.vmap(lambda p: model.apply(model.params, q.numpy(), p))(batched_positions.numpy())
+    with torch.no_grad():
+        assert max_err(got, torch.stack([module(q, p) for p in batched_positions])) < 1e-5
     torch2jax.save(model, tmp_path / "rope")
     loaded = torch2jax.load(tmp_path / "rope")
     q2, p2 = torch.randn(3, 3, 7, 8), torch.arange(7)
