@@ -172,7 +172,7 @@ def _unique(ctx, x, dim, sort):
     """unique / unique_consecutive, flattened (dim None) or along `dim`. Only graphs whose output
     size torch knows without the values reach here (capture refuses the others as data-dependent),
     so the size in the node's metadata is exact. Outputs torch was not asked for are empty, as the
-    metadata says."""
+    metadata says. `sorted=False` leaves the order to the implementation in torch; it is sorted here."""
     metas = ctx.out_meta
     if dim is None:
         k = ctx.shape_of(metas[0])[0]
