@@ -10,7 +10,9 @@ import dataclasses
 from collections import Counter
 from typing import Any
 
+from . import dtypes
 from .graph import PARAM_KINDS, Graph, Node
+from .registry import lookup
 
 CONV = "aten.convolution.default"
 BATCH_NORM = "aten._native_batch_norm_legit_no_training.default"
@@ -188,7 +190,7 @@ def _dense_experts(node: Node, by_name: dict, metas: dict) -> tuple[Node, list[s
 
 
 def _is_floating(meta: Any) -> bool:
-    return hasattr(meta, "dtype") and meta.dtype in ("float32", "float16", "bfloat16", "float64")
+    return hasattr(meta, "dtype") and dtypes.is_floating(dtypes.numpy_dtype(meta.dtype))
 
 
 def _expert_gather(arg: Any, by_name: dict, metas: dict) -> tuple[dict, dict] | None:
@@ -203,7 +205,7 @@ def _expert_gather(arg: Any, by_name: dict, metas: dict) -> tuple[dict, dict] | 
     if not hasattr(w_meta, "shape") or not hasattr(ids_meta, "shape") or len(w_meta.shape) != 3 or len(ids_meta.shape) != 1:
         return None
     experts = w_meta.shape[0]
-    if not isinstance(experts, int) or experts > DENSE_EXPERTS_MAX or ids_meta.dtype not in ("int64", "int32"):
+    if not isinstance(experts, int) or experts > DENSE_EXPERTS_MAX or not dtypes.is_integer(dtypes.numpy_dtype(ids_meta.dtype)):
         return None
     return weights, indices[0]
 
@@ -225,7 +227,8 @@ def computed_once(graph: Graph) -> Graph:
     metas = _metas(graph)
     replaced = {}
     for node in graph.nodes:
-        if node.op in COSTLY and _broadcast_later(node.name, consumers, metas):
+        lowering = lookup(node.op)  # a user's replacement lowering may ask for context: left as is
+        if node.op in COSTLY and lowering is not None and not lowering.ctx and _broadcast_later(node.name, consumers, metas):
             replaced[node.name] = Node(node.name, COMPUTED_ONCE, [node.op, *node.args], node.kwargs, node.meta, node.source)
     return _rewritten(graph, replaced, set())
 

@@ -179,13 +179,12 @@ def _unique(ctx, x, dim, sort):
         values, inverse, counts = _unique_rows(x.reshape(-1, 1), k, sort)
         results = (values.reshape(-1), inverse.reshape(x.shape), counts)
     else:
-        axis = _axis(x, dim)
-        moved = jnp.moveaxis(x, axis, 0) if x.ndim else x.reshape(1)
+        axis = dim % x.ndim  # torch refuses a dim on a 0-d tensor
+        moved = jnp.moveaxis(x, axis, 0)
         k = ctx.shape_of(metas[0])[axis]
         rows = moved.reshape(moved.shape[0], math.prod(moved.shape[1:]))
         values, inverse, counts = _unique_rows(rows, k, sort)
-        values = values.reshape((k,) + moved.shape[1:])
-        results = (jnp.moveaxis(values, 0, axis) if x.ndim else values.reshape(()), inverse, counts)
+        results = (jnp.moveaxis(values.reshape((k,) + moved.shape[1:]), 0, axis), inverse, counts)
     wanted = [ctx.shape_of(meta) for meta in metas]
     return tuple(r if r.shape == shape else jnp.zeros(shape, r.dtype) for r, shape in zip(results, wanted))
 
