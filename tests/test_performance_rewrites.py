@@ -464,3 +464,18 @@ def test_broadcast_costly_ops_are_computed_once(tmp_path):
     q2, p2 = torch.randn(3, 3, 7, 8), torch.arange(7)
     with torch.no_grad():
         assert max_err(loaded(q2.numpy(), p2.numpy()), module(q2, p2)) < 1e-5
+
+
+def test_computed_once_leaves_a_replacement_lowering_that_needs_context(monkeypatch):
+    from torch2jax import registry
+
+    with_context = registry.Lowering("aten.cos.default", lambda ctx, x: jnp.cos(x), True, "test")
+    monkeypatch.setitem(registry._REGISTRY, "aten.cos.default", with_context)
+    torch.manual_seed(0)
+    module = RotaryTables()
+    q, positions = torch.randn(2, 3, 5, 8), torch.arange(5)
+    model = torch2jax.convert(module, (q, positions))
+    wrapped = [node.args[0] for node in passes.optimize(model.graph).nodes if node.op == passes.COMPUTED_ONCE]
+    assert "aten.cos.default" not in wrapped and "aten.sin.default" in wrapped
+    with torch.no_grad():
+        assert max_err(model(q.numpy(), positions.numpy()), module(q, positions)) < 1e-5
