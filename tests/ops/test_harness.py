@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from .opinfo_harness import CallFn, Prepared, as_accurate_as_torch
+from .random_check import _zero_fraction
 
 
 def _prepared(fn, *inputs) -> Prepared:
@@ -30,3 +31,12 @@ def test_well_conditioned_results_get_no_slack():
     prepared = _prepared(torch.exp, bf)
     wrong = (prepared.expected.float() * 1.1).to(torch.bfloat16)
     assert not as_accurate_as_torch(prepared, wrong.float().numpy().astype(np.float32))
+
+
+def test_random_zero_fraction_counts_flushed_subnormals_as_zero_and_nothing_else():
+    tiny = float(np.finfo(np.float32).tiny)
+    torch_draw = np.array([0.5, 1e-43, 0.0, 0.5])  # torch keeps a subnormal weight
+    xla_draw = np.array([0.5, 0.0, 0.0, 0.5])  # XLA on CPU flushes it
+    assert _zero_fraction(torch_draw, tiny) == _zero_fraction(xla_draw, tiny) == 0.5
+    assert _zero_fraction(np.array([0.5, 2 * tiny, 0.0, 0.5]), tiny) == 0.25, "a normal number is not zero"
+    assert _zero_fraction(np.array([1.0, 0.0, 3.0, 0.0]), 0.0) == 0.5, "integers: exact zeros"
