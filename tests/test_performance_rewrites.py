@@ -328,7 +328,9 @@ def test_lstm_matches_torch():
     x = torch.randn(3, 5, 6)
     model = torch2jax.convert(module, (x,))
     assert any(node.op == passes.BMM for node in model.graph.nodes), "torch's decomposition expands the weights"
-    assert not any(node.op == passes.BMM for node in passes.optimize(model.graph).nodes), "no copies of the weights"
+    optimized = passes.optimize(model.graph)
+    assert not any(node.op == passes.BMM for node in optimized.nodes), "no copies of the weights"
+    assert sum(node.op == passes.TRANSPOSED_ONCE for node in optimized.nodes) == 4, "w_hh per layer and direction"
     with torch.no_grad():
         want, (h, c) = module(x)
     got, (gh, gc) = model(x.numpy())
@@ -357,6 +359,53 @@ def test_bmm_rewrite_keeps_a_view_that_something_else_reads():
     with torch.no_grad():
         for got, want in zip(model(x.numpy()), module(x)):
             assert max_err(got, want) < 1e-5
+
+
+class Recurrence(nn.Module):
+    """h <- tanh(x_t + h @ w.T), unrolled: a new transpose of w at every step, as torch's RNN
+    decomposition writes it; `head` is transposed for one matmul and `probe` also read elsewhere."""
+
+    def __init__(self, dim: int = 8):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(dim, dim) / dim**0.5)
+        self.head = nn.Parameter(torch.randn(3, dim))
+        self.probe = nn.Parameter(torch.randn(dim, dim))
+
+    def forward(self, x):
+        h = torch.zeros(x.shape[1], x.shape[2])
+        for t in range(x.shape[0]):
+            h = torch.tanh(x[t] + h @ self.w.t())
+        seen = self.probe.t()
+        return h @ self.head.t(), (h @ seen) @ seen + seen.sum()
+
+
+def test_matrix_transposed_for_several_matmuls_is_transposed_once(tmp_path):
+    torch.manual_seed(0)
+    module = Recurrence()
+    x = torch.randn(5, 4, 8)
+    model = torch2jax.convert(module, (x,), dynamic_shapes={"x": {1: "batch"}})
+    optimized = passes.optimize(model.graph)
+    once = [node for node in optimized.nodes if node.op == passes.TRANSPOSED_ONCE]
+    assert [node.args[0]["ref"] for node in once] == ["p_w"], "only w: head has one matmul, probe another reader"
+    assert sum(node.op == passes.PERMUTE and node.args[0] == {"ref": "p_w"} for node in optimized.nodes) == 0
+    with torch.no_grad():
+        for batch in (4, 2):
+            x = torch.randn(5, batch, 8)
+            assert all(max_err(got, want) < 1e-5 for got, want in zip(model(x.numpy()), module(x)))
+    hlo = jax.jit(model.apply).lower(model.params, x.numpy()).compile().as_text()
+    dots = [line for line in hlo.splitlines() if " dot(" in line]
+    row_major = [line for line in dots if "rhs_contracting_dims={0}" in line]
+    assert len(row_major) == 5, f"each step's dot reads the one row-major copy of w.T: {dots}"
+    grads = jax.grad(lambda p: sum(jnp.sum(o ** 2) for o in model.apply(p, x.numpy())))(model.params)
+    sum((o ** 2).sum() for o in module(x)).backward()
+    for name in ("w", "head", "probe"):  # float32 rounding at the gradient's scale (probe's reach 200)
+        want = dict(module.named_parameters())[name].grad
+        assert max_err(grads[name], want) < 1e-6 * float(want.abs().max())
+    torch2jax.save(model, tmp_path / "recurrence")
+    loaded = torch2jax.load(tmp_path / "recurrence")
+    x = torch.randn(5, 3, 8)
+    with torch.no_grad():
+        assert all(max_err(got, want) < 1e-5 for got, want in zip(loaded(x.numpy()), module(x)))
 
 
 # --- mixture of experts: gathered expert weights computed densely ---------------------------------

@@ -37,13 +37,15 @@ COSTLY = frozenset({
 _CARRIES = frozenset({*VIEWS, "aten.unsqueeze.default", "aten.squeeze.dims", "aten.squeeze.dim",
                       "aten.permute.default", "aten.slice.Tensor", "aten.select.int", "aten._to_copy.default",
                       "aten.clone.default", "aten.alias.default", "aten.neg.default"})
+PERMUTE, MM, ADDMM = "aten.permute.default", "aten.mm.default", "aten.addmm.default"
+TRANSPOSED_ONCE = "torch2jax.transposed_once.default"
 _BINARY = frozenset({"aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.div.Tensor", "aten.where.self",
                      "aten.maximum.default", "aten.minimum.default"})
 
 
 def optimize(graph: Graph) -> Graph:
     """Every pass, in order."""
-    return computed_once(expert_matmul(shared_matmul_operand(fold_conv_batch_norm(graph))))
+    return transposed_once(computed_once(expert_matmul(shared_matmul_operand(fold_conv_batch_norm(graph)))))
 
 
 def _refs(value: Any, out: Counter) -> None:
@@ -220,10 +222,7 @@ def computed_once(graph: Graph) -> Graph:
     likewise gathered again for every batch element inside each layer's softmax. The op is wrapped
     in a node whose lowering keeps it out of the consumers (ops/placement.py).
     """
-    consumers: dict[str, list[Node]] = {}
-    for node in graph.nodes:
-        for ref in _node_refs(node):
-            consumers.setdefault(ref, []).append(node)
+    consumers = _consumers(graph)
     metas = _metas(graph)
     replaced = {}
     for node in graph.nodes:
@@ -231,6 +230,15 @@ def computed_once(graph: Graph) -> Graph:
         if node.op in COSTLY and lowering is not None and not lowering.ctx and _broadcast_later(node.name, consumers, metas):
             replaced[node.name] = Node(node.name, COMPUTED_ONCE, [node.op, *node.args], node.kwargs, node.meta, node.source)
     return _rewritten(graph, replaced, set())
+
+
+def _consumers(graph: Graph) -> dict[str, list[Node]]:
+    """The nodes that read each value, each listed once per value."""
+    consumers: dict[str, list[Node]] = {}
+    for node in graph.nodes:
+        for ref in _node_refs(node):
+            consumers.setdefault(ref, []).append(node)
+    return consumers
 
 
 def _node_refs(node: Node) -> list[str]:
@@ -262,3 +270,63 @@ def _broadcasts(operand: Any, result: Any) -> bool:
     if len(small) < len(large):
         return True
     return any(a == 1 and b != 1 for a, b in zip(reversed(small), reversed(large)))
+
+
+def transposed_once(graph: Graph) -> Graph:
+    """A matrix transposed for two or more matmuls (as their right-hand side) is transposed once.
+
+    An unrolled RNN multiplies the state by `permute(w_hh, [1, 0])` at every step (a new permute per
+    step, of the same param). XLA folds each transpose into its dot, and XLA CPU's dot with a
+    transposed right-hand side re-lays the matrix out on every call: 8x128 @ 128x512 takes 35 us
+    that way and 17 us from a row-major copy (the gap is the re-layout, so it shows at few rows;
+    from 64 rows on both forms cost the same). One transposed copy, shared by every step, then
+    serves them all. A matrix transposed for one matmul only is left alone: the copy would cost
+    what it saves.
+    """
+    consumers = _consumers(graph)
+    uses = _uses(graph)
+    groups: dict[str, list[Node]] = {}  # source -> its 2-d transposes that only matmuls read
+    for node in graph.nodes:
+        users = consumers.get(node.name, [])
+        if _is_transpose_2d(node) and _is_floating(node.meta) and users and uses[node.name] == len(users) and all(
+                _rhs_of_matmul(user, node.name) for user in users):
+            groups.setdefault(node.args[0]["ref"], []).append(node)
+    replaced: dict[str, Node] = {}
+    dropped: set[str] = set()
+    for transposes in groups.values():
+        if sum(len(consumers[t.name]) for t in transposes) < 2:
+            continue
+        first = transposes[0]  # the earliest: it precedes every user of the others
+        replaced[first.name] = Node(first.name, TRANSPOSED_ONCE, [first.args[0]], {}, first.meta, first.source)
+        for other in transposes[1:]:
+            dropped.add(other.name)
+            for user in consumers[other.name]:
+                current = replaced.get(user.name, user)
+                replaced[user.name] = dataclasses.replace(current, args=_renamed(current.args, other.name, first.name))
+    return _rewritten(graph, replaced, dropped)
+
+
+def _is_transpose_2d(node: Node) -> bool:
+    return (node.op == PERMUTE and len(node.args) == 2 and isinstance(node.args[0], dict) and "ref" in node.args[0]
+            and list(node.args[1]) in ([1, 0], [-1, -2], [1, -2], [-1, 0]) and len(getattr(node.meta, "shape", ())) == 2)
+
+
+def _rhs_of_matmul(node: Node, name: str) -> bool:
+    """Whether `node` is mm(x, name) or addmm(bias, x, name), reading `name` nowhere else."""
+    rhs = {MM: 1, ADDMM: 2}.get(node.op)
+    if rhs is None or len(node.args) <= rhs or node.args[rhs] != {"ref": name}:
+        return False
+    others: Counter = Counter()
+    _refs([a for i, a in enumerate(node.args) if i != rhs], others)
+    _refs(node.kwargs, others)
+    return name not in others
+
+
+def _renamed(value: Any, old: str, new: str) -> Any:
+    if isinstance(value, list):
+        return [_renamed(v, old, new) for v in value]
+    if isinstance(value, dict):
+        if value == {"ref": old}:
+            return {"ref": new}
+        return {k: _renamed(v, old, new) for k, v in value.items()}
+    return value
