@@ -142,6 +142,52 @@ def test_conv_grouped_and_unbatched_are_not_padded():
     assert max_err(got, torch.nn.functional.conv2d(x, w, groups=3)) < 1e-4
 
 
+# --- strided transposed convolution: one ordinary conv per output phase on CPU --------------------
+
+TRANSPOSED = [  # (spatial dims, stride, kernel, padding, dilation, output_padding, groups)
+    (2, 2, 4, 1, 1, 0, 1),  # a UNet's upsampling conv
+    (2, 2, 3, 1, 1, 1, 1),
+    (2, 2, 2, 0, 1, 0, 1),  # kernel == stride: one tap per phase
+    (2, 3, 5, 2, 1, 2, 2),
+    (2, 2, 1, 0, 1, 1, 1),  # phases without any tap
+    (2, 2, 3, 4, 1, 0, 1),  # padding past the kernel: phases crop the input
+    (2, 2, 3, 1, 2, 1, 1),  # dilation that shares a factor with the stride
+    (2, 3, 3, 1, 2, 0, 1),
+    (1, 2, 4, 1, 1, 1, 2),
+    (3, 2, 3, 1, 1, 1, 1),
+]
+
+
+@pytest.mark.parametrize("case", TRANSPOSED, ids=[str(c) for c in TRANSPOSED])
+def test_strided_transposed_conv_matches_torch(case):
+    n, stride, kernel, padding, dilation, output_padding, groups = case
+    conv = {1: torch.nn.functional.conv_transpose1d, 2: torch.nn.functional.conv_transpose2d,
+            3: torch.nn.functional.conv_transpose3d}[n]
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, *[7, 6, 5][:n], requires_grad=True)
+    w = torch.randn(4, 6 // groups, *[kernel] * n, requires_grad=True)
+    b = torch.randn(6)
+    want = conv(x, w, b, stride, padding, output_padding, groups, dilation)
+
+    def f(xj, wj):
+        return convolution(xj, wj, _j(b), [stride] * n, [padding] * n, [dilation] * n, True, [output_padding] * n, groups)
+
+    got = jax.jit(f)(_j(x), _j(w))
+    assert got.shape == tuple(want.shape)
+    assert max_err(got, want) < 1e-5 * float(want.abs().max())
+    gx, gw = jax.grad(lambda xj, wj: jnp.sum(f(xj, wj) ** 2), argnums=(0, 1))(_j(x), _j(w))
+    (want**2).sum().backward()
+    for got_grad, want_grad in ((gx, x.grad), (gw, w.grad)):
+        assert max_err(got_grad, want_grad) < 1e-5 * float(want_grad.abs().max())
+
+
+def test_strided_transposed_conv_runs_no_dilated_input_on_cpu():
+    x, w = jnp.ones((1, 8, 5, 5)), jnp.ones((8, 4, 4, 4))
+    compiled = jax.jit(lambda x, w: convolution(x, w, None, [2, 2], [1, 1], [1, 1], True, [0, 0], 1)).lower(x, w).compile().as_text()
+    assert compiled.count("convolution(") == 4, "one conv per output phase"
+    assert "lhs_dilate" not in compiled, "no conv over an input with zeros inserted"
+
+
 # --- pooling, run channels-last -------------------------------------------------------------------
 
 
