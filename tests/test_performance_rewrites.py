@@ -27,6 +27,18 @@ def _j(t: torch.Tensor) -> jax.Array:
     return jnp.asarray(t.detach().numpy())
 
 
+def _assert_conv_and_grads_match(f, x: torch.Tensor, w: torch.Tensor, want: torch.Tensor) -> None:
+    """f(x, w) under jit, and its input and weight gradients of sum(out**2), against torch's, at
+    float32 rounding of each one's scale."""
+    got = jax.jit(f)(_j(x), _j(w))
+    assert got.shape == tuple(want.shape)
+    assert max_err(got, want) < 1e-5 * float(want.abs().max())
+    gx, gw = jax.grad(lambda xj, wj: jnp.sum(f(xj, wj) ** 2), argnums=(0, 1))(_j(x), _j(w))
+    (want**2).sum().backward()
+    for got_grad, want_grad in ((gx, x.grad), (gw, w.grad)):
+        assert max_err(got_grad, want_grad) < 1e-5 * float(want_grad.abs().max())
+
+
 # --- convolution: channels padded onto XLA CPU's fast path ---------------------------------------
 
 
@@ -83,13 +95,7 @@ def test_grouped_conv_matches_torch(case):
     def f(xj, wj):
         return convolution(xj, wj, _j(b), [stride] * n, [padding] * n, [dilation] * n, False, [0] * n, groups)
 
-    got = jax.jit(f)(_j(x), _j(w))
-    assert got.shape == tuple(want.shape)
-    assert max_err(got, want) < 1e-5 * float(want.abs().max())
-    gx, gw = jax.grad(lambda xj, wj: jnp.sum(f(xj, wj) ** 2), argnums=(0, 1))(_j(x), _j(w))
-    (want**2).sum().backward()
-    for got_grad, want_grad in ((gx, x.grad), (gw, w.grad)):
-        assert max_err(got_grad, want_grad) < 1e-5 * float(want_grad.abs().max())
+    _assert_conv_and_grads_match(f, x, w, want)
     # bfloat16: accumulated in float32 and rounded once, as torch does
     xb, wb, bb = (t.detach().bfloat16() for t in (x, w, b))
     want_b = conv(xb, wb, bb, stride, padding, dilation, groups).float()
@@ -172,13 +178,7 @@ def test_strided_transposed_conv_matches_torch(case):
     def f(xj, wj):
         return convolution(xj, wj, _j(b), [stride] * n, [padding] * n, [dilation] * n, True, [output_padding] * n, groups)
 
-    got = jax.jit(f)(_j(x), _j(w))
-    assert got.shape == tuple(want.shape)
-    assert max_err(got, want) < 1e-5 * float(want.abs().max())
-    gx, gw = jax.grad(lambda xj, wj: jnp.sum(f(xj, wj) ** 2), argnums=(0, 1))(_j(x), _j(w))
-    (want**2).sum().backward()
-    for got_grad, want_grad in ((gx, x.grad), (gw, w.grad)):
-        assert max_err(got_grad, want_grad) < 1e-5 * float(want_grad.abs().max())
+    _assert_conv_and_grads_match(f, x, w, want)
 
 
 def test_strided_transposed_conv_runs_no_dilated_input_on_cpu():
