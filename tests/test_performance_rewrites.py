@@ -115,6 +115,19 @@ def test_grouped_conv_routes():
     assert route((64, 8, 3, 3), 8) is None, "8 channels x 9 taps: neither measured faster"
 
 
+def test_grouped_taps_are_summed_once_before_a_norm():
+    """The taps' sum is computed apart, not again inside each of a LayerNorm's reductions."""
+    x, w = jnp.ones((2, 32, 9, 9)), jnp.ones((32, 1, 7, 7))
+
+    def conv_then_norm(x, w):
+        y = convolution(x, w, None, [1, 1], [3, 3], [1, 1], False, [0, 0], 32)
+        mean = y.mean(1, keepdims=True)
+        return (y - mean) / jnp.sqrt(((y - mean) ** 2).mean(1, keepdims=True) + 1e-6)
+
+    compiled = jax.jit(conv_then_norm).lower(x, w).compile().as_text()
+    assert " conditional(" in compiled, "the sum runs in a computation of its own"
+
+
 def test_grouped_conv_with_symbolic_spatial_dims_round_trips(tmp_path):
     module = nn.Conv2d(8, 8, 7, padding=3, groups=8).eval()
     model = torch2jax.convert(module, (torch.randn(2, 8, 12, 12),), dynamic_shapes={"input": {0: "batch", 2: "h", 3: "w"}})

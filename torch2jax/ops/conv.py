@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..registry import lowers
+from .placement import apart
 
 _LOW = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -107,7 +108,6 @@ def _pad_channels(x, weight, add_in: int, add_out: int):
 # Grouped convs on XLA CPU (jaxlib 0.10) take a generic kernel 3-50x slower than torch's (a ConvNeXt
 # depthwise 7x7 on 8x32x16x16: 14 ms against torch's 0.26 ms). Measured alternatives, CPU only:
 _TAPS_MAX = 64  # input channels per group x kernel taps up to which the shifted-product sum wins
-_STRAIGHT_MAX = 12  # terms up to which _grouped_taps writes the sum out instead of looping
 _SPLIT_MIN = 16  # channels per group from which one plain conv per group wins (groups=2, 128 each: 42 -> 19 ms)
 
 
@@ -125,41 +125,36 @@ def _grouped_taps(x, weight, stride, padding, dilation, groups: int, acc):
     """A grouped conv as a sum, over kernel taps and each group's input channels, of a shifted and
     strided slice of the input channel times that tap's weight for every output channel.
 
-    Up to _STRAIGHT_MAX terms the sum is written out; XLA fuses it into each of its consumers, cheap
-    when there are few terms. Beyond, a loop over the first kernel dim adds one row of taps per step:
-    a loop's result is materialized, where a long written-out sum would be recomputed by every
-    consumer (a norm's mean, variance and output), in the consumer's order. Measured on 8x32x16x16,
-    depthwise 7x7: followed by a LayerNorm, written out 11.0 ms, loop 2.7 ms; followed by a ReLU,
-    0.63 ms against 2.4 ms. 3x3 on 8x64x32x32: LayerNorm 3.4 against 7.5 ms, ReLU 1.0 against 6.5 ms.
+    The sum is written out and computed apart (placement.apart): left to fusion, XLA would compute
+    it again inside each consumer (a norm's mean, variance and output). Measured on XLA CPU, with a
+    LayerNorm after: depthwise 7x7 on 8x32x16x16 2.7 ms as a loop over kernel rows, 0.76 computed
+    apart (torch 0.77); 3x3 on 8x64x32x32 6.7 ms fused, 1.5 apart. Fused wins only before a cheap
+    elementwise op (ReLU after that 3x3: 0.88 against 1.11 ms), which a lowering cannot see.
     """
     n = weight.ndim - 2
     out_ch, per_group = weight.shape[0], weight.shape[1]
     dtype = acc or jnp.result_type(x, weight)
-    x = jnp.pad(x.astype(dtype), [(0, 0), (0, 0)] + [(p, p) for p in padding])
-    w = weight.astype(dtype)
-    kernel, spatial = weight.shape[2:], x.shape[2:]
-    sizes = [(size - d * (k - 1) - 1) // s + 1 for size, k, d, s in zip(spatial, kernel, dilation, stride)]
-    # input channel c of every group, repeated for the group's outputs: (N, out_ch, *S) each
-    grouped = x.reshape((x.shape[0], groups, per_group) + spatial)
-    inputs = [jnp.repeat(grouped[:, :, c], out_ch // groups, axis=1) for c in range(per_group)]
+    kernel = weight.shape[2:]
 
-    def rows(first, count, out):
-        """Add kernel rows first .. first+count-1 (first may be traced) to out."""
-        span = dilation[0] * (count - 1) + stride[0] * (sizes[0] - 1) + 1
-        w_rows = lax.dynamic_slice_in_dim(w, first, count, axis=2)
-        for c, source in enumerate(inputs):
-            band = lax.dynamic_slice_in_dim(source, first * dilation[0], span, axis=2)
-            for tap in itertools.product(range(count), *(range(k) for k in kernel[1:])):
+    def taps_sum():
+        padded = jnp.pad(x.astype(dtype), [(0, 0), (0, 0)] + [(p, p) for p in padding])
+        w = weight.astype(dtype)
+        spatial = padded.shape[2:]
+        sizes = [(size - d * (k - 1) - 1) // s + 1 for size, k, d, s in zip(spatial, kernel, dilation, stride)]
+        # input channel c of every group, repeated for the group's outputs: (N, out_ch, *S) each
+        grouped = padded.reshape((padded.shape[0], groups, per_group) + spatial)
+        out = None
+        for c in range(per_group):
+            source = jnp.repeat(grouped[:, :, c], out_ch // groups, axis=1)
+            for tap in itertools.product(*(range(k) for k in kernel)):
                 starts = [t * d for t, d in zip(tap, dilation)]
                 limits = [start + s * (size - 1) + 1 for start, s, size in zip(starts, stride, sizes)]
-                piece = lax.slice(band, (0, 0, *starts), (*band.shape[:2], *limits), (1, 1, *stride))
-                out = out + piece * w_rows[(slice(None), c, *tap)].reshape((1, out_ch) + (1,) * n)
+                piece = lax.slice(source, (0, 0, *starts), (*source.shape[:2], *limits), (1, 1, *stride))
+                term = piece * w[(slice(None), c, *tap)].reshape((1, out_ch) + (1,) * n)
+                out = term if out is None else out + term
         return out
 
-    out = jnp.zeros((x.shape[0], out_ch, *sizes), dtype)
-    if per_group * math.prod(kernel) <= _STRAIGHT_MAX:
-        return rows(0, kernel[0], out)
-    return lax.fori_loop(0, kernel[0], lambda i, out: rows(i, 1, out), out)
+    return apart(taps_sum, [x, weight])
 
 
 def _conv_transpose(x, weight, stride, padding, dilation, output_padding, groups, acc):

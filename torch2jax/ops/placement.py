@@ -33,13 +33,16 @@ def computed_once(op: str, *args, **kwargs):
     arrays = _arrays(args)
     if not arrays:  # constants only: nothing at run time to build a predicate from
         return compute()
+    return lax.platform_dependent(cpu=lambda: apart(compute, arrays), default=compute)
 
-    def separately():
-        probe = min(arrays, key=_size_hint)  # the cheapest input to read for a runtime value
-        runtime = jnp.isnan(jnp.sum(probe.astype(jnp.float32)))
-        return lax.cond(runtime, compute, compute)
 
-    return lax.platform_dependent(cpu=separately, default=compute)
+def apart(compute, arrays: list):
+    """compute(), in a computation of its own that XLA neither fuses into the consumers nor
+    fuses the consumers into: a conditional whose two branches both compute it. Its predicate reads
+    the smallest of `arrays` (compute's inputs), so it is unknown until run time."""
+    probe = min(arrays, key=_size_hint)
+    runtime = jnp.isnan(jnp.sum(probe.astype(jnp.float32)))
+    return lax.cond(runtime, compute, compute)
 
 
 def _arrays(args) -> list:
