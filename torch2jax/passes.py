@@ -11,7 +11,7 @@ from collections import Counter
 from typing import Any
 
 from . import dtypes
-from .graph import PARAM_KINDS, Graph, Node
+from .graph import PARAM_KINDS, Graph, Node, iter_refs
 from .registry import lookup
 
 CONV = "aten.convolution.default"
@@ -49,15 +49,7 @@ def optimize(graph: Graph) -> Graph:
 
 
 def _refs(value: Any, out: Counter) -> None:
-    if isinstance(value, list):
-        for v in value:
-            _refs(v, out)
-    elif isinstance(value, dict):
-        if len(value) == 1 and "ref" in value:
-            out[value["ref"]] += 1
-        else:
-            for v in value.values():
-                _refs(v, out)
+    out.update(iter_refs(value))
 
 
 def _uses(graph: Graph) -> Counter:
@@ -308,7 +300,7 @@ def transposed_once(graph: Graph) -> Graph:
 
 def _is_transpose_2d(node: Node) -> bool:
     return (node.op == PERMUTE and len(node.args) == 2 and isinstance(node.args[0], dict) and "ref" in node.args[0]
-            and list(node.args[1]) in ([1, 0], [-1, -2], [1, -2], [-1, 0]) and len(getattr(node.meta, "shape", ())) == 2)
+            and [d % 2 for d in node.args[1]] == [1, 0] and len(getattr(node.meta, "shape", ())) == 2)
 
 
 def _rhs_of_matmul(node: Node, name: str) -> bool:

@@ -208,7 +208,7 @@ def _conv_transpose_phases(x, w, stride, pads, dilation, groups, acc):
                  for size, s, (lo, hi), d, k in zip(sizes_in, stride, pads, dilation, w.shape[2:])]
     rows = [-(-size // s) for size, s in zip(sizes_out, stride)]  # outputs per phase, before cropping
     out_ch = w.shape[0]
-    outs = {}
+    parts = []  # in itertools.product's order: row-major over the phases
     for phase in itertools.product(*(range(s) for s in stride)):
         source, kernel, padding, phase_dilation = x, w, [], []
         for axis, (r, s, (lo, _), d, k, size, m) in enumerate(zip(phase, stride, pads, dilation, w.shape[2:], sizes_in, rows)):
@@ -226,12 +226,12 @@ def _conv_transpose_phases(x, w, stride, pads, dilation, groups, acc):
             padding.append((start - first, m - 1 + last - (stop - 1)))
             phase_dilation.append(d * step // s)
         if source is None:
-            outs[phase] = jnp.zeros((x.shape[0], out_ch, *rows), acc or jnp.result_type(x, w))
+            parts.append(jnp.zeros((x.shape[0], out_ch, *rows), acc or jnp.result_type(x, w)))
             continue
-        outs[phase] = lax.conv_general_dilated(
+        parts.append(lax.conv_general_dilated(
             source, kernel, window_strides=(1,) * n, padding=padding, rhs_dilation=phase_dilation,
-            dimension_numbers=_dimension_numbers(n), feature_group_count=groups, preferred_element_type=acc)
-    out = _interleave([outs[p] for p in sorted(outs)], stride, rows)
+            dimension_numbers=_dimension_numbers(n), feature_group_count=groups, preferred_element_type=acc))
+    out = _interleave(parts, stride, rows)
     return out[(slice(None), slice(None), *(slice(0, size) for size in sizes_out))]
 
 
