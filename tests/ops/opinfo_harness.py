@@ -179,12 +179,13 @@ def as_accurate_as_torch(prepared: Prepared, got) -> bool:
     is within the dtype's tolerance plus twice torch's own distance at that element. Used only
     after the direct comparison failed, and only where the op runs in float64 too.
     """
-    wide = [t.double() if t.is_floating_point() else t for t in prepared.inputs]
-    if wide == [] or all(w is t for w, t in zip(wide, prepared.inputs)):
+    widened = _in_float64(prepared)
+    if widened is None:
         return False
+    module, wide = widened
     try:
         with torch.no_grad():
-            truth = prepared.module(*wide)
+            truth = module(*wide)
     except Exception:  # the op has no float64 kernel, or mixes in a tensor of its own
         return False
     expected, got, truth = leaves(prepared.expected), leaves(got), leaves(truth)
@@ -212,6 +213,20 @@ def as_accurate_as_torch(prepared: Prepared, got) -> bool:
         if not np.all(np.abs(ours[finite] - exact[finite]) <= bound):
             return False
     return True
+
+
+def _in_float64(prepared: Prepared) -> tuple[torch.nn.Module, list] | None:
+    """The op and inputs to compute in float64: floating inputs widened, and a floating `dtype=`
+    argument (a factory op such as linspace) raised. None when nothing would be wider."""
+    module = prepared.module
+    if isinstance(module, _OpModule):
+        args, kwargs = module.template
+        if kwargs.get("dtype") in _TOLERANCES:
+            module = _OpModule(module.op, (args, {**kwargs, "dtype": torch.float64}), module.written)
+    wide = [t.double() if t.is_floating_point() else t for t in prepared.inputs]
+    if module is prepared.module and all(w is t for w, t in zip(wide, prepared.inputs)):
+        return None
+    return module, wide
 
 
 def leaves(value) -> list:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .opinfo_harness import CallFn, Prepared, as_accurate_as_torch
+from .opinfo_harness import CallFn, Prepared, _OpModule, as_accurate_as_torch
 from .random_check import _zero_fraction
 
 
@@ -31,6 +31,18 @@ def test_well_conditioned_results_get_no_slack():
     prepared = _prepared(torch.exp, bf)
     wrong = (prepared.expected.float() * 1.1).to(torch.bfloat16)
     assert not as_accurate_as_torch(prepared, wrong.float().numpy().astype(np.float32))
+
+
+def test_factory_ops_are_judged_against_their_float64_result():
+    """linspace in bfloat16: torch's kernel steps in bfloat16, so some points round one bfloat16 step
+    away from the exact value; a result rounded from float32 is closer and passes, a wrong one does not."""
+    module = _OpModule(torch.linspace, ((-2.0, 1.0, 50), {"dtype": torch.bfloat16}))
+    prepared = Prepared(module, (), module())
+    exact = torch.linspace(-2.0, 1.0, 50, dtype=torch.float64)
+    rounded = exact.to(torch.bfloat16)
+    assert not torch.equal(rounded, prepared.expected), "torch's bfloat16 linspace is not correctly rounded"
+    assert as_accurate_as_torch(prepared, rounded.float().numpy())
+    assert not as_accurate_as_torch(prepared, (rounded.float() + 0.05).numpy())
 
 
 def test_random_zero_fraction_counts_flushed_subnormals_as_zero_and_nothing_else():
