@@ -8,11 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_hash_tensor_with_x64():
-    env = dict(os.environ, JAX_ENABLE_X64="1", T2J_RUN_KNOWN_FAILURES="1", T2J_OPINFO_DTYPES="all", T2J_OPINFO_SAMPLES="0")
+@pytest.mark.parametrize("samples", ["5", pytest.param("0", marks=pytest.mark.slow, id="every-sample")])
+def test_hash_tensor_with_x64(samples):
+    """make test runs the first 5 samples of each dtype (20 s); the slow tier every sample (100 s)."""
+    env = dict(os.environ, JAX_ENABLE_X64="1", T2J_RUN_KNOWN_FAILURES="1", T2J_OPINFO_DTYPES="all", T2J_OPINFO_SAMPLES=samples)
     env.pop("T2J_OPINFO_REPORT", None)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "tests/ops/test_opinfo.py", "-k", "hash_tensor"],
