@@ -67,7 +67,7 @@ def _phase_runs(index: np.ndarray, size: int) -> list[list[tuple[int, int]]] | N
     index[p::k] as a few runs of consecutive indices (a shifted slice, clamped at the edges); None when
     the index has no such form."""
     out = len(index)
-    if out < size or out % size:
+    if size == 0 or out < size or out % size:
         return None
     phases = [_runs(column) for column in np.asarray(index).reshape(size, out // size).T]
     return phases if all(len(runs) <= _MAX_RUNS for runs in phases) else None
