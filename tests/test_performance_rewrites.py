@@ -265,6 +265,64 @@ def test_pooling_channels_last_matches_torch(kernel, stride, padding, ceil_mode)
         assert max_err(got, want) < 1e-6
 
 
+class Pools(nn.Module):
+    def __init__(self, kernel, stride, dilation=1, ceil_mode=False):
+        super().__init__()
+        self.args = dict(kernel_size=kernel, stride=stride, ceil_mode=ceil_mode)
+        self.dilation = dilation
+
+    def forward(self, x):
+        pooled_max = torch.nn.functional.max_pool2d(x, dilation=self.dilation, **self.args)
+        return pooled_max, torch.nn.functional.avg_pool2d(x, **self.args)
+
+
+TILED_POOLS = [  # (spatial, kernel, stride, dilation, ceil_mode, tiles exactly)
+    ((8, 6), 2, 2, 1, False, True),
+    ((9, 6), 3, 3, 1, True, True),
+    ((8, 12), (2, 4), (2, 4), 1, False, True),
+    ((9, 6), 2, 2, 1, False, False),  # a row left over
+    ((9, 7), 2, 2, 1, True, False),  # ceil_mode's partial windows
+    ((8, 8), 3, 2, 1, False, False),  # overlapping windows
+]
+
+
+@pytest.mark.parametrize("spatial, kernel, stride, dilation, ceil_mode, tiles", TILED_POOLS)
+def test_pools_over_exact_tiles_are_strided_slices(spatial, kernel, stride, dilation, ceil_mode, tiles):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, *spatial).mul(2).round().requires_grad_()  # ties: the gradient goes where torch's does
+    module = Pools(kernel, stride, dilation, ceil_mode)
+    want = module(x)
+    jm = torch2jax.convert(module, (x.detach(),))
+    got = jax.jit(jm.apply)(jm.params, _j(x))
+    for g, w in zip(got, want):
+        assert g.shape == tuple(w.shape)
+        assert max_err(g, w) < 1e-6
+    grad = jax.grad(lambda xj: sum(jnp.sum(y**3 + y) for y in jm.apply(jm.params, xj)))(_j(x))
+    sum((y**3 + y).sum() for y in want).backward()
+    assert max_err(grad, x.grad) < 1e-5 * float(x.grad.abs().max())
+    hlo = jax.jit(jm.apply).lower(jm.params, _j(x)).as_text()
+    windows = hlo.count("reduce_window")
+    if tiles:
+        assert windows == 0, "windows that tile the input exactly are strided slices, not reduce_window"
+    else:
+        assert windows > 0
+
+
+@pytest.mark.parametrize("kernel, stride, padding, ceil_mode", [(2, 2, 0, False), (3, 1, 1, False), (3, 2, 1, True)])
+def test_dilated_max_pool_matches_torch_with_gradients(kernel, stride, padding, ceil_mode):
+    # JAX has no gradient for a dilated max reduce_window: these windows are strided slices
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 11, 10).mul(2).round().requires_grad_()  # with ties
+    x.data[0, 0, 0, 0] = float("nan")
+    want = torch.nn.functional.max_pool2d(x, kernel, stride, padding, dilation=2, ceil_mode=ceil_mode)
+    values, _ = max_pool2d_with_indices(_j(x), [kernel] * 2, [stride] * 2, [padding] * 2, [2, 2], ceil_mode)
+    np.testing.assert_array_equal(np.asarray(values), want.detach().numpy())  # NaN where torch has it
+    pooled = lambda xj: max_pool2d_with_indices(xj, [kernel] * 2, [stride] * 2, [padding] * 2, [2, 2], ceil_mode)[0]  # noqa: E731
+    grad = jax.grad(lambda xj: jnp.sum(jnp.nan_to_num(pooled(xj)) ** 3 + pooled(xj)))(_j(x))
+    (torch.nan_to_num(want) ** 3 + want).sum().backward()
+    np.testing.assert_allclose(np.asarray(grad), x.grad.numpy(), rtol=1e-5)
+
+
 # --- conv + eval-mode batch norm folding ----------------------------------------------------------
 
 

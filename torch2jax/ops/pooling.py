@@ -1,4 +1,4 @@
-"""Pooling: max / avg / adaptive, kept whole as `lax.reduce_window` where the windows are regular.
+"""Pooling: max / avg / adaptive, as `lax.reduce_window` or strided slices where the windows are regular.
 
 Every op fixes its number of spatial dims (n), so unbatched inputs (C, *spatial) work as torch's do.
 Window geometry is static (shapes are known at trace time), so indices and counts are numpy constants.
@@ -18,6 +18,7 @@ from jax import lax
 from ..registry import lowers
 
 _LOW = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+_MAX_SLICED_OFFSETS = 16  # windows with more offsets stay reduce_window, the smaller program
 
 
 def _ints(value, n):
@@ -79,6 +80,54 @@ def _reduce_window(x, n, init, op, window):
     back = (0, x.ndim - 1) + tuple(range(1, x.ndim - 1))
     window = {key: value[:1] + value[2:] + value[1:2] for key, value in window.items()}
     return lax.reduce_window(x.transpose(to_last), init, op, **window).transpose(back)
+
+
+def _tiles_exactly(x, n, kernel, stride, padding, dilation, geo) -> bool:
+    """Whether the windows tile the pooled dims exactly: kernel == stride, no padding or dilation,
+    nothing left over."""
+    return (
+        tuple(kernel) == tuple(stride)
+        and not any(padding)
+        and all(d == 1 for d in dilation)
+        and all(out * k == size for size, (out, _, _), k in zip(x.shape[-n:], geo, kernel))
+    )
+
+
+def _pool(x, n, init, op, kernel, stride, padding, dilation, geo):
+    """op over each window, at torch's output size.
+
+    Windows that tile the input exactly are combined as strided slices, one per offset in the window:
+    a loop XLA fuses with the producer (after a 2x upsample the 4x larger input is then never written
+    out, nor transposed channels-last for reduce_window; unet 0.70 of the reduce_window form).
+    Dilated windows take the same path, since JAX has no gradient for a dilated max reduce_window.
+    """
+    small = math.prod(kernel) <= _MAX_SLICED_OFFSETS and all(out > 0 for out, _, _ in geo)
+    if small and (_tiles_exactly(x, n, kernel, stride, padding, dilation, geo) or any(d > 1 for d in dilation)):
+        return _strided_windows(x, n, init, op, kernel, stride, dilation, geo)
+    return _crop(_reduce_window(x, n, init, op, _window(x, n, kernel, stride, dilation, geo)), n, geo)
+
+
+def _strided_windows(x, n, init, op, kernel, stride, dilation, geo):
+    """op over the windows, combining one strided slice of the padded input per window offset."""
+    lead = x.ndim - n
+    if any(lo or hi for _, lo, hi in geo):
+        x = lax.pad(x, jnp.asarray(init, x.dtype), [(0, 0, 0)] * lead + [(lo, hi, 0) for _, lo, hi in geo])
+    result = None
+    for offset in np.ndindex(*kernel):
+        first = tuple(o * d for o, d in zip(offset, dilation))
+        stop = tuple(f + (out - 1) * s + 1 for f, (out, _, _), s in zip(first, geo, stride))
+        term = lax.slice(x, (0,) * lead + first, x.shape[:lead] + stop, (1,) * lead + tuple(stride))
+        result = term if result is None else (_first_max(result, term) if op is lax.max else op(result, term))
+    return result
+
+
+def _first_max(best, term):
+    """The larger of two window offsets, keeping the earlier one on a tie and the later NaN: the
+    gradient then reaches the one element torch's max-pool backward picks, not half of each."""
+    wins = term > best
+    if jnp.issubdtype(term.dtype, jnp.floating):
+        wins = wins | jnp.isnan(term)
+    return jnp.where(wins, term, best)
 
 
 def _crop(y, n, geo):
@@ -148,8 +197,8 @@ def _max_values(x, n, kernel_size, stride, padding, dilation, ceil_mode):
     stride = _ints(stride, n) if stride else kernel
     padding, dilation = _ints(padding, n), _ints(dilation, n)
     geo = _geometry(x, n, kernel, stride, padding, dilation, ceil_mode)
-    values = _reduce_window(x, n, np.array(_lowest(x.dtype), x.dtype), lax.max, _window(x, n, kernel, stride, dilation, geo))
-    return _crop(values, n, geo), (kernel, stride, padding, dilation, geo)
+    values = _pool(x, n, np.array(_lowest(x.dtype), x.dtype), lax.max, kernel, stride, padding, dilation, geo)
+    return values, (kernel, stride, padding, dilation, geo)
 
 
 def _max_pool(x, n, kernel_size, stride, padding, dilation, ceil_mode):
@@ -193,8 +242,7 @@ def _avg_pool(x, n, kernel_size, stride, padding, ceil_mode, count_include_pad, 
     ones = (1,) * n
     geo = _geometry(x, n, kernel, stride, padding, ones, ceil_mode)
     acc = _acc(x)
-    total = _reduce_window(acc, n, np.array(0, acc.dtype), lax.add, _window(x, n, kernel, stride, ones, geo))
-    total = _crop(total, n, geo)
+    total = _pool(acc, n, np.array(0, acc.dtype), lax.add, kernel, stride, padding, ones, geo)
     if divisor_override:
         if jnp.issubdtype(x.dtype, jnp.integer):
             return lax.div(total, jnp.asarray(divisor_override, total.dtype))
