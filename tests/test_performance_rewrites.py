@@ -266,31 +266,29 @@ def test_pooling_channels_last_matches_torch(kernel, stride, padding, ceil_mode)
 
 
 class Pools(nn.Module):
-    def __init__(self, kernel, stride, dilation=1, ceil_mode=False):
+    def __init__(self, kernel, stride, ceil_mode=False):
         super().__init__()
         self.args = dict(kernel_size=kernel, stride=stride, ceil_mode=ceil_mode)
-        self.dilation = dilation
 
     def forward(self, x):
-        pooled_max = torch.nn.functional.max_pool2d(x, dilation=self.dilation, **self.args)
-        return pooled_max, torch.nn.functional.avg_pool2d(x, **self.args)
+        return torch.nn.functional.max_pool2d(x, **self.args), torch.nn.functional.avg_pool2d(x, **self.args)
 
 
-TILED_POOLS = [  # (spatial, kernel, stride, dilation, ceil_mode, tiles exactly)
-    ((8, 6), 2, 2, 1, False, True),
-    ((9, 6), 3, 3, 1, True, True),
-    ((8, 12), (2, 4), (2, 4), 1, False, True),
-    ((9, 6), 2, 2, 1, False, False),  # a row left over
-    ((9, 7), 2, 2, 1, True, False),  # ceil_mode's partial windows
-    ((8, 8), 3, 2, 1, False, False),  # overlapping windows
+TILED_POOLS = [  # (spatial, kernel, stride, ceil_mode, tiles exactly)
+    ((8, 6), 2, 2, False, True),
+    ((9, 6), 3, 3, True, True),
+    ((8, 12), (2, 4), (2, 4), False, True),
+    ((9, 6), 2, 2, False, False),  # a row left over
+    ((9, 7), 2, 2, True, False),  # ceil_mode's partial windows
+    ((8, 8), 3, 2, False, False),  # overlapping windows
 ]
 
 
-@pytest.mark.parametrize("spatial, kernel, stride, dilation, ceil_mode, tiles", TILED_POOLS)
-def test_pools_over_exact_tiles_are_strided_slices(spatial, kernel, stride, dilation, ceil_mode, tiles):
+@pytest.mark.parametrize("spatial, kernel, stride, ceil_mode, tiles", TILED_POOLS)
+def test_pools_over_exact_tiles_are_strided_slices(spatial, kernel, stride, ceil_mode, tiles):
     torch.manual_seed(0)
     x = torch.randn(2, 3, *spatial).mul(2).round().requires_grad_()  # ties: the gradient goes where torch's does
-    module = Pools(kernel, stride, dilation, ceil_mode)
+    module = Pools(kernel, stride, ceil_mode)
     want = module(x)
     jm = torch2jax.convert(module, (x.detach(),))
     got = jax.jit(jm.apply)(jm.params, _j(x))
