@@ -7,6 +7,8 @@ folding, and attention's safe softmax and GQA.
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +20,7 @@ import torch2jax
 from torch2jax import interpreter, passes
 from torch2jax.ops.attention import scaled_dot_product_attention
 from torch2jax.ops.conv import _cpu_channel_padding, _cpu_grouped_route, convolution
+from torch2jax.ops.linalg import LINEAR_WEIGHT_FIRST_ROWS
 from torch2jax.ops.pooling import avg_pool2d, max_pool2d_with_indices
 
 from .helpers import max_err
@@ -492,7 +495,10 @@ def test_lstm_matches_torch():
     assert any(node.op == passes.BMM for node in model.graph.nodes), "torch's decomposition expands the weights"
     optimized = passes.optimize(model.graph)
     assert not any(node.op == passes.BMM for node in optimized.nodes), "no copies of the weights"
-    assert sum(node.op == passes.TRANSPOSED_ONCE for node in optimized.nodes) == 4, "w_hh per layer and direction"
+    read = [node.args[1]["ref"] for node in optimized.nodes if node.op == passes.LINEAR]
+    assert sum(ref.startswith("p_weight_hh") for ref in read) == 20, "w_hh at each of 5 steps per layer and direction"
+    transposed = [node.args[0].get("ref", "") for node in optimized.nodes if node.op == passes.PERMUTE]
+    assert not any(ref.startswith("p_weight_hh") for ref in transposed), "w_hh is read as stored at every step"
     with torch.no_grad():
         want, (h, c) = module(x)
     got, (gh, gc) = model(x.numpy())
@@ -541,23 +547,24 @@ class Recurrence(nn.Module):
         return h @ self.head.t(), (h @ seen) @ seen + seen.sum()
 
 
-def test_matrix_transposed_for_several_matmuls_is_transposed_once(tmp_path):
+def test_recurrent_matmuls_read_the_weight_as_stored(tmp_path):
     torch.manual_seed(0)
     module = Recurrence()
     x = torch.randn(5, 4, 8)
     model = torch2jax.convert(module, (x,), dynamic_shapes={"x": {1: "batch"}})
     optimized = passes.optimize(model.graph)
-    once = [node for node in optimized.nodes if node.op == passes.TRANSPOSED_ONCE]
-    assert [node.args[0]["ref"] for node in once] == ["p_w"], "only w: head has one matmul, probe another reader"
-    assert sum(node.op == passes.PERMUTE and node.args[0] == {"ref": "p_w"} for node in optimized.nodes) == 0
+    read = sorted(node.args[1]["ref"] for node in optimized.nodes if node.op == passes.LINEAR)
+    assert read == ["p_head"] + ["p_probe"] * 2 + ["p_w"] * 5
+    transposed = [node.args[0]["ref"] for node in optimized.nodes if node.op == passes.PERMUTE]
+    assert transposed == ["p_probe"], "probe's transpose is also summed; no other transpose is left"
     with torch.no_grad():
         for batch in (4, 2):
             x = torch.randn(5, batch, 8)
             assert all(max_err(got, want) < 1e-5 for got, want in zip(model(x.numpy()), module(x)))
     hlo = jax.jit(model.apply).lower(model.params, x.numpy()).compile().as_text()
     dots = [line for line in hlo.splitlines() if " dot(" in line]
-    row_major = [line for line in dots if "rhs_contracting_dims={0}" in line]
-    assert len(row_major) == 5, f"each step's dot reads the one row-major copy of w.T: {dots}"
+    assert len(dots) == 8 and all(re.search(r"= f32\[[38],2\]", line) for line in dots), (
+        f"at 2 rows every dot puts the weight first (features x batch): {dots}")
     grads = jax.grad(lambda p: sum(jnp.sum(o ** 2) for o in model.apply(p, x.numpy())))(model.params)
     sum((o ** 2).sum() for o in module(x)).backward()
     for name in ("w", "head", "probe"):  # float32 rounding at the gradient's scale (probe's reach 200)
@@ -568,6 +575,81 @@ def test_matrix_transposed_for_several_matmuls_is_transposed_once(tmp_path):
     x = torch.randn(5, 3, 8)
     with torch.no_grad():
         assert all(max_err(got, want) < 1e-5 for got, want in zip(loaded(x.numpy()), module(x)))
+
+
+class Dense(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(24, 40)
+        self.proj = nn.Linear(40, 16, bias=False)
+
+    def forward(self, x):
+        return self.proj(torch.relu(self.fc(x)))
+
+
+@pytest.mark.parametrize("rows", [1, 8, LINEAR_WEIGHT_FIRST_ROWS, LINEAR_WEIGHT_FIRST_ROWS + 1, 200])
+def test_linear_puts_the_weight_first_at_few_rows(rows):
+    torch.manual_seed(0)
+    module = Dense()
+    x = torch.randn(rows, 24, requires_grad=True)
+    model = torch2jax.convert(module, (x.detach(),))
+    ops = [node.op for node in passes.optimize(model.graph).nodes]
+    assert ops == [passes.LINEAR, "aten.relu.default", passes.LINEAR], "no transpose, mm or addmm left"
+    got = jax.jit(model.apply)(model.params, _j(x))
+    want = module(x)
+    assert max_err(got, want) < 1e-5
+    loss = lambda p, xj: jnp.sum(jnp.sin(model.apply(p, xj)))  # noqa: E731
+    grads, grad_x = jax.grad(loss, argnums=(0, 1))(model.params, _j(x))
+    torch.sin(want).sum().backward()
+    assert max_err(grad_x, x.grad) < 1e-5
+    for name, param in module.named_parameters():  # float32 rounding at the scale of a sum over rows
+        assert max_err(grads[name], param.grad) < 1e-6 * float(param.grad.abs().max()), name
+    hlo = jax.jit(model.apply).lower(model.params, _j(x)).compile().as_text()
+    dots = [line for line in hlo.splitlines() if " dot(" in line]
+    first = [line for line in dots if re.search(rf"= f32\[(40|16),{rows}\]", line)]
+    if rows == 1:
+        return  # a one-row product is a matrix-vector product either way round
+    assert len(dots) == 2 and len(first) == (2 if rows <= LINEAR_WEIGHT_FIRST_ROWS else 0), dots
+
+
+def test_linear_rows_symbolic_in_the_artifact(tmp_path):
+    """With the rows symbolic, the operand order is a conditional on them, settled when the loaded
+    artifact is compiled for actual shapes; batched (vmap) and scaled addmm calls keep torch's values."""
+    torch.manual_seed(0)
+    module = Dense()
+    x = torch.randn(8, 24)
+    model = torch2jax.convert(module, (x,), dynamic_shapes={"x": {0: "rows"}})
+    torch2jax.save(model, tmp_path / "dense")
+    loaded = torch2jax.load(tmp_path / "dense")
+    with torch.no_grad():
+        for rows in (3, 100):
+            x = torch.randn(rows, 24)
+            assert max_err(loaded(x.numpy()), module(x)) < 1e-5
+        stacked = torch.randn(3, 5, 24)
+        batched = jax.vmap(model.apply, in_axes=(None, 0))(model.params, stacked.numpy())
+        assert max_err(batched, module(stacked)) < 1e-5
+    hlo = jax.jit(loaded.apply).lower(loaded.params, np.zeros((6, 24), np.float32)).compile().as_text()
+    assert "conditional" not in hlo
+    assert len(re.findall(r"= f32\[(?:40|16),6\]\S* dot\(", hlo)) == 2, hlo
+
+
+def test_scaled_addmm_of_a_transpose_stays_addmm():
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(5, 4))
+            self.b = nn.Parameter(torch.randn(5))
+
+        def forward(self, x):
+            return torch.addmm(self.b, x, self.w.t(), beta=0.5, alpha=2.0)
+
+    module = Scaled()
+    x = torch.randn(3, 4)
+    model = torch2jax.convert(module, (x,))
+    ops = [node.op for node in passes.optimize(model.graph).nodes]
+    assert passes.LINEAR not in ops and passes.ADDMM in ops
+    with torch.no_grad():
+        assert max_err(model(x.numpy()), module(x)) < 1e-5
 
 
 # --- mixture of experts: gathered expert weights computed densely ---------------------------------

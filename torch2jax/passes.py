@@ -38,14 +38,14 @@ _CARRIES = frozenset({*VIEWS, "aten.unsqueeze.default", "aten.squeeze.dims", "at
                       "aten.permute.default", "aten.slice.Tensor", "aten.select.int", "aten._to_copy.default",
                       "aten.clone.default", "aten.alias.default", "aten.neg.default"})
 PERMUTE, MM, ADDMM = "aten.permute.default", "aten.mm.default", "aten.addmm.default"
-TRANSPOSED_ONCE = "torch2jax.transposed_once.default"
+LINEAR = "torch2jax.linear.default"
 _BINARY = frozenset({"aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.div.Tensor", "aten.where.self",
                      "aten.maximum.default", "aten.minimum.default"})
 
 
 def optimize(graph: Graph) -> Graph:
     """Every pass, in order."""
-    return transposed_once(computed_once(expert_matmul(shared_matmul_operand(fold_conv_batch_norm(graph)))))
+    return linear_products(computed_once(expert_matmul(shared_matmul_operand(fold_conv_batch_norm(graph)))))
 
 
 def _refs(value: Any, out: Counter) -> None:
@@ -264,61 +264,34 @@ def _broadcasts(operand: Any, result: Any) -> bool:
     return any(a == 1 and b != 1 for a, b in zip(reversed(small), reversed(large)))
 
 
-def transposed_once(graph: Graph) -> Graph:
-    """A matrix transposed for two or more matmuls (as their right-hand side) is transposed once.
-
-    An unrolled RNN multiplies the state by `permute(w_hh, [1, 0])` at every step (a new permute per
-    step, of the same param). XLA folds each transpose into its dot, and XLA CPU's dot with a
-    transposed right-hand side re-lays the matrix out on every call: 8x128 @ 128x512 takes 35 us
-    that way and 17 us from a row-major copy (the gap is the re-layout, so it shows at few rows;
-    from 64 rows on both forms cost the same). One transposed copy, shared by every step, then
-    serves them all. A matrix transposed for one matmul only is left alone: the copy would cost
-    what it saves.
+def linear_products(graph: Graph) -> Graph:
+    """mm(x, permute(w, [1, 0])) and addmm(bias, x, permute(w, [1, 0])), which is how torch.export
+    writes nn.Linear (and an unrolled RNN its w_hh at every step), become torch2jax.linear(x, w[, bias]).
+    Its lowering sees w itself, not a transposed value, and orders the operands for the platform
+    (ops/linalg.linear). A transpose left with no reader is dropped.
     """
-    consumers = _consumers(graph)
+    by_name = {node.name: node for node in graph.nodes}
     uses = _uses(graph)
-    groups: dict[str, list[Node]] = {}  # source -> its 2-d transposes that only matmuls read
-    for node in graph.nodes:
-        users = consumers.get(node.name, [])
-        if _is_transpose_2d(node) and _is_floating(node.meta) and users and uses[node.name] == len(users) and all(
-                _rhs_of_matmul(user, node.name) for user in users):
-            groups.setdefault(node.args[0]["ref"], []).append(node)
     replaced: dict[str, Node] = {}
-    dropped: set[str] = set()
-    for transposes in groups.values():
-        if sum(len(consumers[t.name]) for t in transposes) < 2:
+    rewritten: Counter = Counter()
+    for node in graph.nodes:
+        rhs = {MM: 1, ADDMM: 2}.get(node.op)
+        if rhs is None or len(node.args) != rhs + 1 or not _default_scales(node.kwargs):
             continue
-        first = transposes[0]  # the earliest: it precedes every user of the others
-        replaced[first.name] = Node(first.name, TRANSPOSED_ONCE, [first.args[0]], {}, first.meta, first.source)
-        for other in transposes[1:]:
-            dropped.add(other.name)
-            for user in consumers[other.name]:
-                current = replaced.get(user.name, user)
-                replaced[user.name] = dataclasses.replace(current, args=_renamed(current.args, other.name, first.name))
+        source = by_name.get(node.args[rhs]["ref"]) if isinstance(node.args[rhs], dict) else None
+        if source is None or not _is_transpose_2d(source):
+            continue
+        bias = [node.args[0]] if node.op == ADDMM else []
+        replaced[node.name] = Node(node.name, LINEAR, [node.args[rhs - 1], source.args[0], *bias], {}, node.meta, node.source)
+        rewritten[source.name] += 1
+    dropped = {name for name, count in rewritten.items() if count == uses[name]}
     return _rewritten(graph, replaced, dropped)
+
+
+def _default_scales(kwargs: dict) -> bool:
+    return set(kwargs) <= {"beta", "alpha"} and all(value == 1 for value in kwargs.values())
 
 
 def _is_transpose_2d(node: Node) -> bool:
     return (node.op == PERMUTE and len(node.args) == 2 and isinstance(node.args[0], dict) and "ref" in node.args[0]
             and [d % 2 for d in node.args[1]] == [1, 0] and len(getattr(node.meta, "shape", ())) == 2)
-
-
-def _rhs_of_matmul(node: Node, name: str) -> bool:
-    """Whether `node` is mm(x, name) or addmm(bias, x, name), reading `name` nowhere else."""
-    rhs = {MM: 1, ADDMM: 2}.get(node.op)
-    if rhs is None or len(node.args) <= rhs or node.args[rhs] != {"ref": name}:
-        return False
-    others: Counter = Counter()
-    _refs([a for i, a in enumerate(node.args) if i != rhs], others)
-    _refs(node.kwargs, others)
-    return name not in others
-
-
-def _renamed(value: Any, old: str, new: str) -> Any:
-    if isinstance(value, list):
-        return [_renamed(v, old, new) for v in value]
-    if isinstance(value, dict):
-        if value == {"ref": old}:
-            return {"ref": new}
-        return {k: _renamed(v, old, new) for k, v in value.items()}
-    return value

@@ -1,5 +1,4 @@
-"""Where XLA computes a value: `torch2jax.computed_once` and `torch2jax.transposed_once`, added by
-the passes of the same names.
+"""Where XLA computes a value: `torch2jax.computed_once`, added by the pass of the same name.
 
 XLA CPU fuses elementwise producers (and gathers) into their consumers even when a consumer
 broadcasts the producer's result, so a costly op (cos, exp, a table lookup) is then recomputed for
@@ -52,11 +51,3 @@ def _arrays(args) -> list:
 def _size_hint(x) -> int:
     """The number of elements, a symbolic dim counted as large."""
     return math.prod(d if isinstance(d, int) else 1 << 20 for d in x.shape)
-
-
-@lowers("torch2jax.transposed_once.default")
-def transposed_once(x):
-    """x.T in a buffer of its own. XLA would otherwise fold the transpose into each dot that reads it,
-    and its CPU dot then re-lays x out per call; the barrier keeps the transpose a copy, made once.
-    Other platforms get the plain transpose (their dots take either layout at no cost)."""
-    return lax.platform_dependent(cpu=lambda: lax.optimization_barrier(x.T), default=lambda: x.T)
