@@ -27,7 +27,7 @@ def cnn_artifact(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cli") / "cnn"
     result = cli("convert", "sample_models/cnn.py:make_model", "--out", str(out))
     assert result.returncode == 0, result.stderr
-    for stage in ("[export]", "[decompose]", "[lower]", "[jax.export]", "[save]", "[verify]"):
+    for stage in ("[export]", "[decompose]", "[lower]", "[weights]", "[jax.export]", "[save]", "[verify]"):
         assert stage in result.stderr
     assert "second size (batch=3)" in result.stdout
     return out

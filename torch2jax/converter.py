@@ -70,6 +70,7 @@ def convert(
         captured = capture(ep, names)
         interpreter.check_supported(captured.graph, captured.schemas)
         run = interpreter.build(passes.optimize(captured.graph))  # the saved graph stays plain ATen
+    with timer.stage("weights", "copy the weights into JAX arrays"):
         params = {name: to_jax(t) for name, t in captured.tensors.items()}
     model = Model(run, params, captured.graph)
     model.timings = timer.timings

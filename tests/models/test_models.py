@@ -3,11 +3,14 @@ at the example size and at a second size of every symbolic dim, from one artifac
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+import torch.utils._pytree as pytree
 
 import torch2jax
 from torch2jax.converter import cast
+from torch2jax.torch_arrays import to_numpy, to_torch
 from torch2jax.verify import verify
 
 from .zoo import LARGE_MODELS, MODELS
@@ -71,11 +74,37 @@ def test_large_model_matches_torch(name, tmp_path):
     assert report.passed, report.summary()
 
 
+# At benchmark sizes bfloat16 round-off alone exceeds verify's bfloat16 tolerance against torch's
+# bfloat16 run (the two round in different places). Both are compared with the float32 model
+# instead: ours may be at most 2x as far from it as torch's own bfloat16 run, in the largest and in
+# the mean error, the bound the OpInfo harness uses for single ops.
+BF16_ACCURACY_FACTOR = 2.0
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="at these sizes bfloat16 round-off (torch's and ours differ in where they round) "
-                   "exceeds verify's bfloat16 tolerance: vit_large max abs 0.047, llama_large 0.012; the same before the "
-                   "performance rewrites")
 @pytest.mark.parametrize("name", ["llama_large", "vit_large", "resnet_large"])
-def test_large_model_bfloat16_matches_torch(name):
+def test_large_model_bfloat16_as_accurate_as_torch(name):
     torch.manual_seed(0)
-    _check_bfloat16(LARGE_MODELS[name]())
+    case = LARGE_MODELS[name]()
+    module = case.module.eval()
+    model = torch2jax.convert(module, case.args, case.kwargs, dynamic_shapes=case.dynamic_shapes, dtype="bfloat16")
+    reference, args, kwargs = cast(module, case.args, case.kwargs, "bfloat16")
+    with torch.no_grad():
+        exact = _float_leaves(module(*case.args, **case.kwargs))
+        theirs = _float_leaves(reference(*args, **kwargs))
+    np_args, np_kwargs = pytree.tree_map_only(torch.Tensor, to_numpy, (args, kwargs))
+    ours = _float_leaves(model(*np_args, **np_kwargs))
+    assert len(ours) == len(theirs) == len(exact) > 0
+    for i, (want, their, our) in enumerate(zip(exact, theirs, ours)):
+        their_err, our_err = (their - want).abs(), (our - want).abs()
+        print(f"{name} output {i}: max err ours {our_err.max():.3g} torch {their_err.max():.3g}; "
+              f"mean ours {our_err.mean():.3g} torch {their_err.mean():.3g}")
+        assert our_err.max() <= BF16_ACCURACY_FACTOR * their_err.max()
+        assert our_err.mean() <= BF16_ACCURACY_FACTOR * their_err.mean()
+
+
+def _float_leaves(tree) -> list[torch.Tensor]:
+    """The floating outputs, in torch's flattening order, as float64 tensors."""
+    leaves = pytree.tree_flatten(tree)[0]
+    arrays = [leaf if isinstance(leaf, torch.Tensor) else to_torch(np.asarray(leaf)) for leaf in leaves if hasattr(leaf, "dtype")]
+    return [a.to(torch.float64) for a in arrays if a.is_floating_point()]
