@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import torch2jax
-from torch2jax import interpreter, passes
+from torch2jax import interpreter, passes, registry
 from torch2jax.ops.attention import scaled_dot_product_attention
 from torch2jax.ops.conv import _cpu_channel_padding, _cpu_grouped_route, convolution
 from torch2jax.ops.linalg import LINEAR_WEIGHT_FIRST_ROWS
@@ -650,6 +650,41 @@ def test_scaled_addmm_of_a_transpose_stays_addmm():
     assert passes.LINEAR not in ops and passes.ADDMM in ops
     with torch.no_grad():
         assert max_err(model(x.numpy()), module(x)) < 1e-5
+
+
+class ConvBNHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm, self.head = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.norm(self.conv(x)).mean((2, 3)))
+
+
+@pytest.mark.parametrize("op, module, x", [
+    ("aten.addmm.default", Dense(), torch.randn(8, 24)),  # linear_products
+    ("aten.convolution.default", ConvBNHead(), torch.randn(2, 3, 8, 8)),  # fold_conv_batch_norm
+    ("aten.bmm.default", nn.LSTM(6, 8, batch_first=True), torch.randn(3, 5, 6)),  # shared_matmul_operand
+])
+def test_passes_leave_ops_whose_lowering_the_user_replaced(op, module, x):
+    original = registry.lookup(op)
+    calls = []
+
+    def recording(*args, **kwargs):
+        calls.append(op)
+        return original.fn(*args, **kwargs)
+
+    torch2jax.register_lowering(op, recording, ctx=original.ctx, replace=True)
+    try:
+        module = module.eval()
+        model = torch2jax.convert(module, (x,))
+        got = model(x.numpy())
+    finally:
+        torch2jax.register_lowering(op, original.fn, ctx=original.ctx, replace=True)
+    assert calls, f"a pass bypassed the user's lowering of {op}"
+    assert registry.lookup(op).module == original.module
+    with torch.no_grad():
+        assert max_err(jax.tree.leaves(got)[0], jax.tree.leaves(module(x))[0]) < 1e-5
 
 
 # --- mixture of experts: gathered expert weights computed densely ---------------------------------

@@ -44,8 +44,17 @@ _BINARY = frozenset({"aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "a
 
 
 def optimize(graph: Graph) -> Graph:
-    """Every pass, in order."""
-    return linear_products(computed_once(expert_matmul(shared_matmul_operand(fold_conv_batch_norm(graph)))))
+    """Every pass, in order. A pass that rewrites ops whose lowering the user replaced
+    (`register_lowering(..., replace=True)`, `--lowerings`) is skipped: it would bypass that lowering."""
+    for rewrite, reads in _PASSES:
+        if all(_built_in(op) for op in reads):
+            graph = rewrite(graph)
+    return graph
+
+
+def _built_in(op: str) -> bool:
+    lowering = lookup(op)
+    return lowering is not None and lowering.module.startswith("torch2jax.ops.")
 
 
 def _refs(value: Any, out: Counter) -> None:
@@ -295,3 +304,13 @@ def _default_scales(kwargs: dict) -> bool:
 def _is_transpose_2d(node: Node) -> bool:
     return (node.op == PERMUTE and len(node.args) == 2 and isinstance(node.args[0], dict) and "ref" in node.args[0]
             and [d % 2 for d in node.args[1]] == [1, 0] and len(getattr(node.meta, "shape", ())) == 2)
+
+
+# Each pass with the ops it replaces by nodes of its own (computed_once wraps the registered lowering itself).
+_PASSES = [
+    (fold_conv_batch_norm, (CONV, BATCH_NORM)),
+    (shared_matmul_operand, (BMM, EXPAND, *VIEWS)),
+    (expert_matmul, (BMM, INDEX, EXPAND, *VIEWS)),
+    (computed_once, ()),
+    (linear_products, (MM, ADDMM, PERMUTE)),
+]
