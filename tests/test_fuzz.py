@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from torch2jax import artifact, specs
@@ -76,6 +76,7 @@ def test_manifest_reader(tmp_path, data):
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(extra=st.dictionaries(st.sampled_from(["files", "params", "inputs", "format_version"]), json_values, max_size=4))
+@example(extra={"files": {"\x00": None}})  # a file name the OS cannot take: once a raw ValueError from resolve()
 def test_manifest_reader_and_file_checks_near_valid(tmp_path, extra):
     manifest = {"format": artifact.FORMAT, "format_version": 1, "files": {}, "params": {"tree": {}}, "inputs": []}
     manifest.update(extra)

@@ -156,8 +156,10 @@ def check_files(root: Path, manifest: dict) -> None:
     """Every file the manifest lists exists, stays inside the artifact and has its recorded sha256."""
     base = root.resolve()
     for rel, digest in manifest["files"].items():
+        if not isinstance(rel, str) or "\x00" in rel:
+            raise ArtifactError(f"{root}: manifest lists an invalid file name ({rel!r}); the artifact is damaged")
         target = (root / rel).resolve()
-        if not isinstance(rel, str) or base not in target.parents:
+        if base not in target.parents:
             raise ArtifactError(f"{root}: manifest lists a path outside the artifact ({rel!r}); refusing to load")
         if not target.is_file():
             raise ArtifactError(f"{root}: {rel} is missing; the artifact is incomplete, re-export it")
