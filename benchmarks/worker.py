@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from benchmarks.models import BenchCase, build
-from torch2jax import artifact, stablehlo
-from torch2jax.converter import StageTimer, convert
-from torch2jax.model import Model
+from torch2jax.capture.converter import StageTimer, convert
+from torch2jax.runtime import artifact, stablehlo
+from torch2jax.runtime.model import Model
 
 WARMUP_CALLS = 3
 WARMUP_ROUNDS = 2

@@ -112,7 +112,7 @@ def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train
     mismatch exits with status 3 and leaves no output directory. When a single op stops the
     conversion, a standalone script reproducing it is written and its path printed.
     """
-    from torch2jax.report import ReportData, reporting
+    from torch2jax.diagnose.report import ReportData, reporting
 
     out = Path(out_dir)
     if out.exists() and not force:
@@ -123,11 +123,11 @@ def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train
 
 
 def _convert(data, target, out, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, repro_dir, quiet):
-    from torch2jax import artifact, stablehlo
-    from torch2jax.converter import StageTimer, cast
-    from torch2jax.converter import convert as convert_module
+    from torch2jax.capture.converter import StageTimer, cast
+    from torch2jax.capture.converter import convert as convert_module
+    from torch2jax.capture.target import resolve
     from torch2jax.errors import LoweringError, UnsupportedOpsError
-    from torch2jax.target import resolve
+    from torch2jax.runtime import artifact, stablehlo
 
     progress = Progress(quiet)
     timer = StageTimer(progress)
@@ -152,7 +152,7 @@ def _convert(data, target, out, inputs, weights, platforms, force, no_verify, tr
     def verify_artifact(tmp: Path) -> None:
         if no_verify:
             return
-        from torch2jax.verify import check, verify
+        from torch2jax.diagnose.verify import check, verify
 
         with timer.stage("verify", "compare the saved artifact with PyTorch"):
             loaded = artifact.load(tmp)
@@ -177,7 +177,7 @@ def _add_repro(err, graph, resolved, repro_dir) -> None:
     """Write a standalone script reproducing the one failing op, and name it in the error."""
     import torch.utils._pytree as pytree
 
-    from torch2jax import repro
+    from torch2jax.diagnose import repro
     from torch2jax.errors import UnsupportedOpsError
 
     graph = getattr(err, "graph", None) or graph
@@ -216,7 +216,7 @@ def inspect(artifact_dir, as_json):
     Example:
       torch2jax inspect out/gpt
     """
-    from torch2jax.artifact import read_manifest
+    from torch2jax.runtime.artifact import read_manifest
 
     manifest = read_manifest(Path(artifact_dir))
     if as_json:
@@ -267,8 +267,8 @@ def run(artifact_dir, inputs, out_file, from_graph, seed):
     import numpy as np
 
     import torch2jax
-    from torch2jax import specs
     from torch2jax.errors import InputSpecError
+    from torch2jax.ir import specs
 
     model = torch2jax.load(artifact_dir, from_graph=from_graph)
     arrays = {}
@@ -332,11 +332,11 @@ def verify(artifact_dir, target, weights, inputs, seed, report_file):
     symbolic dim. Exit status 3 when an output differs beyond its dtype's tolerance.
     """
     import torch2jax
-    from torch2jax.converter import StageTimer
-    from torch2jax.report import ReportData, reporting
-    from torch2jax.target import resolve
-    from torch2jax.verify import check
-    from torch2jax.verify import verify as run_verify
+    from torch2jax.capture.converter import StageTimer
+    from torch2jax.capture.target import resolve
+    from torch2jax.diagnose.report import ReportData, reporting
+    from torch2jax.diagnose.verify import check
+    from torch2jax.diagnose.verify import verify as run_verify
 
     timer = StageTimer()
     data = ReportData(title="torch2jax verification report", target=target, artifact=str(artifact_dir), timings=timer.timings)
@@ -370,8 +370,8 @@ def bisect(target, inputs, weights, lowerings, seed):
     """
     for path in lowerings:
         _import_lowerings(path)
-    from torch2jax.bisect import bisect as run_bisect
-    from torch2jax.target import resolve
+    from torch2jax.capture.target import resolve
+    from torch2jax.diagnose.bisect import bisect as run_bisect
 
     resolved = resolve(target, list(inputs), weights, seed=seed)
     divergence, checked = run_bisect(resolved.module, resolved.args, resolved.kwargs)

@@ -18,8 +18,8 @@ import torch  # noqa: E402
 from tests.ops.comparisons import COMPARISONS  # noqa: E402
 from tests.ops.known_failures import KNOWN_FAILURES  # noqa: E402
 from tests.ops.skips import SKIPS  # noqa: E402
-from torch2jax.coverage import coverage  # noqa: E402
-from torch2jax.registry import registered  # noqa: E402
+from torch2jax.diagnose.coverage import coverage  # noqa: E402
+from torch2jax.ops import registered  # noqa: E402
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Small test helpers: torch reference outputs and running Python without torch."""
+"""Small test helpers: torch reference outputs, running Python without torch, the real console script."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+CLI = str(Path(sys.executable).with_name("torch2jax"))
 
 
 def torch_out(module, *args, **kwargs):
@@ -16,6 +17,13 @@ def torch_out(module, *args, **kwargs):
 
     with torch.no_grad():
         return module(*args, **kwargs)
+
+
+def as_jax(t):
+    """A torch tensor's values as a jax array (a copy)."""
+    import jax.numpy as jnp
+
+    return jnp.asarray(t.detach().numpy())
 
 
 def max_err(got, want) -> float:
@@ -33,3 +41,8 @@ def run_without_torch(code: str, timeout: int = 300) -> subprocess.CompletedProc
         timeout=timeout,
         cwd=ROOT,
     )
+
+
+def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run the installed `torch2jax` console script as a user would."""
+    return subprocess.run([CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=600)

@@ -8,9 +8,10 @@ import json
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from torch2jax import artifact, specs
 from torch2jax.errors import ArtifactError, GraphFormatError, InputSpecError
-from torch2jax.graph import Graph
+from torch2jax.ir import specs
+from torch2jax.ir.graph import Graph
+from torch2jax.runtime import artifact
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),

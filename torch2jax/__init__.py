@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .artifact import load, save
 from .errors import (
     ArtifactError,
     ExportError,
@@ -22,22 +21,23 @@ from .errors import (
     UnsupportedOpsError,
     VerificationError,
 )
-from .model import Model
-from .registry import register_lowering
+from .ops import register_lowering
+from .runtime.artifact import load, save
+from .runtime.model import Model
 
 __version__ = "0.1.0"
 
 
 def convert(module: Any, args: Any = (), kwargs: dict | None = None, dynamic_shapes: Any = None, **options: Any) -> Model:
-    """Convert a torch.nn.Module to a JAX `Model` (see torch2jax.converter.convert for options)."""
-    from .converter import convert as _convert  # imports torch, only now
+    """Convert a torch.nn.Module to a JAX `Model` (see torch2jax.capture.converter.convert for options)."""
+    from .capture.converter import convert as _convert  # imports torch, only now
 
     return _convert(module, args, kwargs, dynamic_shapes, **options)
 
 
 def load_into_torch(module: Any, model: Model, params: dict | None = None, strict: bool = True) -> Any:
     """Copy a model's (fine-tuned) params back into the torch module (see converter.load_into_torch)."""
-    from .converter import load_into_torch as _load_into_torch  # imports torch, only now
+    from .capture.converter import load_into_torch as _load_into_torch  # imports torch, only now
 
     return _load_into_torch(module, model, params, strict)
 

@@ -9,9 +9,9 @@ import torch
 import torch.utils._pytree as pytree
 
 import torch2jax
-from torch2jax.converter import cast
-from torch2jax.torch_arrays import to_numpy, to_torch
-from torch2jax.verify import verify
+from torch2jax.capture.converter import cast
+from torch2jax.capture.torch_arrays import to_numpy, to_torch
+from torch2jax.diagnose.verify import verify
 
 from .zoo import LARGE_MODELS, MODELS
 

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import torch
 
-from torch2jax.torch_arrays import to_numpy
+from torch2jax.capture.torch_arrays import to_numpy
 
 from .opinfo_harness import Prepared, check_shape_and_dtype, compare
 

@@ -9,11 +9,13 @@ import jax
 import numpy as np
 import torch
 
-from torch2jax import dtypes, exporter, interpreter
-from torch2jax.capture import capture, dtype_name
+from torch2jax.capture import exporter
+from torch2jax.capture.fx import capture, dtype_name
+from torch2jax.capture.torch_arrays import to_jax, to_numpy
 from torch2jax.errors import ExportError, UnsupportedOpsError
-from torch2jax.model import Model
-from torch2jax.torch_arrays import to_jax, to_numpy
+from torch2jax.ir import dtypes
+from torch2jax.lowering import interpreter
+from torch2jax.runtime.model import Model
 
 SAMPLES_PER_OP = int(os.environ.get("T2J_OPINFO_SAMPLES", "1"))  # 0 = every sample (make test-ops-full)
 

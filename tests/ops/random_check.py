@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.testing._utils as torch_testing_utils
 
-from torch2jax.torch_arrays import to_numpy
+from torch2jax.capture.torch_arrays import to_numpy
 
 from .opinfo_harness import check_shape_and_dtype, leaves
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torch2jax.torch_arrays import to_numpy
+from torch2jax.capture.torch_arrays import to_numpy
 
 from .opinfo_harness import CallFn, Prepared, compare, convert_sample
 

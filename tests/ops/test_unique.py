@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from torch2jax.graph import Node, TensorMeta
-from torch2jax.interpreter import LoweringContext
-from torch2jax.registry import lookup
+from torch2jax.ir.graph import Node, TensorMeta
+from torch2jax.lowering.interpreter import LoweringContext
+from torch2jax.ops import lookup
 
 
 def _run(op: str, x: torch.Tensor, *args):

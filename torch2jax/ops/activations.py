@@ -11,9 +11,9 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from ..dtypes import is_floating
-from ..registry import lowers
+from ..ir.dtypes import is_floating
 from .elementwise import to_float
+from .registry import lowers
 
 
 def _compute(x):

@@ -7,9 +7,9 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from ..graph import Node
-from ..registry import lowers
+from ..ir.graph import Node
 from .random import dropout, random_when
+from .registry import lowers
 
 _SDPA = "aten.scaled_dot_product_attention.default"
 

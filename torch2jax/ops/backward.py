@@ -10,10 +10,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..registry import lowers
 from .conv import convolution
 from .normalization import native_group_norm, native_layer_norm
 from .pooling import adaptive_avg_pool2d, avg_pool2d
+from .registry import lowers
 
 
 def _masked(grads, output_mask):

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..errors import LoweringError
-from ..registry import lookup, lowers
+from .registry import lookup, lowers
 
 
 def _scalar_bool(value):

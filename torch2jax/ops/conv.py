@@ -12,8 +12,8 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from ..registry import lowers
 from .placement import apart
+from .registry import lowers
 
 _LOW = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -270,7 +270,7 @@ def col2im(x, output_size, kernel_size, dilation, padding, stride):
 @lowers("torch2jax.conv_batch_norm.default")
 def conv_batch_norm(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
                     bn_weight, bn_bias, running_mean, running_var, momentum, eps):
-    """aten.convolution followed by eval-mode batch norm, folded (see torch2jax/passes.py).
+    """aten.convolution followed by eval-mode batch norm, folded (see torch2jax/lowering/passes.py).
 
     scale = bn_weight / sqrt(var + eps) multiplies the conv's output channels, so it multiplies the
     weights instead; the bias becomes (bias - mean) * scale + bn_bias. Outputs as the norm's.

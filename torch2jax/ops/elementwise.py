@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..dtypes import is_bool, is_floating, is_integer
-from ..registry import lowers
+from ..ir.dtypes import is_bool, is_floating, is_integer
+from .registry import lowers
 
 _LOW_PRECISION = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
 

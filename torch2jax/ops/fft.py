@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ..registry import lowers
+from .registry import lowers
 
 # numpy's `norm` names which direction carries the scale: map torch's codes for each direction
 _FORWARD_NORM = {0: "backward", 1: "ortho", 2: "forward"}

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..registry import lowers
+from .registry import lowers
 
 
 def _linspace(start, end, steps, dtype):

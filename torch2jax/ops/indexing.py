@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..registry import lowers
+from .registry import lowers
 
 
 def _wrap(index, size):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..registry import lowers
+from .registry import lowers
 
 _LOW = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.lax import linalg as lax_linalg
 
-from ..registry import lowers
+from .registry import lowers
 
 
 def _mH(x):

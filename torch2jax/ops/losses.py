@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..errors import LoweringError
-from ..registry import lowers
+from .registry import lowers
 
 
 def _dtypes(dtype, acc_dtype, acc_policy):

@@ -10,7 +10,7 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from ..registry import lowers
+from .registry import lowers
 
 
 def _acc(x):

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..registry import lookup, lowers
+from .registry import lookup, lowers
 
 
 @lowers("torch2jax.computed_once.default")

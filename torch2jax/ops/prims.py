@@ -11,7 +11,7 @@ import operator
 
 import jax.numpy as jnp
 
-from ..registry import lowers
+from .registry import lowers
 
 
 @lowers("operator.getitem")

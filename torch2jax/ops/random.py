@@ -13,9 +13,9 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from ..dtypes import is_floating
-from ..graph import Node
-from ..registry import lowers
+from ..ir.dtypes import is_floating
+from ..ir.graph import Node
+from .registry import lowers
 
 _RANDOM: list[str] = []
 

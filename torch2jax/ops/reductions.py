@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..dtypes import is_bool, is_floating, is_integer
 from ..errors import LoweringError
-from ..registry import lowers
+from ..ir.dtypes import is_bool, is_floating, is_integer
+from .registry import lowers
 
 _LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..registry import lowers
+from .registry import lowers
 
 
 @lowers("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")

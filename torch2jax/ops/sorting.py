@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..dtypes import is_bool, is_floating
-from ..registry import lowers
+from ..ir.dtypes import is_bool, is_floating
+from .registry import lowers
 
 
 def _key(x):

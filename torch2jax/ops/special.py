@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..registry import lowers
 from .elementwise import opmath, to_float
+from .registry import lowers
 
 
 def _operands(ctx, *values):

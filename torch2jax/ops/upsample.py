@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..registry import lowers
 from .placement import apart
+from .registry import lowers
 
 _LOW = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _f32 = np.float32

@@ -1,0 +1,276 @@
+"""Convolution lowerings that exist for speed keep torch's values and gradients: channels padded onto
+XLA CPU's fast path, grouped convs as taps or one conv per group, strided transposed convs as one conv
+per output phase, and an eval-mode batch norm folded into its conv."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import torch2jax
+from torch2jax.lowering import interpreter, passes
+from torch2jax.ops.conv import _cpu_channel_padding, _cpu_grouped_route, convolution
+
+from ..helpers import as_jax, max_err
+
+
+def assert_conv_and_grads_match(f, x: torch.Tensor, w: torch.Tensor, want: torch.Tensor) -> None:
+    """f(x, w) under jit, and its input and weight gradients of sum(out**2), against torch's, at
+    float32 rounding of each one's scale."""
+    got = jax.jit(f)(as_jax(x), as_jax(w))
+    assert got.shape == tuple(want.shape)
+    assert max_err(got, want) < 1e-5 * float(want.abs().max())
+    gx, gw = jax.grad(lambda xj, wj: jnp.sum(f(xj, wj) ** 2), argnums=(0, 1))(as_jax(x), as_jax(w))
+    (want**2).sum().backward()
+    for got_grad, want_grad in ((gx, x.grad), (gw, w.grad)):
+        assert max_err(got_grad, want_grad) < 1e-5 * float(want_grad.abs().max())
+
+
+# --- convolution: channels padded onto XLA CPU's fast path ---
+
+
+@pytest.mark.parametrize("cin, cout", [(3, 32), (5, 32), (7, 32), (3, 16), (8, 16), (16, 16), (4, 12)])
+@pytest.mark.parametrize("kernel, stride, padding, dilation", [(7, 2, 3, 1), (3, 1, 1, 1), (3, 2, 0, 2), (1, 1, 0, 1)])
+def test_conv_padded_channels_match_torch(cin, cout, kernel, stride, padding, dilation):
+    torch.manual_seed(0)
+    x = torch.randn(2, cin, 20, 20, requires_grad=True)
+    w = torch.randn(cout, cin, kernel, kernel, requires_grad=True)
+    b = torch.randn(cout)
+    want = torch.nn.functional.conv2d(x, w, b, stride, padding, dilation)
+
+    def f(xj, wj):
+        return convolution(xj, wj, as_jax(b), [stride] * 2, [padding] * 2, [dilation] * 2, False, [0, 0], 1)
+
+    got = f(as_jax(x), as_jax(w))
+    assert got.shape == tuple(want.shape)
+    assert max_err(got, want) < 1e-4
+    # the zero channels must not leak into the gradients (shapes and values as torch's)
+    gx, gw = jax.grad(lambda xj, wj: jnp.sum(f(xj, wj) ** 2), argnums=(0, 1))(as_jax(x), as_jax(w))
+    (want**2).sum().backward()
+    assert gx.shape == tuple(x.shape) and gw.shape == tuple(w.shape)
+    # against the gradient's scale: an element that cancels to near zero still carries the rounding of
+    # the hundreds of large products it sums (the order differs with XLA's threading); a leak is O(scale)
+    for got_grad, want_grad in ((gx, x.grad), (gw, w.grad)):
+        assert max_err(got_grad, want_grad) < 1e-5 * float(want_grad.abs().max())
+
+
+# --- grouped convolution: taps (written out or looped) and one conv per group on CPU ---
+
+GROUPED = {  # (input shape, weight shape, groups, stride, padding, dilation): route
+    "depthwise 7x7 (loop)": ((2, 8, 11, 13), (8, 1, 7, 7), 8, 1, 3, 1),
+    "depthwise 3x3 (written out)": ((2, 8, 11, 13), (8, 1, 3, 3), 8, 1, 1, 1),
+    "channel multiplier 2": ((2, 8, 11, 13), (16, 1, 3, 3), 8, 1, 1, 1),
+    "strided": ((2, 8, 11, 13), (8, 1, 3, 3), 8, 2, 1, 1),
+    "dilated, no padding": ((2, 8, 11, 13), (8, 1, 3, 5), 8, 1, 0, 2),
+    "1-d, 31 taps (loop)": ((2, 12, 40), (12, 1, 31), 12, 1, 15, 1),
+    "3-d depthwise": ((2, 4, 5, 6, 7), (4, 1, 3, 3, 3), 4, 1, 1, 1),
+    "4 channels per group (loop)": ((2, 16, 9, 9), (32, 4, 3, 3), 4, 1, 1, 1),
+    "one conv per group": ((2, 64, 9, 9), (64, 32, 3, 3), 2, 1, 1, 1),
+    "1-d, one conv per group": ((2, 64, 40), (64, 16, 16), 4, 1, 8, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(GROUPED))
+def test_grouped_conv_matches_torch(case):
+    xs, ws, groups, stride, padding, dilation = GROUPED[case]
+    n = len(xs) - 2
+    torch.manual_seed(0)
+    x, w, b = torch.randn(*xs, requires_grad=True), torch.randn(*ws, requires_grad=True), torch.randn(ws[0])
+    conv = (torch.nn.functional.conv1d, torch.nn.functional.conv2d, torch.nn.functional.conv3d)[n - 1]
+    want = conv(x, w, b, stride, padding, dilation, groups)
+
+    def f(xj, wj):
+        return convolution(xj, wj, as_jax(b), [stride] * n, [padding] * n, [dilation] * n, False, [0] * n, groups)
+
+    assert_conv_and_grads_match(f, x, w, want)
+    # bfloat16: accumulated in float32 and rounded once, as torch does
+    xb, wb, bb = (t.detach().bfloat16() for t in (x, w, b))
+    want_b = conv(xb, wb, bb, stride, padding, dilation, groups).float()
+    got_b = convolution(as_jax(xb.float()).astype(jnp.bfloat16), as_jax(wb.float()).astype(jnp.bfloat16),
+                        as_jax(bb.float()).astype(jnp.bfloat16), [stride] * n, [padding] * n, [dilation] * n, False, [0] * n, groups)
+    assert got_b.dtype == jnp.bfloat16
+    assert max_err(got_b.astype(jnp.float32), want_b) <= 2 ** -7 * float(want_b.abs().max())
+
+
+def test_grouped_conv_routes():
+    def route(ws, groups):
+        return _cpu_grouped_route(jnp.zeros(ws), groups)
+
+    assert route((32, 1, 7, 7), 32) == "taps", "depthwise: XLA CPU's grouped conv is 10-50x slower"
+    assert route((128, 4, 3, 3), 32) == "taps"
+    assert route((256, 128, 3, 3), 2) == "split", "wide groups: one YNNPACK conv each"
+    assert route((64, 8, 3, 3), 8) is None, "8 channels x 9 taps: neither measured faster"
+
+
+def test_grouped_taps_are_summed_once_before_a_norm():
+    """The taps' sum is computed apart, not again inside each of a LayerNorm's reductions."""
+    x, w = jnp.ones((2, 32, 9, 9)), jnp.ones((32, 1, 7, 7))
+
+    def conv_then_norm(x, w):
+        y = convolution(x, w, None, [1, 1], [3, 3], [1, 1], False, [0, 0], 32)
+        mean = y.mean(1, keepdims=True)
+        return (y - mean) / jnp.sqrt(((y - mean) ** 2).mean(1, keepdims=True) + 1e-6)
+
+    compiled = jax.jit(conv_then_norm).lower(x, w).compile().as_text()
+    assert " conditional(" in compiled, "the sum runs in a computation of its own"
+
+
+def test_grouped_conv_with_symbolic_spatial_dims_round_trips(tmp_path):
+    module = nn.Conv2d(8, 8, 7, padding=3, groups=8).eval()
+    model = torch2jax.convert(module, (torch.randn(2, 8, 12, 12),), dynamic_shapes={"input": {0: "batch", 2: "h", 3: "w"}})
+    torch2jax.save(model, tmp_path / "art")
+    loaded = torch2jax.load(tmp_path / "art")
+    for shape in [(3, 8, 9, 10), (1, 8, 16, 5)]:
+        x = torch.randn(*shape)
+        assert max_err(loaded(x.numpy()), module(x)) < 1e-5
+
+
+def test_conv_channel_padding_choices():
+    def extra(cin, cout, stride=1, dtype=jnp.float32):
+        x, w = jnp.zeros((1, cin, 8, 8), dtype), jnp.zeros((cout, cin, 3, 3), dtype)
+        return _cpu_channel_padding(x, w, (stride, stride), (1, 1))
+
+    assert extra(3, 64) == (1, 0), "odd input channels on YNNPACK: to a multiple of 4"
+    assert extra(32, 64) is None, "already fast"
+    assert extra(3, 16) == (1, 16), "a small conv: widened to 32 outputs, onto YNNPACK"
+    assert extra(16, 16) == (0, 16)
+    assert extra(3, 16, stride=2) is None, "widening measured on stride 1 only"
+    assert extra(3, 16, dtype=jnp.bfloat16) is None
+
+
+def test_conv_grouped_and_unbatched_are_not_padded():
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 9, 9), torch.randn(24, 3, 3, 3)  # unbatched, 3 channels
+    got = convolution(as_jax(x), as_jax(w), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    assert max_err(got, torch.nn.functional.conv2d(x, w, padding=1)) < 1e-4
+    x, w = torch.randn(2, 9, 9, 9), torch.randn(24, 3, 3, 3)  # 3 groups of 3 channels
+    got = convolution(as_jax(x), as_jax(w), None, [1, 1], [0, 0], [1, 1], False, [0, 0], 3)
+    assert max_err(got, torch.nn.functional.conv2d(x, w, groups=3)) < 1e-4
+
+
+# --- strided transposed convolution: one ordinary conv per output phase on CPU ---
+
+TRANSPOSED = [  # (spatial dims, stride, kernel, padding, dilation, output_padding, groups)
+    (2, 2, 4, 1, 1, 0, 1),  # a UNet's upsampling conv
+    (2, 2, 3, 1, 1, 1, 1),
+    (2, 2, 2, 0, 1, 0, 1),  # kernel == stride: one tap per phase
+    (2, 3, 5, 2, 1, 2, 2),
+    (2, 2, 1, 0, 1, 1, 1),  # phases without any tap
+    (2, 2, 3, 4, 1, 0, 1),  # padding past the kernel: phases crop the input
+    (2, 2, 3, 1, 2, 1, 1),  # dilation that shares a factor with the stride
+    (2, 3, 3, 1, 2, 0, 1),
+    (1, 2, 4, 1, 1, 1, 2),
+    (3, 2, 3, 1, 1, 1, 1),
+]
+
+
+@pytest.mark.parametrize("case", TRANSPOSED, ids=[str(c) for c in TRANSPOSED])
+def test_strided_transposed_conv_matches_torch(case):
+    n, stride, kernel, padding, dilation, output_padding, groups = case
+    conv = {1: torch.nn.functional.conv_transpose1d, 2: torch.nn.functional.conv_transpose2d,
+            3: torch.nn.functional.conv_transpose3d}[n]
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, *[7, 6, 5][:n], requires_grad=True)
+    w = torch.randn(4, 6 // groups, *[kernel] * n, requires_grad=True)
+    b = torch.randn(6)
+    want = conv(x, w, b, stride, padding, output_padding, groups, dilation)
+
+    def f(xj, wj):
+        return convolution(xj, wj, as_jax(b), [stride] * n, [padding] * n, [dilation] * n, True, [output_padding] * n, groups)
+
+    assert_conv_and_grads_match(f, x, w, want)
+
+
+def test_strided_transposed_conv_runs_no_dilated_input_on_cpu():
+    x, w = jnp.ones((1, 8, 5, 5)), jnp.ones((8, 4, 4, 4))
+    compiled = jax.jit(lambda x, w: convolution(x, w, None, [2, 2], [1, 1], [1, 1], True, [0, 0], 1)).lower(x, w).compile().as_text()
+    assert compiled.count("convolution(") == 4, "one conv per output phase"
+    assert "lhs_dilate" not in compiled, "no conv over an input with zeros inserted"
+
+
+# --- conv + eval-mode batch norm folding ----------------------------------------------------------
+
+
+class ConvBN(nn.Module):
+    def __init__(self, shared: bool = False, bias: bool = True, affine: bool = True):
+        super().__init__()
+        self.shared = shared
+        self.conv1 = nn.Conv2d(3, 24, 3, padding=1, bias=bias)
+        self.bn1 = nn.BatchNorm2d(24, affine=affine)
+        self.conv2 = nn.Conv2d(24, 32, 3, stride=2, bias=bias)
+        self.bn2 = nn.BatchNorm2d(32, affine=affine)
+
+    def forward(self, x):
+        y = self.conv1(x)
+        z = torch.relu(self.bn1(y))
+        if self.shared:  # the raw conv output is used again: that conv must not be folded
+            z = z + y
+        return self.bn2(self.conv2(z))
+
+
+def _trained(module: nn.Module) -> nn.Module:
+    torch.manual_seed(1)
+    for m in module.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+            if m.affine:
+                m.weight.data.uniform_(0.5, 1.5)
+                m.bias.data.uniform_(-0.5, 0.5)
+    return module.eval()
+
+
+def _folded_count(graph) -> int:
+    return sum(node.op == passes.CONV_BATCH_NORM for node in passes.optimize(graph).nodes)
+
+
+@pytest.mark.parametrize("shared, bias, affine, folds", [(False, True, True, 2), (True, True, True, 1), (False, False, False, 2)])
+def test_conv_batch_norm_fold_matches_torch(shared, bias, affine, folds):
+    torch.manual_seed(0)
+    module = _trained(ConvBN(shared, bias, affine))
+    x = torch.randn(2, 3, 16, 16)
+    model = torch2jax.convert(module, (x,))
+    assert _folded_count(model.graph) == folds
+    assert not any(node.op == passes.CONV_BATCH_NORM for node in model.graph.nodes), "the saved graph stays plain ATen"
+    assert set(model.params) == set(module.state_dict()), "params keep their state_dict names"
+    with torch.no_grad():
+        want = module(x)
+    assert max_err(model(x.numpy()), want) < 1e-5
+
+
+def test_conv_batch_norm_fold_keeps_gradients():
+    """Fine-tuning through the folded function: grads for every conv and norm param as unfolded."""
+    torch.manual_seed(0)
+    module = _trained(ConvBN())
+    x = torch.randn(2, 3, 16, 16)
+    model = torch2jax.convert(module, (x,))
+    unfolded = interpreter.build(model.graph)
+    folded = interpreter.build(passes.optimize(model.graph))
+    leaves = [jnp.asarray(x.numpy())]
+
+    floats = {k: v for k, v in model.params.items() if jnp.issubdtype(v.dtype, jnp.floating)}
+    others = {k: v for k, v in model.params.items() if k not in floats}  # num_batches_tracked
+
+    def loss(run):
+        return lambda params: jnp.sum(run({**params, **others}, leaves)[0][0] ** 2)
+
+    want = jax.grad(loss(unfolded))(floats)
+    got = jax.grad(loss(folded))(floats)
+    for name in ("conv1.weight", "conv1.bias", "bn1.weight", "bn1.bias", "conv2.weight", "bn2.bias"):
+        np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]), rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_conv_batch_norm_fold_bfloat16_rounds_as_torch():
+    """In bfloat16 the norm is not folded into the weights (that would round them differently)."""
+    torch.manual_seed(0)
+    module = _trained(ConvBN())
+    x = torch.randn(2, 3, 16, 16)
+    model = torch2jax.convert(module, (x,), dtype="bfloat16")
+    with torch.no_grad():
+        want = module.to(torch.bfloat16)(x.to(torch.bfloat16)).float()
+    got = np.asarray(model(jnp.asarray(x.numpy(), jnp.bfloat16)), np.float32)
+    np.testing.assert_allclose(got, want.numpy(), rtol=1.6e-2, atol=1e-2)

@@ -1,0 +1,211 @@
+"""Artifacts: save/load round trip, the portable-graph path, torch-free loading, damage detection."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import torch2jax
+from torch2jax.runtime import artifact
+
+from ..helpers import max_err, run_without_torch, torch_out
+
+
+def test_round_trip_matches_torch_on_both_paths(converted, saved):
+    module, args, _ = converted("tiny_gpt")
+    path = saved("tiny_gpt")
+    tokens = torch.randint(0, 128, (3, 20))
+    want = torch_out(module, tokens)
+    exported = torch2jax.load(path)
+    rebuilt = torch2jax.load(path, from_graph=True)
+    assert exported.backend == "exported" and rebuilt.backend == "graph"
+    assert max_err(exported(tokens.numpy()), want) < 1e-4
+    assert max_err(rebuilt(tokens.numpy()), want) < 1e-4
+    np.testing.assert_allclose(np.asarray(exported(tokens.numpy())), np.asarray(rebuilt(tokens.numpy())), rtol=1e-5, atol=1e-5)
+
+
+def test_manifest_describes_the_artifact(converted, saved):
+    _, _, model = converted("tiny_gpt")
+    manifest = torch2jax.load(saved("tiny_gpt")).manifest
+    assert manifest["format"] == "torch2jax-artifact" and manifest["format_version"] == artifact.FORMAT_VERSION
+    assert manifest["inputs"] == [{"name": "tokens", "dtype": "int64", "jax_dtype": "int32", "shape": ["batch", "seq"]}]
+    assert manifest["outputs"][0]["shape"] == ["batch", "seq", 128]
+    assert manifest["symbols"]["seq"]["max"] == 32
+    assert set(manifest["platforms"]) == {"cpu", "cuda", "tpu"} and manifest["vjp_order"] == 1
+    assert manifest["params"]["count"] == sum(int(np.prod(p.shape)) for p in model.params.values())
+    assert {"exported.bin", "graph.json"} <= set(manifest["files"])
+    assert any(name.startswith("params/") for name in manifest["files"])
+    for key in ("torch2jax", "jax", "jaxlib", "torch"):
+        assert manifest["versions"][key]
+
+
+def test_exported_has_every_platform_and_no_weights_inside(saved):
+    path = saved("tiny_gpt")
+    exp = jax.export.deserialize(bytearray((path / "exported.bin").read_bytes()))
+    assert exp.platforms == ("cpu", "cuda", "tpu")
+    params_bytes = json.loads((path / "manifest.json").read_text())["params"]["bytes"]
+    assert (path / "exported.bin").stat().st_size < params_bytes / 4, "weights look embedded in the StableHLO"
+
+
+def test_loaded_model_is_differentiable_and_vmappable(converted, saved):
+    module, args, _ = converted("mlp")
+    path = saved("mlp")
+    loaded = torch2jax.load(path)
+    rebuilt = torch2jax.load(path, from_graph=True)
+    x = args[0].numpy()
+
+    def loss(model):
+        return lambda params: jnp.sum(model.apply(params, x) ** 2)
+
+    g_exported = jax.grad(loss(loaded))(loaded.params)
+    g_graph = jax.grad(loss(rebuilt))(rebuilt.params)
+    module.zero_grad()
+    (module(args[0]) ** 2).sum().backward()
+    assert max_err(g_exported["fc2.weight"], module.fc2.weight.grad) < 1e-4
+    assert max_err(g_graph["fc2.weight"], module.fc2.weight.grad) < 1e-4
+    rows = jax.vmap(lambda row: rebuilt.apply(rebuilt.params, row[None])[0])(x)
+    np.testing.assert_allclose(np.asarray(rows), np.asarray(loaded(x)), rtol=1e-5, atol=1e-6)
+    jvp_out = jax.jvp(lambda v: rebuilt.apply(rebuilt.params, v), (jnp.asarray(x),), (jnp.ones_like(x),))
+    assert jvp_out[1].shape == (4, 10)
+
+
+def test_save_refuses_to_overwrite_without_force(converted, tmp_path):
+    model = converted("mlp")[2]
+    out = tmp_path / "art"
+    torch2jax.save(model, out)
+    with pytest.raises(torch2jax.ArtifactError, match="already exists"):
+        torch2jax.save(model, out)
+    torch2jax.save(model, out, force=True)
+    assert torch2jax.load(out).manifest
+    assert [p.name for p in tmp_path.iterdir()] == ["art"], "temporary directories were left behind"
+
+
+def test_failed_check_leaves_nothing(converted, tmp_path):
+    model = converted("mlp")[2]
+
+    def reject(_):
+        raise torch2jax.VerificationError("numbers differ")
+
+    with pytest.raises(torch2jax.VerificationError):
+        torch2jax.save(model, tmp_path / "art", check=reject)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def copy_of(saved, tmp_path):
+    def make(name: str):
+        target = tmp_path / name
+        shutil.copytree(saved(name), target)
+        return target
+
+    return make
+
+
+def test_missing_file_is_reported(copy_of):
+    path = copy_of("mlp")
+    (path / "graph.json").unlink()
+    with pytest.raises(torch2jax.ArtifactError, match="graph.json is missing"):
+        torch2jax.load(path)
+
+
+def test_changed_bytes_are_reported(copy_of):
+    path = copy_of("mlp")
+    data = bytearray((path / "exported.bin").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (path / "exported.bin").write_bytes(bytes(data))
+    with pytest.raises(torch2jax.ArtifactError, match="sha256"):
+        torch2jax.load(path)
+
+
+def test_truncated_params_are_reported(copy_of):
+    path = copy_of("mlp")
+    victim = max((p for p in (path / "params").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    victim.write_bytes(victim.read_bytes()[:10])
+    with pytest.raises(torch2jax.ArtifactError, match="sha256"):
+        torch2jax.load(path)
+
+
+def test_newer_format_version_is_reported(copy_of):
+    path = copy_of("mlp")
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["format_version"] = artifact.FORMAT_VERSION + 1
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(torch2jax.ArtifactError, match="newer than this torch2jax"):
+        torch2jax.load(path)
+
+
+def test_not_an_artifact(tmp_path):
+    with pytest.raises(torch2jax.ArtifactError, match="no manifest.json"):
+        torch2jax.load(tmp_path)
+    (tmp_path / "manifest.json").write_text('{"hello": 1}')
+    with pytest.raises(torch2jax.ArtifactError, match="not a torch2jax manifest"):
+        torch2jax.load(tmp_path)
+    with pytest.raises(torch2jax.ArtifactError, match="not a directory"):
+        torch2jax.load(tmp_path / "nope")
+
+
+def test_path_escaping_the_artifact_is_refused(copy_of):
+    path = copy_of("mlp")
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"]["../outside"] = "0" * 64
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(torch2jax.ArtifactError, match="outside the artifact"):
+        torch2jax.load(path)
+
+
+def test_files_slipped_into_params_are_refused(copy_of):
+    path = copy_of("mlp")
+    (path / "params" / "extra").write_bytes(b"not ours")
+    with pytest.raises(torch2jax.ArtifactError, match="not listed in the manifest"):
+        torch2jax.load(path)
+
+
+def test_params_folder_pointing_elsewhere_is_refused(copy_of, tmp_path):
+    path = copy_of("mlp")
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(path / "params", elsewhere)
+    (path / "params").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(torch2jax.ArtifactError, match="outside the artifact"):
+        torch2jax.load(path)
+
+
+def test_undeserializable_exported_falls_back_to_graph_with_warning(copy_of, converted):
+    module, args, _ = converted("mlp")
+    path = copy_of("mlp")
+    (path / "exported.bin").write_bytes(b"not a flatbuffer")
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"]["exported.bin"] = artifact._sha256(path / "exported.bin")
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.warns(UserWarning, match="falling back"):
+        model = torch2jax.load(path)
+    assert model.backend == "graph"
+    assert max_err(model(args[0].numpy()), torch_out(module, *args)) < 1e-5
+
+
+def test_load_works_where_torch_cannot_be_imported(saved, converted):
+    module, args, _ = converted("cnn")
+    path = saved("cnn")
+    x = torch.randn(3, 3, 32, 32)
+    np.save(path.parent / "cnn_x.npy", x.numpy())
+    np.save(path.parent / "cnn_ref.npy", torch_out(module, x).numpy())
+    code = f"""
+import numpy as np, torch2jax
+x = np.load({str(path.parent / 'cnn_x.npy')!r}); ref = np.load({str(path.parent / 'cnn_ref.npy')!r})
+for from_graph in (False, True):
+    m = torch2jax.load({str(path)!r}, from_graph=from_graph)
+    err = float(np.abs(np.asarray(m(x)) - ref).max())
+    assert err < 1e-4, err
+try:
+    import torch
+except ImportError:
+    print("torch blocked; ok")
+"""
+    result = run_without_torch(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "torch blocked; ok" in result.stdout

@@ -1,0 +1,106 @@
+"""`torch2jax.convert`: nn.Module + example inputs -> an in-memory `Model` (convert half)."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..lowering import interpreter, passes
+from ..runtime.model import Model
+from . import exporter
+from .fx import capture
+from .torch_arrays import to_jax, to_torch
+
+ProgressFn = Callable[[str, str], None]  # (stage, message)
+
+
+class StageTimer:
+    """Times the named stages of a conversion and reports each to an optional progress callback."""
+
+    def __init__(self, progress: ProgressFn | None = None):
+        self.progress = progress
+        self.timings: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str, message: str):
+        if self.progress:
+            self.progress(name, message)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[name] = time.perf_counter() - start
+
+
+def convert(
+    module: torch.nn.Module,
+    args: tuple | list | Any = (),
+    kwargs: dict | None = None,
+    dynamic_shapes: Any = None,
+    *,
+    strict: bool = False,
+    dtype: str | torch.dtype | None = None,
+    progress: ProgressFn | None = None,
+    timer: StageTimer | None = None,
+) -> Model:
+    """Convert `module` to a JAX `Model`, tracing it on example `args`/`kwargs`.
+
+    `dynamic_shapes` takes torch.export's form or a plain one such as `{"x": {0: "batch"}}`.
+    The module is exported in the mode it is in: call `module.eval()` first for inference.
+    `dtype` (e.g. "bfloat16") converts a copy of the module and its floating inputs first, as
+    `module.to(dtype)` would: params and computation in that precision.
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"convert() takes a torch.nn.Module, got {type(module).__name__}")
+    if not isinstance(args, (tuple, list)):
+        args = (args,)
+    if dtype is not None:
+        module, args, kwargs = cast(module, tuple(args), kwargs or {}, dtype)
+    timer = timer or StageTimer(progress)
+    with timer.stage("export", "torch.export"):
+        ep, names = exporter.export(module, tuple(args), kwargs, dynamic_shapes, strict=strict)
+    with timer.stage("decompose", "decompose to core ATen"):
+        ep = exporter.decompose(ep)
+    with timer.stage("lower", "translate to JAX"):
+        captured = capture(ep, names)
+        interpreter.check_supported(captured.graph, captured.schemas)
+        run = interpreter.build(passes.optimize(captured.graph))  # the saved graph stays plain ATen
+    with timer.stage("weights", "copy the weights into JAX arrays"):
+        params = {name: to_jax(t) for name, t in captured.tensors.items()}
+    model = Model(run, params, captured.graph)
+    model.timings = timer.timings
+    return model
+
+
+def cast(module: torch.nn.Module, args: tuple, kwargs: dict, dtype: str | torch.dtype) -> tuple[torch.nn.Module, tuple, dict]:
+    """A copy of `module` in `dtype`, with floating example inputs cast alike (the user's module is untouched)."""
+    target = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    if not isinstance(target, torch.dtype) or not target.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch dtype such as 'bfloat16', got {dtype!r}")
+
+    def cast_value(value):
+        return value.to(target) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+    moved = copy.deepcopy(module).to(target)
+    return moved, tuple(pytree.tree_map(cast_value, list(args))), pytree.tree_map(cast_value, dict(kwargs))
+
+
+def load_into_torch(module: torch.nn.Module, model: Model, params: dict | None = None, strict: bool = True) -> Any:
+    """Copy `params` (default: `model.params`, e.g. after fine-tuning in JAX) into `module`.
+
+    Names are the module's state_dict names (tied weights land under every name); each value is
+    cast to the dtype the module's tensor has (int32 counters back to int64, bfloat16 exactly).
+    Returns torch's `load_state_dict` result (missing / unexpected keys when strict=False).
+    """
+    current = module.state_dict()
+    state = {}
+    for name, value in model.state_dict(params).items():
+        tensor = to_torch(value)
+        state[name] = tensor.to(current[name].dtype) if name in current else tensor
+    return module.load_state_dict(state, strict=strict)

@@ -1,0 +1,164 @@
+"""Stage 1 (convert half): torch.export + run_decompositions, with torch's errors made readable.
+
+Dynamic dims are accepted in torch's own form (`torch.export.Dim`) or a plain one without torch
+objects: `{"x": {0: "batch"}}` (a name, or `{"name": "batch", "min": 1, "max": 64}`). Dims that
+share a name are the same dim.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any
+
+import torch
+
+from ..errors import ExportError, InputSpecError
+
+# Ops torch2jax lowers better whole than decomposed (design: keep high-level ops whole).
+KEEP_WHOLE = (
+    "aten.scaled_dot_product_attention.default",
+)
+
+
+def export(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_shapes: Any, strict: bool = False):
+    """torch.export the module; returns (ExportedProgram before decomposition, symbol names)."""
+    kwargs = dict(kwargs or {})
+    dims = normalize_dynamic_shapes(dynamic_shapes)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch-internal deprecations, not the user's concern
+            ep = torch.export.export(module, tuple(args), kwargs, dynamic_shapes=dims, strict=strict)
+    except Exception as err:  # torch's own reason is the useful part
+        raise ExportError(_export_failure_message(err)) from err
+    return ep, symbol_names(ep, module, args, kwargs, dims)
+
+
+def decompose(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """Decompose to the core ATen opset, keeping KEEP_WHOLE ops as they are."""
+    table = torch.export.default_decompositions()
+    for name in KEEP_WHOLE:
+        namespace, op, overload = name.split(".")
+        table.pop(getattr(getattr(getattr(torch.ops, namespace), op), overload), None)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return ep.run_decompositions(table)
+    except Exception as err:
+        raise ExportError(f"torch could not decompose the exported program to core ATen: {_first_paragraph(err)}") from err
+
+
+def normalize_dynamic_shapes(spec: Any) -> Any:
+    """Plain names -> torch.export.Dim (one Dim per distinct name); torch Dims pass through."""
+    if spec is None:
+        return None
+    made: dict[str, Any] = {}
+
+    def make(entry: Any) -> Any:
+        if isinstance(entry, str):
+            return dim(entry, None, None)
+        if isinstance(entry, dict) and "name" in entry:
+            return dim(entry["name"], entry.get("min"), entry.get("max"))
+        return entry
+
+    def dim(name: str, lo: int | None, hi: int | None) -> Any:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise InputSpecError(f"dynamic dim name {name!r} must be an identifier such as 'batch'")
+        if name not in made:
+            options = {k: v for k, v in (("min", lo), ("max", hi)) if v is not None}
+            made[name] = torch.export.Dim(name, **options)
+        return made[name]
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict) and node and all(isinstance(k, int) for k in node):
+            return {k: make(v) for k, v in node.items()}
+        if isinstance(node, dict):
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, (list, tuple)):
+            items = [walk(v) if isinstance(v, (dict, list, tuple)) else make(v) for v in node]
+            return type(node)(items)
+        return make(node)
+
+    return walk(spec)
+
+
+def symbol_names(ep, module, args: tuple, kwargs: dict, dims: Any) -> dict[str, str]:
+    """Map torch's symbols (s0, s77) to the user's dim names by walking inputs and specs together."""
+    if dims is None:
+        return {}
+    per_leaf = _flat_dim_specs(module, args, kwargs, dims)
+    user_inputs = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    names: dict[str, str] = {}
+    for input_name, spec in zip(user_inputs, per_leaf):
+        val = placeholders[input_name].meta.get("val")
+        if spec is None or not isinstance(val, torch.Tensor):
+            continue
+        items = spec.items() if isinstance(spec, dict) else enumerate(spec)
+        for axis, d in items:
+            if d is None or not hasattr(d, "__name__"):
+                continue
+            size = val.shape[axis]
+            if isinstance(size, torch.SymInt) and size.node.expr.is_symbol:
+                names.setdefault(str(size.node.expr), d.__name__)
+    return names
+
+
+def _flat_dim_specs(module, args: tuple, kwargs: dict, dims: Any) -> list:
+    """One dim spec (or None) per tensor leaf, in torch's flattening order of (args, kwargs)."""
+    if isinstance(dims, dict):
+        try:
+            bound = inspect.signature(module.forward).bind(*args, **kwargs)
+        except TypeError:
+            bound = None
+        params = list(bound.arguments) if bound is not None else []
+        positional = [dims.get(params[i]) if i < len(params) else None for i in range(len(args))]
+        keyword = {k: dims.get(k) for k in kwargs}
+    else:
+        positional = list(dims) + [None] * (len(args) - len(dims))
+        keyword = {k: None for k in kwargs}
+    flat: list = []
+    for value, spec in zip(args, positional):
+        _walk(value, spec, flat)
+    for key, value in kwargs.items():
+        _walk(value, keyword[key], flat)
+    return flat
+
+
+def _walk(value: Any, spec: Any, flat: list) -> None:
+    if isinstance(value, torch.Tensor):
+        flat.append(spec)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _walk(item, spec[i] if isinstance(spec, (list, tuple)) and i < len(spec) else None, flat)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _walk(item, spec.get(key) if isinstance(spec, dict) else None, flat)
+    elif value is not None:
+        flat.append(None)
+
+
+def _first_paragraph(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    return text.split("\n\n")[0].strip()
+
+
+def _export_failure_message(err: BaseException) -> str:
+    reason = _first_paragraph(err)
+    hint = ""
+    lowered = str(err).lower()
+    if "data-dependent" in lowered or "guardon" in lowered.replace("_", "") or "could not guard" in lowered:
+        hint = (
+            "\nThe model branches on a tensor's value. torch.export cannot capture that; "
+            "express the branch with torch.cond, or make the condition depend on shapes only."
+        )
+    elif "top-level keys must be the arg names" in lowered:
+        hint = "\nName the dynamic dims by forward()'s parameter names (the keys torch lists above)."
+    elif "constraints violated" in lowered or "specialized" in lowered or "dynamic_shapes" in lowered:
+        hint = "\nCheck the dynamic dims you declared: torch found the model needs a fixed size or a narrower range there."
+    elif "not a known type" in lowered and "pytree" in lowered:
+        hint = (
+            "\nThe model takes or returns an object torch.export cannot flatten. For transformers models, "
+            "pass use_cache=False (config or kwargs) or return a plain tuple/dict."
+        )
+    return f"torch.export could not capture the model ({type(err).__name__}):\n{reason}{hint}"

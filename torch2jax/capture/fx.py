@@ -1,0 +1,356 @@
+"""Translate torch's ExportedProgram into the portable graph, once (convert half: needs torch).
+
+After this step nothing downstream sees a torch object: ops become names, values become the
+encoded forms described in `ir/graph.py`, fake tensors become dtype + shape metadata, torch's
+symbolic dims are renamed to the user's dim names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+
+from ..errors import ExportError, UnsupportedOpsError
+from ..ir.graph import Graph, GraphInput, GraphOutput, Node, TensorMeta, encode_float
+
+_INPUT_KIND = {
+    "PARAMETER": "parameter",
+    "BUFFER": "buffer",
+    "CONSTANT_TENSOR": "constant",
+    "USER_INPUT": "user_input",
+    "TOKEN": "token",
+}
+_OUTPUT_KIND = {
+    "USER_OUTPUT": "user_output",
+    "BUFFER_MUTATION": "buffer_mutation",
+    "USER_INPUT_MUTATION": "user_input_mutation",
+    "TOKEN": "token",
+}
+
+
+class Captured:
+    """The portable graph plus what only torch could tell: params as tensors and op schemas."""
+
+    def __init__(self, graph: Graph, tensors: dict[str, torch.Tensor], schemas: dict[str, str]):
+        self.graph = graph
+        self.tensors = tensors
+        self.schemas = schemas
+
+
+def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str]) -> Captured:
+    """Build the portable graph of `ep`; `symbol_names` renames torch symbols (s0) to dim names."""
+    _refuse_data_dependent_shapes(ep.graph_module)
+    capturer = _Capturer(symbol_names)
+    graph = capturer.graph(ep.graph_module, ep.graph_signature)
+    _refuse_input_mutation(graph)
+    call_spec = ep.call_spec  # torch rebuilds it on every access
+    graph.in_spec = treespec_to_json(call_spec.in_spec)
+    graph.out_spec = treespec_to_json(call_spec.out_spec)
+    graph.symbols = _symbol_ranges(ep, symbol_names)
+    tensors, graph.aliases = _state_tensors(ep, graph)
+    return Captured(graph, tensors, capturer.schemas)
+
+
+# how to bound the ops whose output shape depends on the input values (XLA compiles static or symbolic shapes)
+DATA_DEPENDENT_SHAPES: dict[str, str] = {
+    "aten.nonzero.default": "use torch.nonzero_static(x, size=N, fill_value=-1) with a declared upper bound N "
+                            "(lowered); for x[mask] reductions use torch.where(mask, x, 0) instead",
+    "aten._unique2.default": "torch.unique has no bounded form in torch; compute on a fixed-size result "
+                             "(e.g. sort + torch.where) or give the op a lowering with a static size",
+    "aten.unique_dim.default": "as torch.unique: no bounded form; restructure with a fixed-size result",
+    "aten.unique_consecutive.default": "as torch.unique: no bounded form; restructure with a fixed-size result",
+    "aten.masked_select.default": "use torch.where(mask, x, fill) to keep the shape static",
+    "aten.bincount.default": "its length is max(x) + 1: use torch.zeros(N).index_add_(0, x, weights) with a "
+                             "declared length N",
+}
+
+
+def _refuse_data_dependent_shapes(graph_module: torch.fx.GraphModule) -> None:
+    """XLA compiles static (or symbolic) shapes only: name every op whose output size torch could only
+    express with an unbacked symbol (a size read from tensor values), and how to bound it."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    found: dict[str, torch.fx.Node] = {}
+    for module in graph_module.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            values = node.meta.get("val")
+            values = values if isinstance(values, (list, tuple)) else [values]
+            shaped = [v for v in values if isinstance(v, torch.Tensor)]
+            if node.op == "call_function" and any(free_unbacked_symbols(v.shape) for v in shaped):
+                found.setdefault(op_name(node.target), node)
+    if not found:
+        return
+    generic = ("a size or bound read from tensor values (.item(), .tolist(), a tensor of split points): pass it as "
+               "a Python int, or keep the shape fixed and mask with torch.where")
+    lines = [f"{len(found)} op(s) in this model make tensors whose shape depends on the input values:"]
+    for op, node in found.items():
+        lines.append(f"  - {op} (node {node.name})")
+        lines.append(f"      its output shape depends on the input values, which XLA cannot compile: "
+                     f"{DATA_DEPENDENT_SHAPES.get(op, generic)}")
+        source = _user_frame(node.meta.get("stack_trace"))
+        if source:
+            lines.append("      at " + "\n         ".join(source.strip().splitlines()))
+    raise UnsupportedOpsError("\n".join(lines), list(found))
+
+
+def _refuse_input_mutation(graph: Graph) -> None:
+    """A JAX function cannot change its caller's arrays: say so instead of dropping the write."""
+    mutations = [o for o in graph.outputs if o.kind == "user_input_mutation"]
+    if not mutations:
+        return
+    sources = {node.name: node.source for node in graph.nodes}
+    lines = []
+    for out in mutations:
+        ref = out.value.get("ref") if isinstance(out.value, dict) else None
+        where = sources.get(ref) or ""
+        lines.append(f"  - input {out.target!r}" + (f", at {where.strip().splitlines()[-1].strip()}" if where else ""))
+    raise ExportError(
+        "forward() modifies its input(s) in place, which a JAX function cannot do to its caller's arrays:\n"
+        + "\n".join(lines)
+        + "\nReturn the new value instead (x = x + 1 rather than x.add_(1)), or work on a copy (x = x.clone())."
+    )
+
+
+class _Capturer:
+    def __init__(self, symbol_names: dict[str, str]):
+        self.symbol_names = symbol_names
+        self.schemas: dict[str, str] = {}
+        self._sym_text: dict[Any, str] = {}  # sympy expression -> its text with dims renamed
+
+    def graph(self, gm: torch.fx.GraphModule, signature) -> Graph:
+        kinds = {}
+        if signature is not None:
+            for spec in signature.input_specs:
+                kinds[spec.arg.name] = (_INPUT_KIND.get(spec.kind.name), spec.target)
+        inputs, nodes, outputs, subgraphs = [], [], [], {}
+        for fx_node in gm.graph.nodes:
+            if fx_node.op == "placeholder":
+                kind, target = kinds.get(fx_node.name, ("user_input", None))
+                if kind is None:
+                    raise ExportError(f"input {fx_node.name} has a kind torch2jax does not support (custom objects)")
+                meta = self.meta(fx_node.meta.get("val"))
+                inputs.append(GraphInput(fx_node.name, kind, meta if isinstance(meta, TensorMeta) else None, target))
+            elif fx_node.op == "call_function":
+                nodes.append(self.node(fx_node))
+            elif fx_node.op == "output":
+                values = fx_node.args[0]
+                if not isinstance(values, (list, tuple)):  # a subgraph returning one value (a while_loop condition)
+                    values = [values]
+                specs = signature.output_specs if signature is not None else [None] * len(values)
+                for value, spec in zip(values, specs):
+                    kind = _OUTPUT_KIND.get(spec.kind.name) if spec is not None else "user_output"
+                    if kind is None:
+                        raise ExportError(f"output kind {spec.kind.name} is not supported yet")
+                    target = spec.target if spec is not None else None
+                    outputs.append(GraphOutput(kind, self.encode(value), target))
+            elif fx_node.op == "get_attr":
+                # the branches and bodies of control-flow ops: captured as subgraphs, all inputs explicit
+                module = getattr(gm, fx_node.target)
+                if not isinstance(module, torch.fx.GraphModule):
+                    raise ExportError(f"get_attr {fx_node.target} of type {type(module).__name__} is not supported")
+                subgraphs[fx_node.name] = self.graph(module, None)
+            else:
+                raise ExportError(f"unexpected FX node kind {fx_node.op!r} ({fx_node.name})")
+        return Graph(inputs, nodes, outputs, subgraphs=subgraphs)
+
+    def node(self, fx_node: torch.fx.Node) -> Node:
+        target = fx_node.target
+        name = op_name(target)
+        schema = getattr(target, "_schema", None)
+        if schema is not None:
+            self.schemas.setdefault(name, str(schema))
+        return Node(
+            name=fx_node.name,
+            op=name,
+            args=[self.encode(a) for a in fx_node.args],
+            kwargs={k: self.encode(v) for k, v in fx_node.kwargs.items()},
+            meta=self.meta(fx_node.meta.get("val")),
+            source=_user_frame(fx_node.meta.get("stack_trace")),
+        )
+
+    def encode(self, value: Any) -> Any:
+        if isinstance(value, torch.fx.Node):
+            return {"subgraph": value.name} if value.op == "get_attr" else {"ref": value.name}
+        if value is None or isinstance(value, (bool, int, str)):
+            return value
+        if isinstance(value, float):
+            return encode_float(value)
+        if isinstance(value, (list, tuple)):
+            return [self.encode(v) for v in value]
+        if isinstance(value, torch.dtype):
+            return {"dtype": dtype_name(value)}
+        if isinstance(value, torch.device):
+            return {"device": str(value)}
+        if isinstance(value, torch.layout):
+            return {"layout": str(value).removeprefix("torch.")}
+        if isinstance(value, torch.memory_format):
+            return {"memory_format": str(value).removeprefix("torch.")}
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return self.sym(value)
+        if isinstance(value, torch._ops.OpOverload):  # with_effects' op, e.g. aten._linalg_check_errors
+            return {"op": op_name(value)}
+        raise ExportError(f"cannot represent argument {value!r} of type {type(value).__name__} in the portable graph")
+
+    def meta(self, val: Any) -> Any:
+        if isinstance(val, torch.Tensor):
+            return TensorMeta(dtype_name(val.dtype), [self.dim(d) for d in val.shape])
+        if isinstance(val, (list, tuple)):
+            return [self.meta(v) for v in val]
+        if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return {"sym": self.sym(val)}
+        return None
+
+    def dim(self, d: Any) -> int | str:
+        if isinstance(d, int):
+            return d
+        expr = d.node.expr
+        if expr.is_number:
+            return int(expr)
+        return self.sym(d)
+
+    def sym(self, value: Any) -> str:
+        """The expression as text with dims renamed; cached, since sympy's printer is slow and a graph
+        repeats a handful of expressions (s0, 8*s0, ...) in nearly every node's shape."""
+        expr = value.node.expr if hasattr(value, "node") else value
+        text = self._sym_text.get(expr)
+        if text is None:
+            import sympy
+
+            names = {s: sympy.Symbol(self.symbol_names.get(str(s), str(s))) for s in expr.free_symbols}
+            text = self._sym_text[expr] = str(expr.xreplace(names))
+        return text
+
+
+def op_name(target: Any) -> str:
+    """The registry key of an FX call target: `aten.add.Tensor`, `operator.getitem`, `torch.sym_max`..."""
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher_order.{target.name()}"
+    module = getattr(target, "__module__", None) or ""
+    if module in ("_operator", "operator"):
+        return f"operator.{target.__name__}"
+    if module == "math":
+        return f"math.{target.__name__}"
+    if module.startswith("torch"):
+        return f"torch.{target.__name__}"
+    return f"{module}.{getattr(target, '__name__', repr(target))}"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def treespec_to_json(spec: Any) -> dict:
+    """torch's TreeSpec -> the project's JSON spec; dataclass-like model outputs become dicts."""
+    if spec.is_leaf():
+        return {"type": "leaf"}
+    children = [treespec_to_json(c) for c in spec.children()]
+    kind = spec.type
+    if kind is type(None):
+        return {"type": "none"}
+    if kind is tuple or kind is torch.Size:
+        return {"type": "tuple", "children": children}
+    if kind is list:
+        return {"type": "list", "children": children}
+    if kind is dict or (isinstance(kind, type) and issubclass(kind, dict)):
+        keys = list(spec.context) if spec.context is not None else []
+        if isinstance(spec.context, (list, tuple)) and len(spec.context) == 2 and kind is not dict:
+            keys = list(spec.context[1]) if isinstance(spec.context[1], (list, tuple)) else keys
+        return {"type": "dict", "keys": _json_keys(keys), "children": children}
+    if isinstance(kind, type) and issubclass(kind, tuple) and hasattr(kind, "_fields"):
+        return {"type": "dict", "keys": list(kind._fields), "children": children}
+    if isinstance(kind, type) and issubclass(kind, tuple):  # torch.return_types (values, indices), ...
+        return {"type": "tuple", "children": children}
+    fields = _context_keys(spec.context)
+    if fields is not None and len(fields) == len(children):
+        return {"type": "dict", "keys": fields, "children": children}
+    raise ExportError(
+        f"the model returns or takes a {kind.__name__}, which torch2jax cannot describe; "
+        "return tensors in tuples, lists or dicts"
+    )
+
+
+def _context_keys(context: Any) -> list | None:
+    if isinstance(context, (list, tuple)) and all(isinstance(k, str) for k in context):
+        return list(context)
+    if isinstance(context, (list, tuple)) and context and isinstance(context[-1], (list, tuple)):
+        return _context_keys(context[-1])
+    return None
+
+
+def _json_keys(keys: list) -> list:
+    for key in keys:
+        if not isinstance(key, (str, int)) or isinstance(key, bool):
+            raise ExportError(f"dict key {key!r} cannot be stored; use str or int keys")
+    return keys
+
+
+def _user_frame(stack_trace: str | None) -> str | None:
+    """The innermost frame outside torch itself and its code line: where the user wrote the op."""
+    if not stack_trace:
+        return None
+    lines = [line for line in stack_trace.strip().splitlines() if line.strip()]
+    frames = [i for i, line in enumerate(lines) if line.lstrip().startswith("File ")]
+    outside_torch = [i for i in frames if _TORCH_DIR not in lines[i]]
+    chosen = (outside_torch or frames or [len(lines) - 1])[-1]
+    return "\n".join(x.strip() for x in lines[chosen : chosen + 2])
+
+
+_TORCH_DIR = str(Path(torch.__file__).parent) + "/"
+
+
+def _symbol_ranges(ep: torch.export.ExportedProgram, symbol_names: dict[str, str]) -> dict[str, dict]:
+    ranges = {}
+    for sym, vr in ep.range_constraints.items():
+        name = symbol_names.get(str(sym), str(sym))
+        if not str(name).isidentifier():
+            continue
+        ranges[name] = {"min": _finite_int(vr.lower), "max": _finite_int(vr.upper)}
+    return ranges
+
+
+def _finite_int(bound: Any) -> int | None:
+    """A range bound as an int; torch's infinities (sympy oo, int_oo) become None."""
+    try:
+        value = int(bound)
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return None
+    return value if abs(value) < 2**62 else None
+
+
+def _state_tensors(ep: torch.export.ExportedProgram, graph: Graph) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Params keyed by state_dict name; tied weights (same storage, shape, strides) kept once."""
+    tensors: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
+    for inp in graph.inputs:
+        if inp.kind not in ("parameter", "buffer", "constant"):
+            continue
+        source = ep.constants if inp.kind == "constant" or inp.target not in ep.state_dict else ep.state_dict
+        tensor = source[inp.target]
+        if isinstance(tensor, torch.nn.Parameter):
+            tensor = tensor.data
+        identity = _storage_identity(tensor)
+        if identity is not None and identity in seen:
+            aliases[inp.target] = seen[identity]
+            continue
+        if identity is not None:
+            seen[identity] = inp.target
+        tensors[inp.target] = tensor.detach()
+    return tensors, aliases
+
+
+def _storage_identity(tensor: torch.Tensor) -> tuple | None:
+    if tensor.numel() == 0:
+        return None
+    try:
+        return (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+    except (RuntimeError, NotImplementedError):
+        return None
+

@@ -1,0 +1,1 @@
+"""The portable graph -> a pure JAX function: the graph passes, then the interpreter. Torch-free."""

@@ -1,0 +1,316 @@
+"""Graph passes over the portable graph, run before the interpreter builds the JAX function.
+
+A pass returns a new Graph computing the same values; it never changes the params pytree
+(names, shapes, values), so users keep their own weights and grads flow to every param.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any
+
+from ..ir import dtypes
+from ..ir.graph import PARAM_KINDS, Graph, Node, iter_refs
+from ..ops import lookup
+
+CONV = "aten.convolution.default"
+BATCH_NORM = "aten._native_batch_norm_legit_no_training.default"
+CONV_BATCH_NORM = "torch2jax.conv_batch_norm.default"
+BMM, MATMUL, EXPAND, VIEWS = "aten.bmm.default", "aten.matmul.default", "aten.expand.default", (
+    "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
+INDEX, EXPERT_BMM = "aten.index.Tensor", "torch2jax.expert_bmm.default"
+# Up to this many experts, computing every expert for every row beats gathering each row's expert
+# weights (XLA CPU, 1024x256 experts, 128 rows: gather + bmm 113 ms; dense 11 ms at 4 experts,
+# 32 ms at 16, 87 ms at 32; at 64 experts of 512x256 dense is 2.1x slower).
+DENSE_EXPERTS_MAX = 16
+COMPUTED_ONCE = "torch2jax.computed_once.default"
+# Ops that cost several times a multiply-add per element (transcendentals, gathers): XLA fuses them
+# into each consumer, and a consumer that broadcasts the result recomputes them per element it writes.
+COSTLY = frozenset({
+    *(f"aten.{name}.default" for name in (
+        "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos", "tan",
+        "asin", "acos", "atan", "sinh", "cosh", "tanh", "erf", "erfc", "sigmoid", "embedding")),
+    "aten.index.Tensor"})
+# Ops XLA fuses along with their input without changing which elements are read: followed when
+# looking for the consumer that broadcasts an expensive value.
+_CARRIES = frozenset({*VIEWS, "aten.unsqueeze.default", "aten.squeeze.dims", "aten.squeeze.dim",
+                      "aten.permute.default", "aten.slice.Tensor", "aten.select.int", "aten._to_copy.default",
+                      "aten.clone.default", "aten.alias.default", "aten.neg.default"})
+PERMUTE, MM, ADDMM = "aten.permute.default", "aten.mm.default", "aten.addmm.default"
+LINEAR = "torch2jax.linear.default"
+_BINARY = frozenset({"aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.div.Tensor", "aten.where.self",
+                     "aten.maximum.default", "aten.minimum.default"})
+
+
+def optimize(graph: Graph) -> Graph:
+    """Every pass, in order. A pass that rewrites ops whose lowering the user replaced
+    (`register_lowering(..., replace=True)`, `--lowerings`) is skipped: it would bypass that lowering."""
+    for rewrite, reads in _PASSES:
+        if all(_built_in(op) for op in reads):
+            graph = rewrite(graph)
+    return graph
+
+
+def _built_in(op: str) -> bool:
+    lowering = lookup(op)
+    return lowering is not None and lowering.module.startswith("torch2jax.ops.")
+
+
+def _refs(value: Any, out: Counter) -> None:
+    out.update(iter_refs(value))
+
+
+def _uses(graph: Graph) -> Counter:
+    uses: Counter = Counter()
+    for node in graph.nodes:
+        _refs(node.args, uses)
+        _refs(node.kwargs, uses)
+    for out in graph.outputs:
+        _refs(out.value, uses)
+    return uses
+
+
+def _metas(graph: Graph) -> dict:
+    return {**{i.name: i.meta for i in graph.inputs}, **{n.name: n.meta for n in graph.nodes}}
+
+
+def _rewritten(graph: Graph, replaced: dict[str, Node], dropped: set[str]) -> Graph:
+    """`graph` with nodes replaced by name and the `dropped` ones left out (the same graph if none)."""
+    if not replaced:
+        return graph
+    return dataclasses.replace(graph, nodes=[replaced.get(n.name, n) for n in graph.nodes if n.name not in dropped])
+
+
+def fold_conv_batch_norm(graph: Graph) -> Graph:
+    """conv -> eval-mode batch norm becomes one conv whose weights are scaled by the norm, per call.
+
+    The folded weights are computed inside the function from the params (a few ops on weights,
+    not on activations), so fine-tuning any of the five params still gets the right gradients.
+    Only a conv whose sole user is the norm, with the norm's statistics as params, is folded.
+    """
+    params = {i.name for i in graph.inputs if i.kind in PARAM_KINDS}
+    uses = _uses(graph)
+    by_name = {node.name: node for node in graph.nodes}
+    fused: dict[str, Node] = {}  # batch-norm node name -> fused node
+    dropped: set[str] = set()
+    for node in graph.nodes:
+        if node.op != BATCH_NORM or not node.args or not isinstance(node.args[0], dict):
+            continue
+        conv = by_name.get(node.args[0].get("ref"))
+        if conv is None or conv.op != CONV or len(conv.args) != 9 or len(node.args) != 7 or node.kwargs or conv.kwargs:
+            continue
+        if uses[conv.name] != 1 or conv.args[6] is not False:  # another user needs the unnormalized conv
+            continue
+        stats = node.args[1:5]
+        if not all(s is None or (isinstance(s, dict) and s.get("ref") in params) for s in stats):
+            continue
+        fused[node.name] = Node(node.name, CONV_BATCH_NORM, list(conv.args) + list(node.args[1:]), {}, node.meta, node.source)
+        dropped.add(conv.name)
+    return _rewritten(graph, fused, dropped)
+
+
+def shared_matmul_operand(graph: Graph) -> Graph:
+    """bmm(x, expand(w)) with a 2-d w broadcast over the batch becomes matmul(x, w).
+
+    torch decomposes a 3-d @ 2-d matmul (an RNN's input projection over the whole sequence) into
+    expanding the 2-d side to a batch of copies and a bmm; XLA then materializes the copies (8 MB
+    per LSTM layer and direction for 32 steps). matmul(x, w) is one GEMM over all rows instead.
+    """
+    return _rewrite_bmms(graph, _matmul_of_broadcast)
+
+
+def _rewrite_bmms(graph: Graph, rewrite) -> Graph:
+    """Each bmm that `rewrite(node, by_name, metas)` turns into (new node, the nodes feeding only it,
+    nearest first) is replaced; those feeding nodes are dropped up to the first one read elsewhere."""
+    by_name = {node.name: node for node in graph.nodes}
+    metas = _metas(graph)
+    uses = _uses(graph)
+    replaced: dict[str, Node] = {}
+    dropped: set[str] = set()
+    for node in graph.nodes:
+        if node.op != BMM or len(node.args) != 2 or node.kwargs:
+            continue
+        found = rewrite(node, by_name, metas)
+        if found is None:
+            continue
+        replaced[node.name], chain = found
+        for name in chain:
+            if uses[name] != 1:
+                break
+            dropped.add(name)
+    return _rewritten(graph, replaced, dropped)
+
+
+def _matmul_of_broadcast(node: Node, by_name: dict, metas: dict) -> tuple[Node, list[str]] | None:
+    chain = _broadcast_2d(node.args[1], by_name, metas)
+    if chain is None:
+        return None
+    source, between = chain  # the view, then the expand
+    return Node(node.name, MATMUL, [node.args[0], {"ref": source}], {}, node.meta, node.source), between
+
+
+def _broadcast_2d(arg: Any, by_name: dict, metas: dict) -> tuple[str, list[str]] | None:
+    """(w, [the view and expand nodes]) when `arg` is (a view of) a 2-d w expanded along a new leading dim."""
+    between = []
+    node = by_name.get(arg.get("ref")) if isinstance(arg, dict) else None
+    if node is not None and node.op in VIEWS:
+        between.append(node.name)
+        node = by_name.get(node.args[0].get("ref")) if isinstance(node.args[0], dict) else None
+    if node is None or node.op != EXPAND or not isinstance(node.args[0], dict):
+        return None
+    between.append(node.name)
+    source, sizes = node.args[0].get("ref"), node.args[1]
+    meta = metas.get(source)
+    if source is None or not hasattr(meta, "shape") or len(meta.shape) != 2 or len(sizes) != 3:
+        return None
+    if any(size not in (-1, dim) for size, dim in zip(sizes[1:], meta.shape)):
+        return None
+    return source, between
+
+
+def expert_matmul(graph: Graph) -> Graph:
+    """bmm(w[ids], x) or bmm(x, w[ids]), with a 3-d stack of a few experts' weights `w`, becomes one
+    expert_bmm node, lowered as every expert times every row and then each row's pick.
+
+    A mixture-of-experts layer written for export (transformers' batched_mm experts) gathers each
+    token's expert matrix, rows x N x K bytes, before a batch of matrix-vector products: XLA CPU
+    spends ~3 ns per gathered element. With few experts, the dense products are one GEMM instead.
+    """
+    return _rewrite_bmms(graph, _dense_experts)
+
+
+def _dense_experts(node: Node, by_name: dict, metas: dict) -> tuple[Node, list[str]] | None:
+    if not _is_floating(node.meta):
+        return None
+    for side in (0, 1):
+        gathered = _expert_gather(node.args[side], by_name, metas)
+        if gathered is not None:
+            weights, ids = gathered
+            args = [weights, ids, node.args[1 - side], side == 0]
+            return Node(node.name, EXPERT_BMM, args, {}, node.meta, node.source), [node.args[side]["ref"]]
+    return None
+
+
+def _is_floating(meta: Any) -> bool:
+    return hasattr(meta, "dtype") and dtypes.is_floating(dtypes.numpy_dtype(meta.dtype))
+
+
+def _expert_gather(arg: Any, by_name: dict, metas: dict) -> tuple[dict, dict] | None:
+    """(w, ids) refs when `arg` is index(w, [ids]): a 3-d w with at most DENSE_EXPERTS_MAX rows, 1-d ids."""
+    node = by_name.get(arg.get("ref")) if isinstance(arg, dict) else None
+    if node is None or node.op != INDEX or len(node.args) != 2 or node.kwargs:
+        return None
+    weights, indices = node.args
+    if not isinstance(weights, dict) or not isinstance(indices, list) or len(indices) != 1 or not isinstance(indices[0], dict):
+        return None
+    w_meta, ids_meta = metas.get(weights.get("ref")), metas.get(indices[0].get("ref"))
+    if not hasattr(w_meta, "shape") or not hasattr(ids_meta, "shape") or len(w_meta.shape) != 3 or len(ids_meta.shape) != 1:
+        return None
+    experts = w_meta.shape[0]
+    if not isinstance(experts, int) or experts > DENSE_EXPERTS_MAX or not dtypes.is_integer(dtypes.numpy_dtype(ids_meta.dtype)):
+        return None
+    return weights, indices[0]
+
+
+def computed_once(graph: Graph) -> Graph:
+    """A costly op whose result some consumer broadcasts is computed once, on its own.
+
+    Llama's rotary tables are cos and sin of a (1, seq, head_dim) array, multiplied into q and k of
+    every layer (batch x heads times larger): XLA CPU fused cos/sin into each of those products and
+    recomputed them per element, 10x the cost of the products themselves (4.7 vs 0.47 ms for four
+    8x4x64x64 products). T5's relative position bias, a gather from a (buckets, heads) table, was
+    likewise gathered again for every batch element inside each layer's softmax. The op is wrapped
+    in a node whose lowering keeps it out of the consumers (ops/placement.py).
+    """
+    consumers = _consumers(graph)
+    metas = _metas(graph)
+    replaced = {}
+    for node in graph.nodes:
+        lowering = lookup(node.op)  # a user's replacement lowering may ask for context: left as is
+        if node.op in COSTLY and lowering is not None and not lowering.ctx and _broadcast_later(node.name, consumers, metas):
+            replaced[node.name] = Node(node.name, COMPUTED_ONCE, [node.op, *node.args], node.kwargs, node.meta, node.source)
+    return _rewritten(graph, replaced, set())
+
+
+def _consumers(graph: Graph) -> dict[str, list[Node]]:
+    """The nodes that read each value, each listed once per value."""
+    consumers: dict[str, list[Node]] = {}
+    for node in graph.nodes:
+        for ref in _node_refs(node):
+            consumers.setdefault(ref, []).append(node)
+    return consumers
+
+
+def _node_refs(node: Node) -> list[str]:
+    refs: Counter = Counter()
+    _refs(node.args, refs)
+    _refs(node.kwargs, refs)
+    return list(refs)
+
+
+def _broadcast_later(name: str, consumers: dict, metas: dict, depth: int = 6) -> bool:
+    """Whether the value `name`, through ops that carry it element for element, meets an expand or a
+    binary op whose output has more elements than it (a size-1 or missing dim made larger)."""
+    if depth == 0:
+        return False
+    for user in consumers.get(name, []):
+        if user.op == EXPAND:
+            return True
+        if user.op in _BINARY and _broadcasts(metas.get(name), user.meta):
+            return True
+        if (user.op in _CARRIES or user.op in _BINARY) and _broadcast_later(user.name, consumers, metas, depth - 1):
+            return True
+    return False
+
+
+def _broadcasts(operand: Any, result: Any) -> bool:
+    if not hasattr(operand, "shape") or not hasattr(result, "shape"):
+        return False
+    small, large = list(operand.shape), list(result.shape)
+    if len(small) < len(large):
+        return True
+    return any(a == 1 and b != 1 for a, b in zip(reversed(small), reversed(large)))
+
+
+def linear_products(graph: Graph) -> Graph:
+    """mm(x, permute(w, [1, 0])) and addmm(bias, x, permute(w, [1, 0])), which is how torch.export
+    writes nn.Linear (and an unrolled RNN its w_hh at every step), become torch2jax.linear(x, w[, bias]).
+    Its lowering sees w itself, not a transposed value, and orders the operands for the platform
+    (ops/linalg.linear). A transpose left with no reader is dropped.
+    """
+    by_name = {node.name: node for node in graph.nodes}
+    uses = _uses(graph)
+    replaced: dict[str, Node] = {}
+    rewritten: Counter = Counter()
+    for node in graph.nodes:
+        rhs = {MM: 1, ADDMM: 2}.get(node.op)
+        if rhs is None or len(node.args) != rhs + 1 or not _default_scales(node.kwargs):
+            continue
+        source = by_name.get(node.args[rhs]["ref"]) if isinstance(node.args[rhs], dict) else None
+        if source is None or not _is_transpose_2d(source):
+            continue
+        bias = [node.args[0]] if node.op == ADDMM else []
+        replaced[node.name] = Node(node.name, LINEAR, [node.args[rhs - 1], source.args[0], *bias], {}, node.meta, node.source)
+        rewritten[source.name] += 1
+    dropped = {name for name, count in rewritten.items() if count == uses[name]}
+    return _rewritten(graph, replaced, dropped)
+
+
+def _default_scales(kwargs: dict) -> bool:
+    return set(kwargs) <= {"beta", "alpha"} and all(value == 1 for value in kwargs.values())
+
+
+def _is_transpose_2d(node: Node) -> bool:
+    return (node.op == PERMUTE and len(node.args) == 2 and isinstance(node.args[0], dict) and "ref" in node.args[0]
+            and [d % 2 for d in node.args[1]] == [1, 0] and len(getattr(node.meta, "shape", ())) == 2)
+
+
+# Each pass with the ops it replaces by nodes of its own (computed_once wraps the registered lowering itself).
+_PASSES = [
+    (fold_conv_batch_norm, (CONV, BATCH_NORM)),
+    (shared_matmul_operand, (BMM, EXPAND, *VIEWS)),
+    (expert_matmul, (BMM, INDEX, EXPAND, *VIEWS)),
+    (computed_once, ()),
+    (linear_products, (MM, ADDMM, PERMUTE)),
+]

@@ -1,0 +1,171 @@
+"""The model users hold: from `convert` (in memory) or `load` (from an artifact). Torch-free.
+
+    model(*inputs, **kw)                 bound call on model.params, jit-compiled once per input shape
+    model.apply(params, *inputs, **kw)   pure and traceable: jit, grad, vmap, shard
+    model.params                         the params pytree, keyed by state_dict names
+
+Inputs are checked against the graph's signature before anything runs, so a wrong count,
+dtype, shape or structure fails with a message naming the input, not deep inside XLA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import SignatureError, Torch2JaxError
+from ..ir import dtypes, structure, symbolic
+from ..ir.graph import Graph, TensorMeta
+
+# run(params, leaves, rng) -> (flat user outputs, {mutated buffer name: new value})
+RunFn = Callable[[dict, list, Any], tuple[list, dict]]
+
+
+class Model:
+    """A converted model: a pure function of (params, inputs) and the params it was converted with."""
+
+    def __init__(self, run: RunFn, params: dict, graph: Graph, manifest: dict | None = None, backend: str = "graph"):
+        self._run = run
+        self.params = params
+        self.graph = graph
+        self.manifest = manifest
+        self.backend = backend  # "graph" (interpreted portable graph) or "exported" (StableHLO)
+        self._jitted = jax.jit(self._apply_leaves)
+
+    # -- public API -------------------------------------------------------------------------
+    def apply(self, params: dict, *args: Any, rng: jax.Array | None = None, mutable: bool = False, **kwargs: Any) -> Any:
+        """Run the model on `params`. Pure and traceable.
+
+        With `mutable=True` returns `(outputs, updates)` where `updates` maps each buffer the
+        forward pass mutates (e.g. BatchNorm running stats in train mode) to its new value.
+        """
+        leaves = self._leaves(args, kwargs)
+        outputs, updates = self._apply_leaves(params, leaves, rng)
+        return self._finish(outputs, updates, mutable)
+
+    def __call__(self, *args: Any, rng: jax.Array | None = None, **kwargs: Any) -> Any:
+        """Run on `self.params` (compiled once per input shape); mutated buffers update `self.params`."""
+        return self.call_flat(structure.flatten((tuple(args), dict(kwargs)), self.graph.in_spec, "inputs"), rng)
+
+    def call_flat(self, leaves: list, rng: jax.Array | None = None) -> Any:
+        """Call on flat inputs in graph order (the order manifest["inputs"] lists them)."""
+        outputs, updates = self._jitted(self.params, check_inputs(self.graph, list(leaves)), rng)
+        if updates:
+            self.params = {**self.params, **updates}
+        return structure.unflatten(self.graph.out_spec, outputs)
+
+    def state_dict(self, params: dict | None = None) -> dict[str, np.ndarray]:
+        """`params` (default: self.params) as numpy arrays under every state_dict name, tied names included.
+
+        Load them back into the torch module with
+        `module.load_state_dict({k: torch.from_numpy(v) for k, v in jm.state_dict().items()})`.
+        """
+        params = self.params if params is None else params
+        out = {name: np.asarray(value) for name, value in params.items()}
+        for alias, kept in self.graph.aliases.items():
+            out[alias] = out[kept]
+        return out
+
+    @property
+    def needs_rng(self) -> bool:
+        """Whether the graph draws random numbers, so that calls need `rng=`."""
+        from ..lowering.interpreter import needs_rng
+
+        return needs_rng(self.graph)
+
+    @property
+    def signature(self) -> str:
+        """A one-line description of the inputs, e.g. `(x: float32[batch, 3, 32, 32])`."""
+        parts = [f"{inp.name}: {_describe_meta(inp.meta)}" for inp in self.graph.user_inputs]
+        return "(" + ", ".join(parts) + ")"
+
+    def __repr__(self) -> str:
+        count = sum(int(np.prod(np.shape(p))) for p in jax.tree.leaves(self.params))
+        return f"<torch2jax.Model {self.signature} params={count:,} backend={self.backend}>"
+
+    # -- internals ---------------------------------------------------------------------------
+    def _apply_leaves(self, params: dict, leaves: list, rng: Any) -> tuple[list, dict]:
+        return self._run(params, leaves, rng)
+
+    def _finish(self, outputs: list, updates: dict, mutable: bool) -> Any:
+        result = structure.unflatten(self.graph.out_spec, outputs)
+        if mutable:
+            return result, updates
+        if updates:
+            names = ", ".join(sorted(updates))
+            raise Torch2JaxError(
+                f"this model updates buffers in its forward pass ({names}); call "
+                "model.apply(params, ..., mutable=True) to get (outputs, updates), or call the model "
+                "directly to update model.params in place"
+            )
+        return result
+
+    def _leaves(self, args: tuple, kwargs: dict) -> list:
+        leaves = structure.flatten((tuple(args), dict(kwargs)), self.graph.in_spec, "inputs")
+        return check_inputs(self.graph, leaves)
+
+
+def check_inputs(graph: Graph, leaves: list) -> list:
+    """Convert leaves to arrays and check them against the graph's input metadata."""
+    inputs = graph.user_inputs
+    if len(leaves) != len(inputs):
+        names = ", ".join(i.name for i in inputs)
+        raise SignatureError(f"expected {len(inputs)} inputs ({names}), got {len(leaves)}")
+    bound: dict[str, tuple[int, str]] = {}
+    checked = []
+    for inp, value in zip(inputs, leaves):
+        meta = inp.meta
+        if meta is None:
+            checked.append(value)
+            continue
+        if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+            if isinstance(value, (np.generic, int, float, bool, list, tuple)):
+                value = jnp.asarray(value)
+            else:
+                raise SignatureError(f"input {inp.name!r} must be an array ({_describe_meta(meta)}), got {type(value).__name__}")
+        want = dtypes.jax_dtype(meta.dtype)
+        if isinstance(value, np.ndarray):
+            value = jnp.asarray(value)
+        if value.dtype != want:
+            raise SignatureError(
+                f"input {inp.name!r} expects dtype {meta.dtype}, got {value.dtype}; "
+                f"cast it first (e.g. x.astype('{want.name}'))"
+            )
+        _check_shape(inp.name, meta, tuple(value.shape), bound, graph.symbols)
+        checked.append(value)
+    return checked
+
+
+def _check_shape(name: str, meta: TensorMeta, shape: tuple, bound: dict, ranges: dict) -> None:
+    expected = _describe_meta(meta)
+    if len(shape) != len(meta.shape):
+        raise SignatureError(f"input {name!r} expects rank {len(meta.shape)} ({expected}), got shape {list(shape)}")
+    for axis, (dim, actual) in enumerate(zip(meta.shape, shape)):
+        if not isinstance(actual, int):
+            continue  # symbolic (under jax.export tracing): jax checks it
+        if isinstance(dim, int):
+            if dim != actual:
+                raise SignatureError(f"input {name!r} expects {expected}, got shape {list(shape)} (axis {axis} must be {dim})")
+        elif symbolic.is_symbol(dim):
+            if dim in bound and bound[dim][0] != actual:
+                other_value, other = bound[dim]
+                raise SignatureError(
+                    f"input {name!r} axis {axis} is dim {dim!r} = {actual}, but {other} gave {dim} = {other_value}"
+                )
+            bound.setdefault(dim, (actual, f"input {name!r}"))
+            lo, hi = ranges.get(dim, {}).get("min"), ranges.get(dim, {}).get("max")
+            if (lo is not None and actual < lo) or (hi is not None and actual > hi):
+                raise SignatureError(
+                    f"input {name!r} axis {axis} is dim {dim!r} = {actual}, outside its declared range "
+                    f"[{lo}, {'inf' if hi is None else hi}]"
+                )
+
+
+def _describe_meta(meta: TensorMeta | None) -> str:
+    if meta is None:
+        return "python value"
+    return f"{meta.dtype}[{', '.join(str(d) for d in meta.shape)}]"

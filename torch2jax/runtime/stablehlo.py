@@ -1,0 +1,99 @@
+"""Serialize a model's function as StableHLO with jax.export (symbolic shapes, platforms, VJP).
+
+The exported function is `f(params, leaves) -> (outputs, updates)`: params stay arguments, so
+weights are never baked into the StableHLO and can be swapped without re-export.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+from jax import export as jax_export
+
+from ..errors import Torch2JaxError
+from ..ir import dtypes
+from ..ir.graph import Graph
+from ..lowering import interpreter
+from .model import Model
+
+DEFAULT_PLATFORMS = ("cpu", "cuda", "tpu")
+
+
+def input_specs(graph: Graph) -> list:
+    """ShapeDtypeStructs for the user inputs, all symbolic dims in one shared scope."""
+    constraints = []
+    for name, rng in sorted(graph.symbols.items()):
+        if rng.get("min") is not None and rng["min"] > 1:
+            constraints.append(f"{name} >= {rng['min']}")
+        if rng.get("max") is not None:
+            constraints.append(f"{name} <= {rng['max']}")
+    scope = jax_export.SymbolicScope(constraints)
+    specs = []
+    for inp in graph.user_inputs:
+        if inp.meta is None:
+            raise Torch2JaxError(f"input {inp.name!r} is not a tensor; only tensor inputs can be exported")
+        dtype = dtypes.jax_dtype(inp.meta.dtype)
+        if inp.meta.is_static:
+            specs.append(jax.ShapeDtypeStruct(tuple(inp.meta.shape), dtype))
+            continue
+        text = ", ".join(str(d) for d in inp.meta.shape)
+        specs.append(jax.ShapeDtypeStruct(jax_export.symbolic_shape(text, scope=scope), dtype))
+    return specs
+
+
+def export(model: Model, platforms: Sequence[str] = DEFAULT_PLATFORMS) -> jax_export.Exported:
+    """jax.export the model's function for `platforms`."""
+    params_spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), model.params)
+    run = model._run
+    specs: list[Any] = [params_spec, input_specs(model.graph)]
+    if interpreter.needs_rng(model.graph):
+        specs.append(jax.ShapeDtypeStruct(_KEY_DATA_SHAPE, "uint32"))
+
+    def exported_fn(params, leaves, key_data=None):
+        rng = None if key_data is None else jax.random.wrap_key_data(key_data)
+        return run(params, list(leaves), rng)
+
+    try:
+        return jax_export.export(jax.jit(exported_fn), platforms=tuple(platforms))(*specs)
+    except Torch2JaxError:
+        raise
+    except Exception as err:
+        raise Torch2JaxError(f"jax.export could not serialize the model: {type(err).__name__}: {err}") from err
+
+
+def serialize(exported: jax_export.Exported, vjp_order: int = 1) -> bytes:
+    return bytes(exported.serialize(vjp_order=vjp_order))
+
+
+def exported_runner(exported: jax_export.Exported):
+    """A run function (see model.RunFn) that calls the deserialized StableHLO."""
+
+    takes_key = _positional_count(exported) == 3
+
+    def run(params: dict, leaves: list, rng: Any = None):
+        if not takes_key:
+            return exported.call(params, list(leaves))
+        if rng is None:
+            raise Torch2JaxError("this model draws random numbers: pass a PRNG key, e.g. model(x, rng=jax.random.key(0))")
+        return exported.call(params, list(leaves), _key_data(rng))
+
+    return run
+
+
+
+_KEY_DATA_SHAPE = (2,)  # threefry keys, the default implementation
+
+
+def _positional_count(exported: jax_export.Exported) -> int:
+    """How many positional arguments the exported function takes: (params, leaves[, key_data])."""
+    args_tree, _kwargs_tree = jax.tree_util.treedef_children(exported.in_tree)
+    return len(jax.tree_util.treedef_children(args_tree))
+
+
+def _key_data(rng: Any) -> Any:
+    """Typed keys (jax.random.key) become their raw uint32 data; raw keys pass through."""
+    if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(rng)
+    return rng
