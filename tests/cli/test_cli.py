@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -169,3 +170,11 @@ def test_custom_op_sample_converts_with_lowerings_file(tmp_path):
                  "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert "ok  second size" in result.stdout
+
+
+def test_python_dash_m_torch2jax_is_the_cli():
+    result = subprocess.run([sys.executable, "-m", "torch2jax", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Usage: torch2jax ")
+    for command in ("convert", "inspect", "run", "verify", "bisect"):
+        assert f"\n  {command} " in result.stdout
