@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-ops-full test-models-full demo runtime-check lint docs bench clean
+.PHONY: install test test-ops-full test-models-full demo runtime-check lint docs bench bench-calls clean
 
 install: $(STAMP)
 
@@ -62,6 +62,11 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 bench: $(BENCH_STAMP)
 	$(PY) -m compileall -q torch2jax
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
+	$(if $(findstring --quick,$(BENCH_ARGS)),,$(PY) -m benchmarks.call_overhead)
+
+# Per-call overhead alone (~2 min): rewrites its section of docs/benchmarks.md.
+bench-calls: $(BENCH_STAMP)
+	$(PY) -m benchmarks.call_overhead
 
 lint: install
 	$(VENV)/bin/ruff check torch2jax cli tests scripts sample_models benchmarks

@@ -108,7 +108,8 @@ def test_apply_is_pure_and_traceable(converted):
 def test_wrong_inputs_give_clear_errors(converted):
     _, args, model = converted("mlp")
     x = args[0].numpy()
-    with pytest.raises(torch2jax.SignatureError, match="expected 1 items, got 2"):
+    takes = r"the model takes \(x: float32\[batch, 16\]\)"
+    with pytest.raises(torch2jax.SignatureError, match=r"unexpected input: 2 positional inputs given, " + takes):
         model(x, x)
     with pytest.raises(torch2jax.SignatureError, match="axis 1 must be 16"):
         model(np.ones((2, 15), np.float32))

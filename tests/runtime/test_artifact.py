@@ -135,9 +135,14 @@ def test_newer_format_version_is_reported(copy_of):
     path = copy_of("mlp")
     manifest = json.loads((path / "manifest.json").read_text())
     manifest["format_version"] = artifact.FORMAT_VERSION + 1
+    manifest["versions"]["torch2jax"] = "9.1.0"
     (path / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(torch2jax.ArtifactError, match="newer than this torch2jax"):
+    with pytest.raises(torch2jax.ArtifactError) as raised:
         torch2jax.load(path)
+    message = str(raised.value)
+    assert f"artifact format version {artifact.FORMAT_VERSION + 1}, newer than this torch2jax" in message
+    assert f"(format version {artifact.FORMAT_VERSION} and older)" in message
+    assert "torch2jax 9.1.0 wrote it" in message and "pip install -U 'torch2jax-aot>=9.1.0'" in message
 
 
 def test_not_an_artifact(tmp_path):

@@ -257,7 +257,7 @@ def _avg_pool(x, n, kernel_size, stride, padding, ceil_mode, count_include_pad, 
         divisor = divisor[..., None] * (end - start)
     if jnp.issubdtype(x.dtype, jnp.integer):
         # torch divides the integer sum, truncating toward zero (C division)
-        return lax.div(total, jnp.asarray(np.broadcast_to(divisor, total.shape[-n:]), total.dtype))
+        return lax.div(total, jnp.broadcast_to(jnp.asarray(divisor, total.dtype), total.shape))
     return (total / jnp.asarray(divisor.astype(np.float32), acc.dtype)).astype(x.dtype)
 
 

@@ -144,9 +144,13 @@ def read_manifest(root: Path) -> dict:
     if not isinstance(version, int):
         raise ArtifactError(f"{path} has no integer format_version")
     if version > FORMAT_VERSION:
+        versions = manifest.get("versions")
+        writer = versions.get("torch2jax") if isinstance(versions, dict) else None
+        upgrade = f"pip install -U 'torch2jax-aot>={writer}'" if isinstance(writer, str) else "pip install -U torch2jax-aot"
         raise ArtifactError(
-            f"{root} uses artifact format {version}, newer than this torch2jax reads ({FORMAT_VERSION}); "
-            "upgrade torch2jax"
+            f"{root} has artifact format version {version}, newer than this torch2jax ({_own_version()}) reads "
+            f"(format version {FORMAT_VERSION} and older); torch2jax {writer or '(version not recorded)'} wrote it. "
+            f"Upgrade: {upgrade}"
         )
     for key, kind in (("files", dict), ("params", dict), ("inputs", list)):
         if not isinstance(manifest.get(key), kind):
@@ -218,6 +222,13 @@ def _output_meta(graph: Graph, output) -> dict:
     if meta is None or not hasattr(meta, "dtype"):
         return {"dtype": None, "shape": None}
     return {"dtype": meta.dtype, "shape": meta.shape}
+
+
+def _own_version() -> str:
+    try:
+        return metadata.version("torch2jax-aot")
+    except metadata.PackageNotFoundError:
+        return "not installed as a package"
 
 
 def _versions() -> dict:

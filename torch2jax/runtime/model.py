@@ -5,7 +5,9 @@
     model.params                         the params pytree, keyed by state_dict names
 
 Inputs are checked against the graph's signature before anything runs, so a wrong count,
-dtype, shape or structure fails with a message naming the input, not deep inside XLA.
+dtype, shape or structure fails with a message naming the input, not deep inside XLA. A bound
+call runs those checks while jax traces it, that is once per distinct input signature (structure,
+dtypes, shapes): every later call with that signature is one jax.jit dispatch and nothing more.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class Model:
         self.graph = graph
         self.manifest = manifest
         self.backend = backend  # "graph" (interpreted portable graph) or "exported" (StableHLO)
-        self._jitted = jax.jit(self._apply_leaves)
+        self._jitted = jax.jit(self._checked_call)
 
     # -- public API -------------------------------------------------------------------------
     def apply(self, params: dict, *args: Any, rng: jax.Array | None = None, mutable: bool = False, **kwargs: Any) -> Any:
@@ -43,20 +45,26 @@ class Model:
         With `mutable=True` returns `(outputs, updates)` where `updates` maps each buffer the
         forward pass mutates (e.g. BatchNorm running stats in train mode) to its new value.
         """
-        leaves = self._leaves(args, kwargs)
-        outputs, updates = self._apply_leaves(params, leaves, rng)
+        leaves = check_inputs(self.graph, flatten_inputs(self.graph, args, kwargs))
+        outputs, updates = self._run(params, leaves, rng)
         return self._finish(outputs, updates, mutable)
 
     def __call__(self, *args: Any, rng: jax.Array | None = None, **kwargs: Any) -> Any:
         """Run on `self.params` (compiled once per input shape); mutated buffers update `self.params`."""
-        return self.call_flat(structure.flatten((tuple(args), dict(kwargs)), self.graph.in_spec, "inputs"), rng)
+        try:
+            result, updates = self._jitted(self.params, args, kwargs, rng)
+        except TypeError:
+            # jax refused an argument before tracing it (a string, an arbitrary object): name the input
+            check_inputs(self.graph, flatten_inputs(self.graph, args, kwargs))
+            raise
+        if updates:
+            self.params = {**self.params, **updates}
+        return result
 
     def call_flat(self, leaves: list, rng: jax.Array | None = None) -> Any:
         """Call on flat inputs in graph order (the order manifest["inputs"] lists them)."""
-        outputs, updates = self._jitted(self.params, check_inputs(self.graph, list(leaves)), rng)
-        if updates:
-            self.params = {**self.params, **updates}
-        return structure.unflatten(self.graph.out_spec, outputs)
+        args, kwargs = structure.unflatten(self.graph.in_spec, list(leaves))
+        return self(*args, rng=rng, **kwargs)
 
     def state_dict(self, params: dict | None = None) -> dict[str, np.ndarray]:
         """`params` (default: self.params) as numpy arrays under every state_dict name, tied names included.
@@ -80,16 +88,18 @@ class Model:
     @property
     def signature(self) -> str:
         """A one-line description of the inputs, e.g. `(x: float32[batch, 3, 32, 32])`."""
-        parts = [f"{inp.name}: {_describe_meta(inp.meta)}" for inp in self.graph.user_inputs]
-        return "(" + ", ".join(parts) + ")"
+        return _signature_of(self.graph)
 
     def __repr__(self) -> str:
         count = sum(int(np.prod(np.shape(p))) for p in jax.tree.leaves(self.params))
         return f"<torch2jax.Model {self.signature} params={count:,} backend={self.backend}>"
 
     # -- internals ---------------------------------------------------------------------------
-    def _apply_leaves(self, params: dict, leaves: list, rng: Any) -> tuple[list, dict]:
-        return self._run(params, leaves, rng)
+    def _checked_call(self, params: dict, args: tuple, kwargs: dict, rng: Any) -> tuple[Any, dict]:
+        """The traced body of `__call__`: checks, run, outputs in the module's structure."""
+        leaves = check_inputs(self.graph, flatten_inputs(self.graph, args, kwargs))
+        outputs, updates = self._run(params, leaves, rng)
+        return structure.unflatten(self.graph.out_spec, outputs), updates
 
     def _finish(self, outputs: list, updates: dict, mutable: bool) -> Any:
         result = structure.unflatten(self.graph.out_spec, outputs)
@@ -104,9 +114,47 @@ class Model:
             )
         return result
 
-    def _leaves(self, args: tuple, kwargs: dict) -> list:
-        leaves = structure.flatten((tuple(args), dict(kwargs)), self.graph.in_spec, "inputs")
-        return check_inputs(self.graph, leaves)
+
+
+def flatten_inputs(graph: Graph, args: tuple, kwargs: dict) -> list:
+    """The call's leaves in graph order; a missing or unexpected input is named with its signature."""
+    spec = graph.in_spec
+    if spec.get("type") == "tuple" and len(spec.get("children", [])) == 2:
+        _check_arity(graph, tuple(args), dict(kwargs))
+    return structure.flatten((tuple(args), dict(kwargs)), spec, "inputs")
+
+
+def _check_arity(graph: Graph, args: tuple, kwargs: dict) -> None:
+    args_spec, kwargs_spec = graph.in_spec["children"]
+    positional = args_spec.get("children", [])
+    keywords = list(kwargs_spec.get("keys", [])) if kwargs_spec.get("type") == "dict" else []
+    described = iter(_describe_inputs(graph))
+    by_position = [_take(described, structure.count_leaves(child)) for child in positional]
+    by_keyword = {key: _take(described, structure.count_leaves(child)) for key, child in zip(keywords, kwargs_spec.get("children", []))}
+    takes = f"the model takes {_signature_of(graph)}"
+    if len(args) < len(positional):
+        missing = "; ".join(by_position[len(args) :])
+        raise SignatureError(f"missing input {missing}: {takes}")
+    if len(args) > len(positional):
+        raise SignatureError(f"unexpected input: {len(args)} positional inputs given, {takes}")
+    unexpected = [key for key in kwargs if key not in by_keyword]
+    if unexpected:
+        raise SignatureError(f"unexpected keyword input {', '.join(repr(k) for k in unexpected)}: {takes}")
+    absent = [key for key in by_keyword if key not in kwargs]
+    if absent:
+        raise SignatureError(f"missing keyword input {'; '.join(by_keyword[k] for k in absent)}: {takes}")
+
+
+def _describe_inputs(graph: Graph) -> list[str]:
+    return [f"{inp.name!r} ({_describe_meta(inp.meta)})" for inp in graph.user_inputs]
+
+
+def _take(described, count: int) -> str:
+    return ", ".join(next(described, "?") for _ in range(count)) or "(no tensors)"
+
+
+def _signature_of(graph: Graph) -> str:
+    return "(" + ", ".join(f"{inp.name}: {_describe_meta(inp.meta)}" for inp in graph.user_inputs) + ")"
 
 
 def check_inputs(graph: Graph, leaves: list) -> list:

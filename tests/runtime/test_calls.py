@@ -1,0 +1,96 @@
+"""Calling a model: every input check still runs on the fast path (once per input signature), and a
+missing, extra or misspelled input is named with the model's signature."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+import torch2jax
+
+from ..helpers import max_err, torch_out
+
+
+class Masked(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 4)
+
+    def forward(self, x, mask, *, scale=None):
+        y = self.proj(x * mask.to(x.dtype))
+        return y if scale is None else y * scale
+
+
+@pytest.fixture(scope="module")
+def two_inputs(tmp_path_factory):
+    """(module, in-memory model, loaded model) for forward(x, mask) with a symbolic batch."""
+    torch.manual_seed(0)
+    module = Masked().eval()
+    x, mask = torch.randn(3, 16), torch.rand(3, 16) > 0.5
+    model = torch2jax.convert(module, (x, mask), dynamic_shapes={"x": {0: "batch"}, "mask": {0: "batch"}})
+    out = tmp_path_factory.mktemp("calls") / "masked"
+    torch2jax.save(model, out)
+    return module, model, torch2jax.load(out)
+
+
+def inputs(batch: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((batch, 16), dtype=np.float32), rng.random((batch, 16)) > 0.5
+
+
+@pytest.mark.parametrize("which", ["converted", "loaded"])
+def test_missing_and_unexpected_inputs_are_named(two_inputs, which):
+    model = two_inputs[1] if which == "converted" else two_inputs[2]
+    x, mask = inputs(2)
+    signature = r"the model takes \(x: float32\[batch, 16\], mask: bool\[batch, 16\]\)"
+    with pytest.raises(torch2jax.SignatureError, match=r"missing input 'mask' \(bool\[batch, 16\]\): " + signature):
+        model(x)
+    with pytest.raises(torch2jax.SignatureError, match=r"missing input 'x' \(float32\[batch, 16\]\); 'mask'"):
+        model()
+    with pytest.raises(torch2jax.SignatureError, match=r"unexpected input: 3 positional inputs given, " + signature):
+        model(x, mask, mask)
+    with pytest.raises(torch2jax.SignatureError, match=r"unexpected keyword input 'scale': " + signature):
+        model(x, mask, scale=np.float32(2))
+
+
+def test_a_missing_keyword_input_is_named():
+    module = Masked().eval()
+    x, mask = torch.randn(2, 16), torch.ones(2, 16, dtype=torch.bool)
+    model = torch2jax.convert(module, (x, mask), {"scale": torch.tensor(2.0)})
+    with pytest.raises(torch2jax.SignatureError, match=r"missing keyword input 'scale' \(float32\[\]\)"):
+        model(x.numpy(), mask.numpy())
+    with pytest.raises(torch2jax.SignatureError, match=r"unexpected keyword input 'scal'"):
+        model(x.numpy(), mask.numpy(), scal=np.float32(2))
+    assert max_err(model(x.numpy(), mask.numpy(), scale=np.float32(2)), torch_out(module, x, mask, scale=torch.tensor(2.0))) < 1e-5
+
+
+@pytest.mark.parametrize("which", ["converted", "loaded"])
+def test_checks_still_run_after_a_thousand_good_calls(two_inputs, which):
+    module, converted, loaded = two_inputs
+    model = converted if which == "converted" else loaded
+    x, mask = inputs(5)
+    good = [jax.device_put(x), jax.device_put(mask)]
+    for _ in range(1000):
+        got = model(*good)
+    assert max_err(got, torch_out(module, torch.from_numpy(x), torch.from_numpy(mask))) < 1e-5
+    with pytest.raises(torch2jax.SignatureError, match=r"input 'x' expects dtype float32, got int32"):
+        model(x.astype(np.int32), mask)
+    with pytest.raises(torch2jax.SignatureError, match=r"input 'mask' expects bool\[batch, 16\], got shape \[5, 15\]"):
+        model(x, mask[:, :15])
+    with pytest.raises(torch2jax.SignatureError, match=r"input 'mask' axis 0 is dim 'batch' = 4, but input 'x' gave batch = 5"):
+        model(x, mask[:4])
+    with pytest.raises(torch2jax.SignatureError, match=r"input 'x' must be an array \(float32\[batch, 16\]\), got str"):
+        model("x", mask)
+    with pytest.raises(torch2jax.SignatureError, match=r"input 'mask' must be an array \(bool\[batch, 16\]\), got dict"):
+        model(x, {"mask": mask})
+    assert max_err(model(*good), got) == 0.0  # a refused call leaves the model as it was
+
+
+def test_each_input_signature_compiles_once(two_inputs):
+    _, model, _ = two_inputs
+    fresh = torch2jax.Model(model._run, model.params, model.graph)
+    for batch in (1, 2, 1, 2, 7, 7):
+        fresh(*inputs(batch))
+    assert fresh._jitted._cache_size() == 3
