@@ -1,8 +1,8 @@
 """The package layout's rules, checked on every module's imports.
 
-The torch-free folders (ir, ops, lowering, runtime) never import torch, not even inside a
+The torch-free folders (ir, ops, lowering, runtime, serve) never import torch, not even inside a
 function, and never reach into the torch side (capture, diagnose) or the CLI. Within the
-torch-free side data flows one way, ir <- ops <- lowering <- runtime: a folder imports only the
+torch-free side data flows one way, ir <- ops <- lowering <- runtime <- serve: a folder imports only the
 ones before it (and errors.py, which both halves share).
 """
 
@@ -23,6 +23,7 @@ TORCH_FREE = {
     "ops": {"ir", "ops"},
     "lowering": {"ir", "ops", "lowering"},
     "runtime": {"ir", "ops", "lowering", "runtime"},
+    "serve": {"ir", "ops", "lowering", "runtime", "serve"},
 }
 SHARED = {"errors"}
 TOP_LEVEL = {"__init__.py", "__main__.py", "errors.py"}

@@ -22,8 +22,9 @@ from .errors import (
     VerificationError,
 )
 from .ops import register_lowering
-from .runtime.artifact import load, save
+from .runtime import artifact as _artifact
 from .runtime.model import Model
+from .serve.generator import Generator
 
 __version__ = "0.1.0"
 
@@ -33,6 +34,34 @@ def convert(module: Any, args: Any = (), kwargs: dict | None = None, dynamic_sha
     from .capture.converter import convert as _convert  # imports torch, only now
 
     return _convert(module, args, kwargs, dynamic_shapes, **options)
+
+
+def convert_hf(source: Any, *, task: str | None = None, max_cache_len: int = 512, max_batch: int = 8,
+               dtype: str | None = None, **options: Any) -> Generator:
+    """A Hugging Face causal LM (a local `save_pretrained` directory, or the model object) -> a `Generator`
+    with torch-free prefill/decode and `generate` (see torch2jax.capture.hf.convert_hf)."""
+    from .capture.hf import convert_hf as _convert_hf  # imports torch and transformers, only now
+
+    return _convert_hf(source, task=task, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, **options)
+
+
+def save(model: Model | Generator, path: Any, **options: Any) -> Any:
+    """Write a `Model` or a `Generator` as an artifact directory, atomically (see docs/format.md)."""
+    if isinstance(model, Generator):
+        from .serve.artifact import save_generator
+
+        return save_generator(model, path, **options)
+    return _artifact.save(model, path, **options)
+
+
+def load(path: Any, **options: Any) -> Model | Generator:
+    """Load an artifact without torch: a `Model`, or a `Generator` for a text-generation artifact."""
+    root, manifest = _artifact.open_artifact(path, verify_hashes=False)  # the loaders below check every hash
+    if manifest.get("task") == "text-generation":
+        from .serve.artifact import load_generator
+
+        return load_generator(root, **options)
+    return _artifact.load(root, **options)
 
 
 def load_into_torch(module: Any, model: Model, params: dict | None = None, strict: bool = True) -> Any:
@@ -45,6 +74,7 @@ def load_into_torch(module: Any, model: Model, params: dict | None = None, stric
 __all__ = [
     "ArtifactError",
     "ExportError",
+    "Generator",
     "InputSpecError",
     "LoweringError",
     "Model",
@@ -53,6 +83,7 @@ __all__ = [
     "UnsupportedOpsError",
     "VerificationError",
     "convert",
+    "convert_hf",
     "load",
     "load_into_torch",
     "register_lowering",

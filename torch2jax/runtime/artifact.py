@@ -34,11 +34,14 @@ from . import stablehlo
 from .model import Model
 
 FORMAT = "torch2jax-artifact"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest this torch2jax reads
 MANIFEST = "manifest.json"
 EXPORTED = "exported.bin"
 GRAPH = "graph.json"
 PARAMS = "params"
+ENTRIES = "entries"
+PLAIN_FORMAT_VERSION = 1  # one function: exported.bin and graph.json at the top
+ENTRIES_FORMAT_VERSION = 2  # several entry points over one params tree: entries/<name>/{exported.bin,graph.json}
 
 
 def save(
@@ -58,6 +61,70 @@ def save(
     temporary sibling first and renamed into place only once complete and checked;
     `check(tmp_dir)` may inspect the finished artifact first (e.g. verify it) and raise to abort.
     """
+
+    def write(tmp: Path) -> dict:
+        nonlocal exported
+        if exported is None:
+            exported = stablehlo.export(model, platforms)
+        serialized, order = _serialize(exported, vjp_order)
+        (tmp / EXPORTED).write_bytes(serialized)
+        (tmp / GRAPH).write_text(model.graph.dumps())
+        _save_params(model.params, tmp / PARAMS)
+        return _manifest(model, exported, order, source)
+
+    return write_atomically(path, write, force=force, check=check)
+
+
+def save_entries(
+    models: dict[str, Model],
+    path: str | os.PathLike,
+    *,
+    extra: dict,
+    files: dict[str, Path] | None = None,
+    force: bool = False,
+    platforms: Sequence[str] = stablehlo.DEFAULT_PLATFORMS,
+    vjp_order: int = 1,
+    source: str | None = None,
+    check: Callable[[Path], None] | None = None,
+) -> Path:
+    """Write several entry points over one params tree (e.g. prefill and decode) as one artifact.
+
+    Each entry's Exported and graph go to `entries/<name>/`; the params once; `files` (relative
+    name -> source path, e.g. a tokenizer) are copied in; `extra` is merged into the manifest.
+    """
+    names = list(models)
+    params = models[names[0]].params
+    if any(set(models[n].params) != set(params) for n in names[1:]):
+        raise ArtifactError(f"entry points {names} do not share one params tree")
+
+    def write(tmp: Path) -> dict:
+        entries = {}
+        for name, model in models.items():
+            folder = tmp / ENTRIES / name
+            folder.mkdir(parents=True)
+            exported = stablehlo.export(model, platforms)
+            serialized, order = _serialize(exported, vjp_order)
+            (folder / EXPORTED).write_bytes(serialized)
+            (folder / GRAPH).write_text(model.graph.dumps())
+            entries[name] = _manifest(model, exported, order, source)
+        for rel, src in (files or {}).items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, tmp / rel)
+        _save_params(params, tmp / PARAMS)
+        first = entries[names[0]]
+        manifest = {key: first[key] for key in ("format", "created", "versions", "source", "x64", "platforms", "params")}
+        manifest["format_version"] = ENTRIES_FORMAT_VERSION
+        manifest["entries"] = {
+            name: {key: e[key] for key in ("inputs", "outputs", "symbols", "mutated_buffers", "vjp_order")} for name, e in entries.items()
+        }
+        manifest["inputs"] = []  # a plain reader's required section; an entry-point artifact's inputs are per entry
+        return {**manifest, **extra}
+
+    return write_atomically(path, write, force=force, check=check)
+
+
+def write_atomically(path: str | os.PathLike, write: Callable[[Path], dict], *, force: bool, check: Callable[[Path], None] | None) -> Path:
+    """Run `write(tmp)` in a temporary sibling (it returns the manifest), hash every file, rename into place."""
     out = Path(path)
     if out.exists() and not force:
         raise ArtifactError(f"{out} already exists; pass force=True (CLI: --force) to replace it")
@@ -65,13 +132,7 @@ def save(
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir()
-        if exported is None:
-            exported = stablehlo.export(model, platforms)
-        serialized, vjp_order = _serialize(exported, vjp_order)
-        (tmp / EXPORTED).write_bytes(serialized)
-        (tmp / GRAPH).write_text(model.graph.dumps())
-        _save_params(model.params, tmp / PARAMS)
-        manifest = _manifest(model, exported, vjp_order, source)
+        manifest = write(tmp)
         manifest["files"] = {rel: _sha256(tmp / rel) for rel in _files_under(tmp)}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False))
         if check is not None:
@@ -89,24 +150,54 @@ def load(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bo
     With `from_graph=True` the function is rebuilt from the portable graph instead (traceable JAX,
     any platform, independent of jax.export's compatibility window). Needs no torch.
     """
+    root, manifest = open_artifact(path, verify_hashes)
+    if "entries" in manifest:
+        raise ArtifactError(
+            f"{root} holds entry points ({', '.join(manifest['entries'])}), not one function; load it with torch2jax.load"
+        )
+    params = _restore_params(root / PARAMS, manifest)
+    return _entry(root, root, manifest, params, from_graph)
+
+
+def load_entries(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bool = True) -> tuple[dict[str, Model], dict]:
+    """Load every entry point of a save_entries artifact over one restored params tree: ({name: Model}, manifest)."""
+    root, manifest = open_artifact(path, verify_hashes)
+    entries = manifest.get("entries")
+    if not isinstance(entries, dict) or not entries:
+        raise ArtifactError(f"{root} has no entry points; load it with torch2jax.load")
+    params = _restore_params(root / PARAMS, manifest)
+    models = {}
+    for name, entry in entries.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ArtifactError(f"{root}: manifest lists an invalid entry point name ({name!r}); the artifact is damaged")
+        models[name] = _entry(root, root / ENTRIES / name, {**manifest, **entry}, params, from_graph)
+    return models, manifest
+
+
+def open_artifact(path: str | os.PathLike, verify_hashes: bool = True) -> tuple[Path, dict]:
+    """The artifact's root and manifest, its format version and (unless told not to) every file's hash checked."""
     root = Path(path)
     manifest = read_manifest(root)
     if verify_hashes:
         check_files(root, manifest)
+    return root, manifest
+
+
+def _entry(root: Path, folder: Path, manifest: dict, params: dict, from_graph: bool) -> Model:
+    """One function of the artifact: its graph, and its Exported unless rebuilding from the graph."""
     try:
-        graph = Graph.loads((root / GRAPH).read_bytes())
+        graph = Graph.loads((folder / GRAPH).read_bytes())
     except GraphFormatError as err:
         raise ArtifactError(f"{root}: {err}") from None
-    params = _restore_params(root / PARAMS, manifest)
     if from_graph:
         return Model(interpreter.build(passes.optimize(graph)), params, graph, manifest, backend="graph")
     try:
-        exported = jax.export.deserialize(bytearray((root / EXPORTED).read_bytes()))
+        exported = jax.export.deserialize(bytearray((folder / EXPORTED).read_bytes()))
     except Exception as err:  # too old/new for this jax, or damaged: the graph still works
         warnings.warn(
-            f"{root / EXPORTED} could not be deserialized by jax {jax.__version__} ({type(err).__name__}: {err}); "
+            f"{folder / EXPORTED} could not be deserialized by jax {jax.__version__} ({type(err).__name__}: {err}); "
             "falling back to rebuilding the function from graph.json",
-            stacklevel=2,
+            stacklevel=3,
         )
         return Model(interpreter.build(passes.optimize(graph)), params, graph, manifest, backend="graph")
     return Model(stablehlo.exported_runner(exported), params, graph, manifest, backend="exported")
@@ -171,7 +262,9 @@ def check_files(root: Path, manifest: dict) -> None:
             raise ArtifactError(f"{root}: {rel} is missing; the artifact is incomplete, re-export it")
         if _sha256(target) != digest:
             raise ArtifactError(f"{root}: {rel} does not match its sha256 in the manifest; the file was changed or damaged")
-    for required in (EXPORTED, GRAPH):
+    entries = manifest.get("entries")
+    folders = [f"{ENTRIES}/{name}/" for name in entries] if isinstance(entries, dict) else [""]
+    for required in (folder + name for folder in folders for name in (EXPORTED, GRAPH)):
         if required not in manifest["files"]:
             raise ArtifactError(f"{root}: the manifest does not list {required}; the artifact is damaged")
     params_dir = root / PARAMS
@@ -190,7 +283,7 @@ def _manifest(model: Model, exported: Any, vjp_order: int, source: str | None) -
     out_metas = [{"name": name, **_output_meta(graph, o)} for name, o in zip(names, graph.user_outputs)]
     return {
         "format": FORMAT,
-        "format_version": FORMAT_VERSION,
+        "format_version": PLAIN_FORMAT_VERSION,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": _versions(),
         "source": source,

@@ -1,0 +1,225 @@
+"""A causal language model as one step over an explicit KV cache, converted twice: prefill and decode.
+
+The step takes the cache as inputs and returns the updated cache as outputs, so the cache is state
+that the caller owns and donates (never a buffer, never saved as weights). Its attention mask is
+built here from two things the caller tracks, so left-padded batches are right by construction:
+
+    input_ids     [B, T]    tokens to run (T symbolic for prefill, 1 for decode)
+    position_ids  [B, T]    each row's own positions (a left-padded row starts later)
+    write_at      [T]       the cache slots the T tokens are written to (shared by all rows)
+    kv_valid      [B, S]    which cache slots hold real tokens, the T new ones included
+    cache         2 x layers tensors [B, kv_heads, S, head_dim]: keys, values of layer 0, 1, ...
+
+and it returns the last position's logits [B, V] (float32) and the cache. A query may attend to slot j
+when j holds a real token, j <= its own slot (causal) and, for sliding-window layers, j is within the
+window; it always attends to its own slot, so a pad row never has every key masked (no NaN).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import ExportError, InputSpecError
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """What the cache looks like: per layer keys and values of [batch, heads, max_cache_len, head_dim]."""
+
+    layers: int
+    key_shapes: tuple[tuple[int, int], ...]  # per layer (kv_heads, head_dim) of keys
+    value_shapes: tuple[tuple[int, int], ...]
+    dtype: torch.dtype
+    max_cache_len: int
+
+    def names(self) -> list[str]:
+        return [f"cache.{i}.{kind}" for i in range(self.layers) for kind in ("keys", "values")]
+
+    def shapes(self, batch: int) -> list[tuple[int, ...]]:
+        out = []
+        for (kh, kd), (vh, vd) in zip(self.key_shapes, self.value_shapes):
+            out += [(batch, kh, self.max_cache_len, kd), (batch, vh, self.max_cache_len, vd)]
+        return out
+
+    def zeros(self, batch: int) -> list[torch.Tensor]:
+        return [torch.zeros(shape, dtype=self.dtype) for shape in self.shapes(batch)]
+
+
+def cache_layout(lm: torch.nn.Module, max_cache_len: int) -> CacheLayout:
+    """Measure the cache the model writes: one token through a dynamic cache, read back per layer."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=lm.config)
+    with torch.no_grad():
+        lm(input_ids=torch.zeros((1, 1), dtype=torch.long), past_key_values=cache, use_cache=True)
+    keys = [layer.keys for layer in cache.layers]
+    values = [layer.values for layer in cache.layers]
+    if not keys or any(k is None for k in keys):
+        raise ExportError(f"{type(lm).__name__} did not fill a key/value cache; only attention-cache decoders are supported")
+    return CacheLayout(
+        layers=len(keys),
+        key_shapes=tuple((k.shape[1], k.shape[3]) for k in keys),
+        value_shapes=tuple((v.shape[1], v.shape[3]) for v in values),
+        dtype=keys[0].dtype,
+        max_cache_len=max_cache_len,
+    )
+
+
+def _explicit_layer_class():
+    from transformers.cache_utils import CacheLayerMixin
+
+    class ExplicitLayer(CacheLayerMixin):
+        """One layer's keys and values given as tensors and updated out of place at `write_at`."""
+
+        is_compileable = True
+        is_sliding = False
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, write_at: torch.Tensor):
+            super().__init__()
+            self.keys, self.values, self.write_at = keys, values, write_at
+            self.max_cache_len = keys.shape[2]
+            self.is_initialized = True
+
+        def lazy_initialization(self, key_states, value_states) -> None:
+            pass
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            self.keys = self.keys.index_copy(2, self.write_at, key_states.to(self.keys.dtype))
+            self.values = self.values.index_copy(2, self.write_at, value_states.to(self.values.dtype))
+            return self.keys, self.values
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return self.max_cache_len, 0
+
+        def get_seq_length(self):
+            return self.write_at[0]
+
+        def get_max_length(self) -> int:
+            return self.max_cache_len
+
+    return ExplicitLayer
+
+
+class DecoderStep(torch.nn.Module):
+    """forward(input_ids, position_ids, write_at, kv_valid, cache) -> (last logits [B, V] float32, new cache).
+
+    `cache` is a list: keys and values of layer 0, then layer 1, ...
+    """
+
+    def __init__(self, lm: torch.nn.Module, layout: CacheLayout):
+        super().__init__()
+        # the LM's children registered here directly, so params keep the LM's own state_dict names
+        for name, child in lm.named_children():
+            self.add_module(name, child)
+        object.__setattr__(self, "lm", lm)  # called, not registered (it would prefix every name with "lm.")
+        self.layout = layout
+        config = lm.config
+        self.layer_types = sorted(set(getattr(config, "layer_types", None) or ())) or None
+        window = getattr(config, "sliding_window", None)
+        if getattr(config, "use_sliding_window", True) is False:
+            window = None
+        self.window = int(window) if window else None
+        self._layer = _explicit_layer_class()
+
+    def forward(self, input_ids, position_ids, write_at, kv_valid, cache):
+        from transformers.cache_utils import Cache
+
+        layers = [self._layer(cache[2 * i], cache[2 * i + 1], write_at) for i in range(self.layout.layers)]
+        out = self.lm(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=self._masks(write_at, kv_valid),
+            past_key_values=Cache(layers=layers),
+            cache_position=write_at,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        logits = out.logits[:, -1].float()
+        return logits, [t for layer in layers for t in (layer.keys, layer.values)]
+
+    def _masks(self, write_at: torch.Tensor, kv_valid: torch.Tensor) -> Any:
+        slot = torch.arange(kv_valid.shape[1], device=kv_valid.device)
+        causal = slot[None, :] <= write_at[:, None]  # [T, S]
+        own = slot[None, :] == write_at[:, None]
+
+        def mask(window: int | None) -> torch.Tensor:
+            allowed = causal if window is None else causal & (slot[None, :] > write_at[:, None] - window)
+            return ((kv_valid[:, None, :] & allowed[None]) | own[None])[:, None]  # [B, 1, T, S]
+
+        if self.layer_types:  # models that take one mask per layer type (Gemma2, Qwen2, ...)
+            return {kind: mask(self.window if kind == SLIDING else None) for kind in self.layer_types}
+        return mask(self.window)
+
+
+def example_step_inputs(layout: CacheLayout, batch: int, tokens: int) -> tuple:
+    """Inputs of the step's shapes (what torch.export traces with): a prompt written from slot 0."""
+    return (
+        torch.zeros((batch, tokens), dtype=torch.long),
+        torch.arange(tokens).expand(batch, tokens).clone(),
+        torch.arange(tokens),
+        torch.ones((batch, layout.max_cache_len), dtype=torch.bool),
+        layout.zeros(batch),
+    )
+
+
+def step_dynamic_shapes(layout: CacheLayout, max_batch: int, prefill: bool) -> tuple:
+    """batch symbolic (1..max_batch) everywhere; the token count symbolic (1..max_cache_len) for prefill."""
+    batch = {"name": "batch", "min": 1, "max": max_batch}
+    tokens = {"name": "tokens", "min": 1, "max": layout.max_cache_len} if prefill else None
+    row = {0: batch, 1: tokens} if prefill else {0: batch}
+    return (row, row, {0: tokens} if prefill else None, {0: batch}, [{0: batch}] * (2 * layout.layers))
+
+
+def check_limits(max_cache_len: int, max_batch: int) -> None:
+    if not isinstance(max_cache_len, int) or max_cache_len < 2:
+        raise InputSpecError(f"max_cache_len must be an integer >= 2 (got {max_cache_len!r})")
+    if not isinstance(max_batch, int) or max_batch < 1:
+        raise InputSpecError(f"max_batch must be an integer >= 1 (got {max_batch!r})")
+
+
+def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch: int = 8, dtype: Any = None, progress: Any = None):
+    """A transformers causal LM -> a `Generator` (torch-free prefill/decode over one params tree)."""
+    from ..serve.generator import GenerationSpec, Generator
+    from .converter import convert
+    from .fx import dtype_name
+
+    check_limits(max_cache_len, max_batch)
+    lm = lm.eval()
+    if dtype is not None:
+        lm = lm.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+    layout = cache_layout(lm, max_cache_len)
+    step = DecoderStep(lm, layout).eval()
+    entries = {}
+    for name, tokens in (("prefill", 3), ("decode", 1)):  # traced at batch 2: torch.export specializes a dim of 1
+        shapes = step_dynamic_shapes(layout, max_batch, prefill=name == "prefill")
+        entries[name] = convert(step, example_step_inputs(layout, 2, tokens), dynamic_shapes=shapes, progress=progress)
+    prefill, decode = entries["prefill"], entries["decode"]
+    decode.params = prefill.params  # one copy of the weights, shared by both entry points
+    eos, pad = special_tokens(lm)
+    spec = GenerationSpec(
+        max_cache_len=max_cache_len,
+        max_batch=max_batch,
+        vocab_size=int(lm.get_output_embeddings().weight.shape[0]),
+        eos_token_ids=eos,
+        pad_token_id=pad,
+        cache_shapes=tuple(shape[1:] for shape in layout.shapes(1)),
+        cache_dtype=dtype_name(layout.dtype),
+    )
+    return Generator(prefill, decode, spec)
+
+
+def special_tokens(lm: torch.nn.Module) -> tuple[tuple[int, ...], int]:
+    """(end-of-sequence ids, pad id) from the generation config, else the model config; pad falls back to
+    the first end token, as transformers' generate does."""
+    sources = [getattr(lm, "generation_config", None), lm.config]
+    eos = next((s.eos_token_id for s in sources if s is not None and getattr(s, "eos_token_id", None) is not None), None)
+    eos_ids = tuple(int(t) for t in (eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos]))
+    pad = next((s.pad_token_id for s in sources if s is not None and getattr(s, "pad_token_id", None) is not None), None)
+    if pad is None:
+        pad = eos_ids[0] if eos_ids else 0
+    return eos_ids, int(pad)

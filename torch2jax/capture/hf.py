@@ -1,0 +1,98 @@
+"""Hugging Face model directories (`hf:DIR`, as `save_pretrained` writes them): local files only.
+
+The architecture comes from config.json; the task defaults to what its `architectures` entry
+implies. A causal LM for text generation becomes a `Generator` (capture/decoder.py); tokenizer
+files found in the directory travel with it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputSpecError, Torch2JaxError
+
+PREFIX = "hf:"
+TEXT_GENERATION = "text-generation"
+# the architecture name's suffix -> its task (transformers' naming)
+_TASK_BY_SUFFIX = (
+    ("ForCausalLM", TEXT_GENERATION),
+    ("LMHeadModel", TEXT_GENERATION),
+    ("ForConditionalGeneration", "text2text-generation"),
+    ("ForSequenceClassification", "text-classification"),
+    ("ForTokenClassification", "token-classification"),
+    ("ForImageClassification", "image-classification"),
+    ("ForMaskedLM", "fill-mask"),
+)
+TASKS = (TEXT_GENERATION,)  # what convert_hf builds today
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+
+
+def is_hf_target(target: str) -> bool:
+    return isinstance(target, str) and target.startswith(PREFIX)
+
+
+def model_dir(target: str | os.PathLike) -> Path:
+    """The local directory of an `hf:DIR` target (or a plain path), checked to hold a config.json."""
+    text = str(target)
+    path = Path(text[len(PREFIX):] if text.startswith(PREFIX) else text).expanduser()
+    if not path.is_dir():
+        raise InputSpecError(f"{path} is not a directory: hf: takes a local model directory (config.json + *.safetensors); "
+                             "nothing is downloaded")
+    if not (path / "config.json").is_file():
+        raise InputSpecError(f"{path} has no config.json: is it a directory written by save_pretrained?")
+    return path
+
+
+def default_task(config: Any) -> str:
+    architectures = getattr(config, "architectures", None) or []
+    for arch in architectures:
+        for suffix, task in _TASK_BY_SUFFIX:
+            if arch.endswith(suffix):
+                return task
+    return "feature-extraction"
+
+
+def convert_hf(
+    source: Any,
+    *,
+    task: str | None = None,
+    max_cache_len: int = 512,
+    max_batch: int = 8,
+    dtype: str | None = None,
+    progress: Any = None,
+):
+    """A Hugging Face model directory (or a transformers model object) -> a torch-free `Generator`."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    from .decoder import convert_causal_lm
+
+    directory = None
+    if isinstance(source, (str, os.PathLike)):
+        directory = model_dir(source)
+        config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    else:
+        config = getattr(source, "config", None)
+        if config is None:
+            raise InputSpecError(f"convert_hf takes a model directory or a transformers model, got {type(source).__name__}")
+    task = task or default_task(config)
+    if task not in TASKS:
+        raise Torch2JaxError(
+            f"task {task!r} is not supported by convert_hf yet (supported: {', '.join(TASKS)}); for a forward pass, "
+            "convert the model object with torch2jax.convert(model, args)"
+        )
+    if directory is not None:
+        try:
+            lm = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, attn_implementation="sdpa")
+        except (OSError, ValueError, KeyError) as err:
+            raise Torch2JaxError(f"transformers could not load a causal LM from {directory}: {err}") from None
+    else:
+        lm = source
+        if getattr(lm.config, "_attn_implementation", None) not in ("sdpa", "eager"):
+            lm.config._attn_implementation = "sdpa"
+    generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress)
+    if directory is not None:
+        generator.tokenizer_files = {name: directory / name for name in TOKENIZER_FILES if (directory / name).is_file()}
+    return generator

@@ -1,0 +1,1 @@
+"""Serving: text generation over a converted model's prefill/decode entry points, torch-free."""

@@ -1,0 +1,238 @@
+"""Text generation over a converted causal LM's two entry points, torch-free.
+
+    g = torch2jax.load("out/llm")                              # a Generator
+    ids = g.generate(input_ids, attention_mask=mask, max_new_tokens=32)
+    ids = g.generate(input_ids, do_sample=True, temperature=0.8, top_p=0.9, rng=jax.random.key(0))
+    for step in g.generate(input_ids, stream=True): ...        # one [B] array of new tokens per step
+
+`prefill` runs the whole (left-padded) prompt and fills the KV cache; `decode` runs one token per row.
+The cache is state: allocated here for each call, passed to every step and donated, so XLA updates
+it in place. Each row's positions come from its attention mask, and the cache slots it may attend
+to are tracked in `kv_valid`, so a left-padded batch gives each row what the row alone would get.
+Prompts are left-padded further to a length bucket (a power of two), so prompts of nearby lengths
+share one compiled prefill.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import InputSpecError, Torch2JaxError
+from ..ir import dtypes, structure
+from ..runtime.model import Model
+from . import sampling
+
+MIN_BUCKET = 16
+
+
+@dataclass(frozen=True)
+class GenerationSpec:
+    """What generation needs beyond the two functions; stored as the manifest's `generation` section."""
+
+    max_cache_len: int
+    max_batch: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int
+    cache_shapes: tuple[tuple[int, ...], ...]  # per cache tensor, without the batch dim
+    cache_dtype: str
+
+    def to_json(self) -> dict:
+        return {
+            "max_cache_len": self.max_cache_len,
+            "max_batch": self.max_batch,
+            "vocab_size": self.vocab_size,
+            "eos_token_ids": list(self.eos_token_ids),
+            "pad_token_id": self.pad_token_id,
+            "cache": {"shapes": [["batch", *s] for s in self.cache_shapes], "dtype": self.cache_dtype, "donated": True},
+        }
+
+    @staticmethod
+    def from_json(data: Any) -> GenerationSpec:
+        try:
+            cache = data["cache"]
+            return GenerationSpec(
+                max_cache_len=int(data["max_cache_len"]),
+                max_batch=int(data["max_batch"]),
+                vocab_size=int(data["vocab_size"]),
+                eos_token_ids=tuple(int(t) for t in data["eos_token_ids"]),
+                pad_token_id=int(data["pad_token_id"]),
+                cache_shapes=tuple(tuple(int(d) for d in shape[1:]) for shape in cache["shapes"]),
+                cache_dtype=str(cache["dtype"]),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise Torch2JaxError(f"the manifest's generation section is malformed ({type(err).__name__}: {err})") from None
+
+
+class Generator:
+    """A causal LM's prefill and decode functions over one params tree, with `generate`."""
+
+    def __init__(self, prefill: Model, decode: Model, spec: GenerationSpec, manifest: dict | None = None,
+                 tokenizer_files: dict[str, Path] | None = None):
+        self.prefill_model, self.decode_model = prefill, decode
+        self.spec = spec
+        self.manifest = manifest
+        self.tokenizer_files = dict(tokenizer_files or {})  # file name -> path (tokenizer.json, ...)
+        self._id_dtype = dtypes.jax_dtype("int64")
+        self._prefill = jax.jit(self._prefill_step, donate_argnums=(1,))
+        self._decode = jax.jit(self._decode_step, donate_argnums=(1, 5), static_argnames=("do_sample",))
+        self._first = jax.jit(self._pick, static_argnames=("do_sample",))
+
+    @property
+    def params(self) -> dict:
+        return self.prefill_model.params
+
+    def __repr__(self) -> str:
+        count = sum(int(np.prod(np.shape(p))) for p in self.params.values())
+        return (f"<torch2jax.Generator params={count:,} max_cache_len={self.spec.max_cache_len} "
+                f"max_batch={self.spec.max_batch} vocab={self.spec.vocab_size}>")
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer (`tokenizers.Tokenizer`, torch-free), when tokenizer.json came with the model."""
+        path = self.tokenizer_files.get("tokenizer.json")
+        if path is None:
+            raise Torch2JaxError("this model has no tokenizer (no tokenizer.json in its directory): pass token ids instead")
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise Torch2JaxError("reading the tokenizer needs the tokenizers package: pip install 'torch2jax-aot[text]'") from None
+        return Tokenizer.from_file(str(path))
+
+    def new_cache(self, batch: int) -> list[jax.Array]:
+        """A zeroed KV cache for `batch` rows (stale slots are masked by kv_valid, so reuse needs no zeroing)."""
+        dtype = dtypes.jax_dtype(self.spec.cache_dtype)
+        return [jnp.zeros((batch, *shape), dtype) for shape in self.spec.cache_shapes]
+
+    def generate(
+        self,
+        input_ids: Any,
+        attention_mask: Any = None,
+        *,
+        max_new_tokens: int = 32,
+        do_sample: bool = False,
+        temperature: Any = 1.0,
+        top_k: Any = 0,
+        top_p: Any = 1.0,
+        rng: jax.Array | None = None,
+        eos_token_id: int | list[int] | None = None,
+        pad_token_id: int | None = None,
+        stream: bool = False,
+    ) -> np.ndarray | Iterator[np.ndarray]:
+        """[B, L] prompt ids (left-padded when `attention_mask` marks pads with 0) -> [B, L + new] ids, as
+        transformers' generate returns them: a row that emits an end token is padded with `pad_token_id`
+        after it, and generation stops early once every row has ended. `stream=True` yields each step's
+        [B] new tokens instead. Sampling parameters may be scalars or per-row sequences."""
+        ids, mask = self._check_prompt(input_ids, attention_mask, max_new_tokens)
+        batch = ids.shape[0]
+        eos = self.spec.eos_token_ids if eos_token_id is None else tuple(np.atleast_1d(eos_token_id).astype(int).tolist())
+        pad = self.spec.pad_token_id if pad_token_id is None else int(pad_token_id)
+        params = sampling.sampling_params(batch, temperature, top_k, top_p) if do_sample else sampling.sampling_params(batch)
+        if do_sample and rng is None:
+            rng = jax.random.key(int.from_bytes(os.urandom(4), "little"))  # pass rng= for reproducible samples
+        steps = self._steps(ids, mask, max_new_tokens, bool(do_sample), params, rng, eos, pad)
+        if stream:
+            return steps
+        new = list(steps)
+        return np.concatenate([ids, np.stack(new, axis=1).astype(ids.dtype)], axis=1) if new else ids
+
+    # -- the loop ---------------------------------------------------------------------------
+    def _steps(self, ids, mask, max_new_tokens, do_sample, params, rng, eos, pad) -> Iterator[np.ndarray]:
+        batch, length = ids.shape
+        bucket = _bucket(length, self.spec.max_cache_len - max_new_tokens)
+        padded_ids = np.full((batch, bucket), pad, np.int64)
+        padded_ids[:, bucket - length :] = ids
+        padded_mask = np.zeros((batch, bucket), bool)
+        padded_mask[:, bucket - length :] = mask
+        positions = np.maximum(np.cumsum(padded_mask, axis=1) - 1, 0)
+        valid = np.zeros((batch, self.spec.max_cache_len), bool)
+        valid[:, :bucket] = padded_mask
+        key = jax.random.key(0) if rng is None else rng
+        eos_arr, pad_arr = jnp.asarray(eos, self._id_dtype), jnp.asarray(pad, self._id_dtype)
+        cache = self.new_cache(batch)
+        logits, cache = self._prefill(
+            self.params, cache, jnp.asarray(padded_ids, self._id_dtype), jnp.asarray(positions, self._id_dtype),
+            jnp.arange(bucket, dtype=self._id_dtype), jnp.asarray(valid),
+        )
+        done = jnp.zeros((batch,), bool)
+        token, done = self._first(logits, jax.random.fold_in(key, 0), *params, done, eos_arr, pad_arr, do_sample=do_sample)
+        next_position = jnp.asarray(positions[:, -1] + 1, self._id_dtype)
+        valid = jnp.asarray(valid)
+        for step in range(max_new_tokens):
+            yield np.asarray(token)
+            if step == max_new_tokens - 1 or bool(done.all()):
+                return
+            token, cache, valid, done = self._decode(
+                self.params, cache, token, next_position, jnp.asarray(bucket + step, self._id_dtype), valid, done,
+                jax.random.fold_in(key, step + 1), *params, eos_arr, pad_arr, do_sample=do_sample,
+            )
+            next_position = next_position + 1
+
+    # -- jitted bodies ----------------------------------------------------------------------
+    def _prefill_step(self, params, cache, ids, positions, write_at, valid):
+        return _call(self.prefill_model, params, ids, positions, write_at, valid, cache)
+
+    def _decode_step(self, params, cache, token, position, slot, valid, done, key, temperature, top_k, top_p, eos, pad, *, do_sample):
+        valid = valid.at[:, slot].set(True)
+        logits, cache = _call(self.decode_model, params, token[:, None], position[:, None], slot[None], valid, cache)
+        token, done = self._pick(logits, key, temperature, top_k, top_p, done, eos, pad, do_sample=do_sample)
+        return token, cache, valid, done
+
+    def _pick(self, logits, key, temperature, top_k, top_p, done, eos, pad, *, do_sample):
+        token = sampling.sample(logits, key, temperature, top_k, top_p) if do_sample else sampling.greedy(logits)
+        token = jnp.where(done, pad, token.astype(self._id_dtype))
+        return token, done | jnp.isin(token, eos)
+
+    def _check_prompt(self, input_ids: Any, attention_mask: Any, max_new_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.asarray(input_ids)
+        if ids.ndim == 1:
+            ids = ids[None]
+        if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+            raise InputSpecError(f"input_ids must be integer token ids of shape [batch, length], got {ids.dtype}{list(ids.shape)}")
+        batch, length = ids.shape
+        if not 1 <= batch <= self.spec.max_batch:
+            raise InputSpecError(f"batch of {batch} prompts: this artifact was converted for 1 to {self.spec.max_batch} "
+                                 "(convert again with a larger --max-batch, or split the batch)")
+        if length == 0:
+            raise InputSpecError("input_ids is empty: give at least one prompt token")
+        if ids.min() < 0 or ids.max() >= self.spec.vocab_size:
+            raise InputSpecError(f"input_ids holds ids outside the vocabulary [0, {self.spec.vocab_size})")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise InputSpecError(f"max_new_tokens must be an integer >= 1 (got {max_new_tokens!r})")
+        if length + max_new_tokens > self.spec.max_cache_len:
+            raise InputSpecError(
+                f"a prompt of {length} tokens plus max_new_tokens={max_new_tokens} needs {length + max_new_tokens} cache slots, "
+                f"more than this artifact's max_cache_len ({self.spec.max_cache_len}): shorten the prompt, ask for fewer "
+                "tokens, or convert again with a larger --max-cache-len"
+            )
+        mask = np.ones_like(ids, bool) if attention_mask is None else np.asarray(attention_mask).astype(bool).reshape(ids.shape[0], -1)
+        if mask.shape != ids.shape:
+            raise InputSpecError(f"attention_mask has shape {list(mask.shape)}, input_ids {list(ids.shape)}: they must match")
+        if not mask[:, -1].all() or (np.diff(mask.astype(np.int8), axis=1) < 0).any():
+            raise InputSpecError(
+                "attention_mask has padding after a prompt's tokens: pad prompts on the left "
+                "(tokenizer.padding_side = 'left'), so every row's last token is real"
+            )
+        return ids, mask
+
+
+def _call(model: Model, params: dict, ids, positions, write_at, valid, cache) -> tuple[jax.Array, list]:
+    """One step function of the graph: (last-position logits, new cache)."""
+    leaves = structure.flatten(((ids, positions, write_at, valid, list(cache)), {}), model.graph.in_spec, "inputs")
+    outputs, _ = model._run(params, leaves, None)
+    logits, new_cache = structure.unflatten(model.graph.out_spec, outputs)
+    return logits, list(new_cache)
+
+
+def _bucket(length: int, limit: int) -> int:
+    """The prompt length prefill is compiled for: the next power of two (at least MIN_BUCKET) that fits, else `length`."""
+    bucket = max(MIN_BUCKET, 1 << (length - 1).bit_length())
+    return bucket if bucket <= limit else length

@@ -1,0 +1,139 @@
+"""Token sampling for torch-free text generation: greedy, temperature, top-k and top-p.
+
+The generation loop runs in serving processes that have no torch, so it cannot use transformers'
+logits warpers. This module reimplements their semantics (temperature, then top-k, then top-p, in
+that order, with the same tie and min-tokens-to-keep rules) as jit-able JAX functions whose
+parameters are per-row arrays of shape [B], so one compiled step serves a batch of requests with
+different settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..errors import Torch2JaxError
+
+__all__ = ["filter_logits", "greedy", "sample", "sampling_params"]
+
+
+def greedy(logits: jax.Array) -> jax.Array:
+    """[B, V] -> [B] int32: index of the max logit; ties go to the lowest index, as torch.argmax does."""
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+def filter_logits(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """[B, V] float logits -> [B, V] float32 logits scaled by 1/temperature, with -inf outside the kept set.
+
+    temperature, top_k and top_p are [B] (or scalars, broadcast to every row). top_k = 0 (or >= V) and
+    top_p = 1.0 switch that filter off for the row. Ties at the top-k boundary are all kept; top-p removes
+    the tokens whose ascending cumulative probability is <= 1 - top_p, always keeping the most likely one.
+    """
+    logits = jnp.asarray(logits, jnp.float32)
+    batch, vocab = logits.shape
+    temperature = jnp.broadcast_to(jnp.asarray(temperature, jnp.float32), (batch,))
+    top_k = jnp.broadcast_to(jnp.asarray(top_k, jnp.int32), (batch,))
+    top_p = jnp.broadcast_to(jnp.asarray(top_p, jnp.float32), (batch,))
+
+    scaled = logits / temperature[:, None]  # a division, not a multiply by 1/T, to round as torch does
+
+    # One stable ascending sort per row; the permutation is kept to map the top-p decision back.
+    # (Stable: among equal values the lower index comes first, as torch's CPU sort orders them.)
+    iota = lax.broadcasted_iota(jnp.int32, (batch, vocab), 1)
+    sorted_asc, order = lax.sort((scaled, iota), dimension=1, is_stable=True, num_keys=1)
+
+    # top-k: the k-th largest value sits at ascending position V - k; everything below it goes.
+    k = jnp.where((top_k <= 0) | (top_k >= vocab), vocab, top_k)
+    kth = jnp.take_along_axis(sorted_asc, (vocab - k)[:, None], axis=1)
+    scaled = jnp.where(scaled < kth, -jnp.inf, scaled)
+    sorted_asc = jnp.where(sorted_asc < kth, -jnp.inf, sorted_asc)  # same order: the filter is monotone
+
+    # top-p over the top-k-filtered distribution, in ascending order.
+    cumulative = jnp.cumsum(jax.nn.softmax(sorted_asc, axis=1), axis=1)
+    remove_sorted = cumulative <= (1.0 - top_p)[:, None]
+    remove_sorted = remove_sorted.at[:, -1].set(False)  # min_tokens_to_keep = 1
+    remove_sorted = remove_sorted & (top_p < 1.0)[:, None]
+    rows = lax.broadcasted_iota(jnp.int32, (batch, vocab), 0)
+    remove = jnp.zeros((batch, vocab), jnp.bool_).at[rows, order].set(remove_sorted, unique_indices=True)
+    return jnp.where(remove, -jnp.inf, scaled)
+
+
+def sample(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """[B] int32 tokens drawn from softmax(filter_logits(...)) per row (jax.random.categorical)."""
+    filtered = filter_logits(logits, temperature, top_k, top_p)
+    return jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
+
+
+def _per_row(name: str, value: Any, batch: int) -> np.ndarray:
+    """`value` as a 1-D numpy array of length `batch` (a scalar is repeated); concrete values only."""
+    if isinstance(value, jax.core.Tracer):
+        raise Torch2JaxError(f"{name} must be a concrete value (a python number, sequence or array), not a traced value; "
+                             f"call sampling_params outside jax.jit")
+    if isinstance(value, (str, bytes)):
+        raise Torch2JaxError(f"{name} must be a number or a sequence of {batch} numbers (got {value!r})")
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as e:
+        raise Torch2JaxError(f"{name} must be a number or a sequence of {batch} numbers (got {value!r}): {e}") from None
+    if array.dtype.kind not in "biuf":
+        raise Torch2JaxError(f"{name} must be a number or a sequence of {batch} numbers (got {value!r})")
+    if array.dtype.kind == "b":
+        raise Torch2JaxError(f"{name} must be a number, not a bool (got {value!r})")
+    if array.ndim == 0:
+        return np.full((batch,), array)
+    if array.ndim != 1 or array.shape[0] != batch:
+        raise Torch2JaxError(f"{name} must be a number or a sequence of one value per row: expected length {batch}, "
+                             f"got shape {tuple(array.shape)}")
+    return array
+
+
+def _bad(name: str, array: np.ndarray, ok: np.ndarray, rule: str, hint: str = "") -> None:
+    """Raise for the first element of `array` where `ok` is False."""
+    if not ok.all():
+        row = int(np.argmin(ok))
+        bad = array[row].item()
+        where = f" at row {row}" if array.shape[0] > 1 else ""
+        raise Torch2JaxError(f"{name} must be {rule} (got {bad!r}{where}){hint}")
+
+
+def sampling_params(
+    batch: int,
+    temperature: float | Sequence[float] | np.ndarray | jax.Array = 1.0,
+    top_k: int | Sequence[int] | np.ndarray | jax.Array = 0,
+    top_p: float | Sequence[float] | np.ndarray | jax.Array = 1.0,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Validate sampling settings and broadcast them to per-row arrays.
+
+    Each setting is a python scalar or a per-row sequence/array of concrete values. Returns
+    ([batch] float32 temperature, [batch] int32 top_k, [batch] float32 top_p). Raises Torch2JaxError
+    naming the bad argument, its value and the valid range: temperature finite and > 0; top_k an
+    integer >= 0 (0 = off); 0 < top_p <= 1 (1.0 = off).
+    """
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+        raise Torch2JaxError(f"batch must be an integer >= 1 (got {batch!r})")
+    batch = int(batch)
+
+    t = _per_row("temperature", temperature, batch).astype(np.float64)
+    hint = "; use do_sample=False for greedy decoding"
+    _bad("temperature", t, ~(t <= 0), "> 0 when sampling", hint)  # ~(t <= 0) lets nan through to the next check
+    t32 = t.astype(np.float32)
+    _bad("temperature", t, np.isfinite(t32) & (t32 > 0), "a finite number > 0 that float32 can hold when sampling", hint)
+
+    k = _per_row("top_k", top_k, batch)
+    if k.dtype.kind == "f":
+        _bad("top_k", k, np.isfinite(k) & (k == np.floor(k)), "an integer >= 0 (0 turns top-k off)")
+    _bad("top_k", k, k >= 0, "an integer >= 0 (0 turns top-k off)")
+    # Values beyond the vocabulary mean "off" anyway; clip so the cast to int32 cannot wrap.
+    k = np.minimum(k, np.iinfo(np.int32).max).astype(np.int32)
+
+    p = _per_row("top_p", top_p, batch).astype(np.float64)
+    _bad("top_p", p, (p > 0) & (p <= 1), "in (0, 1] (1.0 turns top-p off)")
+    p32 = p.astype(np.float32)
+    _bad("top_p", p, p32 > 0, "in (0, 1] (it rounds to 0 in float32)")
+
+    return jnp.asarray(t.astype(np.float32)), jnp.asarray(k), jnp.asarray(p32)
