@@ -52,7 +52,7 @@ def assert_same_as_hf(ours: np.ndarray, theirs: np.ndarray, what: str) -> None:
 def assert_no_split_ties(scaled: np.ndarray, kept: np.ndarray, what: str) -> None:
     """Precondition for comparing with stock transformers: no top-p cut falls inside a group of equal logits.
 
-    TopPLogitsWarper sorts with torch.sort, which is not stable for rows longer than 16 on CPU, so where
+    TopPLogitsWarper sorts with torch.sort, whose tie order is not stable (seen on CPU for rows longer than 16), so where
     equal logits straddle the cut torch's own answer depends on its sort internals (that case is tested
     separately against a stable sort)."""
     removed = np.isfinite(scaled) & ~kept
@@ -107,6 +107,35 @@ def test_filter_logits_tie_at_top_p_cut_removes_lower_indices_first():
     kept_ties = [i for i in (3, 17, 30, 44) if np.isfinite(ours[i])]
     assert 0 < len(kept_ties) < 4, "the test row must split the tie group"
     assert kept_ties == [3, 17, 30, 44][-len(kept_ties) :]
+
+
+def test_filter_logits_edge_cases():
+    def one(row, t, k, p):
+        return np.asarray(filter_logits(jnp.asarray(np.asarray(row, np.float32)[None]), jnp.float32(t), jnp.int32(k), jnp.float32(p)))[0]
+
+    # The top-p cut is inclusive: four equally likely tokens (cumulative 0.25, 0.5, ... exactly), top_p=0.5 removes the
+    # two whose cumulative probability is <= 0.5. (A tie again, so the reference is the warper with a stable sort.)
+    ours = one([0.0, 0.0, 0.0, 0.0], 1.0, 0, 0.5)
+    with mock.patch.object(torch, "sort", functools.partial(torch.sort, stable=True)):
+        assert_same_as_hf(ours, hf_filter(np.zeros(4, np.float32), 1.0, 0, 0.5), "inclusive top-p cut")
+    assert np.isfinite(ours).tolist() == [False, False, True, True]
+
+    # A top_p so small that 1 - top_p rounds to 1 in float32 still keeps the most likely token (min_tokens_to_keep=1).
+    row = np.random.default_rng(5).normal(size=V).astype(np.float32)
+    ours = one(row, 1.0, 0, 1e-9)
+    assert_same_as_hf(ours, hf_filter(row, 1.0, 0, 1e-9), "tiny top_p")
+    assert np.flatnonzero(np.isfinite(ours)).tolist() == [int(np.argmax(row))]
+
+    # top_p=1.0 is off, as generate() skips the warper: tokens whose probability underflows to 0 stay.
+    row = np.array([0.0, -50.0, -200.0, -1000.0], np.float32)
+    np.testing.assert_array_equal(one(row, 1.0, 0, 1.0), row)
+    np.testing.assert_array_equal(one(row, 2.0, 60, 1.0), row / 2)
+
+    # Logits already at -inf (masked tokens) stay out, and bfloat16 logits come back as float32.
+    row = np.array([1.0, -np.inf, 0.5, -np.inf], np.float32)
+    ours = filter_logits(jnp.asarray(row[None], jnp.bfloat16), jnp.float32(1.0), jnp.int32(3), jnp.float32(0.99))
+    assert ours.dtype == jnp.float32
+    assert_same_as_hf(np.asarray(ours)[0], hf_filter(row, 1.0, 3, 0.99), "masked tokens")
 
 
 def test_greedy_ties_and_top_k_1_equals_greedy():

@@ -124,6 +124,7 @@ class DecoderStep(torch.nn.Module):
         if getattr(config, "use_sliding_window", True) is False:
             window = None
         self.window = int(window) if window else None
+        self.additive_mask = getattr(config, "_attn_implementation", None) == "eager"
         self._layer = _explicit_layer_class()
 
     def forward(self, input_ids, position_ids, write_at, kv_valid, cache):
@@ -149,7 +150,11 @@ class DecoderStep(torch.nn.Module):
 
         def mask(window: int | None) -> torch.Tensor:
             allowed = causal if window is None else causal & (slot[None, :] > write_at[:, None] - window)
-            return ((kv_valid[:, None, :] & allowed[None]) | own[None])[:, None]  # [B, 1, T, S]
+            keep = ((kv_valid[:, None, :] & allowed[None]) | own[None])[:, None]  # [B, 1, T, S]
+            if self.additive_mask:  # eager attention adds the mask to the scores
+                zero = torch.zeros((), dtype=self.layout.dtype)
+                return torch.where(keep, zero, torch.finfo(self.layout.dtype).min)
+            return keep
 
         if self.layer_types:  # models that take one mask per layer type (Gemma2, Qwen2, ...)
             return {kind: mask(self.window if kind == SLIDING else None) for kind in self.layer_types}

@@ -83,16 +83,27 @@ def convert_hf(
             f"task {task!r} is not supported by convert_hf yet (supported: {', '.join(TASKS)}); for a forward pass, "
             "convert the model object with torch2jax.convert(model, args)"
         )
-    if directory is not None:
-        try:
-            lm = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, attn_implementation="sdpa")
-        except (OSError, ValueError, KeyError) as err:
-            raise Torch2JaxError(f"transformers could not load a causal LM from {directory}: {err}") from None
-    else:
-        lm = source
-        if getattr(lm.config, "_attn_implementation", None) not in ("sdpa", "eager"):
-            lm.config._attn_implementation = "sdpa"
+    lm = _load_causal_lm(transformers, directory) if directory is not None else source
+    prepare_for_export(lm)
     generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress)
     if directory is not None:
         generator.tokenizer_files = {name: directory / name for name in TOKENIZER_FILES if (directory / name).is_file()}
     return generator
+
+
+def _load_causal_lm(transformers: Any, directory: Path) -> Any:
+    """Load with sdpa attention (kept whole and lowered to one fused attention), eager where the architecture has no sdpa."""
+    errors = []
+    for attention in ("sdpa", "eager"):
+        try:
+            return transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, attn_implementation=attention)
+        except (OSError, ValueError, KeyError) as err:
+            errors.append(f"{attention}: {err}")
+    raise Torch2JaxError(f"transformers could not load a causal LM from {directory}: {'; '.join(errors)}")
+
+
+def prepare_for_export(lm: Any) -> None:
+    """Settings under which transformers models export with static shapes: mixture-of-experts layers as batched
+    matmuls over every expert (eager routing makes data-dependent shapes; grouped_mm is a custom op)."""
+    if getattr(lm.config, "_experts_implementation", None) not in (None, "batched_mm") and hasattr(lm, "set_experts_implementation"):
+        lm.set_experts_implementation("batched_mm")

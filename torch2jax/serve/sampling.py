@@ -43,7 +43,8 @@ def filter_logits(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, t
     scaled = logits / temperature[:, None]  # a division, not a multiply by 1/T, to round as torch does
 
     # One stable ascending sort per row; the permutation is kept to map the top-p decision back.
-    # (Stable: among equal values the lower index comes first, as torch's CPU sort orders them.)
+    # Stable: among equal values the lower index comes first, as torch.sort(stable=True) orders them (torch's
+    # default sort leaves the order of ties unspecified, so transformers' top-p is not deterministic there).
     iota = lax.broadcasted_iota(jnp.int32, (batch, vocab), 1)
     sorted_asc, order = lax.sort((scaled, iota), dimension=1, is_stable=True, num_keys=1)
 
@@ -69,8 +70,8 @@ def sample(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_k: jax
     return jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
 
 
-def _per_row(name: str, value: Any, batch: int) -> np.ndarray:
-    """`value` as a 1-D numpy array of length `batch` (a scalar is repeated); concrete values only."""
+def _per_row(name: str, value: Any, batch: int) -> tuple[np.ndarray, bool]:
+    """(`value` as a 1-D numpy array of length `batch`, whether it was given per row); a scalar is repeated."""
     if isinstance(value, jax.core.Tracer):
         raise Torch2JaxError(f"{name} must be a concrete value (a python number, sequence or array), not a traced value; "
                              f"call sampling_params outside jax.jit")
@@ -85,19 +86,19 @@ def _per_row(name: str, value: Any, batch: int) -> np.ndarray:
     if array.dtype.kind == "b":
         raise Torch2JaxError(f"{name} must be a number, not a bool (got {value!r})")
     if array.ndim == 0:
-        return np.full((batch,), array)
+        return np.full((batch,), array), False
     if array.ndim != 1 or array.shape[0] != batch:
         raise Torch2JaxError(f"{name} must be a number or a sequence of one value per row: expected length {batch}, "
                              f"got shape {tuple(array.shape)}")
-    return array
+    return array, True
 
 
-def _bad(name: str, array: np.ndarray, ok: np.ndarray, rule: str, hint: str = "") -> None:
+def _bad(name: str, array: np.ndarray, per_row: bool, ok: np.ndarray, rule: str, hint: str = "") -> None:
     """Raise for the first element of `array` where `ok` is False."""
     if not ok.all():
         row = int(np.argmin(ok))
         bad = array[row].item()
-        where = f" at row {row}" if array.shape[0] > 1 else ""
+        where = f" at row {row}" if per_row else ""
         raise Torch2JaxError(f"{name} must be {rule} (got {bad!r}{where}){hint}")
 
 
@@ -118,22 +119,25 @@ def sampling_params(
         raise Torch2JaxError(f"batch must be an integer >= 1 (got {batch!r})")
     batch = int(batch)
 
-    t = _per_row("temperature", temperature, batch).astype(np.float64)
+    t, rows = _per_row("temperature", temperature, batch)
+    t = t.astype(np.float64)
     hint = "; use do_sample=False for greedy decoding"
-    _bad("temperature", t, ~(t <= 0), "> 0 when sampling", hint)  # ~(t <= 0) lets nan through to the next check
-    t32 = t.astype(np.float32)
-    _bad("temperature", t, np.isfinite(t32) & (t32 > 0), "a finite number > 0 that float32 can hold when sampling", hint)
+    _bad("temperature", t, rows, ~(t <= 0), "> 0 when sampling", hint)  # ~(t <= 0) lets nan through to the next check
+    with np.errstate(over="ignore"):
+        t32 = t.astype(np.float32)
+    _bad("temperature", t, rows, np.isfinite(t32) & (t32 > 0), "a finite number > 0 that float32 can hold when sampling", hint)
 
-    k = _per_row("top_k", top_k, batch)
+    k, rows = _per_row("top_k", top_k, batch)
     if k.dtype.kind == "f":
-        _bad("top_k", k, np.isfinite(k) & (k == np.floor(k)), "an integer >= 0 (0 turns top-k off)")
-    _bad("top_k", k, k >= 0, "an integer >= 0 (0 turns top-k off)")
+        _bad("top_k", k, rows, np.isfinite(k) & (k == np.floor(k)), "an integer >= 0 (0 turns top-k off)")
+    _bad("top_k", k, rows, k >= 0, "an integer >= 0 (0 turns top-k off)")
     # Values beyond the vocabulary mean "off" anyway; clip so the cast to int32 cannot wrap.
     k = np.minimum(k, np.iinfo(np.int32).max).astype(np.int32)
 
-    p = _per_row("top_p", top_p, batch).astype(np.float64)
-    _bad("top_p", p, (p > 0) & (p <= 1), "in (0, 1] (1.0 turns top-p off)")
+    p, rows = _per_row("top_p", top_p, batch)
+    p = p.astype(np.float64)
+    _bad("top_p", p, rows, (p > 0) & (p <= 1), "in (0, 1] (1.0 turns top-p off)")
     p32 = p.astype(np.float32)
-    _bad("top_p", p, p32 > 0, "in (0, 1] (it rounds to 0 in float32)")
+    _bad("top_p", p, rows, p32 > 0, "in (0, 1] (it rounds to 0 in float32)")
 
-    return jnp.asarray(t.astype(np.float32)), jnp.asarray(k), jnp.asarray(p32)
+    return jnp.asarray(t32), jnp.asarray(k), jnp.asarray(p32)

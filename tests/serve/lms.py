@@ -1,0 +1,66 @@
+"""Tiny random-weight causal LMs of real transformers architectures, written with save_pretrained."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+VOCAB, PAD, BOS, EOS = 128, 0, 1, 2
+_COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=BOS, pad_token_id=PAD)
+
+
+def _build(name: str):
+    import transformers as tf
+
+    if name == "llama":
+        return tf.LlamaForCausalLM(tf.LlamaConfig(**_COMMON))
+    if name == "mistral":  # a window shorter than the generated text, so the sliding mask matters
+        return tf.MistralForCausalLM(tf.MistralConfig(**_COMMON, sliding_window=8))
+    if name == "qwen2":
+        return tf.Qwen2ForCausalLM(tf.Qwen2Config(**_COMMON))
+    if name == "gemma":
+        return tf.GemmaForCausalLM(tf.GemmaConfig(**_COMMON, head_dim=16))
+    if name == "gemma2":  # alternating sliding / full layers, logit soft-capping, eager attention
+        return tf.Gemma2ForCausalLM(tf.Gemma2Config(**_COMMON, head_dim=16, sliding_window=8))
+    if name == "phi3":
+        return tf.Phi3ForCausalLM(tf.Phi3Config(**_COMMON))
+    if name == "gpt2":
+        return tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                                                eos_token_id=EOS, bos_token_id=BOS))
+    if name == "mixtral":
+        return tf.MixtralForCausalLM(tf.MixtralConfig(**_COMMON, num_local_experts=4, num_experts_per_tok=2))
+    if name == "qwen2_moe":
+        return tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(**_COMMON, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                                         shared_expert_intermediate_size=64))
+    raise KeyError(name)
+
+
+ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma", "gemma2", "phi3", "gpt2", "mixtral", "qwen2_moe")
+
+
+def write_lm(name: str, directory: Path) -> Path:
+    """save_pretrained a random-weight model of this architecture (seeded) into directory/name."""
+    torch.manual_seed(0)
+    out = directory / name
+    _build(name).eval().save_pretrained(out)
+    return out
+
+
+def load_lm(path: Path, dtype: torch.dtype = torch.float32):
+    """The same model through transformers, as the reference."""
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).eval()
+
+
+def hf_greedy(lm, ids: torch.Tensor, new: int, mask: torch.Tensor | None = None, eos: int | None = None):
+    """transformers' own greedy generate; eos=None generates exactly `new` tokens (no end token)."""
+    saved = lm.generation_config.eos_token_id
+    lm.generation_config.eos_token_id = eos
+    try:
+        with torch.no_grad():
+            return lm.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=PAD).numpy()
+    finally:
+        lm.generation_config.eos_token_id = saved
