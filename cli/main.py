@@ -97,15 +97,26 @@ def main() -> None:
               help="Write a markdown report (stages, timings, op counts, per-output errors, environment), pass or fail.")
 @click.option("--repro-dir", type=click.Path(file_okay=False),
               help="Where to write the standalone reproduction when one op fails (default: $TMPDIR/torch2jax-repro).")
+@click.option("--task", help="hf: targets: what to build (default: from config.json's architectures). text-generation: "
+                             "prefill/decode entry points with a KV cache, for `torch2jax generate`.")
+@click.option("--max-cache-len", default=512, show_default=True, help="text-generation: KV cache slots (prompt + new tokens).")
+@click.option("--max-batch", default=8, show_default=True, help="text-generation: most prompts per generate call.")
+@click.option("--verify-tokens", default=16, show_default=True,
+              help="text-generation: greedy tokens compared with transformers' generate (float32: all equal; bfloat16: the first 8).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @handles_errors
-def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, report_file, repro_dir, quiet):
-    """Convert TARGET (model.py:Model, or model.py:make_model) into an artifact directory.
+def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, report_file, repro_dir,
+            task, max_cache_len, max_batch, verify_tokens, quiet):
+    """Convert TARGET (model.py:Model, model.py:make_model, or hf:DIR) into an artifact directory.
 
     \b
     Example:
       torch2jax convert sample_models/tiny_gpt.py:TinyGPT --out out/gpt
       torch2jax convert model.py:Net --input x=float32[batch,3,32,32] --out out/net --report report.md
+      torch2jax convert hf:path/to/llama --task text-generation --max-cache-len 512 --max-batch 8 --out out/llm
+
+    hf:DIR is a local model directory as save_pretrained writes it (config.json, *.safetensors,
+    tokenizer files); nothing is downloaded.
 
     By default the saved artifact is loaded back and compared with PyTorch on the example
     inputs, on random inputs of the same shapes and on a second size of each symbolic dim; a
@@ -117,6 +128,11 @@ def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train
     out = Path(out_dir)
     if out.exists() and not force:
         _fail(f"{out} already exists; pass --force to replace it", EXIT_USAGE)
+    if target.startswith("hf:"):
+        _convert_hf(target, out, task, max_cache_len, max_batch, dtype, platforms, force, no_verify, verify_tokens, seed, quiet)
+        return
+    if task:
+        _fail(f"--task applies to hf: targets; {target} is a model file target", EXIT_USAGE)
     data = ReportData(title="torch2jax conversion report", target=target, artifact=str(out))
     with reporting(data, report_file, lambda line: click.echo(line, err=True)):
         _convert(data, target, out, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, repro_dir, quiet)
@@ -173,6 +189,41 @@ def _convert(data, target, out, inputs, weights, platforms, force, no_verify, tr
         click.echo(f"verified against PyTorch:\n{data.verification.summary()}")
 
 
+def _convert_hf(target, out, task, max_cache_len, max_batch, dtype, platforms, force, no_verify, verify_tokens, seed, quiet):
+    """hf:DIR -> a text-generation artifact, verified token by token against transformers' generate."""
+    from torch2jax.capture.decoder import convert_causal_lm
+    from torch2jax.capture.hf import causal_lm_from, tokenizer_files
+    from torch2jax.serve.artifact import save_generator
+
+    progress = Progress(quiet)
+    progress("build model", f"load {target} with transformers")
+    lm, directory = causal_lm_from(target, task)
+    generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress)
+    generator.tokenizer_files = tokenizer_files(directory)
+    checked = []
+
+    def verify_generation(tmp: Path) -> None:
+        if no_verify:
+            return
+        from torch2jax.diagnose.generation import check_generation
+        from torch2jax.diagnose.generation import verify_generation as run_check
+        from torch2jax.serve.artifact import load_generator
+
+        progress("verify", f"greedy-generate {verify_tokens} tokens with the saved artifact and with transformers")
+        checked.append(run_check(lm, load_generator(tmp), tokens=verify_tokens, seed=seed))
+        progress.done()
+        check_generation(checked[-1])
+
+    progress("save", f"jax.export prefill and decode, write {out}")
+    platform_list = [p.strip() for p in platforms.split(",") if p.strip()]
+    save_generator(generator, out, force=force, platforms=platform_list, source=target, check=verify_generation)
+    progress.done()
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    click.echo(f"wrote {out} ({size / 1e6:.2f} MB) {generator}")
+    if checked:
+        click.echo(f"verified against transformers:\n{checked[-1].summary()}")
+
+
 def _add_repro(err, graph, resolved, repro_dir) -> None:
     """Write a standalone script reproducing the one failing op, and name it in the error."""
     import torch.utils._pytree as pytree
@@ -227,17 +278,23 @@ def inspect(artifact_dir, as_json):
     click.echo(f"artifact  {artifact_dir}  (format {manifest['format_version']}, created {manifest.get('created')})")
     click.echo(f"source    {manifest.get('source')}")
     click.echo("versions  " + ", ".join(f"{k} {v}" for k, v in versions.items() if v))
-    click.echo(f"platforms {', '.join(manifest.get('platforms', []))}   vjp order {manifest.get('vjp_order')}")
-    click.echo("inputs")
-    for item in manifest["inputs"]:
-        click.echo(f"  {item['name']}: {item['dtype']}[{', '.join(map(str, item['shape']))}]")
-    for name, bounds in manifest.get("symbols", {}).items():
-        hi = "inf" if bounds.get("max") is None else bounds["max"]
-        click.echo(f"  dim {name} in [{bounds.get('min')}, {hi}]")
-    click.echo("outputs")
-    for item in manifest.get("outputs", []):
-        shape = "?" if item.get("shape") is None else ", ".join(map(str, item["shape"]))
-        click.echo(f"  {item.get('name')}: {item.get('dtype')}[{shape}]")
+    vjp = f"   vjp order {manifest['vjp_order']}" if "vjp_order" in manifest else ""
+    click.echo(f"platforms {', '.join(manifest.get('platforms', []))}{vjp}")
+    if manifest.get("task"):
+        click.echo(f"task      {manifest['task']}")
+    generation = manifest.get("generation")
+    if isinstance(generation, dict):
+        cache = generation.get("cache", {})
+        click.echo(f"generate  max_cache_len {generation.get('max_cache_len')}, max_batch {generation.get('max_batch')}, "
+                   f"vocab {generation.get('vocab_size')}, end tokens {generation.get('eos_token_ids')}, "
+                   f"pad {generation.get('pad_token_id')}")
+        click.echo(f"kv cache  {len(cache.get('shapes', []))} {cache.get('dtype')} tensors of {cache.get('shapes', [[]])[0]} "
+                   "(state: allocated at load, donated to each step, never saved)")
+    entries = manifest.get("entries") if isinstance(manifest.get("entries"), dict) else {"": manifest}
+    for name, entry in entries.items():
+        if name:
+            click.echo(f"entry     {name}")
+        _print_signature(entry, indent="  " if name else "")
     if manifest.get("mutated_buffers"):
         click.echo(f"mutates   {', '.join(manifest['mutated_buffers'])}")
     click.echo(f"params    {params['count']:,} values, {params['bytes'] / 1e6:.2f} MB in {len(params['tree'])} tensors")
@@ -298,6 +355,19 @@ def run(artifact_dir, inputs, out_file, from_graph, seed):
     click.echo(f"wrote {out}")
 
 
+def _print_signature(entry: dict, indent: str) -> None:
+    click.echo(f"{indent}inputs")
+    for item in entry.get("inputs", []):
+        click.echo(f"{indent}  {item['name']}: {item['dtype']}[{', '.join(map(str, item['shape']))}]")
+    for name, bounds in entry.get("symbols", {}).items():
+        hi = "inf" if bounds.get("max") is None else bounds["max"]
+        click.echo(f"{indent}  dim {name} in [{bounds.get('min')}, {hi}]")
+    click.echo(f"{indent}outputs")
+    for item in entry.get("outputs", []):
+        shape = "?" if item.get("shape") is None else ", ".join(map(str, item["shape"]))
+        click.echo(f"{indent}  {item.get('name')}: {item.get('dtype')}[{shape}]")
+
+
 def _flatten_outputs(value, prefix: str = "output") -> dict:
     if isinstance(value, dict):
         out = {}
@@ -310,6 +380,71 @@ def _flatten_outputs(value, prefix: str = "output") -> dict:
             out.update(_flatten_outputs(item, f"{prefix}.{index}"))
         return out
     return {prefix: value}
+
+
+@main.command()
+@click.argument("artifact_dir", type=click.Path(file_okay=False))
+@click.option("--prompt", "prompts", multiple=True, help="Prompt text (repeatable: a batch); needs the model's tokenizer.")
+@click.option("--ids", "id_lists", multiple=True, help="Prompt token ids, comma-separated (repeatable: a batch), e.g. 1,450,7483.")
+@click.option("--max-new-tokens", default=32, show_default=True)
+@click.option("--temperature", type=float, help="Sample with this temperature (default: greedy decoding).")
+@click.option("--top-k", type=int, help="Sample from the k most likely tokens.")
+@click.option("--top-p", type=float, help="Sample from the smallest set of tokens whose probability reaches p.")
+@click.option("--seed", default=0, show_default=True, help="PRNG seed for sampling.")
+@click.option("--from-graph", is_flag=True, help="Rebuild the functions from their graphs instead of the StableHLO.")
+@handles_errors
+def generate(artifact_dir, prompts, id_lists, max_new_tokens, temperature, top_k, top_p, seed, from_graph):
+    """Generate text (or token ids) with a text-generation artifact; needs no torch.
+
+    \b
+    Example:
+      torch2jax generate out/llm --prompt "The capital of France is" --max-new-tokens 32
+      torch2jax generate out/llm --ids 1,450,7483 --temperature 0.8 --top-p 0.9 --seed 0
+    """
+    import numpy as np
+
+    import torch2jax
+    from torch2jax.errors import InputSpecError
+
+    if bool(prompts) == bool(id_lists):
+        raise InputSpecError("give the prompt as --prompt TEXT or as --ids 1,2,3 (one of them, repeatable for a batch)")
+    g = torch2jax.load(artifact_dir, from_graph=from_graph)
+    if not isinstance(g, torch2jax.Generator):
+        raise InputSpecError(f"{artifact_dir} is not a text-generation artifact (convert hf:DIR --task text-generation)")
+    tokenizer = None
+    if prompts:
+        if "tokenizer.json" not in g.tokenizer_files:
+            raise InputSpecError(f"{artifact_dir} has no tokenizer (its model directory had no tokenizer.json): "
+                                 "pass token ids with --ids 1,450,7483 instead")
+        tokenizer = g.tokenizer
+        rows = [tokenizer.encode(text).ids for text in prompts]
+    else:
+        try:
+            rows = [[int(t) for t in text.split(",") if t.strip()] for text in id_lists]
+        except ValueError:
+            raise InputSpecError(f"--ids takes comma-separated integers, got {list(id_lists)}") from None
+    if any(not row for row in rows):
+        raise InputSpecError("a prompt has no tokens")
+    width = max(map(len, rows))
+    ids = np.full((len(rows), width), g.spec.pad_token_id, np.int64)
+    mask = np.zeros_like(ids, bool)
+    for r, row in enumerate(rows):
+        ids[r, width - len(row):], mask[r, width - len(row):] = row, True
+    sampling = {k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)) if v is not None}
+    options = {}
+    if sampling:
+        import jax
+
+        options = {"do_sample": True, "rng": jax.random.key(seed), **sampling}
+    start = time.perf_counter()
+    out = g.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, **options)
+    elapsed = time.perf_counter() - start
+    for r, row in enumerate(rows):
+        new = [int(t) for t in out[r, width:]]
+        ended = next((i for i, t in enumerate(new) if t in g.spec.eos_token_ids), None)
+        new = new if ended is None else new[: ended + 1]
+        click.echo(tokenizer.decode(row + new) if tokenizer is not None else ",".join(map(str, row + new)))
+    click.echo(f"{out.shape[1] - width} new tokens x {len(rows)} rows in {elapsed:.2f}s (first call includes compilation)", err=True)
 
 
 @main.command()

@@ -248,3 +248,11 @@ def test_bfloat16_conversion_is_as_accurate_as_torch_bfloat16(converted):
     assert str(model(tokens.numpy()).dtype) == "bfloat16"
     torch_bf16_error = max_err(torch_out(module_bf16, tokens).float(), reference)
     assert max_err(ours, reference) <= 1.5 * torch_bf16_error
+
+
+@pytest.mark.parametrize("bounds", [(1, 1), (4, 4), (5, 3)])
+def test_a_dynamic_dim_with_no_room_to_vary_is_a_clear_error(bounds):
+    low, high = bounds
+    spec = {"input": {0: {"name": "batch", "min": low, "max": high}}}
+    with pytest.raises(torch2jax.InputSpecError, match=rf"dynamic dim 'batch' has range \[{low}, {high}\], which leaves it no room"):
+        torch2jax.convert(torch.nn.Linear(3, 2), (torch.randn(2, 3),), dynamic_shapes=spec)

@@ -174,10 +174,10 @@ def example_step_inputs(layout: CacheLayout, batch: int, tokens: int) -> tuple:
 
 def step_dynamic_shapes(layout: CacheLayout, max_batch: int, prefill: bool) -> tuple:
     """batch symbolic (1..max_batch) everywhere; the token count symbolic (1..max_cache_len) for prefill."""
-    batch = {"name": "batch", "min": 1, "max": max_batch}
+    batch = {"name": "batch", "min": 1, "max": max_batch} if max_batch > 1 else None  # max_batch 1: batch is static 1
     tokens = {"name": "tokens", "min": 1, "max": layout.max_cache_len} if prefill else None
-    row = {0: batch, 1: tokens} if prefill else {0: batch}
-    return (row, row, {0: tokens} if prefill else None, {0: batch}, [{0: batch}] * (2 * layout.layers))
+    row = {0: batch, 1: tokens}
+    return (row, row, {0: tokens}, {0: batch}, [{0: batch}] * (2 * layout.layers))
 
 
 def check_limits(max_cache_len: int, max_batch: int) -> None:
@@ -200,9 +200,10 @@ def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batc
     layout = cache_layout(lm, max_cache_len)
     step = DecoderStep(lm, layout).eval()
     entries = {}
-    for name, tokens in (("prefill", 3), ("decode", 1)):  # traced at batch 2: torch.export specializes a dim of 1
+    batch = min(max_batch, 2)  # traced at 2 where the batch is symbolic: torch.export specializes a dim of 1
+    for name, tokens in (("prefill", 3), ("decode", 1)):
         shapes = step_dynamic_shapes(layout, max_batch, prefill=name == "prefill")
-        entries[name] = convert(step, example_step_inputs(layout, 2, tokens), dynamic_shapes=shapes, progress=progress)
+        entries[name] = convert(step, example_step_inputs(layout, batch, tokens), dynamic_shapes=shapes, progress=progress)
     prefill, decode = entries["prefill"], entries["decode"]
     decode.params = prefill.params  # one copy of the weights, shared by both entry points
     eos, pad = special_tokens(lm)

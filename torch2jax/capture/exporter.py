@@ -66,6 +66,11 @@ def normalize_dynamic_shapes(spec: Any) -> Any:
             raise InputSpecError(f"dynamic dim name {name!r} must be an identifier such as 'batch'")
         if name not in made:
             options = {k: v for k, v in (("min", lo), ("max", hi)) if v is not None}
+            if hi is not None and (hi <= 1 or (lo is not None and hi <= lo)):
+                raise InputSpecError(
+                    f"dynamic dim {name!r} has range [{lo}, {hi}], which leaves it no room to vary: "
+                    "make it static (drop it from dynamic_shapes) or widen the range"
+                )
             made[name] = torch.export.Dim(name, **options)
         return made[name]
 

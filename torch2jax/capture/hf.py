@@ -64,10 +64,19 @@ def convert_hf(
     progress: Any = None,
 ):
     """A Hugging Face model directory (or a transformers model object) -> a torch-free `Generator`."""
+    from .decoder import convert_causal_lm
+
+    lm, directory = causal_lm_from(source, task)
+    generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress)
+    if directory is not None:
+        generator.tokenizer_files = tokenizer_files(directory)
+    return generator
+
+
+def causal_lm_from(source: Any, task: str | None = None) -> tuple[Any, Path | None]:
+    """(the causal LM ready for export, its directory or None) from an `hf:DIR` / path or a transformers model."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
-
-    from .decoder import convert_causal_lm
 
     directory = None
     if isinstance(source, (str, os.PathLike)):
@@ -85,10 +94,12 @@ def convert_hf(
         )
     lm = _load_causal_lm(transformers, directory) if directory is not None else source
     prepare_for_export(lm)
-    generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress)
-    if directory is not None:
-        generator.tokenizer_files = {name: directory / name for name in TOKENIZER_FILES if (directory / name).is_file()}
-    return generator
+    return lm.eval(), directory
+
+
+def tokenizer_files(directory: Path) -> dict[str, Path]:
+    """The tokenizer and generation files a model directory has, to travel with the artifact."""
+    return {name: directory / name for name in TOKENIZER_FILES if (directory / name).is_file()}
 
 
 def _load_causal_lm(transformers: Any, directory: Path) -> Any:
