@@ -142,10 +142,10 @@ signature, so a steady-state call is one `jax.jit` dispatch. Written by `python 
 {END}"""
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace the call-overhead section of `path` (or append it): the rest of the file is run.py's."""
+def write_section(path: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the section between `begin` and `end` markers of `path` (or append it): the rest is run.py's."""
     old = path.read_text() if path.exists() else ""
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
     new = pattern.sub(lambda _: text, old) if pattern.search(old) else old.rstrip() + "\n\n" + text + "\n"
     path.write_text(new)
 

@@ -176,8 +176,13 @@ def step_dynamic_shapes(layout: CacheLayout, max_batch: int, prefill: bool) -> t
     """batch symbolic (1..max_batch) everywhere; the token count symbolic (1..max_cache_len) for prefill."""
     batch = {"name": "batch", "min": 1, "max": max_batch} if max_batch > 1 else None  # max_batch 1: batch is static 1
     tokens = {"name": "tokens", "min": 1, "max": layout.max_cache_len} if prefill else None
-    row = {0: batch, 1: tokens}
-    return (row, row, {0: tokens}, {0: batch}, [{0: batch}] * (2 * layout.layers))
+
+    def dims(**by_axis: Any) -> dict | None:  # only the symbolic axes (None is deprecated in torch.export)
+        found = {int(axis[1:]): d for axis, d in by_axis.items() if d is not None}
+        return found or None
+
+    row = dims(a0=batch, a1=tokens)
+    return (row, row, dims(a0=tokens), dims(a0=batch), [dims(a0=batch)] * (2 * layout.layers))
 
 
 def check_limits(max_cache_len: int, max_batch: int) -> None:

@@ -1,0 +1,146 @@
+"""Text generation speed: a converted Llama-shaped model's `generate` against transformers on CPU.
+
+    python -m benchmarks.generation                 # measure, print, rewrite its section of docs/benchmarks.md
+    python -m benchmarks.generation --no-write
+
+One process pinned to one core (one intra-op thread everywhere), random weights from a config, float32,
+prompt 32 tokens, 128 new tokens, batch 1 and 8, end token disabled so every run makes every token.
+Time to first token (TTFT) is prefill + the first token; decode tokens/s counts the rest. The bound
+is what reading the weights and the filled cache once per step costs at this machine's measured copy
+bandwidth (a lower bound on a decode step's time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.call_overhead import write_section
+
+ROOT = Path(__file__).resolve().parent.parent
+BEGIN, END = "<!-- generation:begin -->", "<!-- generation:end -->"
+PROMPT, NEW = 32, 128
+
+
+def llama(directory: Path):
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
+                                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.save_pretrained(directory)
+    return model
+
+
+def bandwidth_bytes_per_s() -> float:
+    """Median copy bandwidth of a 256 MiB array (read + write counted as 2x its size)."""
+    src = np.ones(64 << 20, np.float32)
+    dst = np.empty_like(src)
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - start)
+    return 2 * src.nbytes / statistics.median(times)
+
+
+def time_ours(g, ids: np.ndarray, rounds: int) -> tuple[float, float]:
+    """(TTFT s, decode tokens/s per row) medians over rounds, after a warm-up that compiles."""
+    list(g.generate(ids, max_new_tokens=NEW, eos_token_id=[], stream=True))
+    ttft, rate = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        steps = g.generate(ids, max_new_tokens=NEW, eos_token_id=[], stream=True)
+        next(steps)
+        first = time.perf_counter()
+        for _ in steps:
+            pass
+        end = time.perf_counter()
+        ttft.append(first - start)
+        rate.append((NEW - 1) / (end - first))
+    return statistics.median(ttft), statistics.median(rate)
+
+
+def time_transformers(model, ids: np.ndarray, rounds: int, **options) -> tuple[float, float]:
+    import torch
+
+    ids_t = torch.from_numpy(ids)
+
+    def run(new: int) -> float:
+        start = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(ids_t, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0, **options)
+        return time.perf_counter() - start
+
+    run(NEW)
+    ttft = statistics.median(run(1) for _ in range(rounds))
+    total = statistics.median(run(NEW) for _ in range(rounds))
+    return ttft, (NEW - 1) / max(total - ttft, 1e-9)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="also torch.compile transformers' static-cache decode (minutes)")
+    args = parser.parse_args()
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[-1]})
+    import torch
+
+    import torch2jax
+
+    torch.set_num_threads(1)
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        model = llama(Path(work) / "llama")
+        params = sum(p.numel() for p in model.parameters())
+        start = time.perf_counter()
+        g = torch2jax.convert_hf(Path(work) / "llama", max_cache_len=PROMPT + NEW, max_batch=8)
+        convert_s = time.perf_counter() - start
+        bandwidth = bandwidth_bytes_per_s()
+        weight_bytes = sum(p.size * p.dtype.itemsize for p in g.params.values())
+        for batch in (1, 8):
+            ids = np.random.default_rng(0).integers(3, 32000, (batch, PROMPT))
+            cache_bytes = batch * sum(int(np.prod(s)) for s in g.spec.cache_shapes) * 4 * (PROMPT + NEW // 2) / (PROMPT + NEW)
+            bound = bandwidth / (weight_bytes + cache_bytes)  # steps per second when only memory traffic counted
+            results = {"torch2jax generate": time_ours(g, ids, args.rounds),
+                       "transformers eager (dynamic cache)": time_transformers(model, ids, args.rounds),
+                       "transformers eager (static cache)": time_transformers(model, ids, args.rounds, cache_implementation="static")}
+            if args.compile:
+                results["transformers torch.compile (static cache)"] = time_transformers(
+                    model, ids, args.rounds, cache_implementation="static", compile_config=None)
+            for label, (ttft, rate) in results.items():
+                rows.append((batch, label, ttft, rate, rate / bound))
+                print(f"  batch {batch} {label}: TTFT {ttft * 1e3:.1f} ms, decode {rate:.1f} tok/s per row", flush=True)
+    base = {b: next(r[3] for r in rows if r[0] == b and r[1].startswith("transformers eager (dynamic")) for b in (1, 8)}
+    lines = ["| batch | runtime | TTFT (ms) | decode tok/s per row | vs transformers eager | of the memory bound |",
+             "|---|---|---|---|---|---|"]
+    for batch, label, ttft, rate, share in rows:
+        lines.append(f"| {batch} | {label} | {ttft * 1e3:.1f} | {rate:.1f} | {rate / base[batch]:.2f}x | {share:.0%} |")
+    text = f"""{BEGIN}
+## Text generation
+
+Llama-shaped, {params / 1e6:.0f}M params, float32, random weights; prompt {PROMPT}, {NEW} new tokens, one core and one
+thread, medians of {args.rounds} runs after a warm-up. Conversion (`convert_hf`, both entry points) took {convert_s:.1f} s.
+The memory bound reads {weight_bytes / 1e6:.0f} MB of weights plus the cache per step at {bandwidth / 1e9:.1f} GB/s (copy bandwidth
+measured here). Written by `python -m benchmarks.generation`.
+
+{chr(10).join(lines)}
+{END}"""
+    print(text)
+    if not args.no_write:
+        write_section(args.out, text, BEGIN, END)
+        print(f"wrote the generation section of {args.out}")
+
+
+if __name__ == "__main__":
+    main()
