@@ -177,12 +177,11 @@ def step_dynamic_shapes(layout: CacheLayout, max_batch: int, prefill: bool) -> t
     batch = {"name": "batch", "min": 1, "max": max_batch} if max_batch > 1 else None  # max_batch 1: batch is static 1
     tokens = {"name": "tokens", "min": 1, "max": layout.max_cache_len} if prefill else None
 
-    def dims(**by_axis: Any) -> dict | None:  # only the symbolic axes (None is deprecated in torch.export)
-        found = {int(axis[1:]): d for axis, d in by_axis.items() if d is not None}
-        return found or None
+    def dims(*axes: Any) -> dict | None:  # the symbolic axes only (a None dim is deprecated in torch.export)
+        return {axis: d for axis, d in enumerate(axes) if d is not None} or None
 
-    row = dims(a0=batch, a1=tokens)
-    return (row, row, dims(a0=tokens), dims(a0=batch), [dims(a0=batch)] * (2 * layout.layers))
+    row = dims(batch, tokens)
+    return (row, row, dims(tokens), dims(batch), [dims(batch)] * (2 * layout.layers))
 
 
 def check_limits(max_cache_len: int, max_batch: int) -> None:
