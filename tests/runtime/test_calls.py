@@ -94,3 +94,18 @@ def test_each_input_signature_compiles_once(two_inputs):
     for batch in (1, 2, 1, 2, 7, 7):
         fresh(*inputs(batch))
     assert fresh._jitted._cache_size() == 3
+
+
+class Unsorted(torch.nn.Module):
+    def forward(self, x):
+        return {"zeta": x + 1, "alpha": {"y": x * 2, "b": x - 1}, "mid": (x, x * 3)}
+
+
+def test_outputs_keep_the_modules_key_order(tmp_path):
+    x = torch.randn(2, 3)
+    model = torch2jax.convert(Unsorted(), (x,))
+    torch2jax.save(model, tmp_path / "unsorted")
+    for m in (model, torch2jax.load(tmp_path / "unsorted")):
+        out = m(x.numpy())
+        assert list(out) == ["zeta", "alpha", "mid"] and list(out["alpha"]) == ["y", "b"]
+        assert max_err(out["alpha"]["b"], x - 1) < 1e-6 and max_err(out["mid"][1], x * 3) < 1e-6

@@ -52,14 +52,15 @@ class Model:
     def __call__(self, *args: Any, rng: jax.Array | None = None, **kwargs: Any) -> Any:
         """Run on `self.params` (compiled once per input shape); mutated buffers update `self.params`."""
         try:
-            result, updates = self._jitted(self.params, args, kwargs, rng)
+            outputs, updates = self._jitted(self.params, args, kwargs, rng)
         except TypeError:
             # jax refused an argument before tracing it (a string, an arbitrary object): name the input
             check_inputs(self.graph, flatten_inputs(self.graph, args, kwargs))
             raise
         if updates:
             self.params = {**self.params, **updates}
-        return result
+        # rebuilt here, not inside jit: jax would return a dict output with its keys sorted, not in the module's order
+        return structure.unflatten(self.graph.out_spec, outputs)
 
     def call_flat(self, leaves: list, rng: jax.Array | None = None) -> Any:
         """Call on flat inputs in graph order (the order manifest["inputs"] lists them)."""
@@ -95,11 +96,10 @@ class Model:
         return f"<torch2jax.Model {self.signature} params={count:,} backend={self.backend}>"
 
     # -- internals ---------------------------------------------------------------------------
-    def _checked_call(self, params: dict, args: tuple, kwargs: dict, rng: Any) -> tuple[Any, dict]:
-        """The traced body of `__call__`: checks, run, outputs in the module's structure."""
+    def _checked_call(self, params: dict, args: tuple, kwargs: dict, rng: Any) -> tuple[list, dict]:
+        """The traced body of `__call__`: the input checks, then the run (flat outputs, updates)."""
         leaves = check_inputs(self.graph, flatten_inputs(self.graph, args, kwargs))
-        outputs, updates = self._run(params, leaves, rng)
-        return structure.unflatten(self.graph.out_spec, outputs), updates
+        return self._run(params, leaves, rng)
 
     def _finish(self, outputs: list, updates: dict, mutable: bool) -> Any:
         result = structure.unflatten(self.graph.out_spec, outputs)
