@@ -128,17 +128,29 @@ def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train
     out = Path(out_dir)
     if out.exists() and not force:
         _fail(f"{out} already exists; pass --force to replace it", EXIT_USAGE)
-    if target.startswith("hf:"):
+    if target.startswith("hf:") and _hf_task(target, task) == "text-generation":
         _convert_hf(target, out, task, max_cache_len, max_batch, dtype, platforms, force, no_verify, verify_tokens, seed, quiet)
         return
-    if task:
+    if task and not target.startswith("hf:"):
         _fail(f"--task applies to hf: targets; {target} is a model file target", EXIT_USAGE)
     data = ReportData(title="torch2jax conversion report", target=target, artifact=str(out))
     with reporting(data, report_file, lambda line: click.echo(line, err=True)):
-        _convert(data, target, out, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, repro_dir, quiet)
+        _convert(data, target, out, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, repro_dir, quiet, task)
 
 
-def _convert(data, target, out, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, repro_dir, quiet):
+def _hf_task(target: str, task: str | None) -> str:
+    """The task of an hf: target: --task, else what its config.json's architectures imply."""
+    if task:
+        return task
+    import transformers
+
+    from torch2jax.capture.hf import default_task, model_dir
+
+    return default_task(transformers.AutoConfig.from_pretrained(model_dir(target), local_files_only=True))
+
+
+def _convert(data, target, out, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, repro_dir, quiet,
+             task=None):
     from torch2jax.capture.converter import StageTimer, cast
     from torch2jax.capture.converter import convert as convert_module
     from torch2jax.capture.target import resolve
@@ -151,7 +163,7 @@ def _convert(data, target, out, inputs, weights, platforms, force, no_verify, tr
     with timer.stage("build model", f"build {target}"):
         for path in lowerings:
             _import_lowerings(path)
-        resolved = resolve(target, list(inputs), weights, train=train, seed=seed)
+        resolved = resolve(target, list(inputs), weights, train=train, seed=seed, task=task)
         if dtype:
             resolved.module, resolved.args, resolved.kwargs = cast(resolved.module, resolved.args, resolved.kwargs, dtype)
     model = None

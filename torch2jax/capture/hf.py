@@ -7,6 +7,7 @@ files found in the directory travel with it.
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,16 @@ _TASK_BY_SUFFIX = (
     ("ForImageClassification", "image-classification"),
     ("ForMaskedLM", "fill-mask"),
 )
-TASKS = (TEXT_GENERATION,)  # what convert_hf builds today
+TASKS = (TEXT_GENERATION,)  # what convert_hf builds (a Generator)
+# forward-pass tasks: the transformers auto class to load, converted as one function (today's artifact)
+FORWARD_TASKS = {
+    "feature-extraction": "AutoModel",
+    "text-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+    "fill-mask": "AutoModelForMaskedLM",
+    "image-classification": "AutoModelForImageClassification",
+}
+EXAMPLE_BATCH, EXAMPLE_SEQ = 2, 16
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
 
@@ -89,8 +99,8 @@ def causal_lm_from(source: Any, task: str | None = None) -> tuple[Any, Path | No
     task = task or default_task(config)
     if task not in TASKS:
         raise Torch2JaxError(
-            f"task {task!r} is not supported by convert_hf yet (supported: {', '.join(TASKS)}); for a forward pass, "
-            "convert the model object with torch2jax.convert(model, args)"
+            f"convert_hf builds text-generation models; task {task!r} is a forward pass: convert it with "
+            f"`torch2jax convert hf:DIR --task {task}` or torch2jax.convert(model, args)"
         )
     lm = _load_causal_lm(transformers, directory) if directory is not None else source
     prepare_for_export(lm)
@@ -102,15 +112,52 @@ def tokenizer_files(directory: Path) -> dict[str, Path]:
     return {name: directory / name for name in TOKENIZER_FILES if (directory / name).is_file()}
 
 
+def forward_target(target: str, task: str | None, seed: int = 0) -> tuple[Any, tuple, dict, Any]:
+    """(module, args, kwargs, dynamic_shapes) for a forward-pass task of an `hf:DIR` target: the model from its
+    auto class, example inputs from its config (token ids [batch, seq] and a mask, or pixel values [batch, C, H, W])."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    import transformers
+
+    directory = model_dir(target)
+    config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    task = task or default_task(config)
+    if task not in FORWARD_TASKS:
+        known = ", ".join([*FORWARD_TASKS, TEXT_GENERATION])
+        raise InputSpecError(f"task {task!r} is not supported for hf: targets (supported: {known})")
+    module = _load(getattr(transformers, FORWARD_TASKS[task]), directory).eval()
+    prepare_for_export(module)
+    generator = torch.Generator().manual_seed(seed)
+    batch = {"name": "batch", "min": 1}
+    if task == "image-classification" or "pixel_values" in inspect.signature(module.forward).parameters:
+        size = getattr(config, "image_size", 224)
+        size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+        pixels = torch.randn((EXAMPLE_BATCH, getattr(config, "num_channels", 3), *size), generator=generator)
+        return module, (), {"pixel_values": pixels}, {"pixel_values": {0: batch}}
+    vocab = getattr(config, "vocab_size", None)
+    if not vocab:
+        raise InputSpecError(f"{directory}: config.json has no vocab_size, so example token ids cannot be made; "
+                             "convert the model object with torch2jax.convert(model, args) instead")
+    seq = {"name": "seq", "min": 1, "max": getattr(config, "max_position_embeddings", None)}
+    ids = torch.randint(0, vocab, (EXAMPLE_BATCH, EXAMPLE_SEQ), generator=generator)
+    mask = torch.ones_like(ids)
+    dims = {0: batch, 1: seq}
+    return module, (), {"input_ids": ids, "attention_mask": mask}, {"input_ids": dims, "attention_mask": dims}
+
+
 def _load_causal_lm(transformers: Any, directory: Path) -> Any:
+    return _load(transformers.AutoModelForCausalLM, directory)
+
+
+def _load(auto_class: Any, directory: Path) -> Any:
     """Load with sdpa attention (kept whole and lowered to one fused attention), eager where the architecture has no sdpa."""
     errors = []
     for attention in ("sdpa", "eager"):
         try:
-            return transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, attn_implementation=attention)
+            return auto_class.from_pretrained(directory, local_files_only=True, attn_implementation=attention)
         except (OSError, ValueError, KeyError) as err:
             errors.append(f"{attention}: {err}")
-    raise Torch2JaxError(f"transformers could not load a causal LM from {directory}: {'; '.join(errors)}")
+    raise Torch2JaxError(f"transformers could not load {auto_class.__name__} from {directory}: {'; '.join(errors)}")
 
 
 def prepare_for_export(lm: Any) -> None:

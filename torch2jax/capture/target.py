@@ -21,6 +21,7 @@ import torch
 
 from ..errors import InputSpecError, Torch2JaxError
 from ..ir import specs as input_specs
+from . import hf
 from .torch_arrays import to_torch
 
 
@@ -31,11 +32,23 @@ class Target:
     kwargs: dict
     dynamic_shapes: Any
     source: str
-    file_module: ModuleType
+    file_module: ModuleType | None  # the model file; None for hf: targets
 
 
-def resolve(target: str, inputs: list[str], weights: str | None = None, train: bool = False, seed: int = 0) -> Target:
-    """Build the module named by `target`, load `weights`, and produce example inputs."""
+def resolve(target: str, inputs: list[str], weights: str | None = None, train: bool = False, seed: int = 0,
+            task: str | None = None) -> Target:
+    """Build the module named by `target`, load `weights`, and produce example inputs.
+
+    `hf:DIR` targets load a Hugging Face model directory for a forward-pass `task` (capture/hf.py).
+    """
+    if hf.is_hf_target(target):
+        module, args, kwargs, dynamic = hf.forward_target(target, task, seed)
+        if weights:
+            load_weights(module, weights)
+        module.train(train)
+        if inputs:
+            args, kwargs, dynamic = from_specs(module, [input_specs.parse(text) for text in inputs], seed)
+        return Target(module, args, kwargs, dynamic, target, None)
     file_module, attr = _import_target(target)
     factory = getattr(file_module, attr, None)
     if factory is None:
