@@ -54,14 +54,18 @@ def save(model: Model | Generator, path: Any, **options: Any) -> Any:
     return _artifact.save(model, path, **options)
 
 
-def load(path: Any, **options: Any) -> Model | Generator:
-    """Load an artifact without torch: a `Model`, or a `Generator` for a text-generation artifact."""
+def load(path: Any, *, from_graph: bool = False, verify_hashes: bool = True) -> Model | Generator:
+    """Load an artifact without torch: a `Model`, or a `Generator` for a text-generation artifact.
+
+    Checks the format version and every file's sha256; `from_graph=True` rebuilds the functions from the
+    portable graph instead of deserializing the StableHLO (see docs/api.md).
+    """
     root, manifest = _artifact.open_artifact(path, verify_hashes=False)  # the loaders below check every hash
     if manifest.get("task") == "text-generation":
         from .serve.artifact import load_generator
 
-        return load_generator(root, **options)
-    return _artifact.load(root, **options)
+        return load_generator(root, from_graph=from_graph, verify_hashes=verify_hashes)
+    return _artifact.load(root, from_graph=from_graph, verify_hashes=verify_hashes)
 
 
 def load_into_torch(module: Any, model: Model, params: dict | None = None, strict: bool = True) -> Any:
