@@ -59,7 +59,7 @@ def test_inspect_shows_the_entry_points_and_the_cache(llm):
     result = cli("inspect", str(llm[1]))
     assert result.returncode == 0, result.stderr
     for text in ("task      text-generation", "entry     prefill", "entry     decode", "dim tokens in [1, 48]",
-                 "kv cache  4 float32 tensors of ['batch', 2, 48, 16]"):
+                 "kv cache  4 float32 tensors of ['batch', 2, 49, 16]"):
         assert text in result.stdout
 
 

@@ -147,7 +147,7 @@ def test_cache_is_donated_to_every_step(generators):
     cache = g.new_cache(2)
     ids = jax.numpy.asarray(np.ones((2, 4)), jax.numpy.int32)
     logits, new_cache = g._prefill(g.params, cache, ids, ids, jax.numpy.arange(4, dtype=jax.numpy.int32),
-                                   jax.numpy.ones((2, CACHE), bool))
+                                   jax.numpy.ones((2, 4), bool))
     assert all(t.is_deleted() for t in cache), "prefill copied the cache instead of updating it in place"
     assert not any(t.is_deleted() for t in new_cache) and logits.shape == (2, 128)
 
@@ -171,6 +171,19 @@ print(g)
     np.testing.assert_array_equal(np.load(tmp_path / "got.npy"), want)
     manifest = torch2jax.load(out).manifest
     assert manifest["task"] == "text-generation" and set(manifest["entries"]) == {"prefill", "decode"}
-    assert manifest["generation"]["cache"]["shapes"][0] == ["batch", 2, CACHE, 16]
+    assert manifest["generation"]["cache"]["shapes"][0] == ["batch", 2, CACHE + 1, 16]
     assert not any("cache" in name for name in manifest["params"]["tree"]), "the KV cache must not be saved as weights"
     assert EOS in manifest["generation"]["eos_token_ids"]
+
+
+def test_decode_attends_to_the_filled_span_of_a_long_cache(lm_dirs):
+    """With a 300-slot cache, 60 new tokens after a 10-token prompt cross from the 64-slot span to the 128-slot one:
+    two compiled decode steps, neither over all 300 slots, and the tokens still equal transformers'."""
+    from torch2jax.serve.generator import _span
+
+    assert [_span(n, 300) for n in (1, 64, 65, 129, 257, 300)] == [64, 64, 128, 256, 300, 300]
+    g = torch2jax.convert_hf(f"hf:{lm_dirs['llama']}", max_cache_len=300, max_batch=2)
+    ids = prompt(10, 12)
+    got = g.generate(ids, max_new_tokens=60, eos_token_id=[])
+    np.testing.assert_array_equal(got, hf_greedy(load_lm(lm_dirs["llama"]), torch.from_numpy(ids), 60))
+    assert g._decode._cache_size() == 2

@@ -7,10 +7,12 @@ built here from two things the caller tracks, so left-padded batches are right b
     input_ids     [B, T]    tokens to run (T symbolic for prefill, 1 for decode)
     position_ids  [B, T]    each row's own positions (a left-padded row starts later)
     write_at      [T]       the cache slots the T tokens are written to (shared by all rows)
-    kv_valid      [B, S]    which cache slots hold real tokens, the T new ones included
-    cache         2 x layers tensors [B, kv_heads, S, head_dim]: keys, values of layer 0, 1, ...
+    kv_valid      [B, L]    which of the first L cache slots hold real tokens, the T new ones included
+    cache         2 x layers tensors [B, kv_heads, S + 1, head_dim]: keys, values of layer 0, 1, ...
 
-and it returns the last position's logits [B, V] (float32) and the cache. A query may attend to slot j
+and it returns the last position's logits [B, V] (float32) and the cache. Attention reads only the
+first L slots (L symbolic, at most S): the caller passes the span its tokens need, so a step costs
+O(tokens so far) rather than O(max_cache_len). A query may attend to slot j
 when j holds a real token, j <= its own slot (causal) and, for sliding-window layers, j is within the
 window; it always attends to its own slot, so a pad row never has every key masked (no NaN).
 """
@@ -29,7 +31,7 @@ FULL, SLIDING = "full_attention", "sliding_attention"
 
 @dataclass(frozen=True)
 class CacheLayout:
-    """What the cache looks like: per layer keys and values of [batch, heads, max_cache_len, head_dim]."""
+    """What the cache looks like: per layer keys and values of [batch, heads, max_cache_len + 1, head_dim]."""
 
     layers: int
     key_shapes: tuple[tuple[int, int], ...]  # per layer (kv_heads, head_dim) of keys
@@ -40,10 +42,16 @@ class CacheLayout:
     def names(self) -> list[str]:
         return [f"cache.{i}.{kind}" for i in range(self.layers) for kind in ("keys", "values")]
 
+    @property
+    def slots(self) -> int:
+        """max_cache_len + 1: one spare slot, never written, so that the attended span (at most max_cache_len)
+        is always a strict prefix; torch.export refuses a slice with a symbolic end that may be the whole dim."""
+        return self.max_cache_len + 1
+
     def shapes(self, batch: int) -> list[tuple[int, ...]]:
         out = []
         for (kh, kd), (vh, vd) in zip(self.key_shapes, self.value_shapes):
-            out += [(batch, kh, self.max_cache_len, kd), (batch, vh, self.max_cache_len, vd)]
+            out += [(batch, kh, self.slots, kd), (batch, vh, self.slots, vd)]
         return out
 
     def zeros(self, batch: int) -> list[torch.Tensor]:
@@ -79,9 +87,9 @@ def _explicit_layer_class():
         is_compileable = True
         is_sliding = False
 
-        def __init__(self, keys: torch.Tensor, values: torch.Tensor, write_at: torch.Tensor):
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, write_at: torch.Tensor, span: int):
             super().__init__()
-            self.keys, self.values, self.write_at = keys, values, write_at
+            self.keys, self.values, self.write_at, self.span = keys, values, write_at, span
             self.max_cache_len = keys.shape[2]
             self.is_initialized = True
 
@@ -89,12 +97,13 @@ def _explicit_layer_class():
             pass
 
         def update(self, key_states, value_states, *args, **kwargs):
+            """Write the new keys/values into the whole cache; attention gets the first `span` slots."""
             self.keys = self.keys.index_copy(2, self.write_at, key_states.to(self.keys.dtype))
             self.values = self.values.index_copy(2, self.write_at, value_states.to(self.values.dtype))
-            return self.keys, self.values
+            return self.keys[:, :, : self.span], self.values[:, :, : self.span]
 
         def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-            return self.max_cache_len, 0
+            return self.span, 0
 
         def get_seq_length(self):
             return self.write_at[0]
@@ -130,7 +139,8 @@ class DecoderStep(torch.nn.Module):
     def forward(self, input_ids, position_ids, write_at, kv_valid, cache):
         from transformers.cache_utils import Cache
 
-        layers = [self._layer(cache[2 * i], cache[2 * i + 1], write_at) for i in range(self.layout.layers)]
+        span = kv_valid.shape[1]
+        layers = [self._layer(cache[2 * i], cache[2 * i + 1], write_at, span) for i in range(self.layout.layers)]
         out = self.lm(
             input_ids=input_ids,
             position_ids=position_ids,
@@ -162,12 +172,14 @@ class DecoderStep(torch.nn.Module):
 
 
 def example_step_inputs(layout: CacheLayout, batch: int, tokens: int) -> tuple:
-    """Inputs of the step's shapes (what torch.export traces with): a prompt written from slot 0."""
+    """Inputs of the step's shapes (what torch.export traces with): a prompt written from slot 0, attending to
+    a span of the cache that is neither 1 nor the whole cache (torch.export would specialize either)."""
+    span = max(tokens + 1, layout.max_cache_len // 2)
     return (
         torch.zeros((batch, tokens), dtype=torch.long),
         torch.arange(tokens).expand(batch, tokens).clone(),
         torch.arange(tokens),
-        torch.ones((batch, layout.max_cache_len), dtype=torch.bool),
+        torch.ones((batch, span), dtype=torch.bool),
         layout.zeros(batch),
     )
 
@@ -180,8 +192,9 @@ def step_dynamic_shapes(layout: CacheLayout, max_batch: int, prefill: bool) -> t
     def dims(*axes: Any) -> dict | None:  # the symbolic axes only (a None dim is deprecated in torch.export)
         return {axis: d for axis, d in enumerate(axes) if d is not None} or None
 
+    span = {"name": "span", "min": 1, "max": layout.max_cache_len}  # the attended prefix of the cache
     row = dims(batch, tokens)
-    return (row, row, dims(tokens), dims(batch), [dims(batch)] * (2 * layout.layers))
+    return (row, row, dims(tokens), dims(batch, span), [dims(batch)] * (2 * layout.layers))
 
 
 def check_limits(max_cache_len: int, max_batch: int) -> None:

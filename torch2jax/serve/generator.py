@@ -10,7 +10,8 @@ The cache is state: allocated here for each call, passed to every step and donat
 it in place. Each row's positions come from its attention mask, and the cache slots it may attend
 to are tracked in `kv_valid`, so a left-padded batch gives each row what the row alone would get.
 Prompts are left-padded further to a length bucket (a power of two), so prompts of nearby lengths
-share one compiled prefill.
+share one compiled prefill; each step attends only to the filled part of the cache, rounded up to a
+power of two (one compiled decode step per such span).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ..runtime.model import Model
 from . import sampling
 
 MIN_BUCKET = 16
+MIN_SPAN = 64
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ class Generator:
         self.tokenizer_files = dict(tokenizer_files or {})  # file name -> path (tokenizer.json, ...)
         self._id_dtype = dtypes.jax_dtype("int64")
         self._prefill = jax.jit(self._prefill_step, donate_argnums=(1,))
-        self._decode = jax.jit(self._decode_step, donate_argnums=(1, 5), static_argnames=("do_sample",))
+        self._decode = jax.jit(self._decode_step, donate_argnums=(1, 5), static_argnames=("do_sample", "span"))
         self._first = jax.jit(self._pick, static_argnames=("do_sample",))
 
     @property
@@ -160,7 +162,7 @@ class Generator:
         cache = self.new_cache(batch)
         logits, cache = self._prefill(
             self.params, cache, jnp.asarray(padded_ids, self._id_dtype), jnp.asarray(positions, self._id_dtype),
-            jnp.arange(bucket, dtype=self._id_dtype), jnp.asarray(valid),
+            jnp.arange(bucket, dtype=self._id_dtype), jnp.asarray(valid[:, :bucket]),
         )
         done = jnp.zeros((batch,), bool)
         token, done = self._first(logits, jax.random.fold_in(key, 0), *params, done, eos_arr, pad_arr, do_sample=do_sample)
@@ -170,9 +172,11 @@ class Generator:
             yield np.asarray(token)
             if step == max_new_tokens - 1 or bool(done.all()):
                 return
+            slot = bucket + step
             token, cache, valid, done = self._decode(
-                self.params, cache, token, next_position, jnp.asarray(bucket + step, self._id_dtype), valid, done,
+                self.params, cache, token, next_position, jnp.asarray(slot, self._id_dtype), valid, done,
                 jax.random.fold_in(key, step + 1), *params, eos_arr, pad_arr, do_sample=do_sample,
+                span=_span(slot + 1, self.spec.max_cache_len),
             )
             next_position = next_position + 1
 
@@ -180,9 +184,10 @@ class Generator:
     def _prefill_step(self, params, cache, ids, positions, write_at, valid):
         return _call(self.prefill_model, params, ids, positions, write_at, valid, cache)
 
-    def _decode_step(self, params, cache, token, position, slot, valid, done, key, temperature, top_k, top_p, eos, pad, *, do_sample):
+    def _decode_step(self, params, cache, token, position, slot, valid, done, key, temperature, top_k, top_p, eos, pad, *,
+                     do_sample, span):
         valid = valid.at[:, slot].set(True)
-        logits, cache = _call(self.decode_model, params, token[:, None], position[:, None], slot[None], valid, cache)
+        logits, cache = _call(self.decode_model, params, token[:, None], position[:, None], slot[None], valid[:, :span], cache)
         token, done = self._pick(logits, key, temperature, top_k, top_p, done, eos, pad, do_sample=do_sample)
         return token, cache, valid, done
 
@@ -230,6 +235,12 @@ def _call(model: Model, params: dict, ids, positions, write_at, valid, cache) ->
     outputs, _ = model._run(params, leaves, None)
     logits, new_cache = structure.unflatten(model.graph.out_spec, outputs)
     return logits, list(new_cache)
+
+
+def _span(filled: int, max_cache_len: int) -> int:
+    """How much of the cache a decode step attends to: the filled slots rounded up to a power of two (at least
+    MIN_SPAN), so a step costs O(tokens so far) and there are only log2(max_cache_len) compiled decode steps."""
+    return min(max_cache_len, max(MIN_SPAN, 1 << (filled - 1).bit_length()))
 
 
 def _bucket(length: int, limit: int) -> int:
