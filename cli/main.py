@@ -413,10 +413,10 @@ def generate(artifact_dir, prompts, id_lists, max_new_tokens, temperature, top_k
       torch2jax generate out/llm --prompt "The capital of France is" --max-new-tokens 32
       torch2jax generate out/llm --ids 1,450,7483 --temperature 0.8 --top-p 0.9 --seed 0
     """
-    import numpy as np
 
     import torch2jax
     from torch2jax.errors import InputSpecError
+    from torch2jax.serve.generator import left_pad
 
     if bool(prompts) == bool(id_lists):
         raise InputSpecError("give the prompt as --prompt TEXT or as --ids 1,2,3 (one of them, repeatable for a batch)")
@@ -437,11 +437,8 @@ def generate(artifact_dir, prompts, id_lists, max_new_tokens, temperature, top_k
             raise InputSpecError(f"--ids takes comma-separated integers, got {list(id_lists)}") from None
     if any(not row for row in rows):
         raise InputSpecError("a prompt has no tokens")
-    width = max(map(len, rows))
-    ids = np.full((len(rows), width), g.spec.pad_token_id, np.int64)
-    mask = np.zeros_like(ids, bool)
-    for r, row in enumerate(rows):
-        ids[r, width - len(row):], mask[r, width - len(row):] = row, True
+    ids, mask = left_pad(rows, g.spec.pad_token_id)
+    width = ids.shape[1]
     sampling = {k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)) if v is not None}
     options = {}
     if sampling:

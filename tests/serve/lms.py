@@ -57,10 +57,6 @@ def load_lm(path: Path, dtype: torch.dtype = torch.float32):
 
 def hf_greedy(lm, ids: torch.Tensor, new: int, mask: torch.Tensor | None = None, eos: int | None = None):
     """transformers' own greedy generate; eos=None generates exactly `new` tokens (no end token)."""
-    saved = lm.generation_config.eos_token_id
-    lm.generation_config.eos_token_id = eos
-    try:
-        with torch.no_grad():
-            return lm.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=PAD).numpy()
-    finally:
-        lm.generation_config.eos_token_id = saved
+    from torch2jax.diagnose.generation import transformers_greedy
+
+    return transformers_greedy(lm, ids.numpy(), new, PAD, None if mask is None else mask.numpy(), eos)

@@ -9,6 +9,7 @@ import torch
 
 import torch2jax
 from torch2jax.errors import InputSpecError
+from torch2jax.serve.generator import left_pad
 
 from ..helpers import run_without_torch
 from .lms import ARCHITECTURES, EOS, PAD, hf_greedy, load_lm, write_lm
@@ -64,11 +65,8 @@ def test_bfloat16_greedy_starts_with_transformers_tokens(lm_dirs, generators):
 def test_left_padded_batch_gives_each_row_what_it_gives_alone(name, generators):
     g = generators(name)
     prompts = [prompt(11, 1)[0], prompt(4, 2)[0], prompt(7, 3)[0]]
-    width = max(map(len, prompts))
-    ids = np.full((3, width), PAD)
-    mask = np.zeros((3, width), bool)
-    for row, p in enumerate(prompts):
-        ids[row, width - len(p):], mask[row, width - len(p):] = p, True
+    ids, mask = left_pad(prompts, PAD)
+    width = ids.shape[1]
     batch = g.generate(ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
     for row, p in enumerate(prompts):
         alone = g.generate(p[None], max_new_tokens=24, eos_token_id=[])

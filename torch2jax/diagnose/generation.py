@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ..errors import VerificationError
+from ..serve.generator import left_pad
 
 BFLOAT16_TOKENS = 8
 
@@ -40,27 +41,29 @@ def verify_generation(lm: torch.nn.Module, generator, tokens: int = 16, seed: in
     if max(lengths) + tokens > generator.spec.max_cache_len:
         tokens = generator.spec.max_cache_len - max(lengths)
     rng = np.random.default_rng(seed)
-    vocab = generator.spec.vocab_size
-    pad = generator.spec.pad_token_id
-    ids = np.full((2, max(lengths)), pad, np.int64)
-    mask = np.zeros_like(ids, bool)
-    for row, length in enumerate(lengths):
-        ids[row, max(lengths) - length:] = rng.integers(0, vocab, length)
-        mask[row, max(lengths) - length:] = True
     batch = min(2, generator.spec.max_batch)
-    ours = generator.generate(ids[:batch], attention_mask=mask[:batch], max_new_tokens=tokens, eos_token_id=[])
-    saved = lm.generation_config.eos_token_id
-    lm.generation_config.eos_token_id = None
-    try:
-        with torch.no_grad():
-            theirs = lm.generate(torch.from_numpy(ids[:batch]), attention_mask=torch.from_numpy(mask[:batch]).long(),
-                                 max_new_tokens=tokens, do_sample=False, pad_token_id=pad).numpy()
-    finally:
-        lm.generation_config.eos_token_id = saved
+    prompts = [rng.integers(0, generator.spec.vocab_size, length).tolist() for length in lengths[:batch]]
+    ids, mask = left_pad(prompts, generator.spec.pad_token_id)
+    ours = generator.generate(ids, attention_mask=mask, max_new_tokens=tokens, eos_token_id=[])
+    theirs = transformers_greedy(lm, ids, tokens, generator.spec.pad_token_id, mask)
     width = ids.shape[1]
-    rows = [(ours[r, width:].tolist(), theirs[r, width:].tolist()) for r in range(batch)]
+    rows = [(ours[r, width:].tolist(), theirs[r, width:].tolist()) for r in range(len(prompts))]
     compared = tokens if generator.spec.cache_dtype != "bfloat16" else min(tokens, BFLOAT16_TOKENS)
     return GenerationCheck(compared, rows)
+
+
+def transformers_greedy(lm: torch.nn.Module, ids: np.ndarray, tokens: int, pad_token_id: int,
+                        mask: np.ndarray | None = None, eos_token_id: int | None = None) -> np.ndarray:
+    """transformers' own greedy generate, the reference; eos_token_id=None makes exactly `tokens` new tokens."""
+    saved = lm.generation_config.eos_token_id
+    lm.generation_config.eos_token_id = eos_token_id
+    try:
+        with torch.no_grad():
+            out = lm.generate(torch.from_numpy(np.asarray(ids)), max_new_tokens=tokens, do_sample=False, pad_token_id=pad_token_id,
+                              attention_mask=None if mask is None else torch.from_numpy(np.asarray(mask)).long())
+        return out.numpy()
+    finally:
+        lm.generation_config.eos_token_id = saved
 
 
 def check_generation(result: GenerationCheck) -> None:

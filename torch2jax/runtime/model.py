@@ -115,7 +115,6 @@ class Model:
         return result
 
 
-
 def flatten_inputs(graph: Graph, args: tuple, kwargs: dict) -> list:
     """The call's leaves in graph order; a missing or unexpected input is named with its signature."""
     spec = graph.in_spec

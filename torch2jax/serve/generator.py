@@ -229,6 +229,16 @@ class Generator:
         return ids, mask
 
 
+def left_pad(rows: list, pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Prompts of different lengths as one left-padded batch: (ids [B, L] int64, attention_mask [B, L] bool)."""
+    width = max(len(row) for row in rows)
+    ids = np.full((len(rows), width), pad_token_id, np.int64)
+    mask = np.zeros((len(rows), width), bool)
+    for r, row in enumerate(rows):
+        ids[r, width - len(row):], mask[r, width - len(row):] = row, True
+    return ids, mask
+
+
 def _call(model: Model, params: dict, ids, positions, write_at, valid, cache) -> tuple[jax.Array, list]:
     """One step function of the graph: (last-position logits, new cache)."""
     leaves = structure.flatten(((ids, positions, write_at, valid, list(cache)), {}), model.graph.in_spec, "inputs")
