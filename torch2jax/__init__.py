@@ -16,6 +16,7 @@ from .errors import (
     ExportError,
     InputSpecError,
     LoweringError,
+    ShardingError,
     SignatureError,
     Torch2JaxError,
     UnsupportedOpsError,
@@ -54,18 +55,31 @@ def save(model: Model | Generator, path: Any, **options: Any) -> Any:
     return _artifact.save(model, path, **options)
 
 
-def load(path: Any, *, from_graph: bool = False, verify_hashes: bool = True) -> Model | Generator:
+def load(path: Any, *, from_graph: bool = False, verify_hashes: bool = True, mesh: Any = None,
+         sharding: Any = "auto") -> Model | Generator:
     """Load an artifact without torch: a `Model`, or a `Generator` for a text-generation artifact.
 
     Checks the format version and every file's sha256; `from_graph=True` rebuilds the functions from the
-    portable graph instead of deserializing the StableHLO (see docs/api.md).
+    portable graph instead of deserializing the StableHLO (see docs/api.md). With a `jax.sharding.Mesh`,
+    each param is restored straight onto its devices as `sharding` says ("auto", "replicated", or
+    {name pattern: PartitionSpec}; see torch2jax.serve.sharding) and calls put the batch on the `data` axis.
     """
+    if mesh is None and not (isinstance(sharding, str) and sharding == "auto"):
+        raise ShardingError("sharding= needs mesh=: torch2jax.load(path, mesh=jax.make_mesh(...), sharding=...)")
     root, manifest = _artifact.open_artifact(path, verify_hashes=False)  # the loaders below check every hash
+    plan = None
+    if mesh is not None:
+        from .serve import sharding as _sharding
+
+        plan = _sharding.plan(_artifact.param_tree(manifest), _sharding.auto_mesh(mesh), sharding)
     if manifest.get("task") == "text-generation":
         from .serve.artifact import load_generator
 
-        return load_generator(root, from_graph=from_graph, verify_hashes=verify_hashes)
-    return _artifact.load(root, from_graph=from_graph, verify_hashes=verify_hashes)
+        return load_generator(root, from_graph=from_graph, verify_hashes=verify_hashes, plan=plan)
+    model = _artifact.load(root, from_graph=from_graph, verify_hashes=verify_hashes,
+                           shardings=plan.shardings() if plan else None)
+    model.sharding = plan
+    return model
 
 
 def load_into_torch(module: Any, model: Model, params: dict | None = None, strict: bool = True) -> Any:
@@ -82,6 +96,7 @@ __all__ = [
     "InputSpecError",
     "LoweringError",
     "Model",
+    "ShardingError",
     "SignatureError",
     "Torch2JaxError",
     "UnsupportedOpsError",

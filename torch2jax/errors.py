@@ -46,3 +46,7 @@ class VerificationError(Torch2JaxError):
 
 class GraphFormatError(ArtifactError):
     """A portable graph (graph.json) is malformed."""
+
+
+class ShardingError(Torch2JaxError, ValueError):
+    """A mesh or sharding rule that cannot place the params: names the rule, the param and the mesh axis."""

@@ -144,28 +144,31 @@ def write_atomically(path: str | os.PathLike, write: Callable[[Path], dict], *, 
     return out
 
 
-def load(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bool = True) -> Model:
+def load(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bool = True,
+         shardings: dict[str, Any] | None = None) -> Model:
     """Load an artifact: check format and hashes, restore params onto the declared tree, call the Exported.
 
     With `from_graph=True` the function is rebuilt from the portable graph instead (traceable JAX,
-    any platform, independent of jax.export's compatibility window). Needs no torch.
+    any platform, independent of jax.export's compatibility window). Needs no torch. `shardings`
+    ({param name: jax.sharding.Sharding}) restores each device's shard straight onto that device.
     """
     root, manifest = open_artifact(path, verify_hashes)
     if "entries" in manifest:
         raise ArtifactError(
             f"{root} holds entry points ({', '.join(manifest['entries'])}), not one function; load it with torch2jax.load"
         )
-    params = _restore_params(root / PARAMS, manifest)
+    params = _restore_params(root / PARAMS, manifest, shardings)
     return _entry(root, root, manifest, params, from_graph)
 
 
-def load_entries(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bool = True) -> tuple[dict[str, Model], dict]:
+def load_entries(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bool = True,
+                 shardings: dict[str, Any] | None = None) -> tuple[dict[str, Model], dict]:
     """Load every entry point of a save_entries artifact over one restored params tree: ({name: Model}, manifest)."""
     root, manifest = open_artifact(path, verify_hashes)
     entries = manifest.get("entries")
     if not isinstance(entries, dict) or not entries:
         raise ArtifactError(f"{root} has no entry points; load it with torch2jax.load")
-    params = _restore_params(root / PARAMS, manifest)
+    params = _restore_params(root / PARAMS, manifest, shardings)
     models = {}
     for name, entry in entries.items():
         if not isinstance(name, str) or not name.isidentifier():
@@ -373,18 +376,29 @@ def _save_params(params: dict, path: Path) -> None:
         raise ArtifactError(f"saving the params checkpoint to {path} left no files")
 
 
-def _restore_params(path: Path, manifest: dict) -> dict:
-    """Restore onto the tree the manifest declares (never an untargeted restore)."""
-    import orbax.checkpoint as ocp
-
+def param_tree(manifest: dict) -> dict[str, tuple[tuple[int, ...], str]]:
+    """{param name: (shape, dtype name)} as the manifest declares them."""
     tree = manifest["params"].get("tree")
     if not isinstance(tree, dict):
         raise ArtifactError("manifest params.tree is missing; the artifact is damaged")
     try:
-        target = {
-            name: jax.ShapeDtypeStruct(tuple(spec["shape"]), dtypes.jax_dtype(spec["dtype"])) for name, spec in tree.items()
-        }
+        return {name: (tuple(int(d) for d in spec["shape"]), str(spec["dtype"])) for name, spec in tree.items()}
     except (KeyError, TypeError, ValueError) as err:
+        raise ArtifactError(f"manifest params.tree is malformed ({err})") from None
+
+
+def _restore_params(path: Path, manifest: dict, shardings: dict[str, Any] | None = None) -> dict:
+    """Restore onto the tree the manifest declares (never an untargeted restore), each param onto its
+    sharding when given: every process then reads only the shards its own devices hold."""
+    import orbax.checkpoint as ocp
+
+    shardings = shardings or {}
+    try:
+        target = {
+            name: jax.ShapeDtypeStruct(shape, dtypes.jax_dtype(dtype), sharding=shardings.get(name))
+            for name, (shape, dtype) in param_tree(manifest).items()
+        }
+    except (TypeError, ValueError) as err:
         raise ArtifactError(f"manifest params.tree is malformed ({err})") from None
     if not target:
         return {}

@@ -36,6 +36,7 @@ class Model:
         self.graph = graph
         self.manifest = manifest
         self.backend = backend  # "graph" (interpreted portable graph) or "exported" (StableHLO)
+        self.sharding: Any = None  # a serve.sharding.ShardingPlan when loaded onto a mesh (set before the first call)
         self._jitted = jax.jit(self._checked_call)
 
     # -- public API -------------------------------------------------------------------------
@@ -79,6 +80,13 @@ class Model:
             out[alias] = out[kept]
         return out
 
+    def sharding_report(self, *args: Any, **kwargs: Any) -> Any:
+        """Each param's PartitionSpec and bytes per device on the mesh, and the collectives of the compiled
+        call on these inputs (default: zeros shaped like the signature, batch a multiple of the data axis)."""
+        if self.sharding is None:
+            raise Torch2JaxError("this model is not on a mesh: load it with torch2jax.load(path, mesh=mesh)")
+        return self.sharding.report_for(self, args, kwargs)
+
     @property
     def needs_rng(self) -> bool:
         """Whether the graph draws random numbers, so that calls need `rng=`."""
@@ -99,6 +107,8 @@ class Model:
     def _checked_call(self, params: dict, args: tuple, kwargs: dict, rng: Any) -> tuple[list, dict]:
         """The traced body of `__call__`: the input checks, then the run (flat outputs, updates)."""
         leaves = check_inputs(self.graph, flatten_inputs(self.graph, args, kwargs))
+        if self.sharding is not None:
+            leaves = self.sharding.constrain_inputs(self.graph, leaves)
         return self._run(params, leaves, rng)
 
     def _finish(self, outputs: list, updates: dict, mutable: bool) -> Any:

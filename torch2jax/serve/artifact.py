@@ -10,6 +10,7 @@ from pathlib import Path
 from ..errors import ArtifactError
 from ..runtime import artifact, stablehlo
 from .generator import GenerationSpec, Generator
+from .sharding import ShardingPlan
 
 TASK = "text-generation"
 TOKENIZER = "tokenizer"
@@ -34,12 +35,17 @@ def save_generator(
                                  vjp_order=0, source=source, check=check)
 
 
-def load_generator(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bool = True) -> Generator:
-    models, manifest = artifact.load_entries(path, from_graph=from_graph, verify_hashes=verify_hashes)
+def load_generator(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bool = True,
+                   plan: ShardingPlan | None = None) -> Generator:
+    """The Generator of a text-generation artifact; with a `plan`, params restored sharded on its mesh."""
+    models, manifest = artifact.load_entries(path, from_graph=from_graph, verify_hashes=verify_hashes,
+                                             shardings=plan.shardings() if plan else None)
+    for model in models.values():
+        model.sharding = plan
     missing = [name for name in ENTRY_POINTS if name not in models]
     if missing:
         raise ArtifactError(f"{path}: a {TASK} artifact needs entry points {list(ENTRY_POINTS)}; missing {missing}")
     spec = GenerationSpec.from_json(manifest.get("generation"))
     names = manifest.get("tokenizer") or []
     tokenizer_files = {name: Path(path) / TOKENIZER / name for name in names if isinstance(name, str)}
-    return Generator(models["prefill"], models["decode"], spec, manifest, tokenizer_files)
+    return Generator(models["prefill"], models["decode"], spec, manifest, tokenizer_files, sharding=plan)

@@ -30,6 +30,7 @@ from ..errors import InputSpecError, Torch2JaxError
 from ..ir import dtypes, structure
 from ..runtime.model import Model
 from . import sampling
+from .sharding import ShardingPlan
 
 MIN_BUCKET = 16
 MIN_SPAN = 64
@@ -78,8 +79,9 @@ class Generator:
     """A causal LM's prefill and decode functions over one params tree, with `generate`."""
 
     def __init__(self, prefill: Model, decode: Model, spec: GenerationSpec, manifest: dict | None = None,
-                 tokenizer_files: dict[str, Path] | None = None):
+                 tokenizer_files: dict[str, Path] | None = None, sharding: ShardingPlan | None = None):
         self.prefill_model, self.decode_model = prefill, decode
+        self.sharding = sharding  # on a mesh: params as placed there, the cache split by rows and kv heads
         self.spec = spec
         self.manifest = manifest
         self.tokenizer_files = dict(tokenizer_files or {})  # file name -> path (tokenizer.json, ...)
@@ -112,7 +114,24 @@ class Generator:
     def new_cache(self, batch: int) -> list[jax.Array]:
         """A zeroed KV cache for `batch` rows (stale slots are masked by kv_valid, so reuse needs no zeroing)."""
         dtype = dtypes.jax_dtype(self.spec.cache_dtype)
-        return [jnp.zeros((batch, *shape), dtype) for shape in self.spec.cache_shapes]
+        shapes = [(batch, *shape) for shape in self.spec.cache_shapes]
+        if self.sharding is None:
+            return [jnp.zeros(shape, dtype) for shape in shapes]
+        return [jnp.zeros(shape, dtype, device=self.sharding.cache_sharding(shape)) for shape in shapes]
+
+    def sharding_report(self) -> Any:
+        """Params' specs and bytes per device on the mesh, and the collectives of one compiled decode step."""
+        if self.sharding is None:
+            raise Torch2JaxError("this generator is not on a mesh: load it with torch2jax.load(path, mesh=mesh)")
+        batch = self.sharding.mesh.shape.get(self.sharding.data_axis, 1) if self.sharding.data_axis else 1
+        batch = min(batch, self.spec.max_batch)
+        ids = jnp.zeros((batch,), self._id_dtype)
+        done, valid = jnp.zeros((batch,), bool), jnp.zeros((batch, self.spec.max_cache_len), bool)
+        temperature, top_k, top_p = sampling.sampling_params(batch)
+        lowered = self._decode.lower(self.params, self.new_cache(batch), ids, ids, jnp.asarray(0, self._id_dtype), valid,
+                                     done, jax.random.key(0), temperature, top_k, top_p, ids[:1], ids[0],
+                                     do_sample=False, span=_span(1, self.spec.max_cache_len))
+        return self.sharding.report(lowered.compile().as_text())
 
     def generate(
         self,
@@ -242,8 +261,12 @@ def left_pad(rows: list, pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
 def _call(model: Model, params: dict, ids, positions, write_at, valid, cache) -> tuple[jax.Array, list]:
     """One step function of the graph: (last-position logits, new cache)."""
     leaves = structure.flatten(((ids, positions, write_at, valid, list(cache)), {}), model.graph.in_spec, "inputs")
+    if model.sharding is not None:
+        leaves = model.sharding.constrain_inputs(model.graph, leaves)
     outputs, _ = model._run(params, leaves, None)
     logits, new_cache = structure.unflatten(model.graph.out_spec, outputs)
+    if model.sharding is not None:  # the cache stays where it was placed, so donation reuses its buffers
+        new_cache = [jax.lax.with_sharding_constraint(c, model.sharding.cache_sharding(c.shape)) for c in new_cache]
     return logits, list(new_cache)
 
 
