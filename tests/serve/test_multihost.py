@@ -12,8 +12,6 @@ import numpy as np
 import pytest
 
 import torch2jax
-from tests.serve.lms import write_lm
-from tests.serve.test_sharding import convert_forward
 
 PROBE = Path(__file__).with_name("multihost_probe.py")
 
@@ -25,9 +23,9 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(sharded_lms, tmp_path_factory):
     root = tmp_path_factory.mktemp("multihost")
-    artifact = convert_forward(write_lm("llama", root / "hf"), root / "llama")
+    artifact = sharded_lms[0][0]  # the Llama forward pass
     port = str(free_port())
     procs = [subprocess.Popen([sys.executable, str(PROBE), str(i), port, str(artifact), str(root / f"{i}.npz")],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (0, 1)]

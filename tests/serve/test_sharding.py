@@ -10,41 +10,18 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import torch2jax
 from tests.helpers import cli
-from tests.serve.lms import load_lm, write_lm
+from tests.serve.conftest import SHARDED_ARCHITECTURES
 
 PROBE = Path(__file__).with_name("sharded_probe.py")
-ARCHITECTURES = ("llama", "mixtral")
-
-
-def convert_forward(hf_dir: Path, out: Path) -> Path:
-    lm = load_lm(hf_dir)
-    lm.config.use_cache = False
-    if hasattr(lm, "set_experts_implementation"):
-        lm.set_experts_implementation("batched_mm")  # the exportable form of the experts
-    ids = torch.randint(3, 128, (2, 8))
-    jm = torch2jax.convert(lm, (ids,), dynamic_shapes={"input_ids": {0: "batch", 1: "seq"}})
-    return torch2jax.save(jm, out)
+ARCHITECTURES = SHARDED_ARCHITECTURES
 
 
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory) -> tuple[list[str], list[str]]:
-    """(forward artifacts, generation artifacts) of the tiny random-weight LMs."""
-    root = tmp_path_factory.mktemp("sharding")
-    forwards, gens = [], []
-    for name in ARCHITECTURES:
-        hf_dir = write_lm(name, root / "hf")
-        forwards.append(str(convert_forward(hf_dir, root / f"{name}_forward")))
-        gens.append(str(torch2jax.save(torch2jax.convert_hf(hf_dir, max_cache_len=32, max_batch=4), root / f"{name}_generate")))
-    return forwards, gens
-
-
-@pytest.fixture(scope="module")
-def probe(artifacts, tmp_path_factory) -> dict:
-    forwards, gens = artifacts
+def probe(sharded_lms, tmp_path_factory) -> dict:
+    forwards, gens = sharded_lms
     target = tmp_path_factory.mktemp("probe") / "probe.json"
     result = subprocess.run([sys.executable, str(PROBE), str(target), *forwards, "--", *gens],
                             capture_output=True, text=True, timeout=600)
@@ -125,10 +102,10 @@ def test_sharding_without_a_mesh_is_refused(tmp_path):
         torch2jax.load(tmp_path, sharding={"*": None})
 
 
-def test_cli_inspect_reports_the_plan_on_a_simulated_mesh(artifacts, tmp_path):
+def test_cli_inspect_reports_the_plan_on_a_simulated_mesh(sharded_lms, tmp_path):
     rules = tmp_path / "rules.json"
     rules.write_text('{"*.q_proj.weight": [null, "model"]}')
-    result = cli("inspect", artifacts[0][0], "--mesh", "data=2,model=4", "--sharding", str(rules))
+    result = cli("inspect", sharded_lms[0][0], "--mesh", "data=2,model=4", "--sharding", str(rules))
     assert result.returncode == 0, result.stderr
     assert "mesh (data=2, model=4), 8 devices" in result.stdout
     assert re.search(r"model.layers.0.self_attn.q_proj.weight +\[64, 64\] +P\(None, 'model'\)", result.stdout)
@@ -137,7 +114,7 @@ def test_cli_inspect_reports_the_plan_on_a_simulated_mesh(artifacts, tmp_path):
 
 @pytest.mark.parametrize("mesh, message", [("model=x", "give the mesh as AXIS=N pairs"),
                                            ("data=0,model=4", "give the mesh as AXIS=N pairs")])
-def test_cli_inspect_rejects_a_bad_mesh(artifacts, mesh, message):
-    result = cli("inspect", artifacts[0][0], "--mesh", mesh)
+def test_cli_inspect_rejects_a_bad_mesh(sharded_lms, mesh, message):
+    result = cli("inspect", sharded_lms[0][0], "--mesh", mesh)
     assert result.returncode != 0 and message in result.stderr
     assert "Traceback" not in result.stderr
