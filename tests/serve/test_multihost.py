@@ -1,5 +1,6 @@
 """Two processes on this machine, 4 simulated CPU devices each, form one (2, 4) mesh over loopback
-(jax.distributed): each restores only its own shards, and the outputs equal the single-process ones."""
+(jax.distributed): each restores only its own shards, and the outputs (a forward call, generated tokens)
+equal the single-process ones."""
 
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def runs(sharded_lms, tmp_path_factory):
     root = tmp_path_factory.mktemp("multihost")
-    artifact = sharded_lms[0][0]  # the Llama forward pass
+    artifact, generation = sharded_lms[0][0], sharded_lms[1][0]  # the Llama forward pass and generator
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, str(PROBE), str(i), port, str(artifact), str(root / f"{i}.npz")],
+    procs = [subprocess.Popen([sys.executable, str(PROBE), str(i), port, str(artifact), generation, str(root / f"{i}.npz")],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
     logs = []
     for proc in procs:
@@ -41,7 +42,8 @@ def runs(sharded_lms, tmp_path_factory):
         assert proc.returncode == 0, log[-4000:]
     from tests.serve.multihost_probe import INPUT
 
-    reference = np.asarray(torch2jax.load(artifact)(INPUT)["logits"])
+    reference = {"logits": np.asarray(torch2jax.load(artifact)(INPUT)["logits"]),
+                 "tokens": torch2jax.load(generation).generate(INPUT[:, :6], max_new_tokens=8)}
     return [dict(np.load(root / f"{i}.npz")) for i in (0, 1)], reference
 
 
@@ -62,4 +64,10 @@ def test_each_process_holds_only_its_own_shards(runs):
 def test_outputs_equal_the_single_process_ones(runs):
     results, reference = runs
     for r in results:
-        np.testing.assert_allclose(r["logits"], reference, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(r["logits"], reference["logits"], rtol=1e-5, atol=1e-5)
+
+
+def test_generate_across_processes_equals_the_single_process_tokens(runs):
+    results, reference = runs
+    for r in results:
+        np.testing.assert_array_equal(r["tokens"], reference["tokens"])

@@ -213,7 +213,10 @@ class Generator:
     def _pick(self, logits, key, temperature, top_k, top_p, done, eos, pad, *, do_sample):
         token = sampling.sample(logits, key, temperature, top_k, top_p) if do_sample else sampling.greedy(logits)
         token = jnp.where(done, pad, token.astype(self._id_dtype))
-        return token, done | jnp.isin(token, eos)
+        done = done | jnp.isin(token, eos)
+        if self.sharding is not None:  # whole on every device: each process (one per host) reads the tokens
+            token, done = (jax.lax.with_sharding_constraint(v, self.sharding.replicated()) for v in (token, done))
+        return token, done
 
     def _check_prompt(self, input_ids: Any, attention_mask: Any, max_new_tokens: int) -> tuple[np.ndarray, np.ndarray]:
         ids = np.asarray(input_ids)

@@ -81,6 +81,9 @@ class ShardingPlan:
     def shardings(self) -> dict[str, NamedSharding]:
         return {name: NamedSharding(self.mesh, p.spec) for name, p in self.placements.items()}
 
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec())
+
     def batch_sharding(self, shape: Sequence[int], batch_axis: int = 0) -> NamedSharding:
         """Dim `batch_axis` split over the data axis when it divides; replicated otherwise."""
         axis = self.data_axis
