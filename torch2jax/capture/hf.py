@@ -72,12 +72,25 @@ def convert_hf(
     max_batch: int = 8,
     dtype: str | None = None,
     progress: Any = None,
+    stream_weights: bool = False,
 ):
-    """A Hugging Face model directory (or a transformers model object) -> a torch-free `Generator`."""
+    """A Hugging Face model directory (or a transformers model object) -> a torch-free `Generator`.
+
+    `stream_weights=True` (a directory only) builds the model with fake parameters and reads each weight from the
+    safetensors files only when the Generator is saved: memory stays flat in the model's size, and the Generator
+    runs once saved and loaded (capture/hf_stream.py).
+    """
     from .decoder import convert_causal_lm
 
-    lm, directory = causal_lm_from(source, task)
-    generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress)
+    weights = None
+    if stream_weights:
+        if not isinstance(source, (str, os.PathLike)):
+            raise InputSpecError("stream_weights=True reads the weights from a model directory: pass its path, not a model object")
+        lm, directory, weights = streamed_causal_lm(source, task)
+    else:
+        lm, directory = causal_lm_from(source, task)
+    generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress,
+                                  weights=weights)
     if directory is not None:
         generator.tokenizer_files = tokenizer_files(directory)
     return generator
@@ -96,15 +109,32 @@ def causal_lm_from(source: Any, task: str | None = None) -> tuple[Any, Path | No
         config = getattr(source, "config", None)
         if config is None:
             raise InputSpecError(f"convert_hf takes a model directory or a transformers model, got {type(source).__name__}")
-    task = task or default_task(config)
+    _check_generation_task(task or default_task(config))
+    lm = _load_causal_lm(transformers, directory) if directory is not None else source
+    prepare_for_export(lm)
+    return lm.eval(), directory
+
+
+def streamed_causal_lm(source: str | os.PathLike, task: str | None = None, config: Any = None) -> tuple[Any, Path, Any]:
+    """(the causal LM with fake params, its directory, the WeightSource of its safetensors files)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    from .hf_stream import fake_causal_lm
+
+    directory = model_dir(source)
+    config = config or transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    _check_generation_task(task or default_task(config))
+    lm, weights = fake_causal_lm(directory, config)
+    return lm, directory, weights
+
+
+def _check_generation_task(task: str) -> None:
     if task not in TASKS:
         raise Torch2JaxError(
             f"convert_hf builds text-generation models; task {task!r} is a forward pass: convert it with "
             f"`torch2jax convert hf:DIR --task {task}` or torch2jax.convert(model, args)"
         )
-    lm = _load_causal_lm(transformers, directory) if directory is not None else source
-    prepare_for_export(lm)
-    return lm.eval(), directory
 
 
 def tokenizer_files(directory: Path) -> dict[str, Path]:
