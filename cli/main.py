@@ -103,10 +103,16 @@ def main() -> None:
 @click.option("--max-batch", default=8, show_default=True, help="text-generation: most prompts per generate call.")
 @click.option("--verify-tokens", default=16, show_default=True,
               help="text-generation: greedy tokens compared with transformers' generate (float32: all equal; bfloat16: the first 8).")
+@click.option("--weights-in-memory", is_flag=True,
+              help="hf: text-generation: load the whole model with transformers (about 5x the weights in RAM) instead of "
+                   "streaming the weights from the safetensors files (the default: memory flat in the model's size).")
+@click.option("--verify-layers", default=2, show_default=True,
+              help="Streamed hf: models deeper than this are verified on a slice of their first N layers (real weights, the "
+                   "same streamed path), so that verification never needs the whole model in memory.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @handles_errors
 def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, report_file, repro_dir,
-            task, max_cache_len, max_batch, verify_tokens, quiet):
+            task, max_cache_len, max_batch, verify_tokens, weights_in_memory, verify_layers, quiet):
     """Convert TARGET (model.py:Model, model.py:make_model, or hf:DIR) into an artifact directory.
 
     \b
@@ -129,7 +135,11 @@ def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train
     if out.exists() and not force:
         _fail(f"{out} already exists; pass --force to replace it", EXIT_USAGE)
     if target.startswith("hf:") and _hf_task(target, task) == "text-generation":
-        _convert_hf(target, out, task, max_cache_len, max_batch, dtype, platforms, force, no_verify, verify_tokens, seed, quiet)
+        if weights_in_memory:
+            _convert_hf(target, out, task, max_cache_len, max_batch, dtype, platforms, force, no_verify, verify_tokens, seed, quiet)
+        else:
+            _convert_hf_streamed(target, out, task, max_cache_len, max_batch, dtype, platforms, force, no_verify, verify_tokens,
+                                 verify_layers, seed, quiet)
         return
     if task and not target.startswith("hf:"):
         _fail(f"--task applies to hf: targets; {target} is a model file target", EXIT_USAGE)
@@ -234,6 +244,43 @@ def _convert_hf(target, out, task, max_cache_len, max_batch, dtype, platforms, f
     click.echo(f"wrote {out} ({size / 1e6:.2f} MB) {generator}")
     if checked:
         click.echo(f"verified against transformers:\n{checked[-1].summary()}")
+
+
+def _convert_hf_streamed(target, out, task, max_cache_len, max_batch, dtype, platforms, force, no_verify, verify_tokens,
+                         verify_layers, seed, quiet):
+    """hf:DIR -> a text-generation artifact with the weights streamed from the safetensors files (never all in memory),
+    verified against transformers on the whole model when it has at most `verify_layers` layers, else on a slice."""
+    from torch2jax.capture.decoder import convert_causal_lm
+    from torch2jax.capture.hf import streamed_causal_lm, tokenizer_files
+    from torch2jax.diagnose.streamed import verify_streamed
+    from torch2jax.serve.artifact import save_generator
+
+    progress = Progress(quiet)
+    progress("build model", f"build {target} with fake parameters, map its safetensors files")
+    lm, directory, weights = streamed_causal_lm(target, task)
+    gigabytes = weights.checkpoint.nbytes / 1e9
+    generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress,
+                                  weights=weights)
+    generator.tokenizer_files = tokenizer_files(directory)
+    checked = []
+
+    def verify(tmp: Path) -> None:
+        if no_verify:
+            return
+        checked.append(verify_streamed(directory, tmp, lm.config, layers=verify_layers, tokens=verify_tokens, dtype=dtype,
+                                       max_cache_len=max_cache_len, max_batch=max_batch, seed=seed, progress=progress))
+        progress.done()
+
+    progress("save", f"jax.export prefill and decode, stream {gigabytes:.2f} GB of weights into {out}")
+    platform_list = [p.strip() for p in platforms.split(",") if p.strip()]
+    save_generator(generator, out, force=force, platforms=platform_list, source=target, check=verify)
+    progress.done()
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    click.echo(f"wrote {out} ({size / 1e6:.2f} MB, weights streamed from the safetensors files) {generator}")
+    if checked:
+        click.echo(checked[-1])
+    elif no_verify:
+        click.echo("not verified (--no-verify)")
 
 
 def _add_repro(err, graph, resolved, repro_dir) -> None:
