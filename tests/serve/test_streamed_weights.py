@@ -5,7 +5,6 @@ in-memory conversion saves (transformers' from_pretrained state), whatever the c
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ import torch2jax
 from torch2jax.capture.fake_params import is_fake
 from torch2jax.capture.hf import convert_hf, streamed_causal_lm
 from torch2jax.capture.safetensors_files import Checkpoint, write
+from torch2jax.diagnose.streamed import verify_streamed
 from torch2jax.errors import InputSpecError
 
 from ..helpers import cli
@@ -105,6 +105,8 @@ def test_a_wrong_checkpoint_names_the_tensor_and_writes_nothing(tmp_path, change
     with pytest.raises(InputSpecError, match="the checkpoint does not match the model") as err:
         convert_hf(source, max_cache_len=16, max_batch=2, stream_weights=True)
     assert expected in str(err.value)
+    if "no tensor" not in expected:
+        return  # the console script's exit code and message: once
     out = tmp_path / "out"
     result = cli("convert", f"hf:{source}", "--max-cache-len", "16", "--max-batch", "2", "--out", str(out))
     assert result.returncode == 2 and expected in result.stderr and "Traceback" not in result.stderr
@@ -120,9 +122,6 @@ def test_cli_streams_by_default_and_says_what_it_verified(tmp_path):
     assert "weights streamed from the safetensors files" in result.stdout
     assert "verified a slice against transformers: the first 1 of 2 layers" in result.stdout
     assert "row 1: 16 of 16 greedy tokens equal to transformers' generate" in result.stdout
-    g = torch2jax.load(out)
-    reference = load_lm(source)
-    _assert_bitwise(g.params, _transformers_params(reference, {}))
-    shutil.rmtree(out)
-    whole = cli("convert", f"hf:{source}", "--max-cache-len", "32", "--max-batch", "2", "--out", str(out), "-q")
-    assert whole.returncode == 0 and "verified against transformers (the whole model, 2 layers)" in whole.stdout
+    _assert_bitwise(torch2jax.load(out).params, _transformers_params(load_lm(source), {}))
+    whole = verify_streamed(source, out, load_lm(source).config, layers=2, tokens=4)
+    assert whole.startswith("verified against transformers (the whole model, 2 layers)")

@@ -13,6 +13,7 @@ tensor whose shape or dtype differs; nothing is read until the artifact is writt
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -190,6 +191,10 @@ class WeightSource:
         return "\n".join(lines)
 
 
+def _empty_groups(count: int) -> list[dict[int, str]]:
+    return [{} for _ in range(count)]
+
+
 def _recipes(checkpoint: Checkpoint, renames: tuple[Rename, ...], fuses: tuple[Fuse, ...]) -> dict[str, Recipe]:
     """Param name -> recipe, after renaming every checkpoint name and grouping the fused ones."""
     renamed = {}
@@ -201,7 +206,7 @@ def _recipes(checkpoint: Checkpoint, renames: tuple[Rename, ...], fuses: tuple[F
     recipes: dict[str, Recipe] = {}
     taken: set[str] = set()
     for fuse in fuses:
-        groups: dict[str, list[dict[int, str]]] = defaultdict(lambda: [dict() for _ in fuse.sources])
+        groups: dict[str, list[dict[int, str]]] = defaultdict(functools.partial(_empty_groups, len(fuse.sources)))
         for k, source in enumerate(fuse.sources):
             pattern = re.compile(re.escape(source).replace(r"\*", r"(\d+)"))
             for original, name in renamed.items():
