@@ -215,7 +215,6 @@ def _convert_hf(target, out, task, max_cache_len, max_batch, dtype, platforms, f
     """hf:DIR -> a text-generation artifact, verified token by token against transformers' generate."""
     from torch2jax.capture.decoder import convert_causal_lm
     from torch2jax.capture.hf import causal_lm_from, tokenizer_files
-    from torch2jax.serve.artifact import save_generator
 
     progress = Progress(quiet)
     progress("build model", f"load {target} with transformers")
@@ -237,13 +236,19 @@ def _convert_hf(target, out, task, max_cache_len, max_batch, dtype, platforms, f
         check_generation(checked[-1])
 
     progress("save", f"jax.export prefill and decode, write {out}")
-    platform_list = [p.strip() for p in platforms.split(",") if p.strip()]
-    save_generator(generator, out, force=force, platforms=platform_list, source=target, check=verify_generation)
-    progress.done()
-    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    click.echo(f"wrote {out} ({size / 1e6:.2f} MB) {generator}")
+    _save_generator(generator, out, force, platforms, target, verify_generation, progress, "")
     if checked:
         click.echo(f"verified against transformers:\n{checked[-1].summary()}")
+
+
+def _save_generator(generator, out, force, platforms, target, check, progress, note) -> None:
+    from torch2jax.serve.artifact import save_generator
+
+    platform_list = [p.strip() for p in platforms.split(",") if p.strip()]
+    save_generator(generator, out, force=force, platforms=platform_list, source=target, check=check)
+    progress.done()
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    click.echo(f"wrote {out} ({size / 1e6:.2f} MB{note}) {generator}")
 
 
 def _convert_hf_streamed(target, out, task, max_cache_len, max_batch, dtype, platforms, force, no_verify, verify_tokens,
@@ -253,7 +258,6 @@ def _convert_hf_streamed(target, out, task, max_cache_len, max_batch, dtype, pla
     from torch2jax.capture.decoder import convert_causal_lm
     from torch2jax.capture.hf import streamed_causal_lm, tokenizer_files
     from torch2jax.diagnose.streamed import verify_streamed
-    from torch2jax.serve.artifact import save_generator
 
     progress = Progress(quiet)
     progress("build model", f"build {target} with fake parameters, map its safetensors files")
@@ -272,11 +276,7 @@ def _convert_hf_streamed(target, out, task, max_cache_len, max_batch, dtype, pla
         progress.done()
 
     progress("save", f"jax.export prefill and decode, stream {gigabytes:.2f} GB of weights into {out}")
-    platform_list = [p.strip() for p in platforms.split(",") if p.strip()]
-    save_generator(generator, out, force=force, platforms=platform_list, source=target, check=verify)
-    progress.done()
-    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    click.echo(f"wrote {out} ({size / 1e6:.2f} MB, weights streamed from the safetensors files) {generator}")
+    _save_generator(generator, out, force, platforms, target, verify, progress, ", weights streamed from the safetensors files")
     if checked:
         click.echo(checked[-1])
     elif no_verify:
