@@ -104,8 +104,8 @@ def main() -> None:
 @click.option("--verify-tokens", default=16, show_default=True,
               help="text-generation: greedy tokens compared with transformers' generate (float32: all equal; bfloat16: the first 8).")
 @click.option("--weights-in-memory", is_flag=True,
-              help="hf: text-generation: load the whole model with transformers (about 5x the weights in RAM) instead of "
-                   "streaming the weights from the safetensors files (the default: memory flat in the model's size).")
+              help="Load the whole model in torch first (hf: targets with transformers; about 5x the weights in RAM) instead "
+                   "of streaming the weights from the safetensors files, the default for hf: and --weights *.safetensors.")
 @click.option("--verify-layers", default=2, show_default=True,
               help="Streamed hf: models deeper than this are verified on a slice of their first N layers (real weights, the "
                    "same streamed path), so that verification never needs the whole model in memory.")
@@ -145,7 +145,8 @@ def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train
         _fail(f"--task applies to hf: targets; {target} is a model file target", EXIT_USAGE)
     data = ReportData(title="torch2jax conversion report", target=target, artifact=str(out))
     with reporting(data, report_file, lambda line: click.echo(line, err=True)):
-        _convert(data, target, out, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, repro_dir, quiet, task)
+        _convert(data, target, out, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, repro_dir, quiet, task,
+                 stream=not weights_in_memory)
 
 
 def _hf_task(target: str, task: str | None) -> str:
@@ -160,7 +161,7 @@ def _hf_task(target: str, task: str | None) -> str:
 
 
 def _convert(data, target, out, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, repro_dir, quiet,
-             task=None):
+             task=None, stream=True):
     from torch2jax.capture.converter import StageTimer, cast
     from torch2jax.capture.converter import convert as convert_module
     from torch2jax.capture.target import resolve
@@ -173,12 +174,15 @@ def _convert(data, target, out, inputs, weights, platforms, force, no_verify, tr
     with timer.stage("build model", f"build {target}"):
         for path in lowerings:
             _import_lowerings(path)
-        resolved = resolve(target, list(inputs), weights, train=train, seed=seed, task=task)
+        resolved = resolve(target, list(inputs), weights, train=train, seed=seed, task=task, stream=stream)
         if dtype:
             resolved.module, resolved.args, resolved.kwargs = cast(resolved.module, resolved.args, resolved.kwargs, dtype)
+            if resolved.weights is not None:
+                resolved.weights.cast = True  # the files' floating tensors are converted to `dtype` as they are read
     model = None
     try:
-        model = convert_module(resolved.module, resolved.args, resolved.kwargs, resolved.dynamic_shapes, timer=timer)
+        model = convert_module(resolved.module, resolved.args, resolved.kwargs, resolved.dynamic_shapes, timer=timer,
+                               weights=resolved.weights)
         data.graph = model.graph
         with timer.stage("jax.export", "jax.export to StableHLO"):
             exported = stablehlo.export(model, [p.strip() for p in platforms.split(",") if p.strip()])
@@ -194,7 +198,8 @@ def _convert(data, target, out, inputs, weights, platforms, force, no_verify, tr
 
         with timer.stage("verify", "compare the saved artifact with PyTorch"):
             loaded = artifact.load(tmp)
-            data.verification = verify(resolved.module, loaded, resolved.args, resolved.kwargs, seed)
+            module = resolved.module if resolved.weights is None else resolved.weights.materialize(resolved.module)
+            data.verification = verify(module, loaded, resolved.args, resolved.kwargs, seed)
         check(data.verification)
 
     progress("save", f"write {out}")
@@ -206,9 +211,11 @@ def _convert(data, target, out, inputs, weights, platforms, force, no_verify, tr
         # verification runs inside the save (before the rename); count it once, under its own name
         timer.timings["save"] = time.perf_counter() - start - timer.timings.get("verify", 0.0)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    click.echo(f"wrote {out} ({size / 1e6:.2f} MB) {model.signature}")
+    streamed = ", weights streamed from the safetensors files" if resolved.weights is not None else ""
+    click.echo(f"wrote {out} ({size / 1e6:.2f} MB{streamed}) {model.signature}")
     if data.verification is not None:
-        click.echo(f"verified against PyTorch:\n{data.verification.summary()}")
+        how = " (the whole model, its weights memory-mapped from the safetensors files)" if streamed else ""
+        click.echo(f"verified against PyTorch{how}:\n{data.verification.summary()}")
 
 
 def _convert_hf(target, out, task, max_cache_len, max_batch, dtype, platforms, force, no_verify, verify_tokens, seed, quiet):

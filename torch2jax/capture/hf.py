@@ -142,9 +142,10 @@ def tokenizer_files(directory: Path) -> dict[str, Path]:
     return {name: directory / name for name in TOKENIZER_FILES if (directory / name).is_file()}
 
 
-def forward_target(target: str, task: str | None, seed: int = 0) -> tuple[Any, tuple, dict, Any]:
-    """(module, args, kwargs, dynamic_shapes) for a forward-pass task of an `hf:DIR` target: the model from its
-    auto class, example inputs from its config (token ids [batch, seq] and a mask, or pixel values [batch, C, H, W])."""
+def forward_target(target: str, task: str | None, seed: int = 0, stream: bool = False) -> tuple[Any, tuple, dict, Any, Any]:
+    """(module, args, kwargs, dynamic_shapes, weights) for a forward-pass task of an `hf:DIR` target: the model from its
+    auto class, example inputs from its config (token ids [batch, seq] and a mask, or pixel values [batch, C, H, W]).
+    With `stream` the model has fake params and `weights` is the WeightSource of its safetensors files (else None)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     import transformers
@@ -155,15 +156,22 @@ def forward_target(target: str, task: str | None, seed: int = 0) -> tuple[Any, t
     if task not in FORWARD_TASKS:
         known = ", ".join([*FORWARD_TASKS, TEXT_GENERATION])
         raise InputSpecError(f"task {task!r} is not supported for hf: targets (supported: {known})")
-    module = _load(getattr(transformers, FORWARD_TASKS[task]), directory).eval()
-    prepare_for_export(module)
+    auto_class = getattr(transformers, FORWARD_TASKS[task])
+    weights = None
+    if stream:
+        from .hf_stream import fake_model
+
+        module, weights = fake_model(auto_class, directory, config)
+    else:
+        module = _load(auto_class, directory).eval()
+        prepare_for_export(module)
     generator = torch.Generator().manual_seed(seed)
     batch = {"name": "batch", "min": 1}
     if task == "image-classification" or "pixel_values" in inspect.signature(module.forward).parameters:
         size = getattr(config, "image_size", 224)
         size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
         pixels = torch.randn((EXAMPLE_BATCH, getattr(config, "num_channels", 3), *size), generator=generator)
-        return module, (), {"pixel_values": pixels}, {"pixel_values": {0: batch}}
+        return module, (), {"pixel_values": pixels}, {"pixel_values": {0: batch}}, weights
     vocab = getattr(config, "vocab_size", None)
     if not vocab:
         raise InputSpecError(f"{directory}: config.json has no vocab_size, so example token ids cannot be made; "
@@ -172,7 +180,7 @@ def forward_target(target: str, task: str | None, seed: int = 0) -> tuple[Any, t
     ids = torch.randint(0, vocab, (EXAMPLE_BATCH, EXAMPLE_SEQ), generator=generator)
     mask = torch.ones_like(ids)
     dims = {0: batch, 1: seq}
-    return module, (), {"input_ids": ids, "attention_mask": mask}, {"input_ids": dims, "attention_mask": dims}
+    return module, (), {"input_ids": ids, "attention_mask": mask}, {"input_ids": dims, "attention_mask": dims}, weights
 
 
 def _load_causal_lm(transformers: Any, directory: Path) -> Any:

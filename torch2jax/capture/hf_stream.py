@@ -28,6 +28,15 @@ def fake_causal_lm(directory: Path, config: Any = None) -> tuple[Any, WeightSour
     """(a causal LM with fake params and real buffers, the source of its weights) for a model directory."""
     import transformers
 
+    lm, source = fake_model(transformers.AutoModelForCausalLM, directory, config)
+    lm.generation_config = _generation_config(transformers, directory, lm.config)
+    return lm, source
+
+
+def fake_model(auto_class: Any, directory: Path, config: Any = None) -> tuple[Any, WeightSource]:
+    """(the model of `auto_class` with fake params, in eval mode, and its WeightSource), checked against the files."""
+    import transformers
+
     from .hf import prepare_for_export
 
     checkpoint = Checkpoint.open(directory)
@@ -37,18 +46,17 @@ def fake_causal_lm(directory: Path, config: Any = None) -> tuple[Any, WeightSour
     for attention in ("sdpa", "eager"):
         try:
             with fake_parameters():
-                lm = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention, dtype=dtype)
+                model = auto_class.from_config(config, attn_implementation=attention, dtype=dtype)
             break
         except (OSError, ValueError, KeyError) as err:
             errors.append(f"{attention}: {err}")
     else:
-        raise Torch2JaxError(f"transformers could not build the model of {directory}: {'; '.join(errors)}")
-    lm.generation_config = _generation_config(transformers, directory, lm.config)
-    prepare_for_export(lm)
-    renames, fuses = transformers_rules(lm)
+        raise Torch2JaxError(f"transformers could not build {auto_class.__name__} for {directory}: {'; '.join(errors)}")
+    prepare_for_export(model)
+    renames, fuses = transformers_rules(model)
     source = WeightSource(checkpoint, renames, fuses)
-    source.check(lm)
-    return lm.eval(), source
+    source.check(model)
+    return model.eval(), source
 
 
 def num_layers(config: Any) -> int | None:

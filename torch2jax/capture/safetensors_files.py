@@ -89,6 +89,11 @@ class Checkpoint:
 _ALIGNMENT = 64  # XLA:CPU adopts a host buffer this aligned without copying it
 
 
+def mapped(entry: TensorEntry) -> np.ndarray:
+    """A copy-on-write memory map of one tensor: file-backed pages, read as touched, no copy in anonymous memory."""
+    return np.memmap(entry.file, dtype=entry.dtype, mode="c", offset=entry.start, shape=entry.shape)
+
+
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An uninitialized array whose data starts on a 64-byte boundary (one copy of a weight, not two)."""
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize

@@ -27,7 +27,7 @@ from ..ir.dtypes import is_floating, jax_dtype, numpy_dtype
 from ..runtime.deferred import DeferredArray
 from .fake_params import is_fake
 from .fx import dtype_name
-from .safetensors_files import Checkpoint, aligned_empty
+from .safetensors_files import Checkpoint, aligned_empty, mapped
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,38 @@ class WeightSource:
             seen[id(tensor)] = name
             tensors[name] = tensor
         self.resolve(tensors, aliases)
+
+    def materialize(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Give a fake-parameter module its real weights, to run it in torch (verification): each tensor stored as
+        the module holds it is memory-mapped from its file (file-backed pages, not a copy); fused or cast ones are read."""
+        from .torch_arrays import to_torch, torch_view
+
+        tied: dict[int, list[str]] = defaultdict(list)  # one tensor under several names: each gets the same values
+        tensors = {}
+        for name, tensor in module.state_dict(keep_vars=True).items():
+            if is_fake(tensor):
+                tied[id(tensor)].append(name)
+                tensors[id(tensor)] = tensor
+        state = {}
+        for identity, names in tied.items():
+            tensor = tensors[identity]
+            key = next((k for k in map(self._match, names) if k is not None), None)
+            if key is None:
+                continue
+            recipe = self.recipes[key]
+            entry = self.checkpoint.entries[recipe.parts[0][0]]
+            want = numpy_dtype(dtype_name(tensor.dtype))
+            stored_as_module = recipe.fuse is None and entry.dtype == want
+            values = torch_view(mapped(entry)) if stored_as_module else to_torch(
+                self._reader(recipe, tuple(tensor.shape), entry.dtype, want)())
+            state.update(dict.fromkeys(names, values))
+        module.load_state_dict(state, strict=False, assign=True)
+        for identity, names in tied.items():  # assign gave each name its own Parameter: tie them again
+            first = module.get_parameter(names[0]) if len(names) > 1 else None
+            for name in names[1:]:
+                owner, _, attr = name.rpartition(".")
+                setattr(module.get_submodule(owner), attr, first)
+        return module
 
     # -- internals ---------------------------------------------------------------------------
     def _match(self, name: str) -> str | None:
