@@ -140,7 +140,7 @@ class WeightSource:
                 self._reader(recipe, tuple(tensor.shape), entry.dtype, want)())
             state.update(dict.fromkeys(names, values))
         module.load_state_dict(state, strict=False, assign=True)
-        for identity, names in tied.items():  # assign gave each name its own Parameter: tie them again
+        for names in tied.values():  # assign gave each name its own Parameter: tie them again
             first = module.get_parameter(names[0]) if len(names) > 1 else None
             for name in names[1:]:
                 owner, _, attr = name.rpartition(".")
