@@ -18,13 +18,26 @@ from ..helpers import cli
 
 @pytest.fixture(scope="module")
 def gpt_weights(tmp_path_factory):
-    """TinyGPT's weights (its head tied to the embedding: the file stores the pair once)."""
-    from safetensors.torch import save_model
+    """TinyGPT's state_dict (its head tied to the embedding, stored under both names, as load_weights needs)."""
+    from safetensors.torch import save_file
 
     from sample_models.tiny_gpt import TinyGPT
 
     torch.manual_seed(3)
     path = tmp_path_factory.mktemp("weights") / "gpt.safetensors"
+    save_file({name: t.clone() for name, t in TinyGPT().state_dict().items()}, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def gpt_weights_once(tmp_path_factory):
+    """The same model saved by safetensors' save_model, which stores the tied pair once (one of the names)."""
+    from safetensors.torch import save_model
+
+    from sample_models.tiny_gpt import TinyGPT
+
+    torch.manual_seed(3)
+    path = tmp_path_factory.mktemp("weights") / "gpt-once.safetensors"
     save_model(TinyGPT(), str(path))
     return path
 
@@ -52,16 +65,16 @@ def test_model_file_weights_streamed_equal_in_memory(gpt_weights, tmp_path):
     _assert_bitwise(streamed, in_memory)
 
 
-def test_materialized_module_runs_on_mapped_weights_and_stays_tied(gpt_weights):
+def test_materialized_module_runs_on_mapped_weights_and_stays_tied(gpt_weights_once):
     from safetensors.torch import load_model
 
     from sample_models.tiny_gpt import TinyGPT
 
-    resolved = resolve("sample_models/tiny_gpt.py:TinyGPT", [], str(gpt_weights), stream=True)
+    resolved = resolve("sample_models/tiny_gpt.py:TinyGPT", [], str(gpt_weights_once), stream=True)
     module = resolved.weights.materialize(resolved.module)
     assert module.head.weight is module.tok.weight and not is_fake(module.tok.weight)
     reference = TinyGPT()
-    load_model(reference, str(gpt_weights))
+    load_model(reference, str(gpt_weights_once))
     with torch.no_grad():
         assert torch.equal(module(*resolved.args), reference.eval()(*resolved.args))
 
