@@ -36,6 +36,7 @@ def fake_causal_lm(directory: Path, config: Any = None) -> tuple[Any, WeightSour
 def fake_model(auto_class: Any, directory: Path, config: Any = None) -> tuple[Any, WeightSource]:
     """(the model of `auto_class` with fake params, in eval mode, and its WeightSource), checked against the files."""
     import transformers
+    from transformers.initialization import no_init_weights
 
     from .hf import prepare_for_export
 
@@ -45,8 +46,9 @@ def fake_model(auto_class: Any, directory: Path, config: Any = None) -> tuple[An
     errors = []
     for attention in ("sdpa", "eager"):
         try:
-            with fake_parameters():
+            with fake_parameters(), no_init_weights():  # random init is wasted on fakes (and some inits read values)
                 model = auto_class.from_config(config, attn_implementation=attention, dtype=dtype)
+            model.tie_weights()  # what init_weights would have done besides initializing
             break
         except (OSError, ValueError, KeyError) as err:
             errors.append(f"{attention}: {err}")

@@ -11,6 +11,7 @@ import importlib.util
 import inspect
 import sys
 import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -66,9 +67,8 @@ def resolve(target: str, inputs: list[str], weights: str | None = None, train: b
         raise Torch2JaxError(f"{target}: {attr!r} is not defined in {target.rpartition(':')[0]}{hint}")
     torch.manual_seed(seed)
     source = None
-    if stream and weights and is_safetensors(weights):
-        with fake_parameters():
-            module = _instantiate(factory, target)
+    module = _fake_module(factory, target) if stream and weights and is_safetensors(weights) else None
+    if module is not None:
         source = WeightSource(Checkpoint.open(weights))
         source.check(module)
     else:
@@ -78,6 +78,19 @@ def resolve(target: str, inputs: list[str], weights: str | None = None, train: b
     module.train(train)
     args, kwargs, dynamic = _example_inputs(module, file_module, inputs, seed, target)
     return Target(module, args, kwargs, dynamic, target, file_module, source)
+
+
+def _fake_module(factory: Any, target: str) -> torch.nn.Module | None:
+    """The module built with fake parameters, or None (with a warning) when its constructor reads parameter values
+    (an init that computes from them): it is then built and loaded in memory as before."""
+    try:
+        with fake_parameters():
+            return _instantiate(factory, target)
+    except Torch2JaxError as err:
+        warnings.warn(f"{target} cannot be built with fake parameters, so its weights are loaded in memory "
+                      f"instead of streamed: {str(err).splitlines()[-1]}", stacklevel=3)
+        torch.manual_seed(0)
+        return None
 
 
 def is_safetensors(path: str) -> bool:
