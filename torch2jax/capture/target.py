@@ -67,7 +67,7 @@ def resolve(target: str, inputs: list[str], weights: str | None = None, train: b
         raise Torch2JaxError(f"{target}: {attr!r} is not defined in {target.rpartition(':')[0]}{hint}")
     torch.manual_seed(seed)
     source = None
-    module = _fake_module(factory, target) if stream and weights and is_safetensors(weights) else None
+    module = _fake_module(factory, target, seed) if stream and weights and is_safetensors(weights) else None
     if module is not None:
         source = WeightSource(Checkpoint.open(weights))
         source.check(module)
@@ -80,7 +80,7 @@ def resolve(target: str, inputs: list[str], weights: str | None = None, train: b
     return Target(module, args, kwargs, dynamic, target, file_module, source)
 
 
-def _fake_module(factory: Any, target: str) -> torch.nn.Module | None:
+def _fake_module(factory: Any, target: str, seed: int) -> torch.nn.Module | None:
     """The module built with fake parameters, or None (with a warning) when its constructor reads parameter values
     (an init that computes from them): it is then built and loaded in memory as before."""
     try:
@@ -89,7 +89,7 @@ def _fake_module(factory: Any, target: str) -> torch.nn.Module | None:
     except Torch2JaxError as err:
         warnings.warn(f"{target} cannot be built with fake parameters, so its weights are loaded in memory "
                       f"instead of streamed: {str(err).splitlines()[-1]}", stacklevel=3)
-        torch.manual_seed(0)
+        torch.manual_seed(seed)  # the in-memory build starts from the same seed
         return None
 
 
