@@ -1,5 +1,5 @@
-"""Saving streamed params holds one batch at a time: a 256 MB checkpoint saved in 16 MB batches must raise the
-process's peak RSS by far less than the weights (materializing them would add at least 256 MB)."""
+"""Saving streamed params holds one batch at a time: 256 MB of params saved in batches of one 32 MB param must
+raise the process's peak RSS by clearly less than the weights (materializing them would add at least 256 MB)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ PROBE = textwrap.dedent("""
     def status(key):
         line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(key + ":"))
         return int(line.split()[1]) * 1024
-    arrays = {f"w{i}": (np.arange(8 << 20, dtype=np.int32) + i).reshape(2048, 4096) for i in range(2)}  # 64 MB each
+    arrays = {f"w{i}": (np.arange(8 << 20, dtype=np.int32) + i).reshape(2048, 4096) for i in range(2)}  # 32 MB each
     files = {}
     for name, value in arrays.items():
         value.tofile(root / name)
@@ -31,7 +31,7 @@ PROBE = textwrap.dedent("""
     del arrays
     def reader(name):
         return lambda: np.fromfile(files[name], np.int32).reshape(2048, 4096)
-    params = {f"p{i}.{name}": DeferredArray((2048, 4096), np.int32, reader(name), name) for i in range(2) for name in files}
+    params = {f"p{i}.{name}": DeferredArray((2048, 4096), np.int32, reader(name), name) for i in range(4) for name in files}
     artifact._save_streamed_params({"warm": DeferredArray((4,), np.int32, lambda: np.zeros(4, np.int32))}, root / "warm")
     Path("/proc/self/clear_refs").write_text("5")
     before = status("VmRSS")
@@ -48,8 +48,9 @@ def test_streamed_save_keeps_one_batch_in_memory(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     measured = json.loads(result.stdout.strip().splitlines()[-1])
     assert measured["weights"] == 256 << 20
-    # 16 MB batches: well under half the weights even with Orbax's own buffers (measured ~40-60 MB)
-    assert measured["growth"] < 0.4 * measured["weights"], measured
+    # every param (32 MB) is a batch of its own: measured ~110 MB (the param read, Orbax's write buffers and what
+    # its partial-save calls retain); holding every weight at once would alone be 256 MB, plus the same buffers
+    assert measured["growth"] < 0.6 * measured["weights"], measured
     loaded = torch2jax.runtime.artifact._restore_params(tmp_path / "params", {"params": {"tree": {
-        name: {"dtype": "int32", "shape": [2048, 4096]} for name in ("p0.w0", "p1.w1")}}})
+        f"p{i}.w{j}": {"dtype": "int32", "shape": [2048, 4096]} for i in range(4) for j in range(2)}}})
     assert int(loaded["p1.w1"][0, 5]) == 6
