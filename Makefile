@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-ops-full test-models-full demo runtime-check lint docs bench bench-calls clean
+.PHONY: install test test-ops-full test-models-full demo runtime-check lint docs bench bench-calls bench-large clean
 
 install: $(STAMP)
 
@@ -67,6 +67,11 @@ bench: $(BENCH_STAMP)
 # Per-call overhead alone (~2 min): rewrites its section of docs/benchmarks.md.
 bench-calls: $(BENCH_STAMP)
 	$(PY) -m benchmarks.call_overhead
+
+# Streamed conversion of 0.5 to 4 GB checkpoints it writes under /tmp (~10 min, needs ~4 GB of disk per size):
+# peak RSS and time against reading the files once; rewrites its section of docs/benchmarks.md.
+bench-large: install
+	$(PY) -m benchmarks.large
 
 lint: install
 	$(VENV)/bin/ruff check torch2jax cli tests scripts sample_models benchmarks

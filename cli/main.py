@@ -103,10 +103,16 @@ def main() -> None:
 @click.option("--max-batch", default=8, show_default=True, help="text-generation: most prompts per generate call.")
 @click.option("--verify-tokens", default=16, show_default=True,
               help="text-generation: greedy tokens compared with transformers' generate (float32: all equal; bfloat16: the first 8).")
+@click.option("--weights-in-memory", is_flag=True,
+              help="Load the whole model in torch first (hf: targets with transformers; about 5x the weights in RAM) instead "
+                   "of streaming the weights from the safetensors files, the default for hf: and --weights *.safetensors.")
+@click.option("--verify-layers", default=2, show_default=True,
+              help="Streamed hf: models deeper than this are verified on a slice of their first N layers (real weights, the "
+                   "same streamed path), so that verification never needs the whole model in memory.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @handles_errors
 def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, report_file, repro_dir,
-            task, max_cache_len, max_batch, verify_tokens, quiet):
+            task, max_cache_len, max_batch, verify_tokens, weights_in_memory, verify_layers, quiet):
     """Convert TARGET (model.py:Model, model.py:make_model, or hf:DIR) into an artifact directory.
 
     \b
@@ -129,13 +135,18 @@ def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train
     if out.exists() and not force:
         _fail(f"{out} already exists; pass --force to replace it", EXIT_USAGE)
     if target.startswith("hf:") and _hf_task(target, task) == "text-generation":
-        _convert_hf(target, out, task, max_cache_len, max_batch, dtype, platforms, force, no_verify, verify_tokens, seed, quiet)
+        if weights_in_memory:
+            _convert_hf(target, out, task, max_cache_len, max_batch, dtype, platforms, force, no_verify, verify_tokens, seed, quiet)
+        else:
+            _convert_hf_streamed(target, out, task, max_cache_len, max_batch, dtype, platforms, force, no_verify, verify_tokens,
+                                 verify_layers, seed, quiet)
         return
     if task and not target.startswith("hf:"):
         _fail(f"--task applies to hf: targets; {target} is a model file target", EXIT_USAGE)
     data = ReportData(title="torch2jax conversion report", target=target, artifact=str(out))
     with reporting(data, report_file, lambda line: click.echo(line, err=True)):
-        _convert(data, target, out, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, repro_dir, quiet, task)
+        _convert(data, target, out, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, repro_dir, quiet, task,
+                 stream=not weights_in_memory)
 
 
 def _hf_task(target: str, task: str | None) -> str:
@@ -150,7 +161,7 @@ def _hf_task(target: str, task: str | None) -> str:
 
 
 def _convert(data, target, out, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, repro_dir, quiet,
-             task=None):
+             task=None, stream=True):
     from torch2jax.capture.converter import StageTimer, cast
     from torch2jax.capture.converter import convert as convert_module
     from torch2jax.capture.target import resolve
@@ -163,12 +174,15 @@ def _convert(data, target, out, inputs, weights, platforms, force, no_verify, tr
     with timer.stage("build model", f"build {target}"):
         for path in lowerings:
             _import_lowerings(path)
-        resolved = resolve(target, list(inputs), weights, train=train, seed=seed, task=task)
+        resolved = resolve(target, list(inputs), weights, train=train, seed=seed, task=task, stream=stream)
         if dtype:
             resolved.module, resolved.args, resolved.kwargs = cast(resolved.module, resolved.args, resolved.kwargs, dtype)
+            if resolved.weights is not None:
+                resolved.weights.cast = True  # the files' floating tensors are converted to `dtype` as they are read
     model = None
     try:
-        model = convert_module(resolved.module, resolved.args, resolved.kwargs, resolved.dynamic_shapes, timer=timer)
+        model = convert_module(resolved.module, resolved.args, resolved.kwargs, resolved.dynamic_shapes, timer=timer,
+                               weights=resolved.weights)
         data.graph = model.graph
         with timer.stage("jax.export", "jax.export to StableHLO"):
             exported = stablehlo.export(model, [p.strip() for p in platforms.split(",") if p.strip()])
@@ -184,7 +198,8 @@ def _convert(data, target, out, inputs, weights, platforms, force, no_verify, tr
 
         with timer.stage("verify", "compare the saved artifact with PyTorch"):
             loaded = artifact.load(tmp)
-            data.verification = verify(resolved.module, loaded, resolved.args, resolved.kwargs, seed)
+            module = resolved.module if resolved.weights is None else resolved.weights.materialize(resolved.module)
+            data.verification = verify(module, loaded, resolved.args, resolved.kwargs, seed)
         check(data.verification)
 
     progress("save", f"write {out}")
@@ -196,16 +211,17 @@ def _convert(data, target, out, inputs, weights, platforms, force, no_verify, tr
         # verification runs inside the save (before the rename); count it once, under its own name
         timer.timings["save"] = time.perf_counter() - start - timer.timings.get("verify", 0.0)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    click.echo(f"wrote {out} ({size / 1e6:.2f} MB) {model.signature}")
+    streamed = ", weights streamed from the safetensors files" if resolved.weights is not None else ""
+    click.echo(f"wrote {out} ({size / 1e6:.2f} MB{streamed}) {model.signature}")
     if data.verification is not None:
-        click.echo(f"verified against PyTorch:\n{data.verification.summary()}")
+        how = " (the whole model, its weights memory-mapped from the safetensors files)" if streamed else ""
+        click.echo(f"verified against PyTorch{how}:\n{data.verification.summary()}")
 
 
 def _convert_hf(target, out, task, max_cache_len, max_batch, dtype, platforms, force, no_verify, verify_tokens, seed, quiet):
     """hf:DIR -> a text-generation artifact, verified token by token against transformers' generate."""
     from torch2jax.capture.decoder import convert_causal_lm
     from torch2jax.capture.hf import causal_lm_from, tokenizer_files
-    from torch2jax.serve.artifact import save_generator
 
     progress = Progress(quiet)
     progress("build model", f"load {target} with transformers")
@@ -227,13 +243,51 @@ def _convert_hf(target, out, task, max_cache_len, max_batch, dtype, platforms, f
         check_generation(checked[-1])
 
     progress("save", f"jax.export prefill and decode, write {out}")
-    platform_list = [p.strip() for p in platforms.split(",") if p.strip()]
-    save_generator(generator, out, force=force, platforms=platform_list, source=target, check=verify_generation)
-    progress.done()
-    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    click.echo(f"wrote {out} ({size / 1e6:.2f} MB) {generator}")
+    _save_generator(generator, out, force, platforms, target, verify_generation, progress, "")
     if checked:
         click.echo(f"verified against transformers:\n{checked[-1].summary()}")
+
+
+def _save_generator(generator, out, force, platforms, target, check, progress, note) -> None:
+    from torch2jax.serve.artifact import save_generator
+
+    platform_list = [p.strip() for p in platforms.split(",") if p.strip()]
+    save_generator(generator, out, force=force, platforms=platform_list, source=target, check=check)
+    progress.done()
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    click.echo(f"wrote {out} ({size / 1e6:.2f} MB{note}) {generator}")
+
+
+def _convert_hf_streamed(target, out, task, max_cache_len, max_batch, dtype, platforms, force, no_verify, verify_tokens,
+                         verify_layers, seed, quiet):
+    """hf:DIR -> a text-generation artifact with the weights streamed from the safetensors files (never all in memory),
+    verified against transformers on the whole model when it has at most `verify_layers` layers, else on a slice."""
+    from torch2jax.capture.decoder import convert_causal_lm
+    from torch2jax.capture.hf import streamed_causal_lm, tokenizer_files
+    from torch2jax.diagnose.streamed import verify_streamed
+
+    progress = Progress(quiet)
+    progress("build model", f"build {target} with fake parameters, map its safetensors files")
+    lm, directory, weights = streamed_causal_lm(target, task)
+    gigabytes = weights.checkpoint.nbytes / 1e9
+    generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress,
+                                  weights=weights)
+    generator.tokenizer_files = tokenizer_files(directory)
+    checked = []
+
+    def verify(tmp: Path) -> None:
+        if no_verify:
+            return
+        checked.append(verify_streamed(directory, tmp, lm.config, layers=verify_layers, tokens=verify_tokens, dtype=dtype,
+                                       max_cache_len=max_cache_len, max_batch=max_batch, seed=seed, progress=progress))
+        progress.done()
+
+    progress("save", f"jax.export prefill and decode, stream {gigabytes:.2f} GB of weights into {out}")
+    _save_generator(generator, out, force, platforms, target, verify, progress, ", weights streamed from the safetensors files")
+    if checked:
+        click.echo(checked[-1])
+    elif no_verify:
+        click.echo("not verified (--no-verify)")
 
 
 def _add_repro(err, graph, resolved, repro_dir) -> None:

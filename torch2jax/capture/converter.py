@@ -11,10 +11,14 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from ..errors import InputSpecError
 from ..lowering import interpreter, passes
+from ..runtime.deferred import is_deferred
 from ..runtime.model import Model
 from . import exporter
+from .fake_params import is_fake
 from .fx import capture
+from .streaming import WeightSource
 from .torch_arrays import to_jax, to_torch
 
 ProgressFn = Callable[[str, str], None]  # (stage, message)
@@ -48,6 +52,7 @@ def convert(
     dtype: str | torch.dtype | None = None,
     progress: ProgressFn | None = None,
     timer: StageTimer | None = None,
+    weights: WeightSource | None = None,
 ) -> Model:
     """Convert `module` to a JAX `Model`, tracing it on example `args`/`kwargs`.
 
@@ -55,6 +60,8 @@ def convert(
     The module is exported in the mode it is in: call `module.eval()` first for inference.
     `dtype` (e.g. "bfloat16") converts a copy of the module and its floating inputs first, as
     `module.to(dtype)` would: params and computation in that precision.
+    `weights` streams the params of a module built with fake parameters (capture/fake_params.py)
+    from a safetensors checkpoint: the Model's params are then read only when it is saved.
     """
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"convert() takes a torch.nn.Module, got {type(module).__name__}")
@@ -71,8 +78,16 @@ def convert(
         captured = capture(ep, names)
         interpreter.check_supported(captured.graph, captured.schemas)
         run = interpreter.build(passes.optimize(captured.graph))  # the saved graph stays plain ATen
-    with timer.stage("weights", "copy the weights into JAX arrays"):
-        params = {name: to_jax(t) for name, t in captured.tensors.items()}
+    if weights is not None:
+        with timer.stage("weights", "map the checkpoint's tensors onto the params (read when saving)"):
+            found = weights.resolve(captured.tensors, captured.graph.aliases)
+            params = {name: value if is_deferred(value) else to_jax(value) for name, value in found.items()}
+    else:
+        with timer.stage("weights", "copy the weights into JAX arrays"):
+            fake = [name for name, t in captured.tensors.items() if is_fake(t)]
+            if fake:
+                raise InputSpecError(f"the module's params {', '.join(fake[:5])} are fake (no values): convert it with weights=")
+            params = {name: to_jax(t) for name, t in captured.tensors.items()}
     model = Model(run, params, captured.graph)
     model.timings = timer.timings
     return model

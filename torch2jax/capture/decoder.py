@@ -204,8 +204,11 @@ def check_limits(max_cache_len: int, max_batch: int) -> None:
         raise InputSpecError(f"max_batch must be an integer >= 1 (got {max_batch!r})")
 
 
-def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch: int = 8, dtype: Any = None, progress: Any = None):
-    """A transformers causal LM -> a `Generator` (torch-free prefill/decode over one params tree)."""
+def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch: int = 8, dtype: Any = None, progress: Any = None,
+                      weights: Any = None):
+    """A transformers causal LM -> a `Generator` (torch-free prefill/decode over one params tree).
+
+    `weights` (a capture.streaming.WeightSource) streams the params of an LM built with fake parameters."""
     from ..serve.generator import GenerationSpec, Generator
     from .converter import convert
     from .fx import dtype_name
@@ -214,13 +217,16 @@ def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batc
     lm = lm.eval()
     if dtype is not None:
         lm = lm.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+        if weights is not None:
+            weights.cast = True  # the checkpoint's floating tensors are converted to `dtype` as they are read
     layout = cache_layout(lm, max_cache_len)
     step = DecoderStep(lm, layout).eval()
     entries = {}
     batch = min(max_batch, 2)  # traced at 2 where the batch is symbolic: torch.export specializes a dim of 1
     for name, tokens in (("prefill", 3), ("decode", 1)):
         shapes = step_dynamic_shapes(layout, max_batch, prefill=name == "prefill")
-        entries[name] = convert(step, example_step_inputs(layout, batch, tokens), dynamic_shapes=shapes, progress=progress)
+        entries[name] = convert(step, example_step_inputs(layout, batch, tokens), dynamic_shapes=shapes, progress=progress,
+                                weights=weights)
     prefill, decode = entries["prefill"], entries["decode"]
     decode.params = prefill.params  # one copy of the weights, shared by both entry points
     eos, pad = special_tokens(lm)

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..errors import ExportError, UnsupportedOpsError
 from ..ir.graph import Graph, GraphInput, GraphOutput, Node, TensorMeta, encode_float
@@ -334,9 +335,9 @@ def _state_tensors(ep: torch.export.ExportedProgram, graph: Graph) -> tuple[dict
             continue
         source = ep.constants if inp.kind == "constant" or inp.target not in ep.state_dict else ep.state_dict
         tensor = source[inp.target]
+        identity = _storage_identity(tensor)
         if isinstance(tensor, torch.nn.Parameter):
             tensor = tensor.data
-        identity = _storage_identity(tensor)
         if identity is not None and identity in seen:
             aliases[inp.target] = seen[identity]
             continue
@@ -347,8 +348,12 @@ def _state_tensors(ep: torch.export.ExportedProgram, graph: Graph) -> tuple[dict
 
 
 def _storage_identity(tensor: torch.Tensor) -> tuple | None:
+    """What makes two state entries one tensor: the same storage and view; for fake (storage-less) params,
+    the same Parameter object, as the module ties it (every fake tensor reports data_ptr 0)."""
     if tensor.numel() == 0:
         return None
+    if isinstance(tensor, FakeTensor) or isinstance(getattr(tensor, "data", None), FakeTensor):
+        return ("object", id(tensor))
     try:
         return (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
     except (RuntimeError, NotImplementedError):

@@ -72,12 +72,25 @@ def convert_hf(
     max_batch: int = 8,
     dtype: str | None = None,
     progress: Any = None,
+    stream_weights: bool = False,
 ):
-    """A Hugging Face model directory (or a transformers model object) -> a torch-free `Generator`."""
+    """A Hugging Face model directory (or a transformers model object) -> a torch-free `Generator`.
+
+    `stream_weights=True` (a directory only) builds the model with fake parameters and reads each weight from the
+    safetensors files only when the Generator is saved: memory stays flat in the model's size, and the Generator
+    runs once saved and loaded (capture/hf_stream.py).
+    """
     from .decoder import convert_causal_lm
 
-    lm, directory = causal_lm_from(source, task)
-    generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress)
+    weights = None
+    if stream_weights:
+        if not isinstance(source, (str, os.PathLike)):
+            raise InputSpecError("stream_weights=True reads the weights from a model directory: pass its path, not a model object")
+        lm, directory, weights = streamed_causal_lm(source, task)
+    else:
+        lm, directory = causal_lm_from(source, task)
+    generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress,
+                                  weights=weights)
     if directory is not None:
         generator.tokenizer_files = tokenizer_files(directory)
     return generator
@@ -96,15 +109,32 @@ def causal_lm_from(source: Any, task: str | None = None) -> tuple[Any, Path | No
         config = getattr(source, "config", None)
         if config is None:
             raise InputSpecError(f"convert_hf takes a model directory or a transformers model, got {type(source).__name__}")
-    task = task or default_task(config)
+    _check_generation_task(task or default_task(config))
+    lm = _load_causal_lm(transformers, directory) if directory is not None else source
+    prepare_for_export(lm)
+    return lm.eval(), directory
+
+
+def streamed_causal_lm(source: str | os.PathLike, task: str | None = None, config: Any = None) -> tuple[Any, Path, Any]:
+    """(the causal LM with fake params, its directory, the WeightSource of its safetensors files)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    from .hf_stream import fake_causal_lm
+
+    directory = model_dir(source)
+    config = config or transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    _check_generation_task(task or default_task(config))
+    lm, weights = fake_causal_lm(directory, config)
+    return lm, directory, weights
+
+
+def _check_generation_task(task: str) -> None:
     if task not in TASKS:
         raise Torch2JaxError(
             f"convert_hf builds text-generation models; task {task!r} is a forward pass: convert it with "
             f"`torch2jax convert hf:DIR --task {task}` or torch2jax.convert(model, args)"
         )
-    lm = _load_causal_lm(transformers, directory) if directory is not None else source
-    prepare_for_export(lm)
-    return lm.eval(), directory
 
 
 def tokenizer_files(directory: Path) -> dict[str, Path]:
@@ -112,9 +142,10 @@ def tokenizer_files(directory: Path) -> dict[str, Path]:
     return {name: directory / name for name in TOKENIZER_FILES if (directory / name).is_file()}
 
 
-def forward_target(target: str, task: str | None, seed: int = 0) -> tuple[Any, tuple, dict, Any]:
-    """(module, args, kwargs, dynamic_shapes) for a forward-pass task of an `hf:DIR` target: the model from its
-    auto class, example inputs from its config (token ids [batch, seq] and a mask, or pixel values [batch, C, H, W])."""
+def forward_target(target: str, task: str | None, seed: int = 0, stream: bool = False) -> tuple[Any, tuple, dict, Any, Any]:
+    """(module, args, kwargs, dynamic_shapes, weights) for a forward-pass task of an `hf:DIR` target: the model from its
+    auto class, example inputs from its config (token ids [batch, seq] and a mask, or pixel values [batch, C, H, W]).
+    With `stream` the model has fake params and `weights` is the WeightSource of its safetensors files (else None)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     import transformers
@@ -125,15 +156,22 @@ def forward_target(target: str, task: str | None, seed: int = 0) -> tuple[Any, t
     if task not in FORWARD_TASKS:
         known = ", ".join([*FORWARD_TASKS, TEXT_GENERATION])
         raise InputSpecError(f"task {task!r} is not supported for hf: targets (supported: {known})")
-    module = _load(getattr(transformers, FORWARD_TASKS[task]), directory).eval()
-    prepare_for_export(module)
+    auto_class = getattr(transformers, FORWARD_TASKS[task])
+    weights = None
+    if stream:
+        from .hf_stream import fake_model
+
+        module, weights = fake_model(auto_class, directory, config)
+    else:
+        module = _load(auto_class, directory).eval()
+        prepare_for_export(module)
     generator = torch.Generator().manual_seed(seed)
     batch = {"name": "batch", "min": 1}
     if task == "image-classification" or "pixel_values" in inspect.signature(module.forward).parameters:
         size = getattr(config, "image_size", 224)
         size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
         pixels = torch.randn((EXAMPLE_BATCH, getattr(config, "num_channels", 3), *size), generator=generator)
-        return module, (), {"pixel_values": pixels}, {"pixel_values": {0: batch}}
+        return module, (), {"pixel_values": pixels}, {"pixel_values": {0: batch}}, weights
     vocab = getattr(config, "vocab_size", None)
     if not vocab:
         raise InputSpecError(f"{directory}: config.json has no vocab_size, so example token ids cannot be made; "
@@ -142,7 +180,7 @@ def forward_target(target: str, task: str | None, seed: int = 0) -> tuple[Any, t
     ids = torch.randint(0, vocab, (EXAMPLE_BATCH, EXAMPLE_SEQ), generator=generator)
     mask = torch.ones_like(ids)
     dims = {0: batch, 1: seq}
-    return module, (), {"input_ids": ids, "attention_mask": mask}, {"input_ids": dims, "attention_mask": dims}
+    return module, (), {"input_ids": ids, "attention_mask": mask}, {"input_ids": dims, "attention_mask": dims}, weights
 
 
 def _load_causal_lm(transformers: Any, directory: Path) -> Any:

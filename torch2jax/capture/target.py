@@ -11,6 +11,7 @@ import importlib.util
 import inspect
 import sys
 import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -22,6 +23,9 @@ import torch
 from ..errors import InputSpecError, Torch2JaxError
 from ..ir import specs as input_specs
 from . import hf
+from .fake_params import fake_parameters
+from .safetensors_files import Checkpoint
+from .streaming import WeightSource
 from .torch_arrays import to_torch
 
 
@@ -33,22 +37,25 @@ class Target:
     dynamic_shapes: Any
     source: str
     file_module: ModuleType | None  # the model file; None for hf: targets
+    weights: WeightSource | None = None  # streamed weights of a module with fake params (capture/streaming.py)
 
 
 def resolve(target: str, inputs: list[str], weights: str | None = None, train: bool = False, seed: int = 0,
-            task: str | None = None) -> Target:
+            task: str | None = None, stream: bool = False) -> Target:
     """Build the module named by `target`, load `weights`, and produce example inputs.
 
     `hf:DIR` targets load a Hugging Face model directory for a forward-pass `task` (capture/hf.py).
+    With `stream`, an hf: target, or a model file with safetensors `weights`, is built with fake parameters and
+    `Target.weights` maps the files' tensors onto them: nothing is read until the artifact is written.
     """
     if hf.is_hf_target(target):
-        module, args, kwargs, dynamic = hf.forward_target(target, task, seed)
+        module, args, kwargs, dynamic, source = hf.forward_target(target, task, seed, stream=stream and not weights)
         if weights:
             load_weights(module, weights)
         module.train(train)
         if inputs:
             args, kwargs, dynamic = from_specs(module, [input_specs.parse(text) for text in inputs], seed)
-        return Target(module, args, kwargs, dynamic, target, None)
+        return Target(module, args, kwargs, dynamic, target, None, source)
     file_module, attr = _import_target(target)
     factory = getattr(file_module, attr, None)
     if factory is None:
@@ -59,12 +66,35 @@ def resolve(target: str, inputs: list[str], weights: str | None = None, train: b
         hint = f"; it defines the nn.Module classes {', '.join(candidates)}" if candidates else "; it defines no nn.Module class"
         raise Torch2JaxError(f"{target}: {attr!r} is not defined in {target.rpartition(':')[0]}{hint}")
     torch.manual_seed(seed)
-    module = _instantiate(factory, target)
-    if weights:
-        load_weights(module, weights)
+    source = None
+    module = _fake_module(factory, target, seed) if stream and weights and is_safetensors(weights) else None
+    if module is not None:
+        source = WeightSource(Checkpoint.open(weights))
+        source.check(module)
+    else:
+        module = _instantiate(factory, target)
+        if weights:
+            load_weights(module, weights)
     module.train(train)
     args, kwargs, dynamic = _example_inputs(module, file_module, inputs, seed, target)
-    return Target(module, args, kwargs, dynamic, target, file_module)
+    return Target(module, args, kwargs, dynamic, target, file_module, source)
+
+
+def _fake_module(factory: Any, target: str, seed: int) -> torch.nn.Module | None:
+    """The module built with fake parameters, or None (with a warning) when its constructor reads parameter values
+    (an init that computes from them): it is then built and loaded in memory as before."""
+    try:
+        with fake_parameters():
+            return _instantiate(factory, target)
+    except Torch2JaxError as err:
+        warnings.warn(f"{target} cannot be built with fake parameters, so its weights are loaded in memory "
+                      f"instead of streamed: {str(err).splitlines()[-1]}", stacklevel=3)
+        torch.manual_seed(seed)  # the in-memory build starts from the same seed
+        return None
+
+
+def is_safetensors(path: str) -> bool:
+    return str(path).endswith((".safetensors", ".index.json"))
 
 
 def _import_target(target: str) -> tuple[ModuleType, str]:

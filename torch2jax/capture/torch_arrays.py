@@ -33,6 +33,14 @@ def to_torch(array) -> torch.Tensor:
     return torch.from_numpy(np.array(array, copy=True))
 
 
+def torch_view(array: np.ndarray) -> torch.Tensor:
+    """A torch tensor over the array's own memory (a memory map stays one), exact for bfloat16 and float8."""
+    for torch_dtype, carrier in _BITCAST.items():
+        if array.dtype == numpy_dtype(dtype_name(torch_dtype)):
+            return torch.from_numpy(array.view(numpy_dtype(dtype_name(carrier)))).view(torch_dtype)
+    return torch.from_numpy(array)
+
+
 _XLA_ALIGNMENT = 64  # XLA:CPU adopts a host buffer without copying when it is this aligned
 
 

@@ -1,0 +1,296 @@
+"""Where each param of a fake-parameter module comes from in a safetensors checkpoint.
+
+Checkpoint names are not the module's state_dict names one to one:
+  - tied weights (lm_head.weight) are stored once, under either name;
+  - non-persistent buffers (rotary inv_freq) are not stored: the module's constructed value is kept;
+  - a wrapper adds or drops a prefix (`model.`, `transformer.`): names match on whole dotted suffixes;
+  - transformers renames and fuses some weights at load time (Mixtral's per-expert `w1`/`w3`/`w2`
+    become stacked `gate_up_proj`/`down_proj`): its own conversion rules (renamings, then stacks
+    and concatenations of several file tensors) are applied here, tensor by tensor.
+`resolve` maps every param at once and fails listing every param without a source and every
+tensor whose shape or dtype differs; nothing is read until the artifact is written.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import InputSpecError
+from ..ir.dtypes import is_floating, jax_dtype, numpy_dtype
+from ..runtime.deferred import DeferredArray
+from .fake_params import is_fake
+from .fx import dtype_name
+from .safetensors_files import Checkpoint, aligned_empty, mapped
+
+
+@dataclass(frozen=True)
+class Rename:
+    """A regex substitution on checkpoint names (transformers' WeightRenaming)."""
+
+    pattern: str
+    replacement: str
+
+
+@dataclass(frozen=True)
+class Fuse:
+    """Several checkpoint tensors -> one param: per source pattern (a `*` is the expert index) the matches
+    stacked along `stack_dim` in index order, then the patterns concatenated along `concat_dim`."""
+
+    sources: tuple[str, ...]
+    target: str
+    stack_dim: int | None
+    concat_dim: int | None
+
+
+@dataclass
+class Recipe:
+    """How one param is made: one checkpoint tensor, or several fused."""
+
+    parts: list[list[str]]  # per source pattern, the checkpoint names in index order
+    fuse: Fuse | None = None
+    label: str = field(default="")
+
+
+class WeightSource:
+    """A checkpoint plus the rules that name its tensors as the module names its params."""
+
+    def __init__(self, checkpoint: Checkpoint, renames: tuple[Rename, ...] = (), fuses: tuple[Fuse, ...] = (),
+                 cast: bool = False):
+        self.checkpoint = checkpoint
+        self.cast = cast  # the conversion asked for a dtype: floating tensors are converted to it on read
+        self.recipes = _recipes(checkpoint, renames, fuses)
+        self._by_suffix: dict[str, list[str]] = defaultdict(list)
+        for name in self.recipes:
+            parts = name.split(".")
+            for i in range(1, len(parts)):
+                self._by_suffix[".".join(parts[i:])].append(name)
+
+    def resolve(self, tensors: dict[str, torch.Tensor], aliases: dict[str, str]) -> dict[str, Any]:
+        """{name: DeferredArray} for every param the checkpoint holds, the real tensor for buffers it does not.
+
+        `aliases` (tied name -> kept name) lets a tied param come from either name.
+        """
+        tied: dict[str, list[str]] = defaultdict(list)
+        for alias, kept in aliases.items():
+            tied[kept].append(alias)
+        out: dict[str, Any] = {}
+        missing, mismatched, used = [], [], set()
+        for name, tensor in tensors.items():
+            found = next((key for key in (self._match(n) for n in (name, *tied[name])) if key is not None), None)
+            if found is None:
+                if is_fake(tensor):
+                    missing.append(name)
+                else:
+                    out[name] = tensor  # a buffer the module computed (non-persistent, or absent from the file)
+                continue
+            used.add(found)
+            recipe = self.recipes[found]
+            shape, dtype = self._result(recipe)
+            want = numpy_dtype(dtype_name(tensor.dtype))
+            if shape != tuple(tensor.shape) or (dtype != want and not (self.cast and is_floating(dtype) and is_floating(want))):
+                mismatched.append(f"{name}: the module has {want}{list(tensor.shape)}, {recipe.label} is {dtype}{list(shape)}")
+                continue
+            carried = np.dtype(jax_dtype(dtype_name(tensor.dtype)))  # as JAX holds it (int64 -> int32 without x64)
+            out[name] = DeferredArray(shape, carried, self._reader(recipe, shape, dtype, carried), recipe.label)
+        if missing or mismatched:
+            raise InputSpecError(self._problems(missing, mismatched, used))
+        return out
+
+    def check(self, module: torch.nn.Module) -> None:
+        """Resolve the module's own state before anything is exported: a wrong checkpoint fails at once."""
+        seen: dict[int, str] = {}
+        tensors, aliases = {}, {}
+        for name, tensor in module.state_dict(keep_vars=True).items():
+            if id(tensor) in seen:
+                aliases[name] = seen[id(tensor)]
+                continue
+            seen[id(tensor)] = name
+            tensors[name] = tensor
+        self.resolve(tensors, aliases)
+
+    def materialize(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Give a fake-parameter module its real weights, to run it in torch (verification): each tensor stored as
+        the module holds it is memory-mapped from its file (file-backed pages, not a copy); fused or cast ones are read."""
+        from .torch_arrays import to_torch, torch_view
+
+        tied: dict[int, list[str]] = defaultdict(list)  # one tensor under several names: each gets the same values
+        tensors = {}
+        for name, tensor in module.state_dict(keep_vars=True).items():
+            if is_fake(tensor):
+                tied[id(tensor)].append(name)
+                tensors[id(tensor)] = tensor
+        state = {}
+        for identity, names in tied.items():
+            tensor = tensors[identity]
+            key = next((k for k in map(self._match, names) if k is not None), None)
+            if key is None:
+                continue
+            recipe = self.recipes[key]
+            entry = self.checkpoint.entries[recipe.parts[0][0]]
+            want = numpy_dtype(dtype_name(tensor.dtype))
+            stored_as_module = recipe.fuse is None and entry.dtype == want
+            values = torch_view(mapped(entry)) if stored_as_module else to_torch(
+                self._reader(recipe, tuple(tensor.shape), entry.dtype, want)())
+            state.update(dict.fromkeys(names, values))
+        module.load_state_dict(state, strict=False, assign=True)
+        for names in tied.values():  # assign gave each name its own Parameter: tie them again
+            first = module.get_parameter(names[0]) if len(names) > 1 else None
+            for name in names[1:]:
+                owner, _, attr = name.rpartition(".")
+                setattr(module.get_submodule(owner), attr, first)
+        return module
+
+    # -- internals ---------------------------------------------------------------------------
+    def _match(self, name: str) -> str | None:
+        """The recipe for `name`: the same name, or one that differs by a whole leading prefix either way."""
+        if name in self.recipes:
+            return name
+        longer = self._by_suffix.get(name, [])
+        if len(longer) == 1:
+            return longer[0]
+        parts = name.split(".")
+        shorter = [".".join(parts[i:]) for i in range(1, len(parts)) if ".".join(parts[i:]) in self.recipes]
+        return shorter[0] if len(shorter) == 1 and not longer else None
+
+    def _result(self, recipe: Recipe) -> tuple[tuple[int, ...], np.dtype]:
+        entries = [[self.checkpoint.entries[n] for n in names] for names in recipe.parts]
+        first = entries[0][0]
+        if recipe.fuse is None:
+            return first.shape, first.dtype
+        shapes = []
+        for group in entries:
+            if any(e.shape != group[0].shape or e.dtype != first.dtype for e in group):
+                return (-1,), first.dtype  # parts that cannot be stacked: reported as a mismatch
+            shape = list(group[0].shape)
+            if recipe.fuse.stack_dim is not None:
+                shape.insert(recipe.fuse.stack_dim, len(group))
+            shapes.append(shape)
+        shape = list(shapes[0])
+        axis = recipe.fuse.concat_dim
+        if axis is not None:
+            if any(len(s) != len(shape) or s[:axis] + s[axis + 1:] != shape[:axis] + shape[axis + 1:] for s in shapes):
+                return (-1,), first.dtype
+            shape[axis] = sum(s[axis] for s in shapes)
+        return tuple(shape), first.dtype
+
+    def _reader(self, recipe: Recipe, shape: tuple[int, ...], stored: np.dtype, want: np.dtype):
+        checkpoint = self.checkpoint
+
+        def read() -> np.ndarray:
+            if recipe.fuse is None:
+                values = checkpoint.read(recipe.parts[0][0])
+                return values if stored == want else values.astype(want)
+            out = aligned_empty(shape, want)  # filled part by part: one part in memory besides the result
+            stack, axis = recipe.fuse.stack_dim, recipe.fuse.concat_dim
+            offset = 0
+            for names in recipe.parts:
+                stacked = list(checkpoint.entries[names[0]].shape)
+                if stack is not None:
+                    stacked.insert(stack, len(names))
+                width = stacked[axis] if axis is not None else 0
+                for index, part in enumerate(names):
+                    where: list[Any] = [slice(None)] * len(shape)
+                    if stack is not None:
+                        where[stack] = index
+                    if axis is not None:
+                        where[axis] = slice(offset, offset + width)
+                    out[tuple(where)] = checkpoint.read(part)
+                offset += width
+            return out
+
+        return read
+
+    def _problems(self, missing: list[str], mismatched: list[str], used: set[str]) -> str:
+        lines = ["the checkpoint does not match the model:"]
+        if missing:
+            lines.append(f"  {len(missing)} param(s) have no tensor in the checkpoint: {', '.join(missing[:20])}"
+                         + (f" (and {len(missing) - 20} more)" if len(missing) > 20 else ""))
+            unused = [n for n in self.recipes if n not in used]
+            if unused:
+                lines.append(f"  checkpoint tensors no param took: {', '.join(unused[:20])}"
+                             + (f" (and {len(unused) - 20} more)" if len(unused) > 20 else ""))
+        if mismatched:
+            lines.append(f"  {len(mismatched)} tensor(s) differ in shape or dtype:")
+            lines += [f"    {line}" for line in mismatched[:20]]
+        lines.append("Is this the checkpoint of this model (config.json / the model file)? Nothing was written.")
+        return "\n".join(lines)
+
+
+def _empty_groups(count: int) -> list[dict[int, str]]:
+    return [{} for _ in range(count)]
+
+
+def _recipes(checkpoint: Checkpoint, renames: tuple[Rename, ...], fuses: tuple[Fuse, ...]) -> dict[str, Recipe]:
+    """Param name -> recipe, after renaming every checkpoint name and grouping the fused ones."""
+    renamed = {}
+    for name in checkpoint.entries:
+        new = name
+        for rule in renames:
+            new = re.sub(rule.pattern, rule.replacement, new)
+        renamed[name] = new
+    recipes: dict[str, Recipe] = {}
+    taken: set[str] = set()
+    for fuse in fuses:
+        groups: dict[str, list[dict[int, str]]] = defaultdict(functools.partial(_empty_groups, len(fuse.sources)))
+        for k, source in enumerate(fuse.sources):
+            pattern = re.compile(re.escape(source).replace(r"\*", r"(\d+)"))
+            for original, name in renamed.items():
+                match = pattern.search(name)
+                if match is None or original in taken:
+                    continue
+                target = name[: match.start()] + fuse.target + name[match.end():]
+                groups[target][k][int(match.group(1)) if match.groups() else 0] = original
+        for target, per_source in groups.items():
+            if any(not found for found in per_source):
+                continue  # an incomplete group: its tensors stay unmatched and are reported if a param needs them
+            parts = [[found[i] for i in sorted(found)] for found in per_source]
+            label = f"checkpoint tensors {parts[0][0]} ... ({sum(len(p) for p in parts)} fused)"
+            recipes[target] = Recipe(parts, fuse, label)
+            taken.update(n for p in parts for n in p)
+    for original, name in renamed.items():
+        if original not in taken:
+            recipes.setdefault(name, Recipe([[original]], None, f"checkpoint tensor {original}"))
+    return recipes
+
+
+def transformers_rules(model: Any) -> tuple[tuple[Rename, ...], tuple[Fuse, ...]]:
+    """transformers' own load-time conversions for this model, as renames and fuses.
+
+    Only the operations streaming reproduces are taken (renaming, stacking a module list, concatenation);
+    a model whose rules need another one fails here, naming it, rather than loading wrong weights.
+    """
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import Concatenate, MergeModulelist, WeightConverter, WeightRenaming
+    except ImportError:
+        return (), ()
+    renames, fuses = [], []
+    for rule in get_model_conversion_mapping(model, add_legacy=True) or []:
+        sources = list(getattr(rule, "_original_source_patterns", rule.source_patterns))
+        targets = list(getattr(rule, "_original_target_patterns", rule.target_patterns))
+        if isinstance(rule, WeightRenaming):
+            renames += [Rename(source, targets[0]) for source in sources]
+        elif isinstance(rule, WeightConverter):
+            stack = concat = None
+            for op in rule.operations:
+                if isinstance(op, MergeModulelist) and stack is None:
+                    stack = op.dim
+                elif isinstance(op, Concatenate) and concat is None:
+                    concat = op.dim
+                else:
+                    raise InputSpecError(
+                        f"{type(model).__name__}'s checkpoint conversion uses {type(op).__name__} ({sources} -> {targets}), "
+                        "which streamed weights do not reproduce: convert with --weights-in-memory"
+                    )
+            if len(targets) != 1:
+                raise InputSpecError(f"{type(model).__name__}'s checkpoint conversion {sources} -> {targets} splits a tensor, "
+                                     "which streamed weights do not reproduce: convert with --weights-in-memory")
+            fuses.append(Fuse(tuple(sources), targets[0], stack, concat))
+    return tuple(renames), tuple(fuses)

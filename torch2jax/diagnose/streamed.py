@@ -1,0 +1,58 @@
+"""Verifying a conversion whose weights were streamed, without the whole model in memory.
+
+A model of at most `layers` decoder layers is compared whole: the saved artifact against transformers
+loading the same directory. A deeper one is compared on a slice: its first `layers` layers (embeddings,
+final norm and head included) with the real weights, converted by the same streamed path and saved to
+a temporary artifact, against transformers loading the same slice. The output says which was done.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .generation import check_generation, verify_generation
+
+
+def verify_streamed(directory: Path, artifact_dir: Path, config: Any, *, layers: int = 2, tokens: int = 16,
+                    dtype: str | None = None, max_cache_len: int = 512, max_batch: int = 8, seed: int = 0,
+                    progress: Any = None) -> str:
+    """Check a streamed text-generation artifact against transformers; returns what was checked (raises if it differs)."""
+    from ..capture.hf_stream import num_layers, reference_lm, sliced_config
+    from ..serve.artifact import load_generator
+
+    depth = num_layers(config)
+    if depth is None or depth <= layers:
+        if progress:
+            progress("verify", f"greedy-generate {tokens} tokens with the saved artifact and with transformers (whole model)")
+        result = verify_generation(_cast(reference_lm(directory), dtype), load_generator(artifact_dir), tokens=tokens, seed=seed)
+        check_generation(result)
+        return f"verified against transformers (the whole model, {depth} layers):\n{result.summary()}"
+    if progress:
+        progress("verify", f"convert the first {layers} of {depth} layers the same way and generate {tokens} tokens with both")
+    small = sliced_config(config, layers)
+    with tempfile.TemporaryDirectory(prefix="torch2jax-verify-") as scratch:
+        generator = _convert_slice(directory, small, Path(scratch) / "slice", dtype, max_cache_len, max_batch)
+        result = verify_generation(_cast(reference_lm(directory, small), dtype), generator, tokens=tokens, seed=seed)
+    check_generation(result)
+    return (f"verified a slice against transformers: the first {layers} of {depth} layers (embeddings, norm and head "
+            f"included) with the real weights, converted by the same streamed path; the whole model is not run in torch, "
+            f"which would need all its weights in memory:\n{result.summary()}")
+
+
+def _convert_slice(directory: Path, config: Any, out: Path, dtype: str | None, max_cache_len: int, max_batch: int):
+    from ..capture.decoder import convert_causal_lm
+    from ..capture.hf import streamed_causal_lm
+    from ..serve.artifact import load_generator, save_generator
+
+    lm, _, weights = streamed_causal_lm(directory, config=config)
+    generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, weights=weights)
+    save_generator(generator, out, platforms=("cpu",))
+    return load_generator(out)
+
+
+def _cast(lm: torch.nn.Module, dtype: str | None) -> torch.nn.Module:
+    return lm.to(getattr(torch, dtype)) if dtype else lm
