@@ -300,7 +300,27 @@ def _resize(op: Any, args: tuple, kwargs: dict) -> Any:
     return tensor
 
 
+def _convolution(op: Any, args: tuple, kwargs: dict) -> Any:
+    """convolution_overrideable, where torch sends a convolution on a device it does not know."""
+    return _run_as(aten.convolution.default, args, kwargs)
+
+
+def _convolution_backward(op: Any, args: tuple, kwargs: dict) -> Any:
+    grad, x, weight, *rest = args
+    output_mask = rest[-1]
+    bias_sizes = [grad.shape[1]] if output_mask[2] else None
+    return _run_as(aten.convolution_backward.default, (grad, x, weight, bias_sizes, *rest), kwargs)
+
+
+def _run_as(op: Any, args: tuple, kwargs: dict) -> Any:
+    lowering = lookup(str(op))
+    spec = out_spec(op, args, kwargs)
+    return _to_tensors(_lower(lowering, spec, args, kwargs), spec.outputs)
+
+
 _SPECIAL: dict[str, Plan] = {
+    "aten.convolution_overrideable.default": _convolution,
+    "aten.convolution_backward_overrideable.default": _convolution_backward,
     "aten.empty.memory_format": _empty,
     "aten.empty_strided.default": _empty,
     "aten._local_scalar_dense.default": _local_scalar_dense,
@@ -314,4 +334,4 @@ _SPECIAL: dict[str, Plan] = {
 
 # Ops torch implements for every backend (CompositeExplicitAutograd) in a way that needs real
 # memory; the jax device registers its own kernel for them.
-OWN_KERNELS = ("copy_",)
+OWN_KERNELS = ("copy_", "convolution_overrideable", "convolution_backward_overrideable")
