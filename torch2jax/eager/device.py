@@ -93,13 +93,9 @@ def enable() -> None:
     fallback.fallback(kernels.fallback, "PrivateUse1")
     own = torch.library.Library("aten", "IMPL")
     for name in kernels.OWN_KERNELS:
-        own.impl(name, _own_kernel(getattr(torch.ops.aten, name).default), "PrivateUse1")
+        own.impl(name, kernels.kernel_for(getattr(torch.ops.aten, name).default), "PrivateUse1")
+    for op in kernels.directly_registered_ops():
+        own.impl(op, kernels.kernel_for(op), "PrivateUse1")
     _LIBRARIES.extend([fallback, own])
     rng.manual_seed(torch.initial_seed())
 
-
-def _own_kernel(op):
-    def kernel(*args, **kwargs):
-        return kernels.fallback(op, *args, **kwargs)
-
-    return kernel

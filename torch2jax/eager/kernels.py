@@ -23,15 +23,16 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from ..capture.torch_arrays import to_jax, to_torch
 from ..errors import LoweringError
 from ..lowering.interpreter import LoweringContext
-from ..ops import Lowering, lookup
+from ..ops import Lowering, lookup, registered
 from . import data_dependent, rng, storage
 from .meta import OutSpec, out_spec
-from .tensors import DEVICE, check_devices, empty, is_jax, to_jax_args, wrap
+from .tensors import DEVICE, as_array, check_devices, empty, first_dtype, is_jax, scalar_array, scalar_dtype, to_jax_args, wrap
 
 aten = torch.ops.aten
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
@@ -51,6 +52,44 @@ def fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
         plan = _PLANS[op] = make_plan(op)
     with jax.enable_x64(True):
         return plan(op, args, kwargs)
+
+
+def kernel_for(op: Any) -> Callable:
+    """A kernel for one overload, registered directly (no fallback lookup, no composite detour)."""
+    plan = _PLANS.get(op) or make_plan(op)
+    _PLANS[op] = plan
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        with jax.enable_x64(True):
+            return plan(op, args, kwargs)
+
+    return kernel
+
+
+def directly_registered_ops() -> list:
+    """The registry's ATen overloads that get their own PrivateUse1 kernel.
+
+    Left to the fallback: views (torch's composite makes them, aliasing storage) and ops torch
+    implements for every backend above the backend key (CompositeImplicitAutograd: registering a
+    backend kernel would drop their autograd; CompositeExplicitAutograd: they take tensors of
+    other devices, as `_to_copy` does). A CompositeExplicitAutogradNonFunctional op (`add.Tensor`,
+    which torch would run as `empty` + `add.out`) gets its lowering directly.
+    """
+    ops = []
+    for name in registered():
+        namespace, _, rest = name.partition(".")
+        packet_name, _, overload = rest.partition(".")
+        if namespace != "aten" or name in _SPECIAL:
+            continue
+        op = getattr(getattr(aten, packet_name, None), overload, None)
+        if op is None or _is_view(op):
+            continue
+        qualified = op.name()
+        if any(torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key)
+               for key in ("CompositeImplicitAutograd", "CompositeExplicitAutograd")):
+            continue
+        ops.append(op)
+    return ops
 
 
 def make_plan(op: Any) -> Plan:
@@ -128,13 +167,34 @@ def _compute(op: Any, args: tuple, kwargs: dict) -> tuple[Any, OutSpec]:
     if lowering is None:  # a decomposition: run it on jax tensors, its ops come back here
         result = torch._decomp.decomposition_table[op](*args, **kwargs)
         return _arrays(result), spec
-    return _lower(lowering, spec, args, kwargs), spec
+    return _lower(lowering, spec, _scalars_as_arrays(op, args), kwargs), spec
+
+
+_TENSOR_SLOTS: dict[Any, tuple] = {}
+
+
+def _scalars_as_arrays(op: Any, args: tuple) -> tuple:
+    """A python number where the schema has a Tensor (torch passes `x * 2`'s 2 so) becomes a
+    cached device scalar of the tensor's dtype, as torch's promotion would make it."""
+    slots = _TENSOR_SLOTS.get(op)
+    if slots is None:
+        tensor_type = torch._C.TensorType.get()
+        slots = _TENSOR_SLOTS[op] = tuple(i for i, a in enumerate(op._schema.arguments) if a.type == tensor_type)
+    if not any(isinstance(args[i], (int, float, bool)) for i in slots if i < len(args)):
+        return args
+    like = first_dtype(args)
+    return tuple(
+        scalar_array(value, scalar_dtype(np.dtype(type(value)), like))
+        if i in slots and isinstance(value, (int, float, bool)) else value
+        for i, value in enumerate(args)
+    )
 
 
 def _lower(lowering: Lowering, spec: OutSpec, args: tuple, kwargs: dict) -> Any:
     devices: list = []
-    jax_args = to_jax_args(args, devices)
-    jax_kwargs = {k: to_jax_args(v, devices) for k, v in kwargs.items()}
+    like = first_dtype(args)
+    jax_args = to_jax_args(args, devices, like)
+    jax_kwargs = {k: to_jax_args(v, devices, like) for k, v in kwargs.items()}
     check_devices(devices)
     try:
         if lowering.ctx:
@@ -150,7 +210,7 @@ def _lower(lowering: Lowering, spec: OutSpec, args: tuple, kwargs: dict) -> Any:
 def _functional(lowering: Lowering, spec_of: Callable[[Any, tuple, dict], OutSpec]) -> Plan:
     def run(op: Any, args: tuple, kwargs: dict) -> Any:
         spec = spec_of(op, args, kwargs)
-        return _to_tensors(_lower(lowering, spec, args, kwargs), spec.outputs)
+        return _to_tensors(_lower(lowering, spec, _scalars_as_arrays(op, args), kwargs), spec.outputs)
 
     return run
 
@@ -214,7 +274,7 @@ def _to_tensors(result: Any, outputs: Any) -> Any:
     """Wrap a lowering's result as jax tensors with torch's dtypes (outputs=None: as they come)."""
     if isinstance(outputs, tuple) and len(outputs) == 2 and isinstance(outputs[0], torch.dtype):
         dtype, shape = outputs
-        array = jnp.asarray(result)
+        array = as_array(result)
         if array.shape != shape:
             array = jnp.broadcast_to(array, shape)
         return wrap(array, dtype)
@@ -229,7 +289,7 @@ def _to_tensors(result: Any, outputs: Any) -> Any:
 
 def _store(target: torch.Tensor, value: Any) -> None:
     """Write `value` into `target`'s elements: broadcast to its shape, cast to its dtype."""
-    array = jnp.asarray(value)
+    array = as_array(value)
     want = storage.numpy_dtype(target.dtype)
     shape = tuple(target.shape)
     if array.shape != shape:
@@ -315,7 +375,7 @@ def _convolution_backward(op: Any, args: tuple, kwargs: dict) -> Any:
 def _run_as(op: Any, args: tuple, kwargs: dict) -> Any:
     lowering = lookup(str(op))
     spec = out_spec(op, args, kwargs)
-    return _to_tensors(_lower(lowering, spec, args, kwargs), spec.outputs)
+    return _to_tensors(_lower(lowering, spec, _scalars_as_arrays(op, args), kwargs), spec.outputs)
 
 
 _SPECIAL: dict[str, Plan] = {

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..ir.graph import Node, TensorMeta
-from .tensors import DEVICE
+from .tensors import DEVICE, check_devices
 
 _CACHE: dict[tuple, OutSpec] = {}
 _CACHE_LIMIT = 50_000
@@ -56,6 +56,16 @@ def _to_meta(value: Any) -> Any:
     return value
 
 
+def _other_devices(value: Any, found: list) -> None:
+    """Devices of tensors that cannot join a jax op (any but jax, and CPU scalars)."""
+    if isinstance(value, torch.Tensor):
+        if value.device.type != DEVICE and not (value.dim() == 0 and value.device.type == "cpu"):
+            found.append(value.device)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _other_devices(v, found)
+
+
 def _describe(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return (value.dtype, tuple(value.shape))
@@ -93,6 +103,10 @@ def out_spec(op: Any, args: tuple, kwargs: dict) -> OutSpec:
 def _run_meta(op: Any, args: tuple, kwargs: dict) -> Any:
     from torch._subclasses.fake_tensor import DataDependentOutputException
 
+    devices: list = []
+    _other_devices(args, devices)
+    _other_devices(list(kwargs.values()), devices)
+    check_devices(devices)
     meta_args = _to_meta(args)
     meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -9,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..capture.torch_arrays import to_jax
 from . import storage
 from .storage import JaxStorage, numpy_dtype
 
@@ -22,7 +22,7 @@ def is_jax(value: Any) -> bool:
 
 def wrap(array: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A fresh contiguous `jax` tensor holding `array` (cast to `dtype` when given)."""
-    array = jnp.asarray(array)
+    array = as_array(array)
     if dtype is None:
         dtype = _torch_dtype(array.dtype)
     want = numpy_dtype(dtype)
@@ -31,6 +31,37 @@ def wrap(array: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
     tensor = torch._C._acc.create_empty_tensor(array.shape, dtype)
     storage.attach(tensor, JaxStorage(int(np.prod(array.shape, dtype=np.int64)), want, array))
     return tensor
+
+
+def as_array(value: Any) -> jax.Array:
+    """`value` as a JAX array (jnp.asarray costs ~70 us even on a JAX array: checked first)."""
+    return value if isinstance(value, jax.Array) else jnp.asarray(value)
+
+
+_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "V": 2, "c": 3}  # V: bfloat16, float8
+
+
+def scalar_dtype(dtype: np.dtype, like: np.dtype | None) -> np.dtype:
+    """A CPU scalar takes the dtype of the device tensor beside it when torch's promotion would
+    (a scalar of the same or a lower kind), so the lowering needs no conversion on the device."""
+    if like is not None and _CATEGORY.get(dtype.kind, 9) <= _CATEGORY.get(like.kind, -1):
+        return like
+    return dtype
+
+
+def first_dtype(args: tuple) -> np.dtype | None:
+    """The dtype of the first `jax` tensor argument."""
+    for value in args:
+        if isinstance(value, torch.Tensor) and value.device.type == DEVICE:
+            return numpy_dtype(value.dtype)
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def scalar_array(value: Any, dtype: np.dtype) -> jax.Array:
+    """A 0-dim device array, cached: moving a scalar to the device costs ~40 us, and the same
+    constants (1, 2, 0.5, a learning rate) come back op after op."""
+    return jax.device_put(np.asarray(value, dtype))
 
 
 def empty(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
@@ -54,7 +85,7 @@ def same_device_error(devices: list) -> RuntimeError:
     )
 
 
-def to_jax_args(value: Any, devices: list) -> Any:
+def to_jax_args(value: Any, devices: list, like: np.dtype | None = None) -> Any:
     """An op's argument as its lowering takes it: tensors as arrays, dtypes as numpy dtypes.
 
     A 0-dim CPU tensor is a scalar, allowed beside device tensors as torch allows it; any other
@@ -63,12 +94,12 @@ def to_jax_args(value: Any, devices: list) -> Any:
     if isinstance(value, torch.Tensor):
         if value.device.type == DEVICE:
             return storage.read(value)
-        if value.dim() == 0 and value.device.type == "cpu":
-            return to_jax(value)
+        if value.dim() == 0 and value.device.type == "cpu":  # a scalar, as `x * 2` passes 2
+            return scalar_array(value.item(), scalar_dtype(numpy_dtype(value.dtype), like))
         devices.append(value.device)
         return None
     if isinstance(value, (list, tuple)):
-        return type(value)(to_jax_args(v, devices) for v in value)
+        return type(value)(to_jax_args(v, devices, like) for v in value)
     if isinstance(value, torch.dtype):
         return numpy_dtype(value)
     if isinstance(value, torch.device):
