@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["enable", "is_enabled", "jax_view", "torch_view"]
+__all__ = ["enable", "is_enabled", "jax_view", "jit", "torch_view"]
 
 
 def enable() -> None:
@@ -48,3 +48,10 @@ def torch_view(array: Any) -> Any:
         raise RuntimeError("call torch2jax.eager.enable() before making jax tensors")
     return from_jax(array)
 
+
+
+def jit(model: Any) -> Any:
+    """The model's whole forward as one jax.jit-compiled function over jax tensors (jitted.py)."""
+    from .jitted import jit as _jit
+
+    return _jit(model)

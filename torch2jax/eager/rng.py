@@ -7,6 +7,9 @@ counter, so two draws differ. The stream is JAX's, not torch's CPU stream.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import jax
 
 
@@ -26,8 +29,25 @@ def manual_seed(seed: int) -> None:
     _STATE.counter = 0
 
 
+_TRACED: list = []  # a key passed into a jitted forward, with its own counter
+
+
+@contextlib.contextmanager
+def traced(key: jax.Array) -> Iterator[None]:
+    """Draws inside a jax.jit trace use `key` (an argument of the compiled function), not the seed."""
+    _TRACED.append([key, 0])
+    try:
+        yield
+    finally:
+        _TRACED.pop()
+
+
 def next_key() -> tuple[jax.Array, int]:
     """(the seed's key, this draw's index): a lowering folds the index into the key."""
+    if _TRACED:
+        entry = _TRACED[-1]
+        entry[1] += 1
+        return entry[0], entry[1] - 1
     if _STATE.key is None:
         if _STATE.seed is None:
             import torch
