@@ -360,6 +360,16 @@ def _resize(op: Any, args: tuple, kwargs: dict) -> Any:
     return tensor
 
 
+def _index_put_impl(op: Any, args: tuple, kwargs: dict) -> Any:
+    """_index_put_impl_ (what `x[idx] = v` and index_put_ call): index_put's lowering, written back."""
+    values = {a.name: a.default_value for a in op._schema.arguments if a.has_default_value()}
+    values.update(zip([a.name for a in op._schema.arguments], args), **kwargs)
+    self = values["self"]
+    result, _ = _compute(aten.index_put.default, (self, values["indices"], values["values"], values["accumulate"]), {})
+    _store(self, result)
+    return self
+
+
 def _convolution(op: Any, args: tuple, kwargs: dict) -> Any:
     """convolution_overrideable, where torch sends a convolution on a device it does not know."""
     return _run_as(aten.convolution.default, args, kwargs)
@@ -389,6 +399,7 @@ _SPECIAL: dict[str, Plan] = {
     "aten.copy_.default": _copy_plan,
     "aten.resize_.default": _resize,
     "aten.zero_.default": _zero,
+    "aten._index_put_impl_.default": _index_put_impl,
     "aten.masked_select.default": data_dependent.masked_select,
 }
 

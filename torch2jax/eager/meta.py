@@ -56,6 +56,12 @@ def _to_meta(value: Any) -> Any:
     return value
 
 
+def _scalar_in_tensor_slot(op: Any, args: tuple) -> bool:
+    tensor_type = torch._C.TensorType.get()
+    return any(a.type == tensor_type and isinstance(v, (int, float, bool))
+               for a, v in zip(op._schema.arguments, args))
+
+
 def _other_devices(value: Any, found: list) -> None:
     """Devices of tensors that cannot join a jax op (any but jax, and CPU scalars)."""
     if isinstance(value, torch.Tensor):
@@ -109,6 +115,8 @@ def _run_meta(op: Any, args: tuple, kwargs: dict) -> Any:
     check_devices(devices)
     meta_args = _to_meta(args)
     meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
+    if _scalar_in_tensor_slot(op, args):
+        op = op._overloadpacket  # torch passes `x % 2`'s 2 as a number; the packet takes it as torch would
     try:
         result = op(*meta_args, **meta_kwargs)
     except (DataDependentOutputException, NotImplementedError):

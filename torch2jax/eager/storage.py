@@ -63,16 +63,28 @@ def read(tensor: Any) -> jax.Array:
     array = holder.materialized()
     shape = tuple(tensor.shape)
     offset = tensor.storage_offset()
-    if offset == 0 and array.shape == shape and tensor.is_contiguous():
-        return array
-    _check_dtype(holder, tensor)
-    return _reader(array.shape, array.dtype, shape, tuple(tensor.stride()), offset)(array)
+    if not (offset == 0 and array.shape == shape and tensor.is_contiguous()):
+        _check_dtype(holder, tensor)
+        array = _reader(array.shape, array.dtype, shape, tuple(tensor.stride()), offset)(array)
+    return _lazy_bits(tensor, array)
+
+
+def _lazy_bits(tensor: Any, array: jax.Array) -> jax.Array:
+    """torch's lazy conjugate and negative views (`conj()`, `_neg_view()`) are flags on the tensor:
+    kernels that accept them (copy_, views) see the flagged tensor, so values read through one
+    carry the flag's effect. Involutions: writing applies them the same way."""
+    if tensor.is_conj():
+        array = jnp.conj(array)
+    if tensor.is_neg():
+        array = -array
+    return array
 
 
 def write(tensor: Any, value: jax.Array) -> None:
     """Store `value` (the tensor's shape and dtype) into the elements the tensor views."""
     holder = storage_of(tensor)
     _check_dtype(holder, tensor)
+    value = _lazy_bits(tensor, value)
     shape = tuple(tensor.shape)
     offset = tensor.storage_offset()
     numel = int(np.prod(shape, dtype=np.int64))
