@@ -75,7 +75,6 @@ def test_jax_view_and_torch_view_round_trip():
 
 def test_an_op_without_lowering_or_decomposition_names_itself():
     from torch2jax.eager.kernels import UnsupportedOnJaxDevice
-
     from torch2jax.ops import lookup
 
     assert lookup("aten.bincount.default") is None and torch.ops.aten.bincount.default not in torch._decomp.decomposition_table

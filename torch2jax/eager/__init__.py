@@ -30,8 +30,8 @@ def is_enabled() -> bool:
 
 def jax_view(tensor: Any) -> Any:
     """The JAX array holding a `jax` tensor's values (no copy for a contiguous tensor)."""
-    from .tensors import DEVICE
     from . import storage
+    from .tensors import DEVICE
 
     if getattr(getattr(tensor, "device", None), "type", None) != DEVICE:
         raise TypeError(f"jax_view takes a tensor on the jax device, got {type(tensor).__name__} on "

@@ -32,7 +32,7 @@ from ..lowering.interpreter import LoweringContext
 from ..ops import Lowering, lookup, registered
 from . import data_dependent, rng, storage
 from .meta import OutSpec, out_spec
-from .tensors import DEVICE, as_array, check_devices, empty, first_dtype, is_jax, scalar_array, scalar_dtype, to_jax_args, wrap
+from .tensors import as_array, check_devices, empty, first_dtype, is_jax, scalar_array, scalar_dtype, to_jax_args, wrap
 
 aten = torch.ops.aten
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)

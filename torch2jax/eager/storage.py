@@ -95,7 +95,7 @@ def write(tensor: Any, value: jax.Array) -> None:
     holder.array = _writer(array.shape, array.dtype, shape, tuple(tensor.stride()), offset)(array, value)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def numpy_dtype(torch_dtype: Any) -> np.dtype:
     """The numpy / JAX dtype of a torch dtype, exactly (int64 stays int64)."""
     return dtypes.numpy_dtype(str(torch_dtype).removeprefix("torch."))
