@@ -38,6 +38,7 @@ def main() -> None:
         "",
     ]
     lines += _sweep_section()
+    lines += _eager_section()
     lines += [
         f"## OpInfo skip list ({len(SKIPS)} entries)",
         "",
@@ -131,6 +132,36 @@ def _sweep_section() -> list[str]:
             rate = 100.0 * c.get("passed", 0) / exportable if exportable else 0.0
             counts = " | ".join(str(c.get(k, 0)) for k in ("passed", "failed", "refused", "torch-limit"))
             out.append(f"| {dtype} | {quota(dtype)} | {counts} | {rate:.1f}% |")
+    return out + [""]
+
+
+def _eager_section() -> list[str]:
+    """The eager jax device's OpInfo sweep beside export's, per OpInfo case (make test-ops-eager)."""
+    path = ROOT / "docs" / "opinfo_eager_results.json"
+    if not path.exists():
+        return ["No eager OpInfo sweep recorded yet: run `make test-ops-eager`.", ""]
+    eager = json.loads(path.read_text())
+    export_path = ROOT / "docs" / "opinfo_results.json"
+    export = json.loads(export_path.read_text()).get("cases", {}) if export_path.exists() else {}
+    counts = Counter(eager["cases"].values())
+    ran = counts["passed"] + counts["failed"]
+    out = [
+        "## OpInfo by way: export and the eager jax device",
+        "",
+        "The same OpInfo samples, comparisons and tolerances (tests/ops/opinfo_harness.py) run on the eager "
+        "`jax` device (tests/eager/test_opinfo_eager.py, float32, samples per case: "
+        f"{eager['samples_per_op'].get('float32', '1')}): passed **{counts['passed']}**, failed "
+        f"**{counts['failed']}** ({100.0 * counts['passed'] / ran if ran else 0:.1f}% of those that ran), skipped "
+        f"{counts['skipped']} (listed gaps, factory ops whose samples make no device tensor). Data-dependent "
+        "shapes (`nonzero`, `unique`, `masked_select`) run here; export refuses them by design.",
+        "",
+        "| OpInfo (float32) | export | eager |",
+        "|---|---|---|",
+    ]
+    for case, outcome in sorted(eager["cases"].items()):
+        reason = eager.get("failures", {}).get(case, "")
+        eager_cell = outcome + (f": {reason[:120]}" if outcome == "failed" and reason else "")
+        out.append(f"| {case.rsplit('-', 1)[0]} | {export.get(case, 'not run')} | {eager_cell.replace('|', '/')} |")
     return out + [""]
 
 

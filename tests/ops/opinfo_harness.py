@@ -274,7 +274,7 @@ def compare(expected, got, path: str) -> None:
 __all__ = [
     "CallFn", "Prepared", "TorchLimit", "UnsupportedOpsError", "SAMPLES_PER_OP",
     "case_id", "check_shape_and_dtype", "compare", "leaves", "convert_op_sample", "convert_sample", "prepare", "run_and_compare",
-    "EagerModel", "run_eager_and_compare",
+    "EagerModel", "NotOnJaxDevice", "run_eager_and_compare",
 ]
 
 
@@ -307,8 +307,15 @@ class EagerModel:
                    for x, y in zip(a, b) if isinstance(x, jax.Array))
 
 
+class NotOnJaxDevice(Exception):
+    """The op returned a CPU tensor for jax inputs, as torch does for factories with tensor bounds
+    (linspace(start, end) on any device): nothing was computed on the jax device."""
+
+
 def _jax_leaves(value, jax_view):
     if isinstance(value, torch.Tensor):
+        if value.device.type != "jax":
+            raise NotOnJaxDevice(f"the op returned a tensor on {value.device}")
         return jax_view(value)
     if isinstance(value, (list, tuple)):
         return type(value)(_jax_leaves(v, jax_view) for v in value)

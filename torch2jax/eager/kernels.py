@@ -55,13 +55,11 @@ def fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def kernel_for(op: Any) -> Callable:
-    """A kernel for one overload, registered directly (no fallback lookup, no composite detour)."""
-    plan = _PLANS.get(op) or make_plan(op)
-    _PLANS[op] = plan
+    """A kernel for one overload, registered directly (no fallback lookup, no composite detour).
+    Its plan is made on first use, so a lowering registered before then takes effect."""
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        with jax.enable_x64(True):
-            return plan(op, args, kwargs)
+        return fallback(op, *args, **kwargs)
 
     return kernel
 
@@ -370,6 +368,37 @@ def _index_put_impl(op: Any, args: tuple, kwargs: dict) -> Any:
     return self
 
 
+def _equal(op: Any, args: tuple, kwargs: dict) -> bool:
+    a, b = args
+    if tuple(a.shape) != tuple(b.shape):
+        return False
+    devices: list = []
+    x, y = to_jax_args((a, b), devices)
+    check_devices(devices)
+    return bool(jnp.array_equal(x, y))
+
+
+def _cumulative_helper(op: Any, args: tuple, kwargs: dict) -> None:
+    """_cummax_helper / _cummin_helper(self, values, indices, dim): cummax's lowering, written to both."""
+    self, values, indices, dim = args
+    functional = aten.cummax.default if "cummax" in str(op) else aten.cummin.default
+    result, _ = _compute(functional, (self, dim), {})
+    _store(values, result[0])
+    _store(indices, result[1])
+
+
+def _batch_norm_updating_stats(op: Any, args: tuple, kwargs: dict) -> Any:
+    """_native_batch_norm_legit (training, running stats updated in place): the functional variant's
+    lowering, its new running statistics written into the running_mean / running_var tensors."""
+    x, weight, bias, running_mean, running_var, training, momentum, eps = args
+    result, spec = _compute(aten._native_batch_norm_legit_functional.default, args, kwargs)
+    out, mean, rstd, new_mean, new_var = result
+    _store(running_mean, new_mean)
+    _store(running_var, new_var)
+    outputs = out_spec(op, args, kwargs).outputs
+    return _to_tensors((out, mean, rstd), outputs)
+
+
 def _convolution(op: Any, args: tuple, kwargs: dict) -> Any:
     """convolution_overrideable, where torch sends a convolution on a device it does not know."""
     return _run_as(aten.convolution.default, args, kwargs)
@@ -399,6 +428,10 @@ _SPECIAL: dict[str, Plan] = {
     "aten.copy_.default": _copy_plan,
     "aten.resize_.default": _resize,
     "aten.zero_.default": _zero,
+    "aten.equal.default": _equal,
+    "aten._cummax_helper.default": _cumulative_helper,
+    "aten._cummin_helper.default": _cumulative_helper,
+    "aten._native_batch_norm_legit.default": _batch_norm_updating_stats,
     "aten._index_put_impl_.default": _index_put_impl,
     "aten.masked_select.default": data_dependent.masked_select,
 }

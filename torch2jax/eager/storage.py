@@ -63,8 +63,10 @@ def read(tensor: Any) -> jax.Array:
     array = holder.materialized()
     shape = tuple(tensor.shape)
     offset = tensor.storage_offset()
-    if not (offset == 0 and array.shape == shape and tensor.is_contiguous()):
-        _check_dtype(holder, tensor)
+    want = numpy_dtype(tensor.dtype)
+    if not (offset == 0 and array.shape == shape and want == holder.dtype and tensor.is_contiguous()):
+        if want != holder.dtype:  # view_as_real / view_as_complex / view(dtype): the same bytes
+            array = _reinterpret(array.reshape(-1), want)
         array = _reader(array.shape, array.dtype, shape, tuple(tensor.stride()), offset)(array)
     return _lazy_bits(tensor, array)
 
@@ -83,10 +85,15 @@ def _lazy_bits(tensor: Any, array: jax.Array) -> jax.Array:
 def write(tensor: Any, value: jax.Array) -> None:
     """Store `value` (the tensor's shape and dtype) into the elements the tensor views."""
     holder = storage_of(tensor)
-    _check_dtype(holder, tensor)
     value = _lazy_bits(tensor, value)
     shape = tuple(tensor.shape)
     offset = tensor.storage_offset()
+    want = numpy_dtype(tensor.dtype)
+    if want != holder.dtype:  # through a view of the same bytes as another dtype
+        array = _reinterpret(holder.materialized().reshape(-1), want)
+        array = _writer(array.shape, array.dtype, shape, tuple(tensor.stride()), offset)(array, value)
+        holder.array = _reinterpret(array, holder.dtype)
+        return
     numel = int(np.prod(shape, dtype=np.int64))
     if offset == 0 and numel == holder.numel and tensor.is_contiguous():
         holder.array = value  # the whole storage, in order: the value is the new contents
@@ -101,12 +108,20 @@ def numpy_dtype(torch_dtype: Any) -> np.dtype:
     return dtypes.numpy_dtype(str(torch_dtype).removeprefix("torch."))
 
 
-def _check_dtype(holder: JaxStorage, tensor: Any) -> None:
-    if numpy_dtype(tensor.dtype) != holder.dtype:
-        raise NotImplementedError(
-            f"the jax device cannot reinterpret storage of {holder.dtype} as {tensor.dtype} "
-            "(Tensor.view(dtype)); copy with .to(dtype) instead"
-        )
+def _reinterpret(flat: jax.Array, dtype: np.dtype) -> jax.Array:
+    """A flat array's bytes as `dtype`: a bitcast, or complex <-> (real, imag) pairs."""
+    source = np.dtype(flat.dtype)
+    if source.itemsize == dtype.itemsize:
+        return jax.lax.bitcast_convert_type(flat, dtype)
+    if dtype.kind == "c" and source.kind == "f" and dtype.itemsize == 2 * source.itemsize:
+        pairs = flat.reshape(-1, 2)
+        return jax.lax.complex(pairs[:, 0], pairs[:, 1]).astype(dtype)
+    if source.kind == "c" and dtype.kind == "f" and source.itemsize == 2 * dtype.itemsize:
+        return jnp.stack([jnp.real(flat), jnp.imag(flat)], axis=-1).reshape(-1).astype(dtype)
+    raise NotImplementedError(
+        f"the jax device cannot read storage of {source} as {dtype} (Tensor.view(dtype) between "
+        "sizes other than complex <-> float pairs); copy with .to(dtype) instead"
+    )
 
 
 def contiguous_strides(shape: tuple) -> tuple:

@@ -28,9 +28,7 @@ def wrap(array: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
     want = numpy_dtype(dtype)
     if array.dtype != want:
         array = array.astype(want)
-    tensor = torch._C._acc.create_empty_tensor(array.shape, dtype)
-    storage.attach(tensor, JaxStorage(int(np.prod(array.shape, dtype=np.int64)), want, array))
-    return tensor
+    return _new_tensor(array.shape, dtype, JaxStorage(int(np.prod(array.shape, dtype=np.int64)), want, array))
 
 
 def as_array(value: Any) -> jax.Array:
@@ -66,8 +64,20 @@ def scalar_array(value: Any, dtype: np.dtype) -> jax.Array:
 
 def empty(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
     """A contiguous `jax` tensor whose storage is allocated (as zeros) only when first read."""
+    return _new_tensor(shape, dtype, JaxStorage(int(np.prod(shape, dtype=np.int64)), numpy_dtype(dtype)))
+
+
+_META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+
+
+def _new_tensor(shape: tuple, dtype: torch.dtype, holder: JaxStorage) -> torch.Tensor:
+    """A contiguous jax tensor over `holder`. Its torch storage holds no bytes but says it has the
+    tensor's size (meta's set_ sets only the count), so torch's bounds checks on views pass."""
     tensor = torch._C._acc.create_empty_tensor(shape, dtype)
-    storage.attach(tensor, JaxStorage(int(np.prod(shape, dtype=np.int64)), numpy_dtype(dtype)))
+    if holder.numel:
+        torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
+            _META, tensor, tensor.untyped_storage(), 0, shape, tensor.stride())
+    storage.attach(tensor, holder)
     return tensor
 
 
