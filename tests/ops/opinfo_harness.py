@@ -333,7 +333,8 @@ def run_eager_and_compare(prepared: Prepared) -> None:
     if model.draws_random(inputs):
         from .random_check import check_random
 
-        return check_random(prepared, model)
+        with jax.enable_x64(True):  # the device keeps int64 (its dtypes are torch's, not x32's)
+            return check_random(prepared, model)
     got = model(*inputs)
     try:
         compare(prepared.expected, got, "output")
