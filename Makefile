@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-ops-full test-ops-eager test-eager-full test-models-full demo runtime-check lint docs bench bench-calls bench-eager clean
+.PHONY: install test test-ops-full test-ops-eager test-models-full demo runtime-check lint docs bench bench-calls bench-eager clean
 
 install: $(STAMP)
 
@@ -33,10 +33,6 @@ test-ops-full: install
 test-ops-eager: install
 	T2J_EAGER_OPINFO=all T2J_OPINFO_EAGER_REPORT=docs/opinfo_eager_results.json \
 		$(PY) -m pytest -q -n 2 tests/eager/test_opinfo_eager.py
-
-# The eager device's slow tier: a Llama's training steps on the jax device against CPU.
-test-eager-full: install
-	$(PY) -m pytest -q -m slow tests/eager
 
 # The slow model tier: benchmark-sized configs and the rest of the bfloat16 variants (tests/models, -m slow).
 test-models-full: install

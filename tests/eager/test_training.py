@@ -37,8 +37,7 @@ def loss_of(model, inputs):
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
-@pytest.mark.parametrize("build", [mlp, conv_bn, pytest.param(llama, marks=pytest.mark.slow)],
-                         ids=["mlp", "conv_bn", "llama"])  # llama: ~25 s, in make test-eager-full
+@pytest.mark.parametrize("build", [mlp, conv_bn, llama], ids=["mlp", "conv_bn", "llama"])
 def test_three_training_steps_match_cpu(build, optimizer):
     torch.manual_seed(0)
     model, inputs = build()
