@@ -56,3 +56,49 @@ def test_dropout_differs_per_call_and_follows_the_seed():
 def test_a_module_on_cpu_is_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"model.to\('jax'\)"):
         te.jit(torch.nn.Linear(2, 2))
+
+
+def bn_mlp():
+    # no bias before batch norm: it cancels it, and Adam would amplify its rounding-noise gradient
+    return torch.nn.Sequential(torch.nn.Linear(8, 16, bias=False), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                               torch.nn.Dropout(0.0), torch.nn.Linear(16, 4))
+
+
+def mse(model, x, y):
+    return ((model(x) - y) ** 2).mean()
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_jit_train_step_matches_cpu_training(optimizer):
+    torch.manual_seed(0)
+    net = bn_mlp()
+    on_jax = copy.deepcopy(net).to("jax")
+    if optimizer == "sgd":
+        opt_cpu, opt_jax = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (net, on_jax))
+    else:  # the step counter lives on the device only with capturable=True
+        opt_cpu = torch.optim.AdamW(net.parameters(), lr=0.01)
+        opt_jax = torch.optim.AdamW(on_jax.parameters(), lr=0.01, capturable=True)
+    step = te.jit_train_step(on_jax, opt_jax, mse)
+    for _ in range(3):
+        x, y = torch.randn(5, 8), torch.randn(5, 4)
+        opt_cpu.zero_grad()
+        loss = mse(net, x, y)
+        loss.backward()
+        opt_cpu.step()
+        got = step(x.to("jax"), y.to("jax"))
+        torch.testing.assert_close(got.cpu(), loss.detach(), rtol=1e-5, atol=1e-6)
+    for name, value in net.state_dict().items():
+        torch.testing.assert_close(on_jax.state_dict()[name].cpu(), value, rtol=1e-5, atol=1e-6)
+
+
+def test_jit_train_step_refuses_optimizer_state_off_the_device():
+    net = bn_mlp().to("jax")
+    step = te.jit_train_step(net, torch.optim.AdamW(net.parameters(), lr=0.01), mse)
+    x, y = torch.randn(5, 8).to("jax"), torch.randn(5, 4).to("jax")
+    before = {name: value.cpu() for name, value in net.state_dict().items()}
+    with pytest.raises(ValueError, match="capturable=True"):
+        step(x, y)  # the first step creates the state, with its step counter on the CPU
+    for name, value in net.state_dict().items():  # nothing half-done: the model is as it was, and usable
+        torch.testing.assert_close(value.cpu(), before[name])
+    assert all(p.grad is None for p in net.parameters())
+    mse(net, x, y).backward()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["enable", "is_enabled", "jax_view", "jit", "torch_view"]
+__all__ = ["enable", "is_enabled", "jax_view", "jit", "jit_train_step", "torch_view"]
 
 
 def enable() -> None:
@@ -55,3 +55,11 @@ def jit(model: Any) -> Any:
     from .jitted import jit as _jit
 
     return _jit(model)
+
+
+def jit_train_step(model: Any, optimizer: Any, loss_fn: Any) -> Any:
+    """`step(*batch) -> loss`: forward, JAX gradients and `optimizer.step()` as one jax.jit program
+    (train_step.py); `loss_fn(model, *batch)` returns the scalar loss."""
+    from .train_step import jit_train_step as _jit_train_step
+
+    return _jit_train_step(model, optimizer, loss_fn)

@@ -17,7 +17,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import rng, storage
-from .tensors import DEVICE, is_jax, wrap
+from .tensors import DEVICE, is_jax, tracing, wrap
 
 
 class JittedModule:
@@ -41,7 +41,7 @@ class JittedModule:
         tensors = {name: wrap(state[name]) for name in names}
         spec = self._structure[signature][0]
         args, kwargs = pytree.tree_unflatten([wrap(a) if isinstance(a, jax.Array) else a for a in leaves], spec)
-        with rng.traced(key), torch.no_grad():
+        with tracing(), rng.traced(key), torch.no_grad():
             out = torch.func.functional_call(self.module, tensors, args, kwargs)
         flat, out_spec = pytree.tree_flatten(out)
         self._structure[signature] = (spec, out_spec, [isinstance(o, torch.Tensor) for o in flat])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -55,10 +57,30 @@ def first_dtype(args: tuple) -> np.dtype | None:
     return None
 
 
+_TRACING: list = []  # non-empty while te.jit / jit_train_step trace a program
+
+
+@contextlib.contextmanager
+def tracing() -> Iterator[None]:
+    """Scalars become numpy constants, not device arrays, while a program is traced (a device
+    array closed over by a nested jax.value_and_grad trace is mis-passed by jax.jit's fast path)."""
+    _TRACING.append(True)
+    try:
+        yield
+    finally:
+        _TRACING.pop()
+
+
+def scalar_array(value: Any, dtype: np.dtype) -> Any:
+    """A 0-dim array of `value`: on the device, cached (moving a scalar costs ~40 us, and the same
+    constants, 1, 2, 0.5, a learning rate, come back op after op); numpy while tracing."""
+    if _TRACING:
+        return np.asarray(value, dtype)
+    return _device_scalar(value, dtype)
+
+
 @functools.lru_cache(maxsize=4096)
-def scalar_array(value: Any, dtype: np.dtype) -> jax.Array:
-    """A 0-dim device array, cached: moving a scalar to the device costs ~40 us, and the same
-    constants (1, 2, 0.5, a learning rate) come back op after op."""
+def _device_scalar(value: Any, dtype: np.dtype) -> jax.Array:
     return jax.device_put(np.asarray(value, dtype))
 
 
