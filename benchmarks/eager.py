@@ -2,14 +2,16 @@
 
 Each row times one op on the `jax` device (torch2jax.eager) against the same op in torch on the CPU,
 median of interleaved rounds, each round waiting for its last result. A Llama forward (random
-weights, eager attention) runs op by op on the device, as one program through `te.jit`, and in torch
-eager. torchax is not installed in this environment, so it has no column. Rewrites its section of
-docs/benchmarks.md: `python -m benchmarks.eager` (make bench-eager).
+weights, eager attention) and its training step run op by op on the device, as one program
+(`te.jit`, `te.jit_train_step`), and in torch eager. torchax is not installed in this environment,
+so it has no column. Rewrites its section of docs/benchmarks.md: `python -m benchmarks.eager`
+(make bench-eager).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import time
@@ -71,17 +73,20 @@ def per_op(rounds: int, calls: int) -> list[tuple[str, float, float]]:
     return rows
 
 
-def llama_forward(rounds: int) -> tuple[dict, int]:
+def _llama(train: bool):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, attn_implementation="eager")
-    model = LlamaForCausalLM(config).eval()
-    ids = torch.randint(0, 256, (1, 16))
-    on_jax = LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(config).train(train)
+    on_jax = LlamaForCausalLM(config).train(train)
     on_jax.load_state_dict(model.state_dict())
-    on_jax = on_jax.to("jax")
+    return model, on_jax.to("jax"), torch.randint(0, 256, (1, 16))
+
+
+def llama_forward(rounds: int) -> tuple[dict, int]:
+    model, on_jax, ids = _llama(train=False)
     jitted = te.jit(on_jax)
     jax_ids = ids.to("jax")
     calls = {
@@ -100,6 +105,39 @@ def llama_forward(rounds: int) -> tuple[dict, int]:
     return {name: statistics.median(t) for name, t in times.items()}, ops_per_forward
 
 
+def llama_train_step(rounds: int) -> dict:
+    """Forward, backward and an AdamW step: torch eager, the jax device op by op, te.jit_train_step."""
+    model, on_jax, ids = _llama(train=True)
+    jitted_model = copy.deepcopy(on_jax)
+
+    def loss_fn(m, x):
+        return m(x, use_cache=False).logits.square().mean()
+
+    def eager_step(m, opt, x):
+        def step():
+            opt.zero_grad()
+            loss = loss_fn(m, x)
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+
+    jitted = te.jit_train_step(jitted_model, torch.optim.AdamW(jitted_model.parameters(), capturable=True), loss_fn)
+    jax_ids = ids.to("jax")
+    calls = {
+        "torch eager (CPU)": eager_step(model, torch.optim.AdamW(model.parameters()), ids),
+        "jax device, op by op": eager_step(on_jax, torch.optim.AdamW(on_jax.parameters()), jax_ids),
+        "jax device, te.jit_train_step": lambda: jitted(jax_ids),
+    }
+    for fn in calls.values():
+        time_call(fn, 3)
+    times = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            times[name].append(time_call(fn, 3) / 1000)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def _count_ops(fn) -> int:
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -115,7 +153,7 @@ def _count_ops(fn) -> int:
     return Count.n
 
 
-def section(rows, llama, ops_per_forward) -> str:
+def section(rows, llama, ops_per_forward, train) -> str:
     lines = [BEGIN, "## Eager jax device", "",
              "Microseconds per op on a 4x8 float32 tensor (8x8 weight), one process on one core, median of "
              "interleaved rounds, each waiting for its last result. Written by `python -m benchmarks.eager`.", "",
@@ -126,6 +164,9 @@ def section(rows, llama, ops_per_forward) -> str:
               f"A Llama forward (hidden 64, 2 layers, 16 tokens, random weights, eager attention; "
               f"{ops_per_forward} ATen ops):", "", "| runtime | ms per forward |", "|---|---|"]
     lines += [f"| {name} | {ms:.2f} |" for name, ms in llama.items()]
+    lines += ["", "A training step of the same Llama (forward, backward, AdamW):", "",
+              "| runtime | ms per step |", "|---|---|"]
+    lines += [f"| {name} | {ms:.2f} |" for name, ms in train.items()]
     lines.append(END)
     return "\n".join(lines)
 
@@ -142,7 +183,8 @@ def main() -> None:
     te.enable()
     rows = per_op(args.rounds, args.calls)
     llama, ops_per_forward = llama_forward(args.rounds)
-    text = section(rows, llama, ops_per_forward)
+    train = llama_train_step(args.rounds)
+    text = section(rows, llama, ops_per_forward, train)
     print(text)
     if not args.no_write:
         write_section(args.out, text, BEGIN, END)

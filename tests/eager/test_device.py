@@ -108,3 +108,20 @@ print("ok", torch.accelerator.device_count())
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("ok")
+
+
+def test_deepcopy_copies_values_keeps_aliasing_and_shares_nothing():
+    import copy
+
+    model = torch.nn.Linear(3, 2).to("jax")
+    clone = copy.deepcopy(model)
+    assert clone.weight.device.type == "jax" and clone.weight.is_leaf and clone.weight.requires_grad
+    torch.testing.assert_close(clone.weight.cpu(), model.weight.cpu())
+    with torch.no_grad():
+        clone.weight.add_(1)
+    torch.testing.assert_close(clone.weight.cpu(), model.weight.cpu() + 1)
+    base = torch.arange(6.0, device="jax")
+    copied_base, copied_view = copy.deepcopy((base, base[2:]))
+    copied_view.fill_(0)  # the copies alias each other as the originals do
+    torch.testing.assert_close(copied_base.cpu(), torch.tensor([0.0, 1, 0, 0, 0, 0]))
+    torch.testing.assert_close(base.cpu(), torch.arange(6.0))

@@ -399,6 +399,12 @@ def _batch_norm_updating_stats(op: Any, args: tuple, kwargs: dict) -> Any:
     return _to_tensors((out, mean, rstd), outputs)
 
 
+def _set_storage(op: Any, args: tuple, kwargs: dict) -> Any:
+    """set_(storage, offset, size, stride): torch's meta kernel puts the storage (and the holder
+    it carries) under the tensor, with the given geometry."""
+    return op.redispatch(_META, *args, **kwargs)
+
+
 def _convolution(op: Any, args: tuple, kwargs: dict) -> Any:
     """convolution_overrideable, where torch sends a convolution on a device it does not know."""
     return _run_as(aten.convolution.default, args, kwargs)
@@ -428,6 +434,8 @@ _SPECIAL: dict[str, Plan] = {
     "aten.copy_.default": _copy_plan,
     "aten.resize_.default": _resize,
     "aten.zero_.default": _zero,
+    "aten.set_.source_Storage_storage_offset": _set_storage,
+    "aten.set_.source_Storage": _set_storage,
     "aten.equal.default": _equal,
     "aten._cummax_helper.default": _cumulative_helper,
     "aten._cummin_helper.default": _cumulative_helper,

@@ -100,7 +100,19 @@ def _new_tensor(shape: tuple, dtype: torch.dtype, holder: JaxStorage) -> torch.T
         torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
             _META, tensor, tensor.untyped_storage(), 0, shape, tensor.stride())
     storage.attach(tensor, holder)
+    tensor.untyped_storage().__deepcopy__ = functools.partial(_deepcopy_storage, holder, dtype)
     return tensor
+
+
+def _deepcopy_storage(holder: JaxStorage, dtype: torch.dtype, memo: dict) -> Any:
+    """copy.deepcopy of a jax storage (deepcopy of a module, a state dict): a new storage holding the
+    same array, which is immutable, so sharing it is a copy. torch's own would copy bytes that are not
+    there. Storages shared by several tensors are copied once, as torch does."""
+    copies = memo.setdefault("torch2jax", {})
+    if id(holder) not in copies:
+        new = JaxStorage(holder.numel, holder.dtype, holder.array)
+        copies[id(holder)] = _new_tensor((holder.numel,), dtype, new).untyped_storage()
+    return copies[id(holder)]
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
