@@ -110,8 +110,8 @@ def llama_train_step(rounds: int) -> dict:
     model, on_jax, ids = _llama(train=True)
     jitted_model = copy.deepcopy(on_jax)
 
-    def loss_fn(m, x):
-        return m(x, use_cache=False).logits.square().mean()
+    def loss_fn(m, x):  # an explicit mask: transformers' packed-sequence check reads values (.all())
+        return m(x, attention_mask=torch.ones_like(x), use_cache=False).logits.square().mean()
 
     def eager_step(m, opt, x):
         def step():

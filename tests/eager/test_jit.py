@@ -102,3 +102,12 @@ def test_jit_train_step_refuses_optimizer_state_off_the_device():
         torch.testing.assert_close(value.cpu(), before[name])
     assert all(p.grad is None for p in net.parameters())
     mse(net, x, y).backward()
+
+
+def test_reading_a_value_inside_a_compiled_forward_says_why_it_cannot():
+    class Branchy(torch.nn.Module):
+        def forward(self, x):
+            return x * 2 if x.sum() > 0 else x
+
+    with pytest.raises(RuntimeError, match="not known while JAX traces"):
+        te.jit(Branchy().to("jax"))(torch.ones(3, device="jax"))

@@ -319,7 +319,14 @@ def _zero(op: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _local_scalar_dense(op: Any, args: tuple, kwargs: dict) -> Any:
-    return storage.read(args[0]).item()
+    array = storage.read(args[0])
+    if isinstance(array, jax.core.Tracer):
+        raise RuntimeError(
+            "a tensor's value was read in Python (.item(), bool(tensor), an `if` on a tensor) inside "
+            "te.jit / te.jit_train_step, where values are not known while JAX traces the program: "
+            "keep that code outside the compiled function, or write it with tensor ops (torch.where)"
+        )
+    return array.item()
 
 
 def copy(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
