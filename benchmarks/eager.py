@@ -95,14 +95,9 @@ def llama_forward(rounds: int) -> tuple[dict, int]:
         "jax device, te.jit": lambda: jitted(jax_ids).logits,
     }
     with torch.no_grad():
-        ops_per_forward = _count_ops(lambda: on_jax(jax_ids, use_cache=False))  # torch.tensor(device=) fails under a dispatch mode
-        for fn in calls.values():
-            time_call(fn, 3)
-        times = {name: [] for name in calls}
-        for _ in range(rounds):
-            for name, fn in calls.items():
-                times[name].append(time_call(fn, 5) / 1000)
-    return {name: statistics.median(t) for name, t in times.items()}, ops_per_forward
+        # use_cache=False: torch.tensor(device="jax"), which the cache calls, fails under a dispatch mode
+        ops_per_forward = _count_ops(lambda: on_jax(jax_ids, use_cache=False))
+        return median_ms(calls, rounds, 5), ops_per_forward
 
 
 def llama_train_step(rounds: int) -> dict:
@@ -129,12 +124,17 @@ def llama_train_step(rounds: int) -> dict:
         "jax device, op by op": eager_step(on_jax, torch.optim.AdamW(on_jax.parameters()), jax_ids),
         "jax device, te.jit_train_step": lambda: jitted(jax_ids),
     }
+    return median_ms(calls, rounds, 3)
+
+
+def median_ms(calls: dict, rounds: int, per_round: int) -> dict:
+    """name -> median milliseconds per call, the calls interleaved round by round after a warm-up."""
     for fn in calls.values():
         time_call(fn, 3)
     times = {name: [] for name in calls}
     for _ in range(rounds):
         for name, fn in calls.items():
-            times[name].append(time_call(fn, 3) / 1000)
+            times[name].append(time_call(fn, per_round) / 1000)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
