@@ -34,7 +34,7 @@ def wrap(array: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
 
 
 def as_array(value: Any) -> jax.Array:
-    """`value` as a JAX array (jnp.asarray costs ~70 us even on a JAX array: checked first)."""
+    """`value` as a JAX array (jnp.asarray costs ~12 us even on a JAX array: checked first)."""
     return value if isinstance(value, jax.Array) else jnp.asarray(value)
 
 
