@@ -6,7 +6,8 @@ values (nonzero, unique, masked_select, boolean indexing) run here, where export
 
 Default (make test): float32, SAMPLES_PER_OP samples, every EAGER_STRIDE-th op of op_db plus the
 data-dependent ones, to bound the time. `make test-ops-eager` (T2J_EAGER_OPINFO=all): every op,
-recording docs/opinfo_eager_results.json (T2J_OPINFO_EAGER_REPORT) for docs/ops.md's eager column.
+recording docs/opinfo_eager_results.json (T2J_OPINFO_EAGER_REPORT) for docs/ops.md's eager column;
+T2J_EAGER_OPINFO_DTYPES=float32,int32,bool,bfloat16 sweeps other dtypes too.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from tests.ops.skips import SKIPS
 from torch2jax.eager.kernels import UnsupportedOnJaxDevice
 
 EVERY_OP = os.environ.get("T2J_EAGER_OPINFO") == "all"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int32": torch.int32, "bool": torch.bool}
+CHOSEN = os.environ.get("T2J_EAGER_OPINFO_DTYPES", "float32").split(",")  # a sweep names others
 EAGER_STRIDE = 24
 DATA_DEPENDENT = {"nonzero", "unique", "unique_consecutive", "masked_select", "__getitem__", "argwhere"}
 # Cases expected to fail on the eager device, one reason each; shrinking this is progress.
@@ -44,12 +47,15 @@ def _cases():
     for index, opinfo in enumerate(op_db):
         if not (EVERY_OP or index % EAGER_STRIDE == 0 or opinfo.name in DATA_DEPENDENT):
             continue
-        if torch.float32 not in opinfo.supported_dtypes("cpu"):
-            continue
-        case = case_id(opinfo)
-        reason = SKIPS.get((case, "float32")) or SKIPS.get((case, "*")) or (not EVERY_OP and KNOWN_FAILURES.get(case))
-        marks = [pytest.mark.skip(reason=reason)] if reason else []
-        yield pytest.param(opinfo, torch.float32, id=f"{case}-float32", marks=marks)
+        supported = opinfo.supported_dtypes("cpu")
+        for name in CHOSEN:
+            if DTYPES[name] not in supported:
+                continue
+            case = case_id(opinfo)
+            reason = SKIPS.get((case, name)) or SKIPS.get((case, "*")) or (
+                not EVERY_OP and name == "float32" and KNOWN_FAILURES.get(case))
+            marks = [pytest.mark.skip(reason=reason)] if reason else []
+            yield pytest.param(opinfo, DTYPES[name], id=f"{case}-{name}", marks=marks)
 
 
 @pytest.mark.parametrize("opinfo,dtype", list(_cases()))
