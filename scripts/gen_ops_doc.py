@@ -143,27 +143,27 @@ def _eager_section() -> list[str]:
     eager = json.loads(path.read_text())
     export_path = ROOT / "docs" / "opinfo_results.json"
     export = json.loads(export_path.read_text()).get("cases", {}) if export_path.exists() else {}
-    counts = Counter(eager["cases"].values())
-    ran = counts["passed"] + counts["failed"]
     out = [
         "## OpInfo by way: export and the eager jax device",
         "",
         "The same OpInfo samples, comparisons and tolerances (tests/ops/opinfo_harness.py) run on the eager "
-        "`jax` device (tests/eager/test_opinfo_eager.py, float32, samples per case: "
-        f"{eager['samples_per_op'].get('float32', '1')}): passed **{counts['passed']}**, failed "
-        f"**{counts['failed']}** ({100.0 * counts['passed'] / ran if ran else 0:.1f}% of those that ran), skipped "
-        f"{counts['skipped']} (listed gaps, factory ops whose samples make no device tensor). Data-dependent "
-        "shapes (`nonzero`, `unique`, `masked_select`) run here; export refuses them by design.",
+        "`jax` device (tests/eager/test_opinfo_eager.py, one sample per case). Data-dependent shapes "
+        "(`nonzero`, `unique`, `masked_select`) run there; export refuses them by design. Skipped: listed gaps "
+        "and ops whose samples put nothing on the device (factories).",
         "",
-        "| OpInfo (float32) | export | eager |",
-        "|---|---|---|",
+        "| dtype | passed | failed | skipped | pass rate of those that ran |",
+        "|---|---|---|---|---|",
     ]
+    for dtype, c in eager["by_dtype"].items():
+        ran = c.get("passed", 0) + c.get("failed", 0)
+        rate = 100.0 * c.get("passed", 0) / ran if ran else 0.0
+        out.append(f"| {dtype} | {c.get('passed', 0)} | {c.get('failed', 0)} | {c.get('skipped', 0)} | {rate:.1f}% |")
+    out += ["", "| OpInfo case | export | eager |", "|---|---|---|"]
     for case, outcome in sorted(eager["cases"].items()):
         reason = eager.get("failures", {}).get(case, "")
         eager_cell = outcome + (f": {reason[:120]}" if outcome == "failed" and reason else "")
-        out.append(f"| {case.rsplit('-', 1)[0]} | {export.get(case, 'not run')} | {eager_cell.replace('|', '/')} |")
+        out.append(f"| {case} | {export.get(case, 'not run')} | {eager_cell.replace('|', '/')} |")
     return out + [""]
-
 
 if __name__ == "__main__":
     main()

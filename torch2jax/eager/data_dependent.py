@@ -17,8 +17,12 @@ from . import storage
 from .meta import OutSpec
 
 
-def _spec(op: Any, outputs: list) -> OutSpec:
-    metas = [TensorMeta(str(dtype).removeprefix("torch."), list(shape)) for dtype, shape in outputs]
+def _spec(op: Any, outputs: Any) -> OutSpec:
+    """An OutSpec for one output (dtype, shape) or a list of them, as meta.out_spec makes them."""
+    def meta(dtype: torch.dtype, shape: tuple) -> TensorMeta:
+        return TensorMeta(str(dtype).removeprefix("torch."), list(shape))
+
+    metas = [meta(*o) for o in outputs] if isinstance(outputs, list) else meta(*outputs)
     return OutSpec(outputs, Node(name=str(op), op=str(op), args=[], kwargs={}, meta=metas))
 
 
@@ -27,9 +31,7 @@ def _values(tensor: torch.Tensor) -> np.ndarray:
 
 
 def _nonzero(op: Any, x: torch.Tensor) -> OutSpec:
-    count = int(np.count_nonzero(_values(x)))
-    spec = _spec(op, [(torch.int64, (count, x.dim()))])
-    return OutSpec(spec.outputs[0], Node(spec.node.name, spec.node.op, [], {}, spec.node.meta[0]))
+    return _spec(op, (torch.int64, (int(np.count_nonzero(_values(x))), x.dim())))
 
 
 def _distinct_rows(rows: np.ndarray, sort: bool) -> int:
