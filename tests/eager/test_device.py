@@ -125,3 +125,13 @@ def test_deepcopy_copies_values_keeps_aliasing_and_shares_nothing():
     copied_view.fill_(0)  # the copies alias each other as the originals do
     torch.testing.assert_close(copied_base.cpu(), torch.tensor([0.0, 1, 0, 0, 0, 0]))
     torch.testing.assert_close(base.cpu(), torch.arange(6.0))
+
+
+def test_python_scalars_promote_as_in_torch_one_after_another():
+    # 1, 1.0 and True are equal python keys: the cached meta answer must still tell them apart
+    x = torch.tensor([1, 2])
+    on_jax = x.to("jax")
+    for scalar in (1, 1.0, True, 2.5, 1):
+        got, want = on_jax + scalar, x + scalar
+        assert got.dtype == want.dtype, scalar
+        torch.testing.assert_close(got.cpu(), want)

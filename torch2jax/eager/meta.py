@@ -37,6 +37,8 @@ def _signature(value: Any) -> Any:
         return tuple((k, _signature(v)) for k, v in value.items())
     if isinstance(value, torch.Generator):
         return "generator"
+    if isinstance(value, (bool, int, float, complex)):
+        return (type(value), value)  # 1, 1.0 and True are equal keys but promote differently
     return value
 
 
