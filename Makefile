@@ -29,9 +29,10 @@ test-ops-full: install
 		T2J_OPINFO_SAMPLES=0 T2J_OPINFO_REPORT=docs/opinfo_results.json T2J_RUN_KNOWN_FAILURES=1 \
 		$(PY) -m pytest -q -n 2 $(if $(OPINFO_DTYPE),tests/ops/test_opinfo.py,tests/ops)
 
-# Every OpInfo on the eager jax device (float32); records docs/opinfo_eager_results.json for `make docs`.
+# Every OpInfo on the eager jax device (~12 min on 2 cores); records docs/opinfo_eager_results.json for `make docs`.
+EAGER_DTYPES ?= float32,int32,bool
 test-ops-eager: install
-	T2J_EAGER_OPINFO=all T2J_OPINFO_EAGER_REPORT=docs/opinfo_eager_results.json \
+	T2J_EAGER_OPINFO=all T2J_EAGER_OPINFO_DTYPES=$(EAGER_DTYPES) T2J_OPINFO_EAGER_REPORT=docs/opinfo_eager_results.json \
 		$(PY) -m pytest -q -n 2 tests/eager/test_opinfo_eager.py
 
 # The slow model tier: benchmark-sized configs and the rest of the bfloat16 variants (tests/models, -m slow).
