@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-ops-full test-models-full demo runtime-check lint docs bench bench-calls bench-large clean
+.PHONY: install test test-ops-full test-ops-eager test-models-full demo runtime-check lint docs bench bench-calls bench-eager bench-large clean
 
 install: $(STAMP)
 
@@ -28,6 +28,12 @@ test-ops-full: install
 	T2J_OPINFO_DTYPES=$(or $(OPINFO_DTYPE),all) T2J_OPINFO_MERGE=$(if $(OPINFO_DTYPE),1,) T2J_OPINFO_RESUME=$(RESUME) \
 		T2J_OPINFO_SAMPLES=0 T2J_OPINFO_REPORT=docs/opinfo_results.json T2J_RUN_KNOWN_FAILURES=1 \
 		$(PY) -m pytest -q -n 2 $(if $(OPINFO_DTYPE),tests/ops/test_opinfo.py,tests/ops)
+
+# Every OpInfo on the eager jax device (~12 min on 2 cores); records docs/opinfo_eager_results.json for `make docs`.
+EAGER_DTYPES ?= float32,int32,bool
+test-ops-eager: install
+	T2J_EAGER_OPINFO=all T2J_EAGER_OPINFO_DTYPES=$(EAGER_DTYPES) T2J_OPINFO_EAGER_REPORT=docs/opinfo_eager_results.json \
+		$(PY) -m pytest -q -n 2 tests/eager/test_opinfo_eager.py
 
 # The slow model tier: benchmark-sized configs and the rest of the bfloat16 variants (tests/models, -m slow).
 test-models-full: install
@@ -72,6 +78,10 @@ bench-calls: $(BENCH_STAMP)
 # peak RSS and time against reading the files once; rewrites its section of docs/benchmarks.md.
 bench-large: install
 	$(PY) -m benchmarks.large
+
+# The eager jax device, per op and a small Llama forward (~2 min): rewrites its section of docs/benchmarks.md.
+bench-eager: $(BENCH_STAMP)
+	$(PY) -m benchmarks.eager
 
 lint: install
 	$(VENV)/bin/ruff check torch2jax cli tests scripts sample_models benchmarks

@@ -38,6 +38,7 @@ def main() -> None:
         "",
     ]
     lines += _sweep_section()
+    lines += _eager_section()
     lines += [
         f"## OpInfo skip list ({len(SKIPS)} entries)",
         "",
@@ -133,6 +134,36 @@ def _sweep_section() -> list[str]:
             out.append(f"| {dtype} | {quota(dtype)} | {counts} | {rate:.1f}% |")
     return out + [""]
 
+
+def _eager_section() -> list[str]:
+    """The eager jax device's OpInfo sweep beside export's, per OpInfo case (make test-ops-eager)."""
+    path = ROOT / "docs" / "opinfo_eager_results.json"
+    if not path.exists():
+        return ["No eager OpInfo sweep recorded yet: run `make test-ops-eager`.", ""]
+    eager = json.loads(path.read_text())
+    export_path = ROOT / "docs" / "opinfo_results.json"
+    export = json.loads(export_path.read_text()).get("cases", {}) if export_path.exists() else {}
+    out = [
+        "## OpInfo by way: export and the eager jax device",
+        "",
+        "The same OpInfo samples, comparisons and tolerances (tests/ops/opinfo_harness.py) run on the eager "
+        "`jax` device (tests/eager/test_opinfo_eager.py, one sample per case). Data-dependent shapes "
+        "(`nonzero`, `unique`, `masked_select`) run there; export refuses them by design. Skipped: listed gaps "
+        "and ops whose samples put nothing on the device (factories).",
+        "",
+        "| dtype | passed | failed | skipped | pass rate of those that ran |",
+        "|---|---|---|---|---|",
+    ]
+    for dtype, c in eager["by_dtype"].items():
+        ran = c.get("passed", 0) + c.get("failed", 0)
+        rate = 100.0 * c.get("passed", 0) / ran if ran else 0.0
+        out.append(f"| {dtype} | {c.get('passed', 0)} | {c.get('failed', 0)} | {c.get('skipped', 0)} | {rate:.1f}% |")
+    out += ["", "| OpInfo case | export | eager |", "|---|---|---|"]
+    for case, outcome in sorted(eager["cases"].items()):
+        reason = eager.get("failures", {}).get(case, "")
+        eager_cell = outcome + (f": {reason[:120]}" if outcome == "failed" and reason else "")
+        out.append(f"| {case} | {export.get(case, 'not run')} | {eager_cell.replace('|', '/')} |")
+    return out + [""]
 
 if __name__ == "__main__":
     main()

@@ -131,3 +131,17 @@ def test_every_torch_free_module_imports_with_torch_blocked():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert int(result.stdout.strip()) > 400
+
+
+def test_the_eager_package_imports_nothing_until_used():
+    """`torch2jax.eager` (torch side) sits beside the compile backend: importing it loads no torch and no device module."""
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"
+        "import torch2jax.eager as te\n"
+        "assert not [m for m in sys.modules if m.startswith('torch2jax.eager.')], 'imported a device module'\n"
+        "print(sorted(te.__all__))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "enable" in result.stdout

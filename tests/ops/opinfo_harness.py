@@ -274,4 +274,69 @@ def compare(expected, got, path: str) -> None:
 __all__ = [
     "CallFn", "Prepared", "TorchLimit", "UnsupportedOpsError", "SAMPLES_PER_OP",
     "case_id", "check_shape_and_dtype", "compare", "leaves", "convert_op_sample", "convert_sample", "prepare", "run_and_compare",
+    "EagerModel", "NotOnJaxDevice", "run_eager_and_compare",
 ]
+
+
+# The eager way: the same samples run op by op on the `jax` device (torch2jax.eager) ---------------
+
+
+class _NoGraph:
+    def all_nodes(self) -> list:
+        return []
+
+
+class EagerModel:
+    """The sample's module on the jax device, called like a converted Model: numpy inputs in, JAX
+    arrays out, `rng=key` for the random draws (the device's own key, replaced for the call)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+        self.graph = _NoGraph()  # run_and_compare asks the graph for random ops; draws_random answers instead
+
+    def __call__(self, *inputs, rng=None):
+        import torch2jax.eager as te
+        from torch2jax.capture.torch_arrays import to_torch
+        from torch2jax.eager import rng as device_rng
+
+        tensors = [to_torch(x).to("jax") for x in inputs]
+        draws = device_rng.traced(rng) if rng is not None else device_rng.traced(jax.random.key(0))
+        with draws, torch.no_grad():
+            out = self.module(*tensors)
+        out = tuple(out) if isinstance(out, tuple) and type(out).__module__ == "torch.return_types" else out
+        return _jax_leaves(out, te.jax_view)
+
+    def draws_random(self, inputs) -> bool:
+        """Whether two keys give different outputs (how the eager way tells a random op)."""
+        a, b = leaves(self(*inputs, rng=jax.random.key(0))), leaves(self(*inputs, rng=jax.random.key(1)))
+        return any(not np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
+                   for x, y in zip(a, b) if isinstance(x, jax.Array))
+
+
+class NotOnJaxDevice(Exception):
+    """The op returned a CPU tensor for jax inputs, as torch does for factories with tensor bounds
+    (linspace(start, end) on any device): nothing was computed on the jax device."""
+
+
+def _jax_leaves(value, jax_view):
+    if isinstance(value, torch.Tensor):
+        if value.device.type != "jax":
+            raise NotOnJaxDevice(f"the op returned a tensor on {value.device}")
+        return jax_view(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_jax_leaves(v, jax_view) for v in value)
+    return value
+
+
+def run_eager_and_compare(prepared: Prepared) -> None:
+    """The sample on the jax device against torch eager on CPU: run_and_compare's checks, with
+    random ops told apart by drawing twice (there is no graph to read them from)."""
+    from .comparisons import COMPARISONS
+
+    model = EagerModel(prepared.module)
+    if prepared.case_id not in COMPARISONS and model.draws_random([to_numpy(t) for t in prepared.inputs]):
+        from .random_check import check_random
+
+        with jax.enable_x64(True):  # the device keeps int64 (its dtypes are torch's, not x32's)
+            return check_random(prepared, model)
+    return run_and_compare(prepared, model)
