@@ -1,0 +1,66 @@
+"""`torch.compile(model, backend="torch2jax")`: dynamo's graphs run as jitted JAX functions.
+
+The backend is aot_autograd with torch2jax's core-ATen decomposition table (the one export uses):
+the forward, the backward and the inference graphs it produces each become a `JaxGraph`, so
+`loss.backward()` and `torch.optim` work as with any backend, and buffer mutations (BatchNorm's
+running statistics) come back as outputs that aot_autograd copies into the buffers. Ops without a
+lowering run in torch between JAX parts of the graph (partition.py), with a warning.
+
+Registered as a `torch_dynamo_backends` entry point (pyproject.toml), so no import is needed once
+the package is installed; `backend` itself can also be passed: `torch.compile(m, backend=backend)`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.fx
+
+from ..capture import exporter
+from .jax_graph import JaxGraph
+from .partition import missing_lowerings, partitioned, warn_in_torch
+
+
+def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    """The dynamo backend: dynamo's graph -> aot_autograd's forward/backward graphs -> JAX."""
+    return _aot_backend()(gm, example_inputs)
+
+
+@functools.cache
+def _aot_backend():
+    from torch._dynamo.backends.common import aot_autograd
+
+    return aot_autograd(
+        fw_compiler=compile_graph,
+        bw_compiler=compile_graph,
+        inference_compiler=compile_graph,
+        decompositions=dict(exporter.decompositions().items()),
+    )
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    """One aot_autograd graph as a boxed callable (aot_autograd passes a list it lets us clear)."""
+    missing = missing_lowerings(gm)
+    if missing:
+        warn_in_torch(missing)
+        run = _torch_around_jax(partitioned(gm))
+    else:
+        run = JaxGraph(gm)
+
+    def call(values: list) -> list:
+        results = run(values)
+        values.clear()
+        return results
+
+    call._boxed_call = True
+    return call
+
+
+def _torch_around_jax(gm: torch.fx.GraphModule) -> Callable[[list], list]:
+    def run(values: list) -> list:
+        out = gm(*values)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+
+    return run

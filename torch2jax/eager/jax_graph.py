@@ -1,0 +1,87 @@
+"""One FX graph whose every op has a lowering, as a jitted JAX function called with torch values.
+
+aot_autograd hands the backend flat graphs: placeholders are tensors and SymInts, the output a
+tuple of tensors, SymInts and Nones. The graph goes through the same capture -> passes ->
+interpreter path as an exported model. SymInts are static arguments of `jax.jit`, so each
+distinct shape compiles once and no shape is ever a traced scalar; int64 and float64 stay what torch
+says (the function runs with x64 on). A graph that draws random numbers gets a fresh key per call,
+drawn from torch's default generator, so `torch.manual_seed` makes runs reproducible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import torch
+
+from ..capture.fx import capture_graph_module
+from ..ir.graph import Graph
+from ..lowering import interpreter, passes
+from .handoff import InputSlot, shared, to_tensor
+
+
+class JaxGraph:
+    """`JaxGraph(gm)(values)` computes what `gm(*values)` does, in JAX; values are torch tensors and ints."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        captured = capture_graph_module(gm)
+        graph = passes.optimize(captured.graph)
+        self._run = interpreter.build(graph)
+        self._constants = {name: shared(t) for name, t in captured.tensors.items()}
+        user_inputs = graph.user_inputs
+        # per placeholder: an InputSlot for a tensor, None for a static value (SymInt, float, bool)
+        self._slots = [InputSlot() if inp.meta is not None else None for inp in user_inputs]
+        self._forwarded = _forwarded_inputs(graph)  # output index -> input index (returned unchanged)
+        self._needs_rng = interpreter.needs_rng(graph)
+        self._static_outputs: dict[tuple, dict[int, Any]] = {}  # per static arguments: outputs that are not arrays
+        self._jitted = jax.jit(self._traced, static_argnums=(2,))
+
+    def _traced(self, constants: dict, arrays: list, statics: tuple, rng_bits):
+        array_values, static_values = iter(arrays), iter(statics)
+        leaves = [next(static_values) if slot is None else next(array_values) for slot in self._slots]
+        key = None if rng_bits is None else jax.random.wrap_key_data(rng_bits, impl="threefry2x32")
+        outputs, _ = self._run(constants, leaves, key)
+        static = {i: value for i, value in enumerate(outputs) if not isinstance(value, jax.Array)}
+        self._static_outputs[statics] = static
+        return [None if i in static else value for i, value in enumerate(outputs)]
+
+    def __call__(self, values: Sequence) -> list:
+        arrays, statics = [], []
+        for slot, value in zip(self._slots, values):
+            if slot is None:
+                statics.append(value)
+            else:
+                arrays.append(slot.value(value))
+        statics = tuple(int(v) if isinstance(v, torch.SymInt) else v for v in statics)
+        bits = _rng_bits() if self._needs_rng else None
+        with jax.enable_x64(True):
+            outputs = self._jitted(self._constants, arrays, statics, bits)
+        static = self._static_outputs[statics]
+        results = []
+        for i, out in enumerate(outputs):
+            if i in self._forwarded:
+                results.append(values[self._forwarded[i]])
+            elif i in static:
+                results.append(static[i])
+            else:
+                results.append(to_tensor(out))
+        return results
+
+
+def _rng_bits() -> np.ndarray:
+    """Two 32-bit words from torch's default generator: a new JAX key per call that follows torch's seed."""
+    return torch.randint(0, 2**31 - 1, (2,), dtype=torch.int64).numpy().astype(np.uint32)
+
+
+def _forwarded_inputs(graph: Graph) -> dict[int, int]:
+    """Outputs that are a tensor input as it came in: handed back as the same torch tensor, not a copy."""
+    position = {inp.name: i for i, inp in enumerate(graph.user_inputs) if inp.meta is not None}
+    forwarded = {}
+    for i, out in enumerate(graph.user_outputs):
+        ref = out.value.get("ref") if isinstance(out.value, dict) else None
+        if ref in position:
+            forwarded[i] = position[ref]
+    return forwarded
