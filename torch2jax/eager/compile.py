@@ -42,12 +42,15 @@ def _aot_backend():
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     """One aot_autograd graph as a boxed callable (aot_autograd passes a list it lets us clear)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     missing = missing_lowerings(gm)
-    if missing:
-        warn_in_torch(missing)
-        run = _torch_around_jax(partitioned(gm))
-    else:
-        run = JaxGraph(gm)
+    with unset_fake_temporarily():  # aot_autograd compiles under its fake mode; the graph's constants are real
+        if missing:
+            warn_in_torch(missing)
+            run = _torch_around_jax(partitioned(gm))
+        else:
+            run = JaxGraph(gm)
 
     def call(values: list) -> list:
         results = run(values)
