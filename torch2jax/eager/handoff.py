@@ -33,7 +33,9 @@ class InputSlot:
         self._version = -1
         self._array = None
 
-    def value(self, tensor: torch.Tensor):
+    def value(self, tensor: torch.Tensor | None):
+        if not isinstance(tensor, torch.Tensor):  # an optional tensor input left out
+            return tensor
         ref = self._ref
         same = ref is not None and ref() is tensor
         if same and self._array is not None and tensor._version == self._version:

@@ -27,9 +27,13 @@ def missing_lowerings(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
 
 
 def warn_in_torch(nodes: list[torch.fx.Node]) -> None:
-    """Warn once per (op, user source line) that the op runs in torch."""
+    """Warn once per (op, user source line) that the op runs in torch; count every graph that does
+    (torch._dynamo.utils.counters["torch2jax_in_torch"][op]), which tests read."""
+    from torch._dynamo.utils import counters
+
     for node in nodes:
         op = op_name(node.target)
+        counters["torch2jax_in_torch"][op] += 1
         source = _user_frame(node.meta.get("stack_trace"))
         if (op, source) in _WARNED:
             continue
