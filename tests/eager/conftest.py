@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from ..models.conftest import pytest_collection_modifyitems  # noqa: F401 - a plain run leaves out the slow tier
 from ..ops.conftest import _case, failure_reason, merge_report
 from ..ops.conftest import _write as write_report
 

@@ -23,6 +23,10 @@ from .jax_graph import JaxGraph
 from .partition import missing_lowerings, partitioned, warn_in_torch
 
 
+# CPU SDPA's kernel, which torch's decomposition table would spell out as matmuls and a softmax
+KEEP_WHOLE = (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,)
+
+
 def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     """The dynamo backend: dynamo's graph -> aot_autograd's forward/backward graphs -> JAX."""
     return _aot_backend()(gm, example_inputs)
@@ -32,12 +36,10 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
 def _aot_backend():
     from torch._dynamo.backends.common import aot_autograd
 
-    return aot_autograd(
-        fw_compiler=compile_graph,
-        bw_compiler=compile_graph,
-        inference_compiler=compile_graph,
-        decompositions=dict(exporter.decompositions().items()),
-    )
+    table = dict(exporter.decompositions().items())
+    for op in KEEP_WHOLE:  # lowered whole: XLA sees one attention, and its backward is the VJP of it
+        table.pop(op, None)
+    return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph, inference_compiler=compile_graph, decompositions=table)
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
