@@ -167,6 +167,21 @@ def test_dynamic_batch_compiles_one_graph():
     assert counters["aot_autograd"]["total"] == 1
 
 
+@pytest.mark.parametrize("mask", ["causal", "additive"])
+def test_cpu_attention_kernel_matches_torch(mask):
+    """The CPU flash kernel the backend keeps whole: its output and its logsumexp, as torch computes them."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8)
+    bias = torch.randn(5, 6) if mask == "additive" else None
+
+    def attend(q, k, v):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, mask == "causal", attn_mask=bias, scale=0.3)
+
+    got, want = torch.compile(attend, backend=backend)(q, k, v), attend(q, k, v)
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+
+
 torch.library.define("t2jtest::shifted", "(Tensor x) -> Tensor")
 
 
