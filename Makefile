@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-ops-full test-models-full demo runtime-check lint docs bench bench-calls clean
+.PHONY: install test test-ops-full test-ops-compile test-models-full demo runtime-check lint docs bench bench-calls bench-compile clean
 
 install: $(STAMP)
 
@@ -29,9 +29,15 @@ test-ops-full: install
 		T2J_OPINFO_SAMPLES=0 T2J_OPINFO_REPORT=docs/opinfo_results.json T2J_RUN_KNOWN_FAILURES=1 \
 		$(PY) -m pytest -q -n 2 $(if $(OPINFO_DTYPE),tests/ops/test_opinfo.py,tests/ops)
 
+# Every OpInfo through torch.compile(backend="torch2jax") (the default run takes every 16th op), in the export
+# sweep's dtype rotation, one sample each; records docs/opinfo_compile_results.json for docs/ops.md's compile column.
+test-ops-compile: install
+	T2J_OPINFO_COMPILE_EVERY=1 T2J_OPINFO_COMPILE_REPORT=docs/opinfo_compile_results.json \
+		$(PY) -m pytest -q -n 2 tests/eager/test_opinfo_compile.py
+
 # The slow model tier: benchmark-sized configs and the rest of the bfloat16 variants (tests/models, -m slow).
 test-models-full: install
-	$(PY) -m pytest -q -m slow tests/models
+	$(PY) -m pytest -q -m slow tests/models tests/eager
 
 demo: install
 	$(PY) scripts/demo.py
@@ -67,6 +73,10 @@ bench: $(BENCH_STAMP)
 # Per-call overhead alone (~2 min): rewrites its section of docs/benchmarks.md.
 bench-calls: $(BENCH_STAMP)
 	$(PY) -m benchmarks.call_overhead
+
+# torch.compile(backend="torch2jax") against inductor and the exported artifact (~5 min): rewrites its section.
+bench-compile: $(BENCH_STAMP)
+	$(PY) -m benchmarks.compile
 
 lint: install
 	$(VENV)/bin/ruff check torch2jax cli tests scripts sample_models benchmarks

@@ -10,11 +10,17 @@ from ..ops.conftest import _case, failure_reason, merge_report
 from ..ops.conftest import _write as write_report
 
 _RUN: dict[str, dict] = {"outcomes": {}, "samples": {}, "reasons": {}}
+_WRITER = {"on": False}
+
+
+def pytest_configure(config):
+    # Only the process that sees every result writes: the xdist controller, or pytest without xdist.
+    _WRITER["on"] = not hasattr(config, "workerinput")
 
 
 def pytest_runtest_logreport(report):
     path = os.environ.get("T2J_OPINFO_COMPILE_REPORT")
-    if not path or "test_opinfo_compile[" not in report.nodeid:
+    if not path or not _WRITER["on"] or "test_opinfo_compile[" not in report.nodeid:
         return
     if not (report.when == "call" or (report.when == "setup" and report.outcome != "passed")):
         return
