@@ -60,8 +60,8 @@ def _cpu_attention_case():
     is decomposed by export; tests/eager/test_compile.py checks that one through the compile backend.)"""
     q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8)
     out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=0.3)
-    return lambda g, q, k, v, o, l: aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        g, q, k, v, o, l, 0.0, True, scale=0.3), (torch.randn(2, 3, 5, 8), q, k, v, out, lse)
+    return lambda g, q, k, v, o, lse: aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        g, q, k, v, o, lse, 0.0, True, scale=0.3), (torch.randn(2, 3, 5, 8), q, k, v, out, lse)
 
 
 @pytest.mark.parametrize("case", [_layer_norm_case, _group_norm_case, _conv_case, _avg_pool_case, _adaptive_case, _max_pool_case,

@@ -22,7 +22,6 @@ from ..capture import exporter
 from .jax_graph import JaxGraph
 from .partition import missing_lowerings, partitioned, warn_in_torch
 
-
 # CPU SDPA's kernel, which torch's decomposition table would spell out as matmuls and a softmax
 KEEP_WHOLE = (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,)
 
