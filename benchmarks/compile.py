@@ -18,12 +18,11 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import statistics
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from . import call_overhead
 from .call_overhead import write_section
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,18 +32,8 @@ QUICK = ["mlp", "llama"]
 
 
 def measure(calls: dict[str, Callable[[], object]], rounds: int, per_round: int, warmup: int = 3) -> dict[str, float]:
-    """Median over rounds of the mean milliseconds per call; runners interleaved within each round."""
-    for call in calls.values():
-        for _ in range(warmup):
-            call()
-    samples: dict[str, list[float]] = {label: [] for label in calls}
-    for _ in range(rounds):
-        for label, call in calls.items():
-            start = time.perf_counter()
-            for _ in range(per_round):
-                call()
-            samples[label].append((time.perf_counter() - start) / per_round * 1e3)
-    return {label: statistics.median(values) for label, values in samples.items()}
+    """Median over rounds of the mean milliseconds per call (call_overhead.measure, few warm-up calls)."""
+    return {label: us / 1e3 for label, us in call_overhead.measure(calls, rounds, per_round, warmup).items()}
 
 
 def _compiled(module, backend: str):

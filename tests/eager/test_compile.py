@@ -241,3 +241,17 @@ def test_installed_entry_point_reaches_the_backend():
     x = torch.randn(3, 12)
     torch.testing.assert_close(torch.compile(model, backend="torch2jax")(x), model(x))
     assert counters["aot_autograd"]["ok"] == 1, "the name did not reach this backend"
+
+
+def test_bfloat16_gradients_match_eager():
+    """bfloat16 forward and backward (its weight gradients are the dots XLA CPU needs widened), within
+    bfloat16's tolerance of torch's own bfloat16 run."""
+    torch.manual_seed(0)
+    ours = mlp().to(torch.bfloat16)
+    reference = copy.deepcopy(ours)
+    x = torch.randn(6, 12, dtype=torch.bfloat16)
+    torch.compile(ours, backend=backend)(x).float().square().sum().backward()
+    reference(x).float().square().sum().backward()
+    for a, b in zip(ours.parameters(), reference.parameters()):
+        assert a.grad.dtype == torch.bfloat16
+        torch.testing.assert_close(a.grad, b.grad)
