@@ -28,6 +28,8 @@ def pytest_runtest_logreport(report):
     outcome = report.outcome
     if outcome == "skipped" and "torch.compile cannot capture" in str(report.longrepr):
         outcome = "torch-limit"
+    elif outcome == "skipped" and "refused by design" in str(report.longrepr):
+        outcome = "refused"
     _RUN["outcomes"][case] = outcome
     for name, value in report.user_properties:
         if name == "samples":

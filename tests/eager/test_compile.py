@@ -222,6 +222,24 @@ def test_op_without_lowering_runs_in_torch_with_a_warning():
     assert "t2jtest.shifted.default" in ours[0] and "test_compile.py" in ours[0] and "torch.ops.t2jtest.shifted" in ours[0]
 
 
+def test_value_dependent_shapes_run_in_torch_between_jax_parts():
+    """Export refuses these; compiled, they run in torch (shape from values) and the rest in JAX."""
+
+    def masked(x):
+        y = torch.sin(x) * 3
+        kept = y[y > 0]
+        return kept.sum() + torch.nonzero(y < -1).shape[0], y.cos()
+
+    x = torch.randn(4, 6)
+    with warnings.catch_warnings(record=True) as caught, torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        warnings.simplefilter("always")
+        got = torch.compile(masked, backend=backend, fullgraph=True)(x)
+    torch.testing.assert_close(got, masked(x))
+    assert counters["torch2jax_value_shaped"], "nothing ran in torch: the graph should hold value-dependent shapes"
+    ours = [str(w.message) for w in caught if "torch2jax" in str(w.message)]
+    assert ours and all("depends on tensor values" in m for m in ours), ours
+
+
 def test_pyproject_declares_the_backend_entry_point():
     import tomllib
 

@@ -310,20 +310,26 @@ def _numpy_leaves(value):
 
 
 def compile_sample(prepared: Prepared) -> CompiledOp:
-    """Compile and run the op once: torch.compile's own limits (a graph break under fullgraph, e.g. an
-    output shape read from values) are TorchLimit; an op the backend ran in torch, not JAX, is
-    UnsupportedOpsError, as export reports it."""
+    """Compile and run the op once: torch.compile's own limits (a graph break under fullgraph) are
+    TorchLimit; an op the backend ran in torch rather than JAX is UnsupportedOpsError, as export reports
+    it: for want of a lowering, or refused because its output shape depends on the input values."""
     from torch._dynamo.utils import counters
 
+    from torch2jax.eager.partition import NO_LOWERING, VALUE_SHAPED
+
     compiled = CompiledOp(prepared)
-    counters["torch2jax_in_torch"].clear()
+    counters[NO_LOWERING].clear()
+    counters[VALUE_SHAPED].clear()
     try:
         compiled(*[to_numpy(t) for t in prepared.inputs])
     except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as err:
         raise TorchLimit("torch.compile: " + str(err).split("\n")[0][:200]) from err
-    in_torch = sorted(counters["torch2jax_in_torch"])
-    if in_torch:
-        raise UnsupportedOpsError(f"{len(in_torch)} op(s) have no JAX lowering and ran in torch: {', '.join(in_torch)}", in_torch)
+    if counters[NO_LOWERING]:
+        ops = sorted(counters[NO_LOWERING])
+        raise UnsupportedOpsError(f"{len(ops)} op(s) have no JAX lowering and ran in torch: {', '.join(ops)}", ops)
+    if counters[VALUE_SHAPED]:
+        ops = sorted(counters[VALUE_SHAPED])
+        raise UnsupportedOpsError(f"ran in torch: the output shape of {', '.join(ops)} depends on the input values", ops)
     return compiled
 
 

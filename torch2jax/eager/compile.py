@@ -20,7 +20,7 @@ import torch.fx
 
 from ..capture import exporter
 from .jax_graph import JaxGraph
-from .partition import missing_lowerings, partitioned, warn_in_torch
+from .partition import partitioned, torch_only_nodes, warn_in_torch
 
 # CPU SDPA's kernel, which torch's decomposition table would spell out as matmuls and a softmax
 KEEP_WHOLE = (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,)
@@ -45,10 +45,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     """One aot_autograd graph as a boxed callable (aot_autograd passes a list it lets us clear)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    missing = missing_lowerings(gm)
+    in_torch = torch_only_nodes(gm)
     with unset_fake_temporarily():  # aot_autograd compiles under its fake mode; the graph's constants are real
-        if missing:
-            warn_in_torch(missing)
+        if in_torch:
+            warn_in_torch(in_torch)
             run = _torch_around_jax(partitioned(gm))
         else:
             run = JaxGraph(gm)
