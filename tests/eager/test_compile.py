@@ -156,6 +156,28 @@ def test_dropout_differs_per_call_and_follows_the_seed():
     assert torch.equal(compiled(x), first), "the same torch seed gave another mask"
 
 
+def test_parameters_cross_once_per_version(monkeypatch):
+    """A parameter becomes a JAX array on its first call and again only after a write (an optimizer step)."""
+    from torch2jax.eager import handoff
+
+    shared_calls = []
+    original = handoff.shared
+    monkeypatch.setattr(handoff, "shared", lambda t: shared_calls.append(tuple(t.shape)) or original(t))
+    torch.manual_seed(0)
+    model = mlp()
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(torch.randn(6, 12))
+    weights = {tuple(p.shape) for p in model.parameters()}
+    assert sorted(shared_calls) == sorted(tuple(p.shape) for p in model.parameters()), shared_calls
+    shared_calls.clear()
+    with torch.no_grad():
+        model[0].weight.mul_(2)  # a write bumps the version: that weight crosses again, the others do not
+        torch.testing.assert_close(compiled(x := torch.randn(6, 12)), model(x))
+    assert shared_calls == [tuple(model[0].weight.shape)] and shared_calls[0] in weights
+
+
 def test_dynamic_batch_compiles_one_graph():
     torch.manual_seed(0)
     model = mlp()
