@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -277,8 +278,9 @@ def compare(expected, got, path: str) -> None:
 class CompiledOp:
     """The op module under `torch.compile(backend=torch2jax, fullgraph=True)`, called as a converted Model
     is (numpy in, numpy out), so every check above applies unchanged. `rng=key` seeds torch's generator
-    from the key: the backend draws each call's JAX key from it, and OpInfo's own reseeding wrapper
-    is pointed at the same seed (random_check._seeded)."""
+    from the key before the call: the backend draws each call's JAX key from it. OpInfo's random ops
+    reseed inside (`wrapper_set_seed`), which dynamo cannot put in a graph: compiled, they call the op
+    directly (`_unseeded`)."""
 
     def __init__(self, prepared: Prepared):
         from torch2jax.eager.compile import backend
@@ -290,15 +292,33 @@ class CompiledOp:
         from torch2jax.capture.torch_arrays import to_torch
 
         tensors = [to_torch(x) for x in inputs]
-        if rng is None:
-            with torch.no_grad():
-                out = self.compiled(*tensors)
-        else:
-            from .random_check import _seeded
+        with _unseeded(), torch.no_grad():
+            if rng is not None:
+                torch.manual_seed(int(np.asarray(jax.random.key_data(rng)).ravel()[-1]))
+            return _numpy_leaves(self.compiled(*tensors))
 
-            with _seeded(int(np.asarray(jax.random.key_data(rng)).ravel()[-1])), torch.no_grad():
-                out = self.compiled(*tensors)
-        return _numpy_leaves(out)
+
+@contextlib.contextmanager
+def _unseeded():
+    """OpInfo's `wrapper_set_seed(op, ...)` as a plain call of `op`, in every module that uses it."""
+    import sys
+
+    import torch.testing._utils as torch_testing_utils
+
+    original = torch_testing_utils.wrapper_set_seed
+
+    def call(op, *args, **kwargs):
+        return op(*args, **kwargs)
+
+    users = [m for name, m in list(sys.modules.items())
+             if name.startswith("torch.testing") and getattr(m, "wrapper_set_seed", None) is original]
+    for module in users:
+        module.wrapper_set_seed = call
+    try:
+        yield
+    finally:
+        for module in users:
+            module.wrapper_set_seed = original
 
 
 def _numpy_leaves(value):
@@ -346,7 +366,13 @@ def draws_random(prepared: Prepared) -> bool:
 
 
 def run_and_compare_compiled(prepared: Prepared, compiled: CompiledOp) -> None:
-    """run_and_compare for the compile way: the same comparisons, random checks and tolerances."""
+    """run_and_compare for the compile way: the same comparisons, random checks and tolerances. The
+    backend keeps int64 and float64 (x64 on), so the dtypes expected are torch's own."""
+    with jax.enable_x64(True):
+        _run_and_compare_compiled(prepared, compiled)
+
+
+def _run_and_compare_compiled(prepared: Prepared, compiled: CompiledOp) -> None:
     from .comparisons import COMPARISONS
 
     if prepared.case_id in COMPARISONS:
