@@ -55,7 +55,7 @@ class JaxGraph:
                 statics.append(value)
             else:
                 arrays.append(slot.value(value))
-        statics = tuple(int(v) if isinstance(v, torch.SymInt) else v for v in statics)
+        statics = tuple(_concrete(v) for v in statics)
         bits = _rng_bits() if self._needs_rng else None
         with jax.enable_x64(True):
             outputs = self._jitted(self._constants, arrays, statics, bits)
@@ -69,6 +69,14 @@ class JaxGraph:
             else:
                 results.append(to_tensor(out))
         return results
+
+
+def _concrete(value: Any) -> Any:
+    """A SymInt / SymFloat / SymBool as the plain value it has on this call (a hashable static argument)."""
+    for sym, kind in ((torch.SymInt, int), (torch.SymFloat, float), (torch.SymBool, bool)):
+        if isinstance(value, sym):
+            return kind(value)
+    return value
 
 
 def _rng_bits() -> np.ndarray:
