@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 
@@ -298,27 +297,11 @@ class CompiledOp:
             return _numpy_leaves(self.compiled(*tensors))
 
 
-@contextlib.contextmanager
 def _unseeded():
-    """OpInfo's `wrapper_set_seed(op, ...)` as a plain call of `op`, in every module that uses it."""
-    import sys
+    """OpInfo's `wrapper_set_seed(op, ...)` as a plain call of `op`."""
+    from .random_check import seed_wrapper_replaced
 
-    import torch.testing._utils as torch_testing_utils
-
-    original = torch_testing_utils.wrapper_set_seed
-
-    def call(op, *args, **kwargs):
-        return op(*args, **kwargs)
-
-    users = [m for name, m in list(sys.modules.items())
-             if name.startswith("torch.testing") and getattr(m, "wrapper_set_seed", None) is original]
-    for module in users:
-        module.wrapper_set_seed = call
-    try:
-        yield
-    finally:
-        for module in users:
-            module.wrapper_set_seed = original
+    return seed_wrapper_replaced(lambda op, *args, **kwargs: op(*args, **kwargs))
 
 
 def _numpy_leaves(value):
