@@ -38,11 +38,22 @@ def _aot_backend():
     table = dict(exporter.decompositions().items())
     for op in KEEP_WHOLE:  # lowered whole: XLA sees one attention, and its backward is the VJP of it
         table.pop(op, None)
-    return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph, inference_compiler=compile_graph, decompositions=table)
+    return aot_autograd(fw_compiler=compile_forward, bw_compiler=compile_graph, inference_compiler=compile_forward,
+                        decompositions=table)
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-    """One aot_autograd graph as a boxed callable (aot_autograd passes a list it lets us clear)."""
+def compile_forward(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    """A forward or inference graph: its placeholders are the flat inputs, params and buffers marked static."""
+    from torch._guards import TracingContext
+
+    context = TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None)
+    return compile_graph(gm, example_inputs, frozenset(getattr(metadata, "static_input_indices", None) or ()))
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, state: frozenset[int] = frozenset()) -> Callable:
+    """One aot_autograd graph as a boxed callable (aot_autograd passes a list it lets us clear); `state`:
+    the placeholder positions holding params and buffers (JaxGraph)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     in_torch = torch_only_nodes(gm)
@@ -51,7 +62,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
             warn_in_torch(in_torch)
             run = _torch_around_jax(partitioned(gm))
         else:
-            run = JaxGraph(gm)
+            run = JaxGraph(gm, state)
 
     def call(values: list) -> list:
         results = run(values)

@@ -24,41 +24,54 @@ from .handoff import InputSlot, shared, to_tensor
 
 
 class JaxGraph:
-    """`JaxGraph(gm)(values)` computes what `gm(*values)` does, in JAX; values are torch tensors and ints."""
+    """`JaxGraph(gm)(values)` computes what `gm(*values)` does, in JAX; values are torch tensors and ints.
 
-    def __init__(self, gm: torch.fx.GraphModule):
+    `state` are the positions of placeholders that hold parameters and buffers (aot_autograd's static
+    inputs): they enter the graph as params, as in an exported model, so the graph passes that need
+    to know a weight from an activation (a batch norm folded into its conv) apply.
+    """
+
+    def __init__(self, gm: torch.fx.GraphModule, state: frozenset[int] = frozenset()):
         captured = capture_graph_module(gm)
+        placeholders = [i for i in captured.graph.inputs if i.kind == "user_input"]
+        for position, inp in enumerate(placeholders):
+            if position in state and inp.meta is not None and inp.meta.is_static:
+                inp.kind, inp.target = "parameter", inp.name
         graph = passes.optimize(captured.graph)
         self._run = interpreter.build(graph)
         self._constants = {name: shared(t) for name, t in captured.tensors.items()}
-        user_inputs = graph.user_inputs
+        self._state = [inp.kind == "parameter" for inp in placeholders]
+        self._names = [inp.name for inp in placeholders]
         # per placeholder: an InputSlot for a tensor, None for a static value (SymInt, float, bool)
-        self._slots = [InputSlot() if inp.meta is not None else None for inp in user_inputs]
-        self._forwarded = _forwarded_inputs(graph)  # output index -> input index (returned unchanged)
+        self._slots = [InputSlot() if inp.meta is not None else None for inp in placeholders]
+        self._forwarded = _forwarded_inputs(graph, self._names)  # output index -> input index (returned unchanged)
         self._needs_rng = interpreter.needs_rng(graph)
         self._static_outputs: dict[tuple, dict[int, Any]] = {}  # per static arguments: outputs that are not arrays
         self._jitted = jax.jit(self._traced, static_argnums=(2,))
 
-    def _traced(self, constants: dict, arrays: list, statics: tuple, rng_bits):
+    def _traced(self, params: dict, arrays: list, statics: tuple, rng_bits):
         array_values, static_values = iter(arrays), iter(statics)
-        leaves = [next(static_values) if slot is None else next(array_values) for slot in self._slots]
+        leaves = [next(static_values) if slot is None else next(array_values)
+                  for slot, is_state in zip(self._slots, self._state) if not is_state]
         key = None if rng_bits is None else jax.random.wrap_key_data(rng_bits, impl="threefry2x32")
-        outputs, _ = self._run(constants, leaves, key)
+        outputs, _ = self._run(params, leaves, key)
         static = {i: value for i, value in enumerate(outputs) if not isinstance(value, jax.Array)}
         self._static_outputs[statics] = static
         return [None if i in static else value for i, value in enumerate(outputs)]
 
     def __call__(self, values: Sequence) -> list:
-        arrays, statics = [], []
-        for slot, value in zip(self._slots, values):
-            if slot is None:
+        arrays, statics, params = [], [], dict(self._constants)
+        for slot, is_state, name, value in zip(self._slots, self._state, self._names, values):
+            if is_state:
+                params[name] = slot.value(value)
+            elif slot is None:
                 statics.append(value)
             else:
                 arrays.append(slot.value(value))
         statics = tuple(_concrete(v) for v in statics)
         bits = _rng_bits() if self._needs_rng else None
         with jax.enable_x64(True):
-            outputs = self._jitted(self._constants, arrays, statics, bits)
+            outputs = self._jitted(params, arrays, statics, bits)
         static = self._static_outputs[statics]
         results = []
         for i, out in enumerate(outputs):
@@ -84,9 +97,10 @@ def _rng_bits() -> np.ndarray:
     return torch.randint(0, 2**31 - 1, (2,), dtype=torch.int64).numpy().astype(np.uint32)
 
 
-def _forwarded_inputs(graph: Graph) -> dict[int, int]:
+def _forwarded_inputs(graph: Graph, placeholders: list[str]) -> dict[int, int]:
     """Outputs that are a tensor input as it came in: handed back as the same torch tensor, not a copy."""
-    position = {inp.name: i for i, inp in enumerate(graph.user_inputs) if inp.meta is not None}
+    tensors = {inp.name for inp in graph.inputs if inp.meta is not None}
+    position = {name: i for i, name in enumerate(placeholders) if name in tensors}
     forwarded = {}
     for i, out in enumerate(graph.user_outputs):
         ref = out.value.get("ref") if isinstance(out.value, dict) else None
