@@ -16,7 +16,7 @@ from torch2jax.eager.compile import backend
 
 from ..models.zoo import MODELS
 
-FAST = ["bert", "llama", "resnet", "vit", "unet", "embedding_bag_scatter"]
+FAST = ["bert", "llama", "resnet", "unet", "embedding_bag_scatter"]
 
 
 def _rebatched(value, batch: int):
