@@ -10,6 +10,7 @@ drawn from torch's default generator, so `torch.manual_seed` makes runs reproduc
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,6 +45,11 @@ class JaxGraph:
         self._names = [inp.name for inp in placeholders]
         # per placeholder: an InputSlot for a tensor, None for a static value (SymInt, float, bool)
         self._slots = [InputSlot() if inp.meta is not None else None for inp in placeholders]
+        self._state_positions = [i for i, is_state in enumerate(self._state) if is_state]
+        self._other_positions = [i for i, is_state in enumerate(self._state) if not is_state]
+        # the params dict of the last call, and the tensors and versions it was made from
+        self._params: dict | None = None
+        self._params_from: tuple[list, list] = ([], [])
         self._forwarded = _forwarded_inputs(graph, self._names)  # output index -> input index (returned unchanged)
         self._needs_rng = interpreter.needs_rng(graph)
         self._static_outputs: dict[tuple, dict[int, Any]] = {}  # per static arguments: outputs that are not arrays
@@ -60,11 +66,11 @@ class JaxGraph:
         return [None if i in static else value for i, value in enumerate(outputs)]
 
     def __call__(self, values: Sequence) -> list:
-        arrays, statics, params = [], [], dict(self._constants)
-        for slot, is_state, name, value in zip(self._slots, self._state, self._names, values):
-            if is_state:
-                params[name] = slot.value(value)
-            elif slot is None:
+        params = self._params_for(values)
+        arrays, statics = [], []
+        for position in self._other_positions:
+            slot, value = self._slots[position], values[position]
+            if slot is None:
                 statics.append(value)
             else:
                 arrays.append(slot.value(value))
@@ -82,6 +88,21 @@ class JaxGraph:
             else:
                 results.append(to_tensor(out))
         return results
+
+
+    def _params_for(self, values: Sequence) -> dict:
+        """The params dict, reused whole while the same parameter and buffer tensors come back at the same
+        versions (one comparison per tensor instead of a slot lookup: a ResNet has 80 of them)."""
+        state = [values[i] for i in self._state_positions]
+        versions = [t._version for t in state]
+        seen, seen_versions = self._params_from
+        if self._params is not None and versions == seen_versions and all(map(operator.is_, state, seen)):
+            return self._params
+        params = dict(self._constants)
+        for position, tensor in zip(self._state_positions, state):
+            params[self._names[position]] = self._slots[position].value(tensor)
+        self._params, self._params_from = params, (state, versions)
+        return params
 
 
 def _concrete(value: Any) -> Any:
