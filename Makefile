@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-ops-full test-ops-eager test-models-full demo runtime-check lint docs bench bench-calls bench-eager bench-large clean
+.PHONY: install test test-ops-full test-ops-eager test-ops-compile test-models-full demo runtime-check lint docs bench bench-calls bench-eager bench-compile bench-large clean
 
 install: $(STAMP)
 
@@ -35,9 +35,15 @@ test-ops-eager: install
 	T2J_EAGER_OPINFO=all T2J_EAGER_OPINFO_DTYPES=$(EAGER_DTYPES) T2J_OPINFO_EAGER_REPORT=docs/opinfo_eager_results.json \
 		$(PY) -m pytest -q -n 2 tests/eager/test_opinfo_eager.py
 
+# Every OpInfo through torch.compile(backend="torch2jax") (the default run takes every 16th op), in the export
+# sweep's dtype rotation, one sample each; records docs/opinfo_compile_results.json for docs/ops.md's compile column.
+test-ops-compile: install
+	T2J_OPINFO_COMPILE_EVERY=1 T2J_OPINFO_COMPILE_REPORT=docs/opinfo_compile_results.json \
+		$(PY) -m pytest -q -n 2 tests/eager/test_opinfo_compile.py
+
 # The slow model tier: benchmark-sized configs and the rest of the bfloat16 variants (tests/models, -m slow).
 test-models-full: install
-	$(PY) -m pytest -q -m slow tests/models
+	$(PY) -m pytest -q -m slow tests/models tests/eager
 
 demo: install
 	$(PY) scripts/demo.py
@@ -82,6 +88,10 @@ bench-large: install
 # The eager jax device, per op and a small Llama forward (~2 min): rewrites its section of docs/benchmarks.md.
 bench-eager: $(BENCH_STAMP)
 	$(PY) -m benchmarks.eager
+
+# torch.compile(backend="torch2jax") against inductor and the exported artifact (~5 min): rewrites its section.
+bench-compile: $(BENCH_STAMP)
+	$(PY) -m benchmarks.compile
 
 lint: install
 	$(VENV)/bin/ruff check torch2jax cli tests scripts sample_models benchmarks

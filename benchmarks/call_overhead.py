@@ -101,10 +101,10 @@ def _onnx_session(module, x, path: Path):
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def measure(calls: dict[str, Callable[[], object]], rounds: int, per_round: int) -> dict[str, float]:
+def measure(calls: dict[str, Callable[[], object]], rounds: int, per_round: int, warmup: int = 200) -> dict[str, float]:
     """Median over rounds of the mean microseconds per call; runners interleaved within each round."""
     for call in calls.values():
-        for _ in range(200):
+        for _ in range(warmup):
             call()
     samples: dict[str, list[float]] = {label: [] for label in calls}
     for _ in range(rounds):

@@ -1,7 +1,7 @@
-"""The jax device for the session, and the eager OpInfo report (T2J_OPINFO_EAGER_REPORT names the file).
+"""The jax device for the session, and the OpInfo reports of the eager and compile ways.
 
-The report has the export report's format (tests/ops/conftest.py, whose merge and write it uses), so
-scripts/gen_ops_doc.py reads both.
+T2J_OPINFO_EAGER_REPORT / T2J_OPINFO_COMPILE_REPORT name the files; each has the export report's format
+(tests/ops/conftest.py, whose merge and write it uses), so scripts/gen_ops_doc.py reads all three.
 """
 
 from __future__ import annotations
@@ -11,19 +11,24 @@ import os
 import pytest
 
 import torch2jax.eager as te
+from tests.models.conftest import pytest_collection_modifyitems  # noqa: F401 - a plain run leaves out the slow tier
 from tests.ops.conftest import _case, _load, _write, failure_reason, merge_report
 
 _OUTCOMES: dict[str, str] = {}
 _REASONS: dict[str, str] = {}
 _SAMPLES: dict[str, dict] = {}
 _STATE: dict = {"kept": {}, "writer": False}
+_COMPILE_RUN: dict[str, dict] = {"outcomes": {}, "samples": {}, "reasons": {}}
 
 
 def pytest_configure(config):
-    """Cases this run does not cover keep their recorded outcome (a run over some ops updates those)."""
+    """Only the process that sees every result writes (the xdist controller, or pytest without xdist); cases
+    an eager run does not cover keep their recorded outcome (a run over some ops updates those)."""
+    writer = not hasattr(config, "workerinput")
+    _STATE["writer"] = writer
     path = os.environ.get("T2J_OPINFO_EAGER_REPORT")
-    if path and not hasattr(config, "workerinput"):  # only the process that sees every result writes
-        _STATE.update(kept=_load(path), writer=True)
+    if path and writer:
+        _STATE["kept"] = _load(path)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -33,16 +38,27 @@ def jax_device():
 
 
 def pytest_runtest_logreport(report):
-    path = os.environ.get("T2J_OPINFO_EAGER_REPORT")
-    if not path or "test_opinfo_eager[" not in report.nodeid or not _STATE["writer"]:
+    if not _STATE["writer"] or not (report.when == "call" or (report.when == "setup" and report.outcome != "passed")):
         return
-    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+    quota = os.environ.get("T2J_OPINFO_SAMPLES", "1")
+    eager_path, compile_path = os.environ.get("T2J_OPINFO_EAGER_REPORT"), os.environ.get("T2J_OPINFO_COMPILE_REPORT")
+    if eager_path and "test_opinfo_eager[" in report.nodeid:
         case = _case(report.nodeid)
         _OUTCOMES[case] = report.outcome
-        for name, value in report.user_properties:
-            if name == "samples":
-                _SAMPLES[case] = value
+        _SAMPLES.update({case: value for name, value in report.user_properties if name == "samples"})
         if report.failed:
             _REASONS[case] = failure_reason(report.longreprtext)
-        quota = os.environ.get("T2J_OPINFO_SAMPLES", "1")
-        _write(path, merge_report(_STATE["kept"], _OUTCOMES, _SAMPLES, _REASONS, quota))
+        _write(eager_path, merge_report(_STATE["kept"], _OUTCOMES, _SAMPLES, _REASONS, quota))
+    elif compile_path and "test_opinfo_compile[" in report.nodeid:
+        case = _case(report.nodeid)
+        outcome = report.outcome
+        if outcome == "skipped" and "torch.compile cannot capture" in str(report.longrepr):
+            outcome = "torch-limit"
+        elif outcome == "skipped" and "refused by design" in str(report.longrepr):
+            outcome = "refused"
+        run = _COMPILE_RUN
+        run["outcomes"][case] = outcome
+        run["samples"].update({case: value for name, value in report.user_properties if name == "samples"})
+        if report.failed:
+            run["reasons"][case] = failure_reason(report.longreprtext)
+        _write(compile_path, merge_report({}, run["outcomes"], run["samples"], run["reasons"], quota))

@@ -271,10 +271,112 @@ def compare(expected, got, path: str) -> None:
         assert np.allclose(np.asarray(got), expected, equal_nan=True), f"{path}: {got} != {expected}"
 
 
+# --- the compile way: the same prepared op under torch.compile(backend=torch2jax) -------------------
+
+
+class CompiledOp:
+    """The op module under `torch.compile(backend=torch2jax, fullgraph=True)`, called as a converted Model
+    is (numpy in, numpy out), so every check above applies unchanged. `rng=key` seeds torch's generator
+    from the key before the call: the backend draws each call's JAX key from it. OpInfo's random ops
+    reseed inside (`wrapper_set_seed`), which dynamo cannot put in a graph: compiled, they call the op
+    directly (`_unseeded`)."""
+
+    def __init__(self, prepared: Prepared):
+        from torch2jax.eager.compile import backend
+
+        torch._dynamo.reset()  # one op per compile: dynamo would stop recompiling _OpModule.forward after 8
+        self.compiled = torch.compile(prepared.module, backend=backend, fullgraph=True)
+
+    def __call__(self, *inputs, rng=None):
+        from torch2jax.capture.torch_arrays import to_torch
+
+        tensors = [to_torch(x) for x in inputs]
+        with _unseeded(), torch.no_grad():
+            if rng is not None:
+                torch.manual_seed(int(np.asarray(jax.random.key_data(rng)).ravel()[-1]))
+            return _numpy_leaves(self.compiled(*tensors))
+
+
+def _unseeded():
+    """OpInfo's `wrapper_set_seed(op, ...)` as a plain call of `op`."""
+    from .random_check import seed_wrapper_replaced
+
+    return seed_wrapper_replaced(lambda op, *args, **kwargs: op(*args, **kwargs))
+
+
+def _numpy_leaves(value):
+    if isinstance(value, torch.Tensor):
+        return to_numpy(value)
+    if isinstance(value, (list, tuple)):
+        return [_numpy_leaves(v) for v in value]
+    return value
+
+
+def compile_sample(prepared: Prepared) -> CompiledOp:
+    """Compile and run the op once: torch.compile's own limits (a graph break under fullgraph) are
+    TorchLimit; an op the backend ran in torch rather than JAX is UnsupportedOpsError, as export reports
+    it: for want of a lowering, or refused because its output shape depends on the input values."""
+    from torch._dynamo.utils import counters
+
+    from torch2jax.eager.partition import NO_LOWERING, VALUE_SHAPED
+
+    compiled = CompiledOp(prepared)
+    counters[NO_LOWERING].clear()
+    counters[VALUE_SHAPED].clear()
+    try:
+        compiled(*[to_numpy(t) for t in prepared.inputs])
+    except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as err:
+        raise TorchLimit("torch.compile: " + str(err).split("\n")[0][:200]) from err
+    if counters[NO_LOWERING]:
+        ops = sorted(counters[NO_LOWERING])
+        raise UnsupportedOpsError(f"{len(ops)} op(s) have no JAX lowering and ran in torch: {', '.join(ops)}", ops)
+    if counters[VALUE_SHAPED]:
+        ops = sorted(counters[VALUE_SHAPED])
+        raise UnsupportedOpsError(f"ran in torch: the output shape of {', '.join(ops)} depends on the input values", ops)
+    return compiled
+
+
+def draws_random(prepared: Prepared) -> bool:
+    """Whether torch's own results differ between two seeds (the compile way has no graph to ask)."""
+    from .random_check import _seeded
+
+    def run(seed):
+        with _seeded(seed), torch.no_grad():
+            return leaves(prepared.module(*(t.clone() for t in prepared.inputs)))
+
+    first, second = run(0), run(1)
+    return any(isinstance(a, torch.Tensor) and not _same(a, b) for a, b in zip(first, second))
+
+
+def run_and_compare_compiled(prepared: Prepared, compiled: CompiledOp) -> None:
+    """run_and_compare for the compile way: the same comparisons, random checks and tolerances. The
+    backend keeps int64 and float64 (x64 on), so the dtypes expected are torch's own."""
+    with jax.enable_x64(True):
+        _run_and_compare_compiled(prepared, compiled)
+
+
+def _run_and_compare_compiled(prepared: Prepared, compiled: CompiledOp) -> None:
+    from .comparisons import COMPARISONS
+
+    if prepared.case_id in COMPARISONS:
+        return COMPARISONS[prepared.case_id].check(prepared, compiled)
+    if draws_random(prepared):
+        from .random_check import check_random
+
+        return check_random(prepared, compiled)
+    got = compiled(*[to_numpy(t) for t in prepared.inputs])
+    try:
+        compare(prepared.expected, got, "output")
+    except AssertionError:
+        if not as_accurate_as_torch(prepared, got):
+            raise
+
+
 __all__ = [
     "CallFn", "Prepared", "TorchLimit", "UnsupportedOpsError", "SAMPLES_PER_OP",
     "case_id", "check_shape_and_dtype", "compare", "leaves", "convert_op_sample", "convert_sample", "prepare", "run_and_compare",
     "EagerModel", "NotOnJaxDevice", "run_eager_and_compare",
+    "CompiledOp", "compile_sample", "draws_random", "run_and_compare_compiled",
 ]
 
 

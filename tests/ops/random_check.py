@@ -68,20 +68,26 @@ def check_random(prepared, model) -> None:
 def _seeded(seed: int):
     """Seed torch for one draw. OpInfo wraps random ops in `wrapper_set_seed` (always seed 42), so
     for the draw that wrapper is swapped, in the modules that use it, for one seeding with `seed`."""
-    original = torch_testing_utils.wrapper_set_seed
 
     def reseeded(op, *args, **kwargs):
         torch.manual_seed(seed)
         return op(*args, **kwargs)
 
+    with seed_wrapper_replaced(reseeded), torch.random.fork_rng():
+        torch.manual_seed(seed)
+        yield
+
+
+@contextlib.contextmanager
+def seed_wrapper_replaced(replacement):
+    """OpInfo's `wrapper_set_seed` replaced by `replacement` in every module that uses it."""
+    original = torch_testing_utils.wrapper_set_seed
     users = [m for name, m in list(sys.modules.items())
              if name.startswith("torch.testing") and getattr(m, "wrapper_set_seed", None) is original]
     for module in users:
-        module.wrapper_set_seed = reseeded
+        module.wrapper_set_seed = replacement
     try:
-        with torch.random.fork_rng():
-            torch.manual_seed(seed)
-            yield
+        yield
     finally:
         for module in users:
             module.wrapper_set_seed = original

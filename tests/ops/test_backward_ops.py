@@ -55,7 +55,17 @@ def _max_pool_case():
         torch.randn(2, 3, 3, 3), x, indices)
 
 
-@pytest.mark.parametrize("case", [_layer_norm_case, _group_norm_case, _conv_case, _avg_pool_case, _adaptive_case, _max_pool_case],
+def _cpu_attention_case():
+    """CPU SDPA's backward (what torch.compile's training graphs hold), causal, with a scale. (Its forward
+    is decomposed by export; tests/eager/test_compile.py checks that one through the compile backend.)"""
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8)
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=0.3)
+    return lambda g, q, k, v, o, lse: aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        g, q, k, v, o, lse, 0.0, True, scale=0.3), (torch.randn(2, 3, 5, 8), q, k, v, out, lse)
+
+
+@pytest.mark.parametrize("case", [_layer_norm_case, _group_norm_case, _conv_case, _avg_pool_case, _adaptive_case, _max_pool_case,
+                                  _cpu_attention_case],
                          ids=lambda c: c.__name__.strip("_").removesuffix("_case"))
 def test_backward_op_matches_torch(case):
     torch.manual_seed(0)

@@ -36,16 +36,22 @@ def export(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_sh
 
 def decompose(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """Decompose to the core ATen opset, keeping KEEP_WHOLE ops as they are."""
-    table = torch.export.default_decompositions()
-    for name in KEEP_WHOLE:
-        namespace, op, overload = name.split(".")
-        table.pop(getattr(getattr(getattr(torch.ops, namespace), op), overload), None)
+    table = decompositions()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             return ep.run_decompositions(table)
     except Exception as err:
         raise ExportError(f"torch could not decompose the exported program to core ATen: {_first_paragraph(err)}") from err
+
+
+def decompositions():
+    """torch's core ATen decomposition table less KEEP_WHOLE: what export and the compile backend decompose."""
+    table = torch.export.default_decompositions()
+    for name in KEEP_WHOLE:
+        namespace, op, overload = name.split(".")
+        table.pop(getattr(getattr(getattr(torch.ops, namespace), op), overload), None)
+    return table
 
 
 def normalize_dynamic_shapes(spec: Any) -> Any:

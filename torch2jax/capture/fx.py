@@ -55,6 +55,20 @@ def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str]) -> C
     return Captured(graph, tensors, capturer.schemas)
 
 
+def capture_graph_module(gm: torch.fx.GraphModule) -> Captured:
+    """A bare FX graph as a portable Graph: aot_autograd's forward or backward graph, or one part of it.
+
+    Every placeholder is a user input (a tensor, or a SymInt whose value is static at call time),
+    every output a user output (None stays None); tensors the graph reads with `get_attr` (lifted
+    constants) become `constant` inputs, returned in `tensors`. Symbolic dims keep torch's names (s0).
+    """
+    constants: dict[str, torch.Tensor] = {}
+    capturer = _Capturer({}, constants)
+    graph = capturer.graph(gm, None)
+    graph.inputs = [GraphInput(name, "constant", capturer.meta(t), name) for name, t in constants.items()] + graph.inputs
+    return Captured(graph, {name: t.detach() for name, t in constants.items()}, capturer.schemas)
+
+
 # how to bound the ops whose output shape depends on the input values (XLA compiles static or symbolic shapes)
 DATA_DEPENDENT_SHAPES: dict[str, str] = {
     "aten.nonzero.default": "use torch.nonzero_static(x, size=N, fill_value=-1) with a declared upper bound N "
@@ -118,8 +132,9 @@ def _refuse_input_mutation(graph: Graph) -> None:
 
 
 class _Capturer:
-    def __init__(self, symbol_names: dict[str, str]):
+    def __init__(self, symbol_names: dict[str, str], constants: dict[str, torch.Tensor] | None = None):
         self.symbol_names = symbol_names
+        self.constants = constants  # where a bare graph's get_attr tensors go (None: not accepted)
         self.schemas: dict[str, str] = {}
         self._sym_text: dict[Any, str] = {}  # sympy expression -> its text with dims renamed
 
@@ -152,6 +167,9 @@ class _Capturer:
             elif fx_node.op == "get_attr":
                 # the branches and bodies of control-flow ops: captured as subgraphs, all inputs explicit
                 module = getattr(gm, fx_node.target)
+                if isinstance(module, torch.Tensor) and self.constants is not None:
+                    self.constants[fx_node.name] = module
+                    continue
                 if not isinstance(module, torch.fx.GraphModule):
                     raise ExportError(f"get_attr {fx_node.target} of type {type(module).__name__} is not supported")
                 subgraphs[fx_node.name] = self.graph(module, None)
@@ -176,7 +194,8 @@ class _Capturer:
 
     def encode(self, value: Any) -> Any:
         if isinstance(value, torch.fx.Node):
-            return {"subgraph": value.name} if value.op == "get_attr" else {"ref": value.name}
+            is_subgraph = value.op == "get_attr" and value.name not in (self.constants or {})
+            return {"subgraph": value.name} if is_subgraph else {"ref": value.name}
         if value is None or isinstance(value, (bool, int, str)):
             return value
         if isinstance(value, float):

@@ -5,7 +5,7 @@
     x = torch.randn(4, 8, device="jax")
 
 Importing this package changes nothing in torch and imports nothing heavy; `enable()` registers
-the device (device.py). The torch.compile backend lives beside it in this folder.
+the device (device.py). `torch.compile(backend="torch2jax")` is compile.py, in this folder.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ def torch_view(array: Any) -> Any:
     if not _is_enabled():
         raise RuntimeError("call torch2jax.eager.enable() before making jax tensors")
     return from_jax(array)
-
 
 
 def jit(model: Any) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -21,6 +22,15 @@ def _has_dropout(node: Node) -> bool:
 
 
 random_when(_SDPA, _has_dropout)
+_CPU_FLASH = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+
+
+def _flash_has_dropout(node: Node) -> bool:
+    p = node.args[3] if len(node.args) > 3 else node.kwargs.get("dropout_p", 0.0)
+    return not isinstance(p, (int, float)) or p != 0
+
+
+random_when(_CPU_FLASH, _flash_has_dropout)
 
 
 @lowers(_SDPA, ctx=True)
@@ -61,6 +71,21 @@ def scaled_dot_product_attention(
     if groups > 1:
         out = out.reshape(out.shape[:-4] + (-1,) + out.shape[-2:])
     return out.astype(q.dtype)
+
+
+@lowers(_CPU_FLASH, ctx=True)
+def flash_attention_for_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+    """The op torch's CPU SDPA dispatches to where autograd needs it (torch.compile's training graphs):
+    (output, logsumexp of the scaled, masked scores per query, float32). The backward
+    (ops/backward.py) recomputes from q, k, v and reads neither."""
+    out = scaled_dot_product_attention(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = jnp.einsum("...qd,...kd->...qk", q.astype(jnp.float32), k.astype(jnp.float32)) * scale
+    if is_causal:
+        scores = jnp.where(jnp.tril(jnp.ones(scores.shape[-2:], dtype=bool)), scores, -jnp.inf)
+    if attn_mask is not None:
+        scores = jnp.where(attn_mask, scores, -jnp.inf) if attn_mask.dtype == jnp.bool_ else scores + attn_mask
+    return out, jax.nn.logsumexp(scores, axis=-1)
 
 
 def _safe_softmax(scores):

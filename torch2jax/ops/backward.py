@@ -10,6 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ..errors import LoweringError
+from .attention import scaled_dot_product_attention
 from .conv import convolution
 from .normalization import native_group_norm, native_layer_norm
 from .pooling import adaptive_avg_pool2d, avg_pool2d
@@ -65,6 +67,23 @@ def convolution_backward(grad_out, x, weight, bias_sizes, stride, padding, dilat
     reduce_axes = (0,) + tuple(range(2, grad_out.ndim))
     db = jnp.sum(grad_out, axis=reduce_axes) if bias_sizes is not None else None
     return _masked((dx, dw, db), output_mask)
+
+
+@lowers("aten._scaled_dot_product_flash_attention_for_cpu_backward.default", ctx=True)
+def flash_attention_for_cpu_backward(ctx, grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, attn_mask=None, scale=None):
+    """Gradients of torch's CPU attention, as the VJP of the SDPA lowering (torch's saved `out` and
+    `logsumexp` are not needed). With dropout the mask torch drew is not recoverable: refused."""
+    if dropout_p:
+        raise LoweringError(
+            f"the backward of CPU attention with dropout_p={dropout_p} needs torch's dropout mask, which "
+            "cannot be recomputed in JAX: use dropout_p=0 or a dropout outside the attention"
+        )
+
+    def forward(q, k, v):
+        return scaled_dot_product_attention(ctx, q, k, v, attn_mask, 0.0, is_causal, scale)
+
+    _, vjp = jax.vjp(forward, q, k, v)
+    return vjp(grad_out.astype(q.dtype))
 
 
 @lowers("aten.avg_pool2d_backward.default")

@@ -28,7 +28,17 @@ def _product(a, b, fn=jnp.matmul):
     if dtype == jnp.bool_:
         # torch's bool matmul is an OR of ANDs
         return fn(a.astype(jnp.int32), b.astype(jnp.int32)) > 0
-    return fn(a, b, preferred_element_type=_acc_dtype(dtype))
+    acc = _acc_dtype(dtype)
+    if acc is None:
+        return fn(a, b)
+    # XLA CPU's dot thunk refuses some bfloat16 x bfloat16 -> float32 dots (an operand fused from a
+    # float32 -> bfloat16 convert, as in a training graph's weight gradient): on CPU the operands are
+    # widened first, which is exact (a product of two bfloat16 numbers fits float32) and sums alike.
+    return lax.platform_dependent(
+        a, b,
+        cpu=lambda a, b: fn(a.astype(acc), b.astype(acc)),
+        default=lambda a, b: fn(a, b, preferred_element_type=acc),
+    )
 
 
 def _scale(value, factor):
