@@ -38,7 +38,7 @@ def main() -> None:
         "",
     ]
     lines += _sweep_section()
-    lines += _eager_section()
+    lines += _ways_section()
     lines += [
         f"## OpInfo skip list ({len(SKIPS)} entries)",
         "",
@@ -135,35 +135,47 @@ def _sweep_section() -> list[str]:
     return out + [""]
 
 
-def _eager_section() -> list[str]:
-    """The eager jax device's OpInfo sweep beside export's, per OpInfo case (make test-ops-eager)."""
-    path = ROOT / "docs" / "opinfo_eager_results.json"
-    if not path.exists():
-        return ["No eager OpInfo sweep recorded yet: run `make test-ops-eager`.", ""]
-    eager = json.loads(path.read_text())
+WAYS = {"eager": "opinfo_eager_results.json", "compile": "opinfo_compile_results.json"}
+
+
+def _ways_section() -> list[str]:
+    """The OpInfo sweeps of the eager jax device (make test-ops-eager) and the torch.compile backend
+    (make test-ops-compile) beside export's, per OpInfo case."""
+    reports = {way: json.loads((ROOT / "docs" / name).read_text()) for way, name in WAYS.items()
+               if (ROOT / "docs" / name).exists()}
+    if not reports:
+        return ["No eager or compile OpInfo sweep recorded yet: run `make test-ops-eager` / `make test-ops-compile`.", ""]
     export_path = ROOT / "docs" / "opinfo_results.json"
     export = json.loads(export_path.read_text()).get("cases", {}) if export_path.exists() else {}
     out = [
-        "## OpInfo by way: export and the eager jax device",
+        "## OpInfo three ways: export, the eager jax device, torch.compile",
         "",
         "The same OpInfo samples, comparisons and tolerances (tests/ops/opinfo_harness.py) run on the eager "
-        "`jax` device (tests/eager/test_opinfo_eager.py, one sample per case). Data-dependent shapes "
-        "(`nonzero`, `unique`, `masked_select`) run there; export refuses them by design. Skipped: listed gaps "
-        "and ops whose samples put nothing on the device (factories).",
+        "`jax` device (tests/eager/test_opinfo_eager.py) and through `torch.compile(backend=\"torch2jax\")` "
+        "(tests/eager/test_opinfo_compile.py), one sample per case. Data-dependent shapes (`nonzero`, `unique`, "
+        "`masked_select`) run on the eager device; export refuses them by design and the compile backend runs them "
+        "in torch between JAX parts (counted as refused). Skipped: listed gaps and ops whose samples put nothing "
+        "on the device (factories); torch-limit: torch.compile itself cannot capture the sample.",
         "",
-        "| dtype | passed | failed | skipped | pass rate of those that ran |",
-        "|---|---|---|---|---|",
+        "| way | dtype | passed | failed | skipped | pass rate of those that ran |",
+        "|---|---|---|---|---|---|",
     ]
-    for dtype, c in eager["by_dtype"].items():
-        ran = c.get("passed", 0) + c.get("failed", 0)
-        rate = 100.0 * c.get("passed", 0) / ran if ran else 0.0
-        out.append(f"| {dtype} | {c.get('passed', 0)} | {c.get('failed', 0)} | {c.get('skipped', 0)} | {rate:.1f}% |")
-    out += ["", "| OpInfo case | export | eager |", "|---|---|---|"]
-    for case, outcome in sorted(eager["cases"].items()):
-        reason = eager.get("failures", {}).get(case, "")
-        eager_cell = outcome + (f": {reason[:120]}" if outcome == "failed" and reason else "")
-        out.append(f"| {case} | {export.get(case, 'not run')} | {eager_cell.replace('|', '/')} |")
+    for way, report in reports.items():
+        for dtype, c in report["by_dtype"].items():
+            ran = c.get("passed", 0) + c.get("failed", 0)
+            rate = 100.0 * c.get("passed", 0) / ran if ran else 0.0
+            out.append(f"| {way} | {dtype} | {c.get('passed', 0)} | {c.get('failed', 0)} | {c.get('skipped', 0)} | {rate:.1f}% |")
+    out += ["", "| OpInfo case | export | " + " | ".join(reports) + " |", "|---|---|" + "---|" * len(reports)]
+    cases = sorted(set().union(*(r["cases"] for r in reports.values())))
+    for case in cases:
+        cells = []
+        for report in reports.values():
+            outcome = report["cases"].get(case, "not run")
+            reason = report.get("failures", {}).get(case, "")
+            cells.append((outcome + (f": {reason[:120]}" if outcome == "failed" and reason else "")).replace("|", "/"))
+        out.append(f"| {case} | {export.get(case, 'not run')} | " + " | ".join(cells) + " |")
     return out + [""]
+
 
 if __name__ == "__main__":
     main()

@@ -45,7 +45,7 @@ def pytest_runtest_logreport(report):
     if eager_path and "test_opinfo_eager[" in report.nodeid:
         case = _case(report.nodeid)
         _OUTCOMES[case] = report.outcome
-        _SAMPLES.update({case: value for name, value in report.user_properties if name == "samples"})
+        _SAMPLES.update(_samples(case, report))
         if report.failed:
             _REASONS[case] = failure_reason(report.longreprtext)
         _write(eager_path, merge_report(_STATE["kept"], _OUTCOMES, _SAMPLES, _REASONS, quota))
@@ -58,7 +58,13 @@ def pytest_runtest_logreport(report):
             outcome = "refused"
         run = _COMPILE_RUN
         run["outcomes"][case] = outcome
-        run["samples"].update({case: value for name, value in report.user_properties if name == "samples"})
+        run["samples"].update(_samples(case, report))
         if report.failed:
             run["reasons"][case] = failure_reason(report.longreprtext)
         _write(compile_path, merge_report({}, run["outcomes"], run["samples"], run["reasons"], quota))
+
+
+def _samples(case: str, report) -> dict:
+    """The case's sample counts, as the test recorded them (record_property("samples", ...))."""
+    recorded = [value for name, value in report.user_properties if name == "samples"]
+    return {case: recorded[-1]} if recorded else {}
