@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 import torch2jax.eager as te
 from tests.models.conftest import pytest_collection_modifyitems  # noqa: F401 - a plain run leaves out the slow tier
 from tests.ops.conftest import _case, _load, _write, failure_reason, merge_report
@@ -22,19 +20,17 @@ _COMPILE_RUN: dict[str, dict] = {"outcomes": {}, "samples": {}, "reasons": {}}
 
 
 def pytest_configure(config):
-    """Only the process that sees every result writes (the xdist controller, or pytest without xdist); cases
-    an eager run does not cover keep their recorded outcome (a run over some ops updates those)."""
+    """The jax device is registered when this conftest loads, at collection, before any test of the session
+    runs a backward pass: torch's autograd engine sets up its devices at the first one, in each process.
+
+    Only the process that sees every result writes the reports (the xdist controller, or pytest without
+    xdist); cases an eager run does not cover keep their recorded outcome (a run over some ops updates those)."""
+    te.enable()
     writer = not hasattr(config, "workerinput")
     _STATE["writer"] = writer
     path = os.environ.get("T2J_OPINFO_EAGER_REPORT")
     if path and writer:
         _STATE["kept"] = _load(path)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def jax_device():
-    """The jax device, registered once for the test session (it cannot be unregistered)."""
-    te.enable()
 
 
 def pytest_runtest_logreport(report):

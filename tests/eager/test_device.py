@@ -135,3 +135,23 @@ def test_python_scalars_promote_as_in_torch_one_after_another():
         got, want = on_jax + scalar, x + scalar
         assert got.dtype == want.dtype, scalar
         torch.testing.assert_close(got.cpu(), want)
+
+
+def test_enable_after_a_backward_pass_says_to_enable_first():
+    """torch's autograd engine sets up its devices at the process's first backward: later, jax tensors could
+    not be differentiated, so enable() says so at once rather than torch asserting inside loss.backward()."""
+    code = """
+import torch, torch2jax.eager as te
+w = torch.ones(2, requires_grad=True)
+(w * 2).sum().backward()
+try:
+    te.enable()
+except RuntimeError as err:
+    print(err)
+print((torch.ones(2, device="jax") * 3).cpu().tolist())  # forward ops still work
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "was called after this process ran a backward pass" in done.stdout
+    assert "Call te.enable() at the start of the program" in done.stdout
+    assert "[3.0, 3.0]" in done.stdout

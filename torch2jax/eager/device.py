@@ -98,4 +98,22 @@ def enable() -> None:
         own.impl(op, kernels.kernel_for(op), "PrivateUse1")
     _LIBRARIES.extend([fallback, own])
     rng.manual_seed(torch.initial_seed())
+    _check_autograd_sees_the_device()
+
+
+def _check_autograd_sees_the_device() -> None:
+    """torch's autograd engine sizes its per-device queues once, at the first backward pass in the process; if
+    that ran before enable(), every backward through a jax tensor would hit an internal assertion later. A
+    one-element backward here finds out now and says what to do."""
+    probe = torch.ones(1, device=DEVICE, requires_grad=True)
+    try:
+        (probe * 2).sum().backward()
+    except RuntimeError as err:
+        if "device_ready_queues_" not in str(err):
+            raise
+        raise RuntimeError(
+            "torch2jax.eager.enable() was called after this process ran a backward pass: torch's autograd engine "
+            "set up its devices then, without jax, so loss.backward() cannot run on jax tensors in this process "
+            "(forward ops still work). Call te.enable() at the start of the program, before any backward()."
+        ) from None
 
