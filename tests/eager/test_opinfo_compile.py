@@ -21,9 +21,16 @@ from torch.testing._internal.common_methods_invocations import op_db
 from torch2jax.errors import UnsupportedOpsError
 
 from ..ops.known_failures import KNOWN_FAILURES
-from ..ops.opinfo_harness import SAMPLES_PER_OP, TorchLimit, case_id, compile_sample, prepare, run_and_compare_compiled
+from ..ops.opinfo_harness import (
+    case_id,
+    compile_sample,
+    refuse_value_dependent,
+    run_and_compare_compiled,
+    run_samples,
+    verdict,
+)
 from ..ops.skips import SKIPS
-from ..ops.test_opinfo import CAPPED_TORCH_LIMITS, DTYPES, _dtypes_for
+from ..ops.test_opinfo import DTYPES, _dtypes_for
 
 EVERY = int(os.environ.get("T2J_OPINFO_COMPILE_EVERY", "16"))
 
@@ -43,37 +50,12 @@ def _cases():
 
 @pytest.mark.parametrize("opinfo,dtype", list(_cases()))
 def test_opinfo_compile(opinfo, dtype, record_property):
-    torch.manual_seed(0)
-    ran, torch_limits, refused, failures = 0, [], [], []
-    for index, sample in enumerate(opinfo.sample_inputs("cpu", dtype, requires_grad=False)):
-        if SAMPLES_PER_OP and (ran + len(failures) + len(refused) >= SAMPLES_PER_OP or len(torch_limits) >= CAPPED_TORCH_LIMITS):
-            break
-        try:
-            prepared = prepare(opinfo, sample)
-        except Exception as err:  # the sample itself fails in torch eager
-            torch_limits.append(f"eager: {err}")
-            continue
+    def check(prepared):
         try:
             run_and_compare_compiled(prepared, compile_sample(prepared))
-        except TorchLimit as err:
-            torch_limits.append(str(err))
-            continue
         except UnsupportedOpsError as err:
-            if "depends on the input values" not in str(err):
-                failures.append((index, err))
-                continue
-            refused.append(", ".join(err.ops))
-            continue
-        except Exception as err:
-            failures.append((index, err))
-            continue
-        ran += 1
-    record_property("samples", {"passed": ran, "failed": len(failures), "refused": len(refused), "torch-limit": len(torch_limits)})
-    if failures:
-        index, first = failures[0]
-        raise AssertionError(f"{len(failures)} of {ran + len(failures)} samples failed; sample {index}: "
-                             f"{type(first).__name__}: {first}") from first
-    if ran == 0 and refused:
-        pytest.skip(f"refused by design: output shape depends on the input values, so torch runs it ({refused[0]})")
-    if ran == 0:
-        pytest.skip("torch.compile cannot capture any sample (torch's limit): " + (torch_limits[0] if torch_limits else "no samples"))
+            refuse_value_dependent(err)
+
+    verdict(run_samples(opinfo, dtype, check), record_property,
+            limit="torch.compile cannot capture any sample (torch's limit)",
+            refusal="refused by design: output shape depends on the input values, so torch runs it")

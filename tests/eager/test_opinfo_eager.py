@@ -18,9 +18,8 @@ import pytest
 import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
-from tests.ops.opinfo_harness import SAMPLES_PER_OP, NotOnJaxDevice, case_id, prepare, run_eager_and_compare
+from tests.ops.opinfo_harness import NotOnJaxDevice, TorchLimit, case_id, run_eager_and_compare, run_samples, verdict
 from tests.ops.skips import SKIPS
-from torch2jax.eager.kernels import UnsupportedOnJaxDevice
 
 EVERY_OP = os.environ.get("T2J_EAGER_OPINFO") == "all"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int32": torch.int32, "bool": torch.bool}
@@ -61,37 +60,13 @@ def _cases():
 
 @pytest.mark.parametrize("opinfo,dtype", list(_cases()))
 def test_opinfo_eager(opinfo, dtype, record_property):
-    torch.manual_seed(0)
-    ran, unsupported, failures, torch_limits = 0, [], [], []
-    for index, sample in enumerate(opinfo.sample_inputs("cpu", dtype, requires_grad=False)):
-        if SAMPLES_PER_OP and ran + len(failures) + len(unsupported) >= SAMPLES_PER_OP:
-            break
-        try:
-            prepared = prepare(opinfo, sample)
-        except Exception as err:  # the sample itself fails in torch eager
-            torch_limits.append(f"eager: {err}")
-            continue
+    def check(prepared):
         if not prepared.inputs:  # a factory op: the sample creates its tensors on the CPU
-            torch_limits.append("no tensor inputs: nothing runs on the jax device")
-            continue
+            raise TorchLimit("no tensor inputs: nothing runs on the jax device")
         try:
             run_eager_and_compare(prepared)
         except NotOnJaxDevice as err:
-            torch_limits.append(f"{err}: nothing ran on the jax device")
-            continue
-        except UnsupportedOnJaxDevice as err:
-            unsupported.append((index, err))
-            continue
-        except Exception as err:
-            failures.append((index, err))
-            continue
-        ran += 1
-    record_property("samples", {"passed": ran, "failed": len(failures) + len(unsupported),
-                                "torch-limit": len(torch_limits)})
-    problems = failures + unsupported
-    if problems:
-        index, first = problems[0]
-        raise AssertionError(f"{len(problems)} of {ran + len(problems)} samples failed; sample {index}: "
-                             f"{type(first).__name__}: {first}") from first
-    if ran == 0:
-        pytest.skip("torch eager runs no sample of this op: " + (torch_limits[0] if torch_limits else "no samples"))
+            raise TorchLimit(f"{err}: nothing ran on the jax device") from None
+
+    verdict(run_samples(opinfo, dtype, check), record_property, limit="torch eager runs no sample of this op",
+            refusal="refused")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import jax
 import numpy as np
@@ -18,10 +19,79 @@ from torch2jax.lowering import interpreter
 from torch2jax.runtime.model import Model
 
 SAMPLES_PER_OP = int(os.environ.get("T2J_OPINFO_SAMPLES", "1"))  # 0 = every sample (make test-ops-full)
+CAPPED_TORCH_LIMITS = 20  # a capped run stops looking for a sample torch can run after this many torch limits
 
 
 class TorchLimit(Exception):
     """torch.export itself cannot export this sample: torch's limit, not ours."""
+
+
+class Refused(Exception):
+    """Not converted by design: the op's output shape depends on the input values (docs/limitations.md)."""
+
+
+@dataclass
+class SampleTally:
+    """What one case's samples did, for the report (record_property "samples") and the verdict."""
+
+    ran: int = 0
+    failures: list = field(default_factory=list)  # (sample index, exception)
+    refused: list = field(default_factory=list)
+    torch_limits: list = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        return {"passed": self.ran, "failed": len(self.failures), "refused": len(self.refused),
+                "torch-limit": len(self.torch_limits)}
+
+
+def run_samples(opinfo, dtype, check: Callable[[Prepared], None]) -> SampleTally:
+    """Every sample of the case up to the quota through `check` (one way: export, eager or compile), which
+    raises TorchLimit for torch's own limit, Refused for a by-design refusal, anything else for a failure.
+    A failing sample does not stop the others, so the report counts samples."""
+    torch.manual_seed(0)
+    tally = SampleTally()
+    for index, sample in enumerate(opinfo.sample_inputs("cpu", dtype, requires_grad=False)):
+        if SAMPLES_PER_OP and (tally.ran + len(tally.failures) + len(tally.refused) >= SAMPLES_PER_OP
+                               or len(tally.torch_limits) >= CAPPED_TORCH_LIMITS):
+            break  # e.g. an op torch.export rejects sample after sample (gaussian_nll_loss: 324 of 324, 15 s)
+        try:
+            prepared = prepare(opinfo, sample)
+        except Exception as err:  # the sample itself fails in torch eager
+            tally.torch_limits.append(f"eager: {err}")
+            continue
+        try:
+            check(prepared)
+        except TorchLimit as err:
+            tally.torch_limits.append(str(err))
+        except Refused as err:
+            tally.refused.append(str(err))
+        except Exception as err:
+            tally.failures.append((index, err))
+        else:
+            tally.ran += 1
+    return tally
+
+
+def verdict(tally: SampleTally, record_property, limit: str, refusal: str) -> None:
+    """Record the counts; fail with the first failure; skip (saying why) when no sample ran."""
+    import pytest
+
+    record_property("samples", tally.counts())
+    if tally.failures:
+        index, first = tally.failures[0]
+        raise AssertionError(f"{len(tally.failures)} of {tally.ran + len(tally.failures)} samples failed; sample {index}: "
+                             f"{type(first).__name__}: {first}") from first
+    if tally.ran == 0 and tally.refused:
+        pytest.skip(f"{refusal} ({tally.refused[0]})")
+    if tally.ran == 0:
+        pytest.skip(f"{limit}: " + (tally.torch_limits[0] if tally.torch_limits else "no samples"))
+
+
+def refuse_value_dependent(err: UnsupportedOpsError) -> None:
+    """A converter refusal of a value-dependent shape is by design (Refused); any other missing op is a failure."""
+    if "depends on the input values" in str(err):
+        raise Refused(", ".join(err.ops)) from None
+    raise err
 
 
 @dataclass
@@ -373,7 +443,8 @@ def _run_and_compare_compiled(prepared: Prepared, compiled: CompiledOp) -> None:
 
 
 __all__ = [
-    "CallFn", "Prepared", "TorchLimit", "UnsupportedOpsError", "SAMPLES_PER_OP",
+    "CallFn", "Prepared", "TorchLimit", "UnsupportedOpsError", "SAMPLES_PER_OP", "CAPPED_TORCH_LIMITS",
+    "Refused", "SampleTally", "refuse_value_dependent", "run_samples", "verdict",
     "case_id", "check_shape_and_dtype", "compare", "leaves", "convert_op_sample", "convert_sample", "prepare", "run_and_compare",
     "EagerModel", "NotOnJaxDevice", "run_eager_and_compare",
     "CompiledOp", "compile_sample", "draws_random", "run_and_compare_compiled",

@@ -20,14 +20,13 @@ from torch.testing._internal.common_methods_invocations import op_db
 from torch2jax.errors import UnsupportedOpsError
 
 from .known_failures import KNOWN_FAILURES
-from .opinfo_harness import SAMPLES_PER_OP, TorchLimit, case_id, convert_op_sample, prepare, run_and_compare
+from .opinfo_harness import case_id, convert_op_sample, refuse_value_dependent, run_and_compare, run_samples, verdict
 from .skips import SKIPS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int32": torch.int32, "bool": torch.bool}
 # "rotate" (make test), "all", or a comma-separated list of DTYPES names (a sweep one dtype at a time)
 DTYPE_CHOICE = os.environ.get("T2J_OPINFO_DTYPES", "rotate")
 KNOWN = {} if os.environ.get("T2J_RUN_KNOWN_FAILURES") else KNOWN_FAILURES
-CAPPED_TORCH_LIMITS = 20  # a capped run stops looking for an exportable sample after this many torch limits
 
 
 def _dtypes_for(index: int, supported) -> list[str]:
@@ -57,45 +56,15 @@ def _cases():
 
 @pytest.mark.parametrize("opinfo,dtype", list(_cases()))
 def test_opinfo(opinfo, dtype, record_property):
-    """Every sample up to the quota; a failing sample does not stop the others, so the report counts
-    samples (T2J_OPINFO_REPORT); the case fails with the first failure."""
-    torch.manual_seed(0)
-    samples = opinfo.sample_inputs("cpu", dtype, requires_grad=False)
-    ran = 0
-    torch_limits, refused, failures = [], [], []
-    for index, sample in enumerate(samples):
-        if SAMPLES_PER_OP and ran + len(failures) + len(refused) >= SAMPLES_PER_OP:
-            break
-        if SAMPLES_PER_OP and len(torch_limits) >= CAPPED_TORCH_LIMITS:
-            break  # an op torch.export rejects sample after sample (gaussian_nll_loss: 324 of 324, 15 s)
+    """Every sample up to the quota (the report, T2J_OPINFO_REPORT, counts samples); fails with the first failure."""
+
+    def check(prepared):
         try:
-            prepared = prepare(opinfo, sample)
-        except Exception as err:  # the sample itself fails in torch eager
-            torch_limits.append(f"eager: {err}")
-            continue
-        try:
-            prepared, model = convert_op_sample(opinfo, sample, prepared)
-            run_and_compare(prepared, model)
-        except TorchLimit as err:
-            torch_limits.append(str(err))
-            continue
+            prepared, model = convert_op_sample(opinfo, prepared.sample, prepared)
         except UnsupportedOpsError as err:
-            if "depends on the input values" not in str(err):
-                failures.append((index, err))
-                continue
-            refused.append(", ".join(err.ops))
-            continue
-        except Exception as err:
-            failures.append((index, err))
-            continue
-        ran += 1
-    record_property("samples", {"passed": ran, "failed": len(failures), "refused": len(refused),
-                                "torch-limit": len(torch_limits)})
-    if failures:
-        index, first = failures[0]
-        raise AssertionError(f"{len(failures)} of {ran + len(failures)} samples failed; sample {index}: "
-                             f"{type(first).__name__}: {first}") from first
-    if ran == 0 and refused:
-        pytest.skip(f"refused by design: output shape depends on the input values ({refused[0]}); docs/limitations.md")
-    if ran == 0:
-        pytest.skip("torch.export cannot export any sample (torch's limit): " + (torch_limits[0] if torch_limits else "no samples"))
+            refuse_value_dependent(err)
+        run_and_compare(prepared, model)
+
+    verdict(run_samples(opinfo, dtype, check), record_property,
+            limit="torch.export cannot export any sample (torch's limit)",
+            refusal="refused by design: output shape depends on the input values; docs/limitations.md")
