@@ -71,7 +71,9 @@ def load(path: Any, *, from_graph: bool = False, verify_hashes: bool = True, mes
     if mesh is not None:
         from .serve import sharding as _sharding
 
-        plan = _sharding.plan(_artifact.param_tree(manifest), _sharding.auto_mesh(mesh), sharding)
+        hints = manifest["params"].get("sharding_hints")
+        plan = _sharding.plan(_artifact.param_tree(manifest), _sharding.auto_mesh(mesh), sharding,
+                              hints if isinstance(hints, dict) else None)
     if manifest.get("task") == "text-generation":
         from .serve.artifact import load_generator
 

@@ -18,6 +18,7 @@ from ..runtime.model import Model
 from . import exporter
 from .fake_params import is_fake
 from .fx import capture
+from .hf import tp_plan_hints
 from .streaming import WeightSource
 from .torch_arrays import to_jax, to_torch
 
@@ -89,6 +90,7 @@ def convert(
                 raise InputSpecError(f"the module's params {', '.join(fake[:5])} are fake (no values): convert it with weights=")
             params = {name: to_jax(t) for name, t in captured.tensors.items()}
     model = Model(run, params, captured.graph)
+    model.sharding_hints = tp_plan_hints(module)
     model.timings = timer.timings
     return model
 

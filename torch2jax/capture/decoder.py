@@ -212,6 +212,7 @@ def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batc
     from ..serve.generator import GenerationSpec, Generator
     from .converter import convert
     from .fx import dtype_name
+    from .hf import tp_plan_hints
 
     check_limits(max_cache_len, max_batch)
     lm = lm.eval()
@@ -229,6 +230,7 @@ def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batc
                                 weights=weights)
     prefill, decode = entries["prefill"], entries["decode"]
     decode.params = prefill.params  # one copy of the weights, shared by both entry points
+    prefill.sharding_hints = decode.sharding_hints = tp_plan_hints(lm)  # the step module has no config of its own
     eos, pad = special_tokens(lm)
     spec = GenerationSpec(
         max_cache_len=max_cache_len,

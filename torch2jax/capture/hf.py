@@ -39,6 +39,18 @@ EXAMPLE_BATCH, EXAMPLE_SEQ = 2, 16
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
 
+def tp_plan_hints(module: Any) -> dict[str, str]:
+    """A transformers model's own tensor-parallel plan (`config.base_model_tp_plan`: {module pattern: style}),
+    with the patterns prefixed by where the base model sits in `module` (e.g. "model."); {} for other modules."""
+    config = getattr(module, "config", None)
+    plan = getattr(config, "base_model_tp_plan", None)
+    if not isinstance(plan, dict):
+        return {}
+    prefix = getattr(module, "base_model_prefix", "")
+    base = f"{prefix}." if prefix and hasattr(module, prefix) else ""
+    return {f"{base}{pattern}": style for pattern, style in plan.items() if isinstance(pattern, str) and isinstance(style, str)}
+
+
 def is_hf_target(target: str) -> bool:
     return isinstance(target, str) and target.startswith(PREFIX)
 

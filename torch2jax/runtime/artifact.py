@@ -307,6 +307,7 @@ def _manifest(model: Model, exported: Any, vjp_order: int, source: str | None) -
             "bytes": int(sum(a.size * a.dtype.itemsize for a in model.params.values())),
             "aliases": graph.aliases,
             "tree": tree,
+            **({"sharding_hints": dict(model.sharding_hints)} if model.sharding_hints else {}),
         },
     }
 

@@ -37,6 +37,9 @@ class Model:
         self.manifest = manifest
         self.backend = backend  # "graph" (interpreted portable graph) or "exported" (StableHLO)
         self.sharding: Any = None  # a serve.sharding.ShardingPlan when loaded onto a mesh (set before the first call)
+        # the source model's own tensor-parallel plan ({module pattern: "colwise" | "rowwise" | ...}, transformers'
+        # base_model_tp_plan), saved in the manifest to seed sharding="auto" at load time
+        self.sharding_hints: dict[str, str] = {}
         self._jitted = jax.jit(self._checked_call)
 
     # -- public API -------------------------------------------------------------------------

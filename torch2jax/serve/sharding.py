@@ -9,8 +9,10 @@ costs collectives, which `ShardingPlan.report` counts in the compiled step.
 
 `"auto"` is Megatron-style tensor parallelism over the mesh axis `model` (column-parallel q/k/v/gate/up
 projections, row-parallel output/down projections, MoE experts split on their hidden dim, embeddings
-and norms replicated) and data parallelism over the axis `data`. The user's rules are tried first, by
-name pattern (fnmatch: `*` also matches dots); the first match wins.
+and norms replicated) and data parallelism over the axis `data`. Rules are tried in order, by name
+pattern (fnmatch: `*` also matches dots), the first match winning: the user's, then the source model's
+own plan when the manifest carries one (transformers' `base_model_tp_plan`: "colwise", "rowwise",
+"packed_colwise"), then the built-in `AUTO_RULES`.
 """
 
 from __future__ import annotations
@@ -54,12 +56,19 @@ Rules = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
+class Rule:
+    pattern: str  # fnmatch over param names
+    spec: PartitionSpec
+    origin: str  # "yours", "the model's tp plan (colwise)", "auto"
+
+
+@dataclass(frozen=True)
 class ParamPlacement:
     name: str
     shape: tuple[int, ...]
     dtype: str
     spec: PartitionSpec
-    rule: str  # the pattern that chose the spec ("" when none matched: replicated)
+    rule: str  # the rule that chose the spec and where it came from ("" when none matched: replicated)
     note: str = ""  # why an auto rule was not applied
 
     def bytes_per_device(self, mesh: Mesh) -> int:
@@ -165,7 +174,7 @@ class ShardingReport:
         lines = [f"mesh ({axes}), {self.mesh.size} devices",
                  f"{'param':<{width}}  {'shape':<18} {'spec':<24} {'per device':>12}"]
         for p in self.params:
-            note = f"  ({p.note})" if p.note else ""
+            note = f"  ({p.note or p.rule})" if p.note or p.rule else ""
             lines.append(f"{p.name:<{width}}  {str(list(p.shape)):<18} {_spec_text(p.spec):<24} "
                          f"{_human(p.bytes_per_device(self.mesh)):>12}{note}")
         lines.append(f"params: {_human(self.total_bytes)} in all, {_human(self.bytes_per_device)} per device")
@@ -174,16 +183,43 @@ class ShardingReport:
         return "\n".join(lines)
 
 
-def plan(tree: Mapping[str, tuple[tuple[int, ...], str]], mesh: Mesh, sharding: str | Rules | None = "auto") -> ShardingPlan:
-    """A spec for every param of `tree` ({name: (shape, dtype)}): the user's rules first, then the auto rules."""
+def plan(tree: Mapping[str, tuple[tuple[int, ...], str]], mesh: Mesh, sharding: str | Rules | None = "auto",
+         hints: Mapping[str, str] | None = None) -> ShardingPlan:
+    """A spec for every param of `tree` ({name: (shape, dtype)}): the user's rules first, then the model's own
+    tensor-parallel plan (`hints`: {module or param pattern: style}, from the manifest), then the auto rules."""
     if not isinstance(mesh, Mesh):
         raise ShardingError(f"mesh must be a jax.sharding.Mesh (e.g. jax.make_mesh((2, 4), ('data', 'model'))), got {type(mesh).__name__}")
     user = _user_rules(sharding, mesh)
-    auto = [(pattern, PartitionSpec(*spec)) for pattern, spec in AUTO_RULES] if MODEL in mesh.axis_names else []
+    auto = [Rule(pattern, PartitionSpec(*spec), "auto") for pattern, spec in AUTO_RULES] if MODEL in mesh.axis_names else []
     placements = {}
     for name, (shape, dtype) in tree.items():
-        placements[name] = _place(name, tuple(shape), dtype, user, auto, mesh)
+        shape = tuple(shape)
+        hinted = _hinted_rules(name, len(shape), hints or {}) if MODEL in mesh.axis_names else []
+        placements[name] = _place(name, shape, dtype, user, hinted + auto, mesh)
     return ShardingPlan(mesh, placements)
+
+
+# a tp-plan style -> the dim it splits over the model axis, by param rank (None: the param stays whole)
+_STYLE_DIM = {"colwise": lambda rank: rank - 2 if rank >= 2 else 0, "packed_colwise": lambda rank: rank - 2 if rank >= 2 else 0,
+              "rowwise": lambda rank: rank - 1 if rank >= 2 else None}
+
+
+def _hinted_rules(name: str, rank: int, hints: Mapping[str, str]) -> list[Rule]:
+    """The tp-plan rules that name this param: a module pattern covers its `.weight` and `.bias`, a param
+    pattern (fused experts) the param itself. Column-parallel splits the output dim (dim -2 of a [.., out, in]
+    weight, dim 0 of a bias); row-parallel the input dim (dim -1; its bias stays whole)."""
+    rules = []
+    for pattern, style in hints.items():
+        if style not in _STYLE_DIM:
+            continue
+        for candidate in (pattern, f"{pattern}.weight", f"{pattern}.bias"):
+            if fnmatch.fnmatchcase(name, candidate):
+                dim = _STYLE_DIM[style](rank)
+                spec = [None] * rank
+                if dim is not None:
+                    spec[dim] = MODEL
+                rules.append(Rule(candidate, PartitionSpec(*spec), f"the model's tp plan: {style}"))
+    return rules
 
 
 def auto_mesh(mesh: Mesh) -> Mesh:
@@ -206,11 +242,11 @@ def count_collectives(hlo_text: str) -> dict[str, int]:
 
 
 # -- internals --------------------------------------------------------------------------------
-def _user_rules(sharding: str | Rules | None, mesh: Mesh) -> list[tuple[str, PartitionSpec]]:
+def _user_rules(sharding: str | Rules | None, mesh: Mesh) -> list[Rule]:
     if sharding is None or sharding == "auto":
         return []
     if sharding == "replicated":
-        return [("*", PartitionSpec())]
+        return [Rule("*", PartitionSpec(), "replicated")]
     if isinstance(sharding, str):
         raise ShardingError(f"sharding={sharding!r}: give 'auto', 'replicated', or a dict of rules "
                             "{'<name pattern>': PartitionSpec(...)}")
@@ -227,23 +263,25 @@ def _user_rules(sharding: str | Rules | None, mesh: Mesh) -> list[tuple[str, Par
         for axis in _axes_of(spec):
             if axis not in mesh.axis_names:
                 raise ShardingError(f"rule {pattern!r} uses mesh axis {axis!r}, but the mesh has axes {tuple(mesh.axis_names)}")
-        rules.append((str(pattern), spec))
+        rules.append(Rule(str(pattern), spec, "yours"))
     return rules
 
 
-def _place(name: str, shape: tuple[int, ...], dtype: str, user: list, auto: list, mesh: Mesh) -> ParamPlacement:
-    for pattern, spec in user:
-        if fnmatch.fnmatchcase(name, pattern):
-            problem = _misfit(spec, shape, mesh)
+def _place(name: str, shape: tuple[int, ...], dtype: str, user: list[Rule], fallback: list[Rule], mesh: Mesh) -> ParamPlacement:
+    """The first matching rule's spec. The user's rules must fit; the others (the model's plan, auto) are skipped
+    for a param they do not fit (odd sizes, another layout), which then stays whole and says why."""
+    for rule in user:
+        if fnmatch.fnmatchcase(name, rule.pattern):
+            problem = _misfit(rule.spec, shape, mesh)
             if problem:
-                raise ShardingError(f"rule {pattern!r} does not fit param {name!r} {list(shape)}: {problem}")
-            return ParamPlacement(name, shape, dtype, spec, pattern)
-    for pattern, spec in auto:
-        if fnmatch.fnmatchcase(name, pattern):
-            problem = _misfit(spec, shape, mesh)
-            if problem:  # an auto rule that does not fit (odd sizes, another layout): keep the param whole
+                raise ShardingError(f"rule {rule.pattern!r} does not fit param {name!r} {list(shape)}: {problem}")
+            return ParamPlacement(name, shape, dtype, rule.spec, f"{rule.pattern} ({rule.origin})")
+    for rule in fallback:
+        if fnmatch.fnmatchcase(name, rule.pattern):
+            problem = _misfit(rule.spec, shape, mesh)
+            if problem:
                 return ParamPlacement(name, shape, dtype, PartitionSpec(), "", f"replicated: {problem}")
-            return ParamPlacement(name, shape, dtype, spec, pattern)
+            return ParamPlacement(name, shape, dtype, rule.spec, f"{rule.pattern} ({rule.origin})")
     return ParamPlacement(name, shape, dtype, PartitionSpec(), "")
 
 
