@@ -93,13 +93,9 @@ class ShardingPlan:
     def replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec())
 
-    def batch_sharding(self, shape: Sequence[int], batch_axis: int = 0) -> NamedSharding:
-        """Dim `batch_axis` split over the data axis when it divides; replicated otherwise."""
-        axis = self.data_axis
-        spec = [None] * len(shape)
-        if axis and len(shape) > batch_axis and shape[batch_axis] % self.mesh.shape[axis] == 0:
-            spec[batch_axis] = axis
-        return NamedSharding(self.mesh, PartitionSpec(*spec))
+    def _split(self, axis: str, size: int) -> str | None:
+        """`axis` when the mesh has it and it divides `size`; None (that dim stays whole) otherwise."""
+        return axis if axis in self.mesh.axis_names and size % self.mesh.shape[axis] == 0 else None
 
     def constrain_inputs(self, graph: Graph, leaves: list) -> list:
         """Inside a traced call: each input whose dim 0 is the model's batch dim goes on the data axis."""
@@ -113,16 +109,13 @@ class ShardingPlan:
 
     def _batch_only(self, shape: Sequence[int]) -> NamedSharding:
         """Dim 0 on the data axis (where it divides); the other dims left to GSPMD (a cache keeps its head split)."""
-        rest = [PartitionSpec.UNCONSTRAINED] * (len(shape) - 1)
-        first = self.data_axis if self.data_axis and shape and shape[0] % self.mesh.shape[self.data_axis] == 0 else None
-        return NamedSharding(self.mesh, PartitionSpec(first if first else PartitionSpec.UNCONSTRAINED, *rest))
+        free = PartitionSpec.UNCONSTRAINED
+        return NamedSharding(self.mesh, PartitionSpec(self._split(DATA, shape[0]) or free, *[free] * (len(shape) - 1)))
 
     def cache_sharding(self, shape: Sequence[int]) -> NamedSharding:
         """A KV cache tensor [batch, kv_heads, slots, head_dim]: rows on the data axis, heads on the model axis
         (each where it divides), so attention over a head's cache needs no collective."""
-        spec = list(self.batch_sharding(shape).spec) + [None] * (len(shape) - len(self.batch_sharding(shape).spec))
-        if MODEL in self.mesh.axis_names and len(shape) > 1 and shape[1] % self.mesh.shape[MODEL] == 0:
-            spec[1] = MODEL
+        spec = [self._split(DATA, shape[0]), self._split(MODEL, shape[1])] + [None] * (len(shape) - 2)
         return NamedSharding(self.mesh, PartitionSpec(*spec))
 
     def report(self, compiled_text: str | None = None) -> ShardingReport:
