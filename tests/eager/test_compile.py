@@ -178,6 +178,24 @@ def test_parameters_cross_once_per_version(monkeypatch):
     assert shared_calls == [tuple(model[0].weight.shape)] and shared_calls[0] in weights
 
 
+def test_buffers_cross_once_not_per_call(monkeypatch):
+    """BatchNorm's running statistics are state like the weights: shared once, not copied in on every call
+    (only the input, new on every call, goes through the per-call path)."""
+    from torch2jax.eager import handoff
+
+    per_call = []
+    original = handoff.per_call
+    monkeypatch.setattr(handoff, "per_call", lambda t: per_call.append(tuple(t.shape)) or original(t))
+    torch.manual_seed(0)
+    model = ConvNet().eval()
+    compiled = torch.compile(model, backend=backend)
+    inputs = [torch.randn(4, 3, 8, 8) for _ in range(3)]
+    with torch.no_grad():
+        for x in inputs:
+            torch.testing.assert_close(compiled(x), model(x))
+    assert per_call == [tuple(x.shape) for x in inputs], per_call
+
+
 def test_dynamic_batch_compiles_one_graph():
     torch.manual_seed(0)
     model = mlp()

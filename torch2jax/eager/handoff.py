@@ -33,14 +33,17 @@ class InputSlot:
         self._version = -1
         self._array = None
 
-    def value(self, tensor: torch.Tensor | None):
+    def value(self, tensor: torch.Tensor | None, long_lived: bool = False):
+        """`long_lived`: the position holds a parameter or buffer (aot_autograd's static inputs), shared from
+        the first call: a numpy view there would be copied by jit on every call (a ResNet's BatchNorm
+        statistics cost 50 us a call that way)."""
         if not isinstance(tensor, torch.Tensor):  # an optional tensor input left out
             return tensor
         ref = self._ref
         same = ref is not None and ref() is tensor
         if same and self._array is not None and tensor._version == self._version:
             return self._array
-        if not (same or isinstance(tensor, torch.nn.Parameter)):
+        if not (same or long_lived or isinstance(tensor, torch.nn.Parameter)):
             self._ref, self._array = weakref.ref(tensor), None
             return per_call(tensor)
         self._ref, self._version, self._array = weakref.ref(tensor), tensor._version, shared(tensor)

@@ -100,7 +100,7 @@ class JaxGraph:
             return self._params
         params = dict(self._constants)
         for position, tensor in zip(self._state_positions, state):
-            params[self._names[position]] = self._slots[position].value(tensor)
+            params[self._names[position]] = self._slots[position].value(tensor, long_lived=True)
         self._params, self._params_from = params, (state, versions)
         return params
 
