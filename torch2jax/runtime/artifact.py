@@ -10,6 +10,7 @@ Nothing here is pickle or code: loading executes nothing from the artifact.
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import hashlib
 import json
@@ -383,7 +384,10 @@ def _save_params(params: dict, path: Path) -> None:
 
 # -- saving streamed params (save path only) ----------------------------------------------------------
 
-STREAM_BATCH_BYTES = 256 << 20  # read and written per Orbax call: bounds memory; fewer calls keep them fast
+# read and written per Orbax call: bounds memory; fewer calls keep them fast (each gets slower with the keys already
+# saved). Measured on a 2 GB bf16 Llama, save growth / seconds: 64 MiB 0.22 GiB / 6.5 s, 128 MiB 0.20 / 4.9 s,
+# 256 MiB 0.33 / 5.8 s (with the freed memory returned after each batch)
+STREAM_BATCH_BYTES = 128 << 20
 
 
 def _save_streamed_params(params: dict, path: Path, batch_bytes: int | None = None) -> None:
@@ -414,6 +418,7 @@ def _save_streamed_params(params: dict, path: Path, batch_bytes: int | None = No
                 arrays = {name: jax.device_put(value.read() if is_deferred(value) else value) for name, value in batch.items()}
                 partial.save(staging.resolve(), arrays)
                 del arrays
+                _return_freed_memory()
             partial.finalize(staging.resolve())
         os.rename(staging / "state", path)
     except Torch2JaxError:
@@ -424,6 +429,19 @@ def _save_streamed_params(params: dict, path: Path, batch_bytes: int | None = No
         absl_log.removeFilter(quiet)
         for leftover in (staging, staging.parent / f"{staging.name}.partial_save"):
             shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _return_freed_memory() -> None:
+    """Hand memory freed by the last batch back to the OS. Batches are freed in pieces, by Orbax's writer threads
+    too, and glibc keeps such memory in its arenas: without this, what a 2 GB conversion holds grows by 0.15 GiB
+    over the batches (peak RSS during the save 0.53 GiB over the start, against 0.38 with it). glibc only; a no-op
+    elsewhere."""
+    try:
+        libc = ctypes.CDLL(None)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
 
 
 def _batches(params: dict, batch_bytes: int):
