@@ -185,3 +185,28 @@ def test_decode_attends_to_the_filled_span_of_a_long_cache(lm_dirs):
     got = g.generate(ids, max_new_tokens=60, eos_token_id=[])
     np.testing.assert_array_equal(got, hf_greedy(load_lm(lm_dirs["llama"]), torch.from_numpy(ids), 60))
     assert g._decode._cache_size() == 2
+
+
+def test_the_step_is_traced_once_and_decode_pins_one_token(lm_dirs, monkeypatch, tmp_path):
+    """torch.export (most of a conversion's time) runs once: decode is the prefill graph with `tokens` pinned to 1,
+    exported with that size as a constant, and a call with more tokens per row is refused by name."""
+    from torch2jax.capture import exporter
+    from torch2jax.errors import SignatureError
+
+    exports = []
+    original = exporter.export
+    monkeypatch.setattr(exporter, "export", lambda *a, **k: exports.append(1) or original(*a, **k))
+    g = torch2jax.convert_hf(f"hf:{lm_dirs['llama']}", max_cache_len=CACHE, max_batch=2)
+    assert len(exports) == 1
+    assert g.decode_model.graph.fixed_dims() == {"tokens": 1} and g.prefill_model.graph.fixed_dims() == {}
+    out = torch2jax.save(g, tmp_path / "llm")
+    shapes = {name: " ".join(str(a.shape) for a in jax.export.deserialize(bytearray(
+        (out / "entries" / name / "exported.bin").read_bytes())).in_avals) for name in ("prefill", "decode")}
+    assert "tokens" in shapes["prefill"] and "tokens" not in shapes["decode"], shapes
+    loaded = torch2jax.load(out)
+    ids = np.ones((1, 2), np.int64)
+    with pytest.raises(SignatureError, match="tokens"):
+        loaded.decode_model(ids, ids, np.arange(2), np.ones((1, 4), bool), loaded.new_cache(1))
+    ids = prompt(6, 3)
+    np.testing.assert_array_equal(loaded.generate(ids, max_new_tokens=8, eos_token_id=[]),
+                                  hf_greedy(load_lm(lm_dirs["llama"]), torch.from_numpy(ids), 8))

@@ -1,4 +1,5 @@
-"""A causal language model as one step over an explicit KV cache, converted twice: prefill and decode.
+"""A causal language model as one step over an explicit KV cache, traced once and served as two entry points:
+prefill (any number of tokens) and decode (one token per row, the same graph with that dim pinned to 1).
 
 The step takes the cache as inputs and returns the updated cache as outputs, so the cache is state
 that the caller owns and donates (never a buffer, never saved as weights). Its attention mask is
@@ -184,10 +185,10 @@ def example_step_inputs(layout: CacheLayout, batch: int, tokens: int) -> tuple:
     )
 
 
-def step_dynamic_shapes(layout: CacheLayout, max_batch: int, prefill: bool) -> tuple:
-    """batch symbolic (1..max_batch) everywhere; the token count symbolic (1..max_cache_len) for prefill."""
+def step_dynamic_shapes(layout: CacheLayout, max_batch: int) -> tuple:
+    """batch symbolic (1..max_batch) everywhere; the token count symbolic (1..max_cache_len)."""
     batch = {"name": "batch", "min": 1, "max": max_batch} if max_batch > 1 else None  # max_batch 1: batch is static 1
-    tokens = {"name": "tokens", "min": 1, "max": layout.max_cache_len} if prefill else None
+    tokens = {"name": "tokens", "min": 1, "max": layout.max_cache_len}
 
     def dims(*axes: Any) -> dict | None:  # the symbolic axes only (a None dim is deprecated in torch.export)
         return {axis: d for axis, d in enumerate(axes) if d is not None} or None
@@ -209,6 +210,7 @@ def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batc
     """A transformers causal LM -> a `Generator` (torch-free prefill/decode over one params tree).
 
     `weights` (a capture.streaming.WeightSource) streams the params of an LM built with fake parameters."""
+    from ..runtime.model import Model
     from ..serve.generator import GenerationSpec, Generator
     from .converter import convert
     from .fx import dtype_name
@@ -222,14 +224,12 @@ def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batc
             weights.cast = True  # the checkpoint's floating tensors are converted to `dtype` as they are read
     layout = cache_layout(lm, max_cache_len)
     step = DecoderStep(lm, layout).eval()
-    entries = {}
     batch = min(max_batch, 2)  # traced at 2 where the batch is symbolic: torch.export specializes a dim of 1
-    for name, tokens in (("prefill", 3), ("decode", 1)):
-        shapes = step_dynamic_shapes(layout, max_batch, prefill=name == "prefill")
-        entries[name] = convert(step, example_step_inputs(layout, batch, tokens), dynamic_shapes=shapes, progress=progress,
-                                weights=weights)
-    prefill, decode = entries["prefill"], entries["decode"]
-    decode.params = prefill.params  # one copy of the weights, shared by both entry points
+    prefill = convert(step, example_step_inputs(layout, batch, 3), dynamic_shapes=step_dynamic_shapes(layout, max_batch),
+                      progress=progress, weights=weights)
+    # decode is the same traced step with one token per row: torch.export runs once, not twice (it is most of a
+    # conversion's time, and grows with the number of layers); the pinned size is exported as a constant
+    decode = Model(prefill._run, prefill.params, prefill.graph.with_fixed_dims({"tokens": 1}))
     prefill.sharding_hints = decode.sharding_hints = tp_plan_hints(lm)  # the step module has no config of its own
     eos, pad = special_tokens(lm)
     spec = GenerationSpec(

@@ -18,6 +18,7 @@ an expression over the graph's named symbols (e.g. "batch", "2*seq").
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -138,6 +139,21 @@ class Graph:
     symbols: dict[str, dict] = field(default_factory=dict)  # name -> {"min": int, "max": int | None}
     aliases: dict[str, str] = field(default_factory=dict)  # tied weight name -> the name kept in params
     subgraphs: dict[str, Graph] = field(default_factory=dict)
+
+    def with_fixed_dims(self, values: dict[str, int]) -> Graph:
+        """The same program with some symbolic dims pinned to one size (range [v, v]): one traced graph serves
+        another entry point, e.g. a prefill over any number of tokens as the one-token decode step. The shapes
+        keep the symbol's name; export gives it the pinned size and calls are checked against it."""
+        unknown = sorted(set(values) - set(self.symbols))
+        if unknown:
+            raise GraphFormatError(f"cannot pin dims {unknown}: the graph's symbolic dims are {sorted(self.symbols)}")
+        pinned = {name: {"min": int(v), "max": int(v)} for name, v in values.items()}
+        return dataclasses.replace(self, symbols={**self.symbols, **pinned})
+
+    def fixed_dims(self) -> dict[str, int]:
+        """Symbolic dims whose range is a single size (see with_fixed_dims)."""
+        return {name: int(r["min"]) for name, r in self.symbols.items()
+                if r.get("min") is not None and r.get("min") == r.get("max")}
 
     @property
     def user_inputs(self) -> list[GraphInput]:

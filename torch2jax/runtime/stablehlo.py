@@ -24,7 +24,10 @@ DEFAULT_PLATFORMS = ("cpu", "cuda", "tpu")
 def input_specs(graph: Graph) -> list:
     """ShapeDtypeStructs for the user inputs, all symbolic dims in one shared scope."""
     constraints = []
+    fixed = graph.fixed_dims()  # pinned to one size: exported as that size, not as a symbol
     for name, rng in sorted(graph.symbols.items()):
+        if name in fixed:
+            continue
         if rng.get("min") is not None and rng["min"] > 1:
             constraints.append(f"{name} >= {rng['min']}")
         if rng.get("max") is not None:
@@ -38,7 +41,7 @@ def input_specs(graph: Graph) -> list:
         if inp.meta.is_static:
             specs.append(jax.ShapeDtypeStruct(tuple(inp.meta.shape), dtype))
             continue
-        text = ", ".join(str(d) for d in inp.meta.shape)
+        text = ", ".join(str(fixed.get(d, d)) if isinstance(d, str) else str(d) for d in inp.meta.shape)
         specs.append(jax.ShapeDtypeStruct(jax_export.symbolic_shape(text, scope=scope), dtype))
     return specs
 
