@@ -1,0 +1,31 @@
+"""On the jax device a lowering runs as one compiled call per argument signature, and eagerly where it reads values."""
+
+import torch
+
+from torch2jax.eager import compiled
+
+
+def _signatures(op_name: str) -> dict:
+    return {sig: fn for sig, fn in compiled._COMPILED.items() if sig[0] == op_name}
+
+
+def test_a_lowering_compiles_once_per_signature():
+    x = torch.randn(5, 7)
+    on_jax = x.to("jax")
+    before = len(_signatures("aten.hardtanh.default"))
+    for _ in range(3):
+        torch.testing.assert_close(torch.nn.functional.hardtanh(on_jax, -0.5, 0.5).cpu(), torch.nn.functional.hardtanh(x, -0.5, 0.5))
+    assert len(_signatures("aten.hardtanh.default")) == before + 1  # three calls, one compiled function
+    torch.testing.assert_close(torch.nn.functional.hardtanh(on_jax, -0.25, 0.25).cpu(), torch.nn.functional.hardtanh(x, -0.25, 0.25))
+    assert len(_signatures("aten.hardtanh.default")) == before + 2  # other bounds are another signature
+    assert all(fn is not None for fn in _signatures("aten.hardtanh.default").values())
+
+
+def test_a_lowering_that_reads_values_runs_eagerly():
+    x = torch.randn(6)
+    keep = x > 0
+    got = x.to("jax")[keep.to("jax")]  # boolean indexing: the result's size is a value
+    torch.testing.assert_close(got.cpu(), x[keep])
+    eager = [sig for sig, fn in compiled._COMPILED.items() if fn is None]
+    assert any(sig[0] == "aten.index.Tensor" for sig in eager)
+
