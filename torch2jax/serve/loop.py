@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import Torch2JaxError
-from ..ir import dtypes, structure
+from ..ir import structure
 from ..runtime.model import Model
 from . import sampling
 
