@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import torch2jax
+import torch2jax.serve.sampling
 from torch2jax.diagnose.generation import check_generation, verify_seq2seq
 from torch2jax.errors import InputSpecError, VerificationError
 from torch2jax.serve.seq2seq import right_pad
@@ -151,3 +152,18 @@ def test_cli_convert_verifies_and_generate_round_trips(model_dirs, tmp_path):
     inspected = cli("inspect", str(out))
     assert "task      text2text-generation" in inspected.stdout and "entry     encode" in inspected.stdout
     assert "cross     4 float32 tensors of ['batch', 4, 'source', 16]" in inspected.stdout
+
+
+def test_self_attention_cache_is_donated_and_cross_state_is_kept(generators):
+    g = generators("t5")
+    ids = np.ones((2, 4), np.int64)
+    cross = g.encode(ids)
+    assert [c.shape for c in cross] == [(2, 4, 4, 16)] * 4
+    cache, valid = g.new_cache(2), jax.numpy.zeros((2, CACHE), bool)
+    token = jax.numpy.full((2,), START, g._id_dtype)
+    temperature, top_k, top_p = torch2jax.serve.sampling.sampling_params(2)
+    out = g._decode(g.params, cache, cross, jax.numpy.ones((2, 4), bool), valid, token, jax.numpy.asarray(0, g._id_dtype),
+                    jax.numpy.zeros((2,), bool), jax.random.key(0), temperature, top_k, top_p, jax.numpy.asarray([EOS], g._id_dtype),
+                    jax.numpy.asarray(PAD, g._id_dtype), g._forced(0, 8), do_sample=False, span=CACHE)
+    assert all(t.is_deleted() for t in cache), "decode copied the self-attention cache instead of updating it in place"
+    assert not any(c.is_deleted() for c in cross) and out[0].shape == (2,)
