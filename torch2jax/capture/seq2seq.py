@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..errors import ExportError, InputSpecError
-from .decoder import CacheLayout, _explicit_layer_class, check_limits, special_tokens
+from .decoder import CacheLayout, check_limits, explicit_layer_class, special_tokens
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class CrossLayout:
         return [shape for pair in zip(self.key_shapes, self.value_shapes) for shape in pair]
 
 
-def _filled_layer_class():
+def filled_layer_class():
     from transformers.cache_utils import CacheLayerMixin
 
     class FilledLayer(CacheLayerMixin):
@@ -116,7 +116,7 @@ class EncodeStep(torch.nn.Module):
         object.__setattr__(self, "lm", lm)
         self.layers, self.start = layers, start
         self.additive = getattr(lm.config, "_attn_implementation", None) == "eager"
-        self._filled = _filled_layer_class()
+        self._filled = filled_layer_class()
 
     def forward(self, input_ids, attention_mask):
         from transformers.cache_utils import Cache, EncoderDecoderCache
@@ -145,7 +145,7 @@ class Seq2SeqDecodeStep(torch.nn.Module):
         object.__setattr__(self, "lm", lm)
         self.layout, self.hidden = layout, hidden
         self.additive = getattr(lm.config, "_attn_implementation", None) == "eager"
-        self._layer, self._filled = _explicit_layer_class(), _filled_layer_class()
+        self._layer, self._filled = explicit_layer_class(), filled_layer_class()
 
     def forward(self, input_ids, write_at, kv_valid, source_mask, cache, cross):
         from transformers.cache_utils import Cache, EncoderDecoderCache
@@ -289,10 +289,13 @@ def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch:
 
 
 def _share_params(encode: Any, decode: Any) -> None:
-    """One params dict for both entry points. Encode reads the encoder and the cross projections, decode the
-    rest of the decoder; each function takes the union (the params it does not read are unused inputs)."""
-    union = {**decode.params, **encode.params}
-    encode.params = decode.params = union
+    """One params dict, one copy of the weights, for both entry points. Both steps register every child of the
+    model, so torch.export lifts the same params for each (encode does not read the decoder's self-attention,
+    decode not the encoder: those are unused inputs of that function)."""
+    if set(encode.params) != set(decode.params):
+        missing = sorted(set(encode.params) ^ set(decode.params))
+        raise ExportError(f"the encode and decode steps hold different params ({missing[:5]}...); they must share one tree")
+    decode.params = encode.params
 
 
 def _token(config: Any, name: str) -> int | None:
