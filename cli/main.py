@@ -589,6 +589,9 @@ def generate(artifact_dir, prompts, id_lists, max_new_tokens, temperature, top_k
         raise InputSpecError(f"{artifact_dir} is not a text-generation artifact (convert hf:DIR --task text-generation, "
                              "or --task text2text-generation for an encoder-decoder)")
     seq2seq = isinstance(g, torch2jax.Seq2SeqGenerator)
+    if seq2seq and g.spec.takes_features:
+        raise InputSpecError(f"{artifact_dir} reads audio features (input_features), not token ids: call "
+                             "torch2jax.load(...).generate(input_features=...) in Python")
     tokenizer = None
     if prompts:
         if "tokenizer.json" not in g.tokenizer_files:

@@ -21,10 +21,16 @@ def _build(name: str):
         return tf.BartForConditionalGeneration(tf.BartConfig(
             encoder_layers=2, decoder_layers=2, d_model=64, encoder_attention_heads=4, decoder_attention_heads=4,
             encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=128, forced_eos_token_id=EOS, **special))
+    if name == "whisper":  # 16 mel bins x 40 frames -> 20 encoder positions; no suppressed tokens in this config
+        return tf.WhisperForConditionalGeneration(tf.WhisperConfig(
+            encoder_layers=2, decoder_layers=2, d_model=64, encoder_attention_heads=4, decoder_attention_heads=4,
+            encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=MEL, max_source_positions=FRAMES // 2, max_target_positions=64,
+            begin_suppress_tokens=None, suppress_tokens=None, **special))
     raise KeyError(name)
 
 
 ARCHITECTURES = ("t5", "bart")
+MEL, FRAMES = 16, 40
 
 
 def write_seq2seq(name: str, directory: Path) -> Path:
@@ -33,6 +39,10 @@ def write_seq2seq(name: str, directory: Path) -> Path:
     model = _build(name).eval()
     if name == "bart":  # a nonzero bias, so that a converter dropping it would show
         model.final_logits_bias.normal_(0, 0.5)
+    if name == "whisper":  # larger random weights: Whisper's small init repeats one token, which would prove little
+        with torch.no_grad():
+            for param in model.parameters():
+                param.normal_(0, 0.3)
     out = directory / name
     model.save_pretrained(out)
     return out
@@ -42,7 +52,8 @@ def load_seq2seq(path: Path, dtype: torch.dtype = torch.float32):
     """The same model through transformers, as the reference."""
     import transformers
 
-    return transformers.AutoModelForSeq2SeqLM.from_pretrained(path, local_files_only=True, dtype=dtype).eval()
+    auto = transformers.AutoModelForSpeechSeq2Seq if path.name == "whisper" else transformers.AutoModelForSeq2SeqLM
+    return auto.from_pretrained(path, local_files_only=True, dtype=dtype).eval()
 
 
 def hf_generate(lm, ids: np.ndarray, new: int, mask: np.ndarray | None = None, eos: int | None = None) -> np.ndarray:

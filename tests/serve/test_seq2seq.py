@@ -1,5 +1,5 @@
-"""Generation from a converted encoder-decoder (T5, BART) against transformers' own generate, same weights
-(random, small configs): encode once, decode one token per step, torch-free once saved."""
+"""Generation from a converted encoder-decoder (T5, BART, Whisper) against transformers' own generate, same
+weights (random, small configs): encode once, decode one token per step, torch-free once saved."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from torch2jax.errors import InputSpecError, VerificationError
 from torch2jax.serve.seq2seq import right_pad
 
 from ..helpers import cli, run_without_torch
-from .seq2seqs import ARCHITECTURES, EOS, PAD, START, hf_generate, load_seq2seq, write_seq2seq
+from .seq2seqs import ARCHITECTURES, EOS, FRAMES, MEL, PAD, START, hf_generate, load_seq2seq, write_seq2seq
 
 CACHE, BATCH, SOURCE = 40, 4, 32
 
@@ -24,7 +24,7 @@ CACHE, BATCH, SOURCE = 40, 4, 32
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("seq2seq")
-    return {name: write_seq2seq(name, root) for name in ARCHITECTURES}
+    return {name: write_seq2seq(name, root) for name in (*ARCHITECTURES, "whisper")}
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +59,30 @@ def test_padded_batch_equals_transformers_and_each_source_alone(name, model_dirs
         np.testing.assert_array_equal(g.generate(np.array([src]), max_new_tokens=32, eos_token_id=[])[0], got[row])
     if name == "bart":  # BART's forced_eos_token_id: the last token is the end token, as transformers forces it
         assert (got[:, -1] == EOS).all()
+
+
+def test_whisper_features_equal_transformers_generate(model_dirs, generators):
+    """Whisper reads [B, mel, frames] features (no mask); its own generate returns the tokens after the start token."""
+    import torch
+
+    g = generators("whisper")
+    assert g.spec.takes_features and g.spec.max_source_len == FRAMES // 2
+    features = np.random.default_rng(10).standard_normal((2, MEL, FRAMES)).astype(np.float32)
+    got = g.generate(input_features=features, max_new_tokens=32, eos_token_id=[])
+    lm = load_seq2seq(model_dirs["whisper"])
+    lm.generation_config.eos_token_id = None
+    with torch.no_grad():
+        want = lm.generate(torch.from_numpy(features), max_new_tokens=32).numpy()
+    assert got.shape == (2, 33) and want.shape == (2, 32) and (got[:, 0] == START).all()
+    np.testing.assert_array_equal(got[:, 1:], want)
+    assert len(set(want.ravel().tolist())) > 2, "the reference repeats one token: the comparison would prove little"
+    np.testing.assert_array_equal(g.generate(input_features=features[1], max_new_tokens=32, eos_token_id=[])[0], got[1])
+    with pytest.raises(InputSpecError, match=r"reads audio features: pass input_features \[batch, 16, 40\]"):
+        g.generate(np.ones((1, 3), np.int64))
+    with pytest.raises(InputSpecError, match=r"input_features must be floats of shape \[batch, 16, 40\], got float32\[1, 16, 30\]"):
+        g.generate(input_features=features[:1, :, :30])
+    with pytest.raises(InputSpecError, match=r"max_cache_len=65 is more than the model's 64 learned positions"):
+        torch2jax.convert_hf(f"hf:{model_dirs['whisper']}", max_cache_len=65, max_batch=2)
 
 
 def test_end_token_stops_a_row_and_pads_it_like_transformers(model_dirs, generators):
@@ -156,13 +180,13 @@ def test_cli_convert_verifies_and_generate_round_trips(model_dirs, tmp_path):
 
 def test_self_attention_cache_is_donated_and_cross_state_is_kept(generators):
     g = generators("t5")
-    ids = np.ones((2, 4), np.int64)
-    cross = g.encode(ids)
-    assert [c.shape for c in cross] == [(2, 4, 4, 16)] * 4
+    inputs = g._encoder_inputs(np.ones((2, 4), np.int64), np.ones((2, 4), bool))  # right-padded to 16
+    cross = g._encode(g.params, *inputs)
+    assert [c.shape for c in cross] == [(2, 4, 16, 16)] * 4
     cache, valid = g.new_cache(2), jax.numpy.zeros((2, CACHE), bool)
     token = jax.numpy.full((2,), START, g._id_dtype)
     temperature, top_k, top_p = torch2jax.serve.sampling.sampling_params(2)
-    out = g._decode(g.params, cache, cross, jax.numpy.ones((2, 4), bool), valid, token, jax.numpy.asarray(0, g._id_dtype),
+    out = g._decode(g.params, cache, cross, inputs[1] != 0, valid, token, jax.numpy.asarray(0, g._id_dtype),
                     jax.numpy.zeros((2,), bool), jax.random.key(0), temperature, top_k, top_p, jax.numpy.asarray([EOS], g._id_dtype),
                     jax.numpy.asarray(PAD, g._id_dtype), g._forced(0, 8), do_sample=False, span=CACHE)
     assert all(t.is_deleted() for t in cache), "decode copied the self-attention cache instead of updating it in place"

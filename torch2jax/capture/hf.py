@@ -90,7 +90,7 @@ def convert_hf(
     max_source_len: int = 512,
 ):
     """A Hugging Face model directory (or a transformers model object) -> a torch-free `Generator`, or for
-    text2text-generation (encoder-decoders: T5, BART) a `Seq2SeqGenerator` for sources of up to `max_source_len`.
+    text2text-generation (encoder-decoders: T5, BART, Whisper) a `Seq2SeqGenerator` for sources of up to `max_source_len`.
 
     `stream_weights=True` (a directory only, causal LMs) builds the model with fake parameters and reads each weight
     from the safetensors files only when the Generator is saved: memory stays flat in the model's size, and the
@@ -145,7 +145,9 @@ def seq2seq_lm_from(source: Any, task: str | None = None) -> tuple[Any, Path | N
     directory = None
     if isinstance(source, (str, os.PathLike)):
         directory = model_dir(source)
-        lm = _load(transformers.AutoModelForSeq2SeqLM, directory)
+        config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+        speech = type(config) in transformers.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING  # Whisper: AutoModelForSpeechSeq2Seq
+        lm = _load(transformers.AutoModelForSpeechSeq2Seq if speech else transformers.AutoModelForSeq2SeqLM, directory)
     elif getattr(source, "config", None) is None:
         raise InputSpecError(f"convert_hf takes a model directory or a transformers model, got {type(source).__name__}")
     else:

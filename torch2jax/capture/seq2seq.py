@@ -1,7 +1,9 @@
-"""An encoder-decoder (T5, BART) as two steps over explicit state: encode once, then decode one token at a time.
+"""An encoder-decoder (T5, BART, Whisper) as two steps over explicit state: encode once, then decode one token
+at a time.
 
     encode(input_ids [B, S], attention_mask [B, S]) -> cross    the cross-attention keys and values of every
                                                                 decoder layer, [B, heads, S, head_dim] each
+    encode(input_features [B, mel, frames]) -> cross            (Whisper: a fixed number of frames, no mask)
     decode(input_ids [B, 1], write_at [1], kv_valid [B, L], source_mask [B, S], cache, cross)
                                                             -> (logits [B, V] float32, cache)
 
@@ -23,6 +25,43 @@ import torch
 
 from ..errors import ExportError, InputSpecError
 from .decoder import CacheLayout, check_limits, explicit_layer_class, special_tokens
+
+
+@dataclass(frozen=True)
+class Source:
+    """What the encoder reads: token ids and their mask ([B, S], S symbolic), or a fixed-size array of features
+    per row (Whisper's log-mel frames, [B, mel, frames]; the encoder checks the frame count, so no mask)."""
+
+    names: tuple[str, ...]
+    feature_shape: tuple[int, ...] | None = None
+    dtype: torch.dtype = torch.float32  # the features' (the model's)
+
+    def example(self, batch: int, length: int) -> tuple:
+        if self.feature_shape is not None:
+            features = torch.randn((batch, *self.feature_shape), generator=torch.Generator().manual_seed(0))
+            return (features.to(self.dtype),)
+        return torch.zeros((batch, length), dtype=torch.long), torch.ones((batch, length), dtype=torch.long)
+
+    def dynamic_shapes(self, max_batch: int, max_source_len: int) -> tuple:
+        batch = {"name": "batch", "min": 1, "max": max_batch} if max_batch > 1 else None
+        if self.feature_shape is not None:
+            return (_dims(batch),)
+        source = {"name": "source", "min": 1, "max": max_source_len}
+        return (_dims(batch, source), _dims(batch, source))
+
+
+def source_of(lm: torch.nn.Module) -> Source:
+    """Token ids for text encoders; Whisper-style audio encoders take [mel bins, 2 x max_source_positions] frames
+    (two convolutions, the second of stride 2, give max_source_positions encoder positions)."""
+    name = getattr(lm, "main_input_name", "input_ids")
+    if name == "input_ids":
+        return Source(("input_ids", "attention_mask"))
+    config = lm.config
+    mel, positions = getattr(config, "num_mel_bins", None), getattr(config, "max_source_positions", None)
+    if name != "input_features" or not isinstance(mel, int) or not isinstance(positions, int):
+        raise ExportError(f"{type(lm).__name__} reads {name!r}: text2text-generation supports token-id encoders (T5, BART) "
+                          "and Whisper-style log-mel features (input_features with num_mel_bins, max_source_positions)")
+    return Source(("input_features",), (mel, 2 * positions), next(lm.parameters()).dtype)
 
 
 @dataclass(frozen=True)
@@ -103,30 +142,32 @@ def _mask(keep: torch.Tensor, additive: bool, dtype: torch.dtype) -> torch.Tenso
 
 
 class EncodeStep(torch.nn.Module):
-    """forward(input_ids [B, S], attention_mask [B, S]) -> cross keys/values of every decoder layer.
+    """forward(input_ids [B, S], attention_mask [B, S]) or forward(input_features) -> cross keys/values of every
+    decoder layer.
 
     Runs the model once over the decoder's start token with an empty cross cache: each decoder layer projects
     the encoder's output into its keys and values and stores them there. Only those are returned, so the
     decoder's own work on the start token is dead code that XLA drops."""
 
-    def __init__(self, lm: torch.nn.Module, layers: int, start: int):
+    def __init__(self, lm: torch.nn.Module, layers: int, start: int, source: Source):
         super().__init__()
         for name, child in lm.named_children():  # params keep the model's own state_dict names
             self.add_module(name, child)
         object.__setattr__(self, "lm", lm)
-        self.layers, self.start = layers, start
+        self.layers, self.start, self.source = layers, start, source
         self.additive = getattr(lm.config, "_attn_implementation", None) == "eager"
         self._filled = filled_layer_class()
 
-    def forward(self, input_ids, attention_mask):
+    def forward(self, source, attention_mask=None):
         from transformers.cache_utils import Cache, EncoderDecoderCache
 
-        batch = input_ids.shape[0]
+        inputs = (source,) if attention_mask is None else (source, attention_mask)
+        batch = source.shape[0]
         cross = [self._filled() for _ in range(self.layers)]
         cache = EncoderDecoderCache(Cache(layers=[self._filled() for _ in range(self.layers)]), Cache(layers=cross))
-        start = torch.full((batch, 1), self.start, dtype=input_ids.dtype, device=input_ids.device)
+        start = torch.full((batch, 1), self.start, dtype=torch.long, device=source.device)
         dtype = self.lm.get_input_embeddings().weight.dtype
-        self.lm(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=start,
+        self.lm(**dict(zip(self.source.names, inputs)), decoder_input_ids=start,
                 decoder_attention_mask=_mask(torch.ones((batch, 1, 1, 1), dtype=torch.bool), self.additive, dtype),
                 past_key_values=cache, use_cache=True)
         if any(layer.keys is None for layer in cross):
@@ -174,23 +215,24 @@ class Seq2SeqDecodeStep(torch.nn.Module):
         return logits, [t for layer in layers for t in (layer.keys, layer.values)]
 
 
-def cross_layout(step: EncodeStep) -> CrossLayout:
-    """Measure the cross state: the encode step run once in torch on a short source."""
+def cross_layout(step: EncodeStep) -> tuple[CrossLayout, int]:
+    """Measure the cross state (and the encoder's output length, fixed for features): encode run once in torch."""
     with torch.no_grad():
-        cross = step(torch.zeros((1, 3), dtype=torch.long), torch.ones((1, 3), dtype=torch.long))
+        cross = step(*step.source.example(1, 3))
     keys, values = cross[0::2], cross[1::2]
-    return CrossLayout(layers=len(keys), key_shapes=tuple((k.shape[1], k.shape[3]) for k in keys),
-                       value_shapes=tuple((v.shape[1], v.shape[3]) for v in values))
+    layout = CrossLayout(layers=len(keys), key_shapes=tuple((k.shape[1], k.shape[3]) for k in keys),
+                         value_shapes=tuple((v.shape[1], v.shape[3]) for v in values))
+    return layout, int(keys[0].shape[2])
 
 
-def self_layout(lm: torch.nn.Module, layers: int, max_cache_len: int) -> CacheLayout:
+def self_layout(lm: torch.nn.Module, source: Source, layers: int, max_cache_len: int) -> CacheLayout:
     """The decoder's self-attention cache: the start token through a DynamicCache, read back per layer."""
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
     cache = EncoderDecoderCache(DynamicCache(config=lm.config), DynamicCache(config=lm.config))
     ids = torch.zeros((1, 1), dtype=torch.long)
     with torch.no_grad():
-        lm(input_ids=ids, attention_mask=torch.ones_like(ids), decoder_input_ids=ids, past_key_values=cache, use_cache=True)
+        lm(**dict(zip(source.names, source.example(1, 3))), decoder_input_ids=ids, past_key_values=cache, use_cache=True)
     found = cache.self_attention_cache.layers
     if len(found) != layers or any(layer.keys is None for layer in found):
         raise ExportError(f"{type(lm).__name__} did not fill a self-attention cache for its {layers} decoder layers")
@@ -206,16 +248,6 @@ def self_layout(lm: torch.nn.Module, layers: int, max_cache_len: int) -> CacheLa
 def _dims(*axes: Any) -> dict | None:
     """The symbolic axes only (a None dim is deprecated in torch.export)."""
     return {axis: d for axis, d in enumerate(axes) if d is not None} or None
-
-
-def encode_inputs(batch: int, source: int) -> tuple:
-    return torch.zeros((batch, source), dtype=torch.long), torch.ones((batch, source), dtype=torch.long)
-
-
-def encode_dynamic_shapes(max_batch: int, max_source_len: int) -> tuple:
-    batch = {"name": "batch", "min": 1, "max": max_batch} if max_batch > 1 else None
-    source = {"name": "source", "min": 1, "max": max_source_len}
-    return (_dims(batch, source), _dims(batch, source))
 
 
 def decode_inputs(layout: CacheLayout, cross: CrossLayout, batch: int, source: int) -> tuple:
@@ -255,17 +287,21 @@ def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch:
     lm = lm.eval()
     if dtype is not None:
         lm = lm.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+    check_positions(lm.config, max_cache_len, max_source_len)
     layers = decoder_layers(lm)
     start = start_token(lm)
-    encode_step = EncodeStep(lm, layers, start).eval()
-    cross = cross_layout(encode_step)
-    layout = self_layout(lm, layers, max_cache_len)
+    source = source_of(lm)
+    encode_step = EncodeStep(lm, layers, start, source).eval()
+    cross, encoded_len = cross_layout(encode_step)
+    if source.feature_shape is not None:
+        max_source_len = encoded_len  # the encoder's output length is fixed by the model, not a limit to choose
+    layout = self_layout(lm, source, layers, max_cache_len)
     hidden = int(lm.get_input_embeddings().weight.shape[1])
     decode_step = Seq2SeqDecodeStep(lm, layout, hidden).eval()
-    batch, source = min(max_batch, 2), min(max_source_len, 5)  # not 1: torch.export would specialize a dim of 1
-    encode = convert(encode_step, encode_inputs(batch, source), dynamic_shapes=encode_dynamic_shapes(max_batch, max_source_len),
+    batch, length = min(max_batch, 2), min(max_source_len, 5)  # not 1: torch.export would specialize a dim of 1
+    encode = convert(encode_step, source.example(batch, length), dynamic_shapes=source.dynamic_shapes(max_batch, max_source_len),
                      progress=progress)
-    decode = convert(decode_step, decode_inputs(layout, cross, batch, source),
+    decode = convert(decode_step, decode_inputs(layout, cross, batch, length),
                      dynamic_shapes=decode_dynamic_shapes(layout, max_batch, max_source_len), progress=progress)
     _share_params(encode, decode)
     encode.sharding_hints = decode.sharding_hints = tp_plan_hints(lm)
@@ -284,8 +320,24 @@ def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch:
         cross_shapes=tuple(cross.shapes()),
         forced_bos_token_id=_token(generation, "forced_bos_token_id"),
         forced_eos_token_id=_token(generation, "forced_eos_token_id"),
+        source_input=source.names[0],
+        feature_shape=source.feature_shape,
     )
     return Seq2SeqGenerator(encode, decode, spec)
+
+
+def check_positions(config: Any, max_cache_len: int, max_source_len: int) -> None:
+    """Learned position tables bound the decoder's length and the source's (T5's relative positions bound neither);
+    beyond them a position would index past the table, so refuse before exporting."""
+    shared = getattr(config, "max_position_embeddings", None)
+    for what, value, flag, limit in (
+        ("max_cache_len", max_cache_len, "--max-cache-len", getattr(config, "max_target_positions", None) or shared),
+        ("max_source_len", max_source_len, "--max-source-len", getattr(config, "max_source_positions", None) or shared),
+    ):
+        if what == "max_source_len" and getattr(config, "num_mel_bins", None):
+            continue  # features: the source length is the model's own
+        if isinstance(limit, int) and value > limit:
+            raise InputSpecError(f"{what}={value} is more than the model's {limit} learned positions: pass {flag} {limit} or less")
 
 
 def _share_params(encode: Any, decode: Any) -> None:

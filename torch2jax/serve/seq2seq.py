@@ -1,7 +1,8 @@
-"""Generation from a converted encoder-decoder (T5, BART), torch-free.
+"""Generation from a converted encoder-decoder (T5, BART, Whisper), torch-free.
 
     g = torch2jax.load("out/t5")                               # a Seq2SeqGenerator
     ids = g.generate(input_ids, attention_mask=mask, max_new_tokens=32)   # [B, 1 + new], from the start token
+    ids = whisper.generate(input_features=features)            # [B, mel, frames] log-mel features
 
 `encode` runs once per call: the source (right-padded, as tokenizers pad for these models) to the
 cross-attention keys and values of every decoder layer. `decode` then runs one token per row over the
@@ -40,6 +41,12 @@ class Seq2SeqSpec(GenerationSpec):
     cross_shapes: tuple[tuple[int, int], ...]  # per cross tensor (heads, head_dim): [batch, heads, source, head_dim]
     forced_bos_token_id: int | None = None  # transformers' forced-BOS / forced-EOS processors (BART sets the latter)
     forced_eos_token_id: int | None = None
+    source_input: str = "input_ids"  # what encode reads: "input_ids" (+ mask) or "input_features"
+    feature_shape: tuple[int, ...] | None = None  # per row, for input_features (Whisper: mel bins, frames)
+
+    @property
+    def takes_features(self) -> bool:
+        return self.source_input == "input_features"
 
     def to_json(self) -> dict:
         out = super().to_json()
@@ -50,6 +57,8 @@ class Seq2SeqSpec(GenerationSpec):
             "forced_eos_token_id": self.forced_eos_token_id,
             "cross": {"shapes": [["batch", h, "source", d] for h, d in self.cross_shapes], "dtype": self.cache_dtype,
                       "donated": False, "computed_by": "encode"},
+            "encoder_input": {"name": self.source_input,
+                              "shape": ["batch", *self.feature_shape] if self.takes_features else ["batch", "source"]},
         })
         return out
 
@@ -59,6 +68,10 @@ class Seq2SeqSpec(GenerationSpec):
         try:
             optional = {name: None if data.get(name) is None else int(data[name])
                         for name in ("forced_bos_token_id", "forced_eos_token_id")}
+            encoder_input = data.get("encoder_input") or {"name": "input_ids"}
+            optional["source_input"] = str(encoder_input["name"])
+            if optional["source_input"] == "input_features":
+                optional["feature_shape"] = tuple(int(d) for d in encoder_input["shape"][1:])
             return Seq2SeqSpec(
                 **{f.name: getattr(base, f.name) for f in fields(GenerationSpec)},
                 max_source_len=int(data["max_source_len"]),
@@ -104,16 +117,12 @@ class Seq2SeqGenerator(TokenLoop):
         dtype = dtypes.jax_dtype(self.spec.cache_dtype)
         return [jnp.zeros((batch, *shape), dtype) for shape in self.spec.cache_shapes]
 
-    def encode(self, input_ids: Any, attention_mask: Any = None) -> list[jax.Array]:
-        """The cross-attention state of a [B, S] source: keys and values per decoder layer, [B, heads, S, head_dim]."""
-        ids, mask = self._check_source(input_ids, attention_mask)
-        return self._encode(self.params, jnp.asarray(ids, self._id_dtype), jnp.asarray(mask, self._id_dtype))
-
     def generate(
         self,
-        input_ids: Any,
+        input_ids: Any = None,
         attention_mask: Any = None,
         *,
+        input_features: Any = None,
         max_new_tokens: int = 32,
         do_sample: bool = False,
         temperature: Any = 1.0,
@@ -127,8 +136,10 @@ class Seq2SeqGenerator(TokenLoop):
         """[B, S] source ids (right-padded where `attention_mask` is 0) -> [B, 1 + new] decoder ids starting with
         decoder_start_token_id, as transformers' generate returns them for an encoder-decoder: a row that emits
         an end token is padded with `pad_token_id` after it, and generation stops once every row has ended.
-        `stream=True` yields each step's [B] new tokens instead. Sampling parameters may be per row."""
-        ids, mask = self._check_source(input_ids, attention_mask)
+        `stream=True` yields each step's [B] new tokens instead. Sampling parameters may be per row.
+        A Whisper artifact takes `input_features` [B, mel, frames] instead (transformers' Whisper generate
+        returns the same tokens without the start token)."""
+        ids, mask = self._check_source(input_ids, attention_mask, input_features)
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise InputSpecError(f"max_new_tokens must be an integer >= 1 (got {max_new_tokens!r})")
         if max_new_tokens > self.spec.max_cache_len:
@@ -141,15 +152,24 @@ class Seq2SeqGenerator(TokenLoop):
         return finish(start, self._steps(ids, mask, max_new_tokens, request), stream)
 
     # -- the loop ---------------------------------------------------------------------------
-    def _steps(self, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, request: Request) -> Iterator[np.ndarray]:
+    def _encoder_inputs(self, ids: np.ndarray, mask: np.ndarray | None, pad: int = 0) -> tuple:
+        """What encode takes: features cast to the model's dtype, or ids and mask right-padded to a length bucket."""
+        if self.spec.takes_features:
+            return (jnp.asarray(ids, dtypes.jax_dtype(self.spec.cache_dtype)),)
         batch, length = ids.shape
         width = bucket(length, self.spec.max_source_len, MIN_BUCKET)
-        padded_ids = np.full((batch, width), int(request.pad), np.int64)
+        padded_ids = np.full((batch, width), pad, np.int64)
         padded_ids[:, :length] = ids
-        padded_mask = np.zeros((batch, width), bool)
+        padded_mask = np.zeros((batch, width), np.int64)
         padded_mask[:, :length] = mask
+        return jnp.asarray(padded_ids, self._id_dtype), jnp.asarray(padded_mask, self._id_dtype)
+
+    def _steps(self, ids: np.ndarray, mask: np.ndarray | None, max_new_tokens: int, request: Request) -> Iterator[np.ndarray]:
+        batch = ids.shape[0]
+        inputs = self._encoder_inputs(ids, mask, int(request.pad))
+        cross = self._encode(self.params, *inputs)
         key, do_sample, params = request.key, request.do_sample, request.sampling
-        source_mask = jnp.asarray(padded_mask)
+        source_mask = jnp.ones((batch, cross[0].shape[2]), bool) if self.spec.takes_features else inputs[1] != 0
         state = {"cache": self.new_cache(batch), "valid": jnp.zeros((batch, self.spec.max_cache_len), bool)}
 
         def step(slot: int, token: jax.Array, done: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -160,7 +180,6 @@ class Seq2SeqGenerator(TokenLoop):
             )
             return token, done
 
-        cross = self._encode(self.params, jnp.asarray(padded_ids, self._id_dtype), jnp.asarray(padded_mask, self._id_dtype))
         start = jnp.full((batch,), self.spec.decoder_start_token_id, self._id_dtype)
         return run_loop(lambda: step(0, start, jnp.zeros((batch,), bool)),
                         lambda index, token, done: step(index + 1, token, done), max_new_tokens)
@@ -175,8 +194,8 @@ class Seq2SeqGenerator(TokenLoop):
         return jnp.asarray(NO_TOKEN if forced is None else forced, self._id_dtype)
 
     # -- jitted bodies ----------------------------------------------------------------------
-    def _encode_step(self, params, ids, mask):
-        return list(call_entry(self.encode_model, params, ids, mask))
+    def _encode_step(self, params, *inputs):
+        return list(call_entry(self.encode_model, params, *inputs))
 
     def _decode_step(self, params, cache, cross, source_mask, valid, token, slot, done, key, temperature, top_k, top_p, eos, pad,
                      force, *, do_sample, span):
@@ -186,7 +205,11 @@ class Seq2SeqGenerator(TokenLoop):
         token, done = self._pick(logits, key, temperature, top_k, top_p, done, eos, pad, do_sample=do_sample, force=force)
         return token, list(cache), valid, done
 
-    def _check_source(self, input_ids: Any, attention_mask: Any) -> tuple[np.ndarray, np.ndarray]:
+    def _check_source(self, input_ids: Any, attention_mask: Any, input_features: Any) -> tuple[np.ndarray, np.ndarray | None]:
+        if self.spec.takes_features:
+            return self._check_features(input_ids, input_features), None
+        if input_features is not None or input_ids is None:
+            raise InputSpecError("this artifact's encoder reads token ids: pass input_ids [batch, length] (and attention_mask)")
         ids = np.asarray(input_ids)
         if ids.ndim == 1:
             ids = ids[None]
@@ -209,6 +232,22 @@ class Seq2SeqGenerator(TokenLoop):
         if not mask.any(axis=1).all():
             raise InputSpecError("attention_mask marks every token of a source as padding: each source needs a token")
         return ids, mask
+
+    def _check_features(self, input_ids: Any, input_features: Any) -> np.ndarray:
+        want = list(self.spec.feature_shape or ())
+        if input_ids is not None or input_features is None:
+            raise InputSpecError(f"this artifact's encoder reads audio features: pass input_features [batch, {want[0]}, {want[1]}] "
+                                 "(log-mel frames, as the model's feature extractor makes them), not input_ids")
+        features = np.asarray(input_features)
+        if features.ndim == 2:
+            features = features[None]
+        if list(features.shape[1:]) != want or not np.issubdtype(features.dtype, np.floating):
+            raise InputSpecError(f"input_features must be floats of shape [batch, {want[0]}, {want[1]}], got "
+                                 f"{features.dtype}{list(features.shape)} (pad or cut the audio to the model's frame count)")
+        if not 1 <= features.shape[0] <= self.spec.max_batch:
+            raise InputSpecError(f"batch of {features.shape[0]} sources: this artifact was converted for 1 to {self.spec.max_batch} "
+                                 "(convert again with a larger --max-batch, or split the batch)")
+        return features
 
 
 def right_pad(rows: list, pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
