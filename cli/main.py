@@ -412,8 +412,9 @@ def _print_summary(artifact_dir: str, manifest: dict) -> None:
                    "(state: allocated at load, donated to each step, never saved)")
         cross = generation.get("cross")
         if isinstance(cross, dict):
-            click.echo(f"source    max_source_len {generation.get('max_source_len')}, decoder starts from "
-                       f"{generation.get('decoder_start_token_id')}")
+            encoder = generation.get("encoder_input") or {}
+            click.echo(f"encoder   reads {encoder.get('name')} {encoder.get('shape')}, max_source_len "
+                       f"{generation.get('max_source_len')}; the decoder starts from {generation.get('decoder_start_token_id')}")
             click.echo(f"cross     {len(cross.get('shapes', []))} {cross.get('dtype')} tensors of {cross.get('shapes', [[]])[0]} "
                        "(state: computed by encode, read by each decode step, never saved)")
     entries = manifest.get("entries") if isinstance(manifest.get("entries"), dict) else {"": manifest}
