@@ -29,11 +29,8 @@ from ..errors import InputSpecError, Torch2JaxError
 from ..ir import dtypes
 from ..runtime.model import Model
 from . import sampling
-from .loop import Request, TokenLoop, bucket, call_entry, finish, run_loop
+from .loop import MIN_BUCKET, Request, TokenLoop, attended_span, bucket, call_entry, finish, run_loop
 from .sharding import ShardingPlan
-
-MIN_BUCKET = 16
-MIN_SPAN = 64
 
 
 @dataclass(frozen=True)
@@ -125,7 +122,7 @@ class Generator(TokenLoop):
         temperature, top_k, top_p = sampling.sampling_params(batch)
         lowered = self._decode.lower(self.params, self.new_cache(batch), ids, ids, jnp.asarray(0, self._id_dtype), valid,
                                      done, jax.random.key(0), temperature, top_k, top_p, ids[:1], ids[0],
-                                     do_sample=False, span=_span(1, self.spec.max_cache_len))
+                                     do_sample=False, span=attended_span(1, self.spec.max_cache_len))
         return self.sharding.report(lowered.compile().as_text())
 
     def generate(
@@ -179,7 +176,7 @@ class Generator(TokenLoop):
             token, state["cache"], state["valid"], done = self._decode(
                 self.params, state["cache"], token, state["position"], jnp.asarray(slot, self._id_dtype), state["valid"], done,
                 jax.random.fold_in(key, step + 1), *params, request.eos, request.pad, do_sample=do_sample,
-                span=_span(slot + 1, self.spec.max_cache_len),
+                span=attended_span(slot + 1, self.spec.max_cache_len),
             )
             state["position"] = state["position"] + 1
             return token, done
@@ -246,11 +243,5 @@ def _call(model: Model, params: dict, ids, positions, write_at, valid, cache) ->
     if model.sharding is not None:  # the cache stays where it was placed, so donation reuses its buffers
         new_cache = [jax.lax.with_sharding_constraint(c, model.sharding.cache_sharding(c.shape)) for c in new_cache]
     return logits, list(new_cache)
-
-
-def _span(filled: int, max_cache_len: int) -> int:
-    """How much of the cache a decode step attends to: the filled slots rounded up to a power of two (at least
-    MIN_SPAN), so a step costs O(tokens so far) and there are only log2(max_cache_len) compiled decode steps."""
-    return min(max_cache_len, max(MIN_SPAN, 1 << (filled - 1).bit_length()))
 
 

@@ -25,6 +25,8 @@ from ..runtime.model import Model
 from . import sampling
 
 NO_TOKEN = -1  # `force` when no token is forced
+MIN_BUCKET = 16  # the shortest prompt / source length a step is compiled for
+MIN_SPAN = 64  # the fewest cache slots a decode step attends to
 
 
 @dataclass(frozen=True)
@@ -116,3 +118,9 @@ def bucket(length: int, limit: int, smallest: int) -> int:
     """The length a step is compiled for: the next power of two (at least `smallest`) that fits `limit`, else `length`."""
     size = max(smallest, 1 << (length - 1).bit_length())
     return size if size <= limit else length
+
+
+def attended_span(filled: int, max_cache_len: int) -> int:
+    """How much of the cache a decode step attends to: the filled slots rounded up to a power of two (at least
+    MIN_SPAN), so a step costs O(tokens so far) and there are only log2(max_cache_len) compiled decode steps."""
+    return min(max_cache_len, max(MIN_SPAN, 1 << (filled - 1).bit_length()))

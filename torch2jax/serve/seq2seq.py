@@ -27,8 +27,8 @@ import numpy as np
 from ..errors import InputSpecError, Torch2JaxError
 from ..ir import dtypes
 from ..runtime.model import Model
-from .generator import MIN_BUCKET, GenerationSpec, _span
-from .loop import NO_TOKEN, Request, TokenLoop, bucket, call_entry, finish, run_loop
+from .generator import GenerationSpec
+from .loop import MIN_BUCKET, NO_TOKEN, Request, TokenLoop, attended_span, bucket, call_entry, finish, run_loop
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ class Seq2SeqGenerator(TokenLoop):
             token, state["cache"], state["valid"], done = self._decode(
                 self.params, state["cache"], cross, source_mask, state["valid"], token, jnp.asarray(slot, self._id_dtype), done,
                 jax.random.fold_in(key, slot), *params, request.eos, request.pad, self._forced(slot, max_new_tokens),
-                do_sample=do_sample, span=_span(slot + 1, self.spec.max_cache_len),
+                do_sample=do_sample, span=attended_span(slot + 1, self.spec.max_cache_len),
             )
             return token, done
 
