@@ -142,8 +142,8 @@ def _mask(keep: torch.Tensor, additive: bool, dtype: torch.dtype) -> torch.Tenso
 
 
 class EncodeStep(torch.nn.Module):
-    """forward(input_ids [B, S], attention_mask [B, S]) or forward(input_features) -> cross keys/values of every
-    decoder layer.
+    """forward(source, attention_mask) -> the cross keys/values of every decoder layer; `source` is the token ids
+    [B, S] (with their mask) or, for Whisper, the features [B, mel, frames] (no mask).
 
     Runs the model once over the decoder's start token with an empty cross cache: each decoder layer projects
     the encoder's output into its keys and values and stores them there. Only those are returned, so the
@@ -172,7 +172,7 @@ class EncodeStep(torch.nn.Module):
                 past_key_values=cache, use_cache=True)
         if any(layer.keys is None for layer in cross):
             raise ExportError(f"{type(self.lm).__name__} did not fill its cross-attention cache: only encoder-decoders "
-                              "whose decoder layers cache the encoder's keys/values (T5, BART) are supported")
+                              "whose decoder layers cache the encoder's keys/values (T5, BART, Whisper) are supported")
         return [t for layer in cross for t in (layer.keys, layer.values)]
 
 
