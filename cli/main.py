@@ -98,9 +98,12 @@ def main() -> None:
 @click.option("--repro-dir", type=click.Path(file_okay=False),
               help="Where to write the standalone reproduction when one op fails (default: $TMPDIR/torch2jax-repro).")
 @click.option("--task", help="hf: targets: what to build (default: from config.json's architectures). text-generation: "
-                             "prefill/decode entry points with a KV cache, for `torch2jax generate`.")
-@click.option("--max-cache-len", default=512, show_default=True, help="text-generation: KV cache slots (prompt + new tokens).")
+                             "prefill/decode entry points with a KV cache; text2text-generation (encoder-decoders): encode/decode; "
+                             "both for `torch2jax generate`.")
+@click.option("--max-cache-len", default=512, show_default=True,
+              help="text-generation: KV cache slots (prompt + new tokens); text2text-generation: the most new tokens.")
 @click.option("--max-batch", default=8, show_default=True, help="text-generation: most prompts per generate call.")
+@click.option("--max-source-len", default=512, show_default=True, help="text2text-generation: the longest source, in tokens.")
 @click.option("--verify-tokens", default=16, show_default=True,
               help="text-generation: greedy tokens compared with transformers' generate (float32: all equal; bfloat16: the first 8).")
 @click.option("--weights-in-memory", is_flag=True,
@@ -112,7 +115,7 @@ def main() -> None:
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @handles_errors
 def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, report_file, repro_dir,
-            task, max_cache_len, max_batch, verify_tokens, weights_in_memory, verify_layers, quiet):
+            task, max_cache_len, max_batch, max_source_len, verify_tokens, weights_in_memory, verify_layers, quiet):
     """Convert TARGET (model.py:Model, model.py:make_model, or hf:DIR) into an artifact directory.
 
     \b
@@ -120,6 +123,7 @@ def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train
       torch2jax convert sample_models/tiny_gpt.py:TinyGPT --out out/gpt
       torch2jax convert model.py:Net --input x=float32[batch,3,32,32] --out out/net --report report.md
       torch2jax convert hf:path/to/llama --task text-generation --max-cache-len 512 --max-batch 8 --out out/llm
+      torch2jax convert hf:path/to/t5 --task text2text-generation --max-source-len 512 --out out/t5
 
     hf:DIR is a local model directory as save_pretrained writes it (config.json, *.safetensors,
     tokenizer files); nothing is downloaded.
@@ -134,7 +138,12 @@ def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train
     out = Path(out_dir)
     if out.exists() and not force:
         _fail(f"{out} already exists; pass --force to replace it", EXIT_USAGE)
-    if target.startswith("hf:") and _hf_task(target, task) == "text-generation":
+    hf_task = _hf_task(target, task) if target.startswith("hf:") else None
+    if hf_task == "text2text-generation":
+        _convert_hf_seq2seq(target, out, task, max_cache_len, max_batch, max_source_len, dtype, platforms, force, no_verify,
+                            verify_tokens, seed, quiet)
+        return
+    if hf_task == "text-generation":
         if weights_in_memory:
             _convert_hf(target, out, task, max_cache_len, max_batch, dtype, platforms, force, no_verify, verify_tokens, seed, quiet)
         else:
@@ -244,6 +253,37 @@ def _convert_hf(target, out, task, max_cache_len, max_batch, dtype, platforms, f
 
     progress("save", f"jax.export prefill and decode, write {out}")
     _save_generator(generator, out, force, platforms, target, verify_generation, progress, "")
+    if checked:
+        click.echo(f"verified against transformers:\n{checked[-1].summary()}")
+
+
+def _convert_hf_seq2seq(target, out, task, max_cache_len, max_batch, max_source_len, dtype, platforms, force, no_verify,
+                        verify_tokens, seed, quiet):
+    """hf:DIR (an encoder-decoder) -> a text2text-generation artifact, verified against transformers' generate."""
+    from torch2jax.capture.hf import seq2seq_lm_from, tokenizer_files
+    from torch2jax.capture.seq2seq import convert_seq2seq
+
+    progress = Progress(quiet)
+    progress("build model", f"load {target} with transformers")
+    lm, directory = seq2seq_lm_from(target, task)
+    generator = convert_seq2seq(lm, max_cache_len=max_cache_len, max_batch=max_batch, max_source_len=max_source_len,
+                                dtype=dtype, progress=progress)
+    generator.tokenizer_files = tokenizer_files(directory)
+    checked = []
+
+    def verify(tmp: Path) -> None:
+        if no_verify:
+            return
+        from torch2jax.diagnose.generation import check_generation, verify_seq2seq
+        from torch2jax.serve.artifact import load_generator
+
+        progress("verify", f"greedy-generate {verify_tokens} tokens with the saved artifact and with transformers")
+        checked.append(verify_seq2seq(lm, load_generator(tmp), tokens=verify_tokens, seed=seed))
+        progress.done()
+        check_generation(checked[-1])
+
+    progress("save", f"jax.export encode and decode, write {out}")
+    _save_generator(generator, out, force, platforms, target, verify, progress, "")
     if checked:
         click.echo(f"verified against transformers:\n{checked[-1].summary()}")
 
@@ -370,6 +410,13 @@ def _print_summary(artifact_dir: str, manifest: dict) -> None:
                    f"pad {generation.get('pad_token_id')}")
         click.echo(f"kv cache  {len(cache.get('shapes', []))} {cache.get('dtype')} tensors of {cache.get('shapes', [[]])[0]} "
                    "(state: allocated at load, donated to each step, never saved)")
+        cross = generation.get("cross")
+        if isinstance(cross, dict):
+            encoder = generation.get("encoder_input") or {}
+            click.echo(f"encoder   reads {encoder.get('name')} {encoder.get('shape')}, max_source_len "
+                       f"{generation.get('max_source_len')}; the decoder starts from {generation.get('decoder_start_token_id')}")
+            click.echo(f"cross     {len(cross.get('shapes', []))} {cross.get('dtype')} tensors of {cross.get('shapes', [[]])[0]} "
+                       "(state: computed by encode, read by each decode step, never saved)")
     entries = manifest.get("entries") if isinstance(manifest.get("entries"), dict) else {"": manifest}
     for name, entry in entries.items():
         if name:
@@ -519,23 +566,33 @@ def _flatten_outputs(value, prefix: str = "output") -> dict:
 @click.option("--from-graph", is_flag=True, help="Rebuild the functions from their graphs instead of the StableHLO.")
 @handles_errors
 def generate(artifact_dir, prompts, id_lists, max_new_tokens, temperature, top_k, top_p, seed, from_graph):
-    """Generate text (or token ids) with a text-generation artifact; needs no torch.
+    """Generate text (or token ids) with a text-generation or text2text-generation artifact; needs no torch.
+
+    A causal LM continues each prompt (printed with it); an encoder-decoder reads each prompt as its source
+    and prints the decoder's output, from its start token.
 
     \b
     Example:
       torch2jax generate out/llm --prompt "The capital of France is" --max-new-tokens 32
       torch2jax generate out/llm --ids 1,450,7483 --temperature 0.8 --top-p 0.9 --seed 0
+      torch2jax generate out/t5 --prompt "translate English to German: Hello" --max-new-tokens 32
     """
 
     import torch2jax
     from torch2jax.errors import InputSpecError
     from torch2jax.serve.generator import left_pad
+    from torch2jax.serve.seq2seq import right_pad
 
     if bool(prompts) == bool(id_lists):
         raise InputSpecError("give the prompt as --prompt TEXT or as --ids 1,2,3 (one of them, repeatable for a batch)")
     g = torch2jax.load(artifact_dir, from_graph=from_graph)
-    if not isinstance(g, torch2jax.Generator):
-        raise InputSpecError(f"{artifact_dir} is not a text-generation artifact (convert hf:DIR --task text-generation)")
+    if not isinstance(g, (torch2jax.Generator, torch2jax.Seq2SeqGenerator)):
+        raise InputSpecError(f"{artifact_dir} is not a text-generation artifact (convert hf:DIR --task text-generation, "
+                             "or --task text2text-generation for an encoder-decoder)")
+    seq2seq = isinstance(g, torch2jax.Seq2SeqGenerator)
+    if seq2seq and g.spec.takes_features:
+        raise InputSpecError(f"{artifact_dir} reads audio features (input_features), not token ids: call "
+                             "torch2jax.load(...).generate(input_features=...) in Python")
     tokenizer = None
     if prompts:
         if "tokenizer.json" not in g.tokenizer_files:
@@ -550,8 +607,8 @@ def generate(artifact_dir, prompts, id_lists, max_new_tokens, temperature, top_k
             raise InputSpecError(f"--ids takes comma-separated integers, got {list(id_lists)}") from None
     if any(not row for row in rows):
         raise InputSpecError("a prompt has no tokens")
-    ids, mask = left_pad(rows, g.spec.pad_token_id)
-    width = ids.shape[1]
+    ids, mask = (right_pad if seq2seq else left_pad)(rows, g.spec.pad_token_id)
+    width = 1 if seq2seq else ids.shape[1]  # where the new tokens start: after the start token, or the prompt
     sampling = {k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)) if v is not None}
     options = {}
     if sampling:
@@ -565,7 +622,8 @@ def generate(artifact_dir, prompts, id_lists, max_new_tokens, temperature, top_k
         new = [int(t) for t in out[r, width:]]
         ended = next((i for i, t in enumerate(new) if t in g.spec.eos_token_ids), None)
         new = new if ended is None else new[: ended + 1]
-        click.echo(tokenizer.decode(row + new) if tokenizer is not None else ",".join(map(str, row + new)))
+        shown = [int(out[r, 0]), *new] if seq2seq else row + new
+        click.echo(tokenizer.decode(shown) if tokenizer is not None else ",".join(map(str, shown)))
     click.echo(f"{out.shape[1] - width} new tokens x {len(rows)} rows in {elapsed:.2f}s (first call includes compilation)", err=True)
 
 

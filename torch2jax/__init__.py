@@ -26,6 +26,8 @@ from .ops import register_lowering
 from .runtime import artifact as _artifact
 from .runtime.model import Model
 from .serve.generator import Generator
+from .serve.loop import TokenLoop
+from .serve.seq2seq import Seq2SeqGenerator
 
 __version__ = "0.1.0"
 
@@ -38,17 +40,18 @@ def convert(module: Any, args: Any = (), kwargs: dict | None = None, dynamic_sha
 
 
 def convert_hf(source: Any, *, task: str | None = None, max_cache_len: int = 512, max_batch: int = 8,
-               dtype: str | None = None, **options: Any) -> Generator:
-    """A Hugging Face causal LM (a local `save_pretrained` directory, or the model object) -> a `Generator`
-    with torch-free prefill/decode and `generate` (see torch2jax.capture.hf.convert_hf)."""
+               dtype: str | None = None, **options: Any) -> Generator | Seq2SeqGenerator:
+    """A Hugging Face model (a local `save_pretrained` directory, or the model object) -> a `Generator` (causal LM,
+    torch-free prefill/decode) or a `Seq2SeqGenerator` (encoder-decoder, text2text-generation: encode/decode; takes
+    max_source_len=), each with `generate` (see torch2jax.capture.hf.convert_hf)."""
     from .capture.hf import convert_hf as _convert_hf  # imports torch and transformers, only now
 
     return _convert_hf(source, task=task, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, **options)
 
 
-def save(model: Model | Generator, path: Any, **options: Any) -> Any:
-    """Write a `Model` or a `Generator` as an artifact directory, atomically (see docs/format.md)."""
-    if isinstance(model, Generator):
+def save(model: Model | TokenLoop, path: Any, **options: Any) -> Any:
+    """Write a `Model`, `Generator` or `Seq2SeqGenerator` as an artifact directory, atomically (see docs/format.md)."""
+    if isinstance(model, TokenLoop):
         from .serve.artifact import save_generator
 
         return save_generator(model, path, **options)
@@ -56,8 +59,9 @@ def save(model: Model | Generator, path: Any, **options: Any) -> Any:
 
 
 def load(path: Any, *, from_graph: bool = False, verify_hashes: bool = True, mesh: Any = None,
-         sharding: Any = "auto") -> Model | Generator:
-    """Load an artifact without torch: a `Model`, or a `Generator` for a text-generation artifact.
+         sharding: Any = "auto") -> Model | Generator | Seq2SeqGenerator:
+    """Load an artifact without torch: a `Model`, a `Generator` for a text-generation artifact, or a
+    `Seq2SeqGenerator` for a text2text-generation one.
 
     Checks the format version and every file's sha256; `from_graph=True` rebuilds the functions from the
     portable graph instead of deserializing the StableHLO (see docs/api.md). With a `jax.sharding.Mesh`,
@@ -74,7 +78,7 @@ def load(path: Any, *, from_graph: bool = False, verify_hashes: bool = True, mes
         hints = manifest["params"].get("sharding_hints")
         plan = _sharding.plan(_artifact.param_tree(manifest), _sharding.auto_mesh(mesh), sharding,
                               hints if isinstance(hints, dict) else None)
-    if manifest.get("task") == "text-generation":
+    if manifest.get("task") in (Generator.TASK, Seq2SeqGenerator.TASK):
         from .serve.artifact import load_generator
 
         return load_generator(root, from_graph=from_graph, verify_hashes=verify_hashes, plan=plan)
@@ -98,6 +102,7 @@ __all__ = [
     "InputSpecError",
     "LoweringError",
     "Model",
+    "Seq2SeqGenerator",
     "ShardingError",
     "SignatureError",
     "Torch2JaxError",

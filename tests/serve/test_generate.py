@@ -177,9 +177,9 @@ print(g)
 def test_decode_attends_to_the_filled_span_of_a_long_cache(lm_dirs):
     """With a 300-slot cache, 60 new tokens after a 10-token prompt cross from the 64-slot span to the 128-slot one:
     two compiled decode steps, neither over all 300 slots, and the tokens still equal transformers'."""
-    from torch2jax.serve.generator import _span
+    from torch2jax.serve.loop import attended_span
 
-    assert [_span(n, 300) for n in (1, 64, 65, 129, 257, 300)] == [64, 64, 128, 256, 300, 300]
+    assert [attended_span(n, 300) for n in (1, 64, 65, 129, 257, 300)] == [64, 64, 128, 256, 300, 300]
     g = torch2jax.convert_hf(f"hf:{lm_dirs['llama']}", max_cache_len=300, max_batch=2)
     ids = prompt(10, 12)
     got = g.generate(ids, max_new_tokens=60, eos_token_id=[])

@@ -79,7 +79,7 @@ def cache_layout(lm: torch.nn.Module, max_cache_len: int) -> CacheLayout:
     )
 
 
-def _explicit_layer_class():
+def explicit_layer_class():
     from transformers.cache_utils import CacheLayerMixin
 
     class ExplicitLayer(CacheLayerMixin):
@@ -135,7 +135,7 @@ class DecoderStep(torch.nn.Module):
             window = None
         self.window = int(window) if window else None
         self.additive_mask = getattr(config, "_attn_implementation", None) == "eager"
-        self._layer = _explicit_layer_class()
+        self._layer = explicit_layer_class()
 
     def forward(self, input_ids, position_ids, write_at, kv_valid, cache):
         from transformers.cache_utils import Cache

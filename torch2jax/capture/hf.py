@@ -1,8 +1,9 @@
 """Hugging Face model directories (`hf:DIR`, as `save_pretrained` writes them): local files only.
 
 The architecture comes from config.json; the task defaults to what its `architectures` entry
-implies. A causal LM for text generation becomes a `Generator` (capture/decoder.py); tokenizer
-files found in the directory travel with it.
+implies. A causal LM for text generation becomes a `Generator` (capture/decoder.py), an encoder-decoder
+for text2text generation a `Seq2SeqGenerator` (capture/seq2seq.py); tokenizer files found in the
+directory travel with either.
 """
 
 from __future__ import annotations
@@ -16,17 +17,18 @@ from ..errors import InputSpecError, Torch2JaxError
 
 PREFIX = "hf:"
 TEXT_GENERATION = "text-generation"
+TEXT2TEXT_GENERATION = "text2text-generation"
 # the architecture name's suffix -> its task (transformers' naming)
 _TASK_BY_SUFFIX = (
     ("ForCausalLM", TEXT_GENERATION),
     ("LMHeadModel", TEXT_GENERATION),
-    ("ForConditionalGeneration", "text2text-generation"),
+    ("ForConditionalGeneration", TEXT2TEXT_GENERATION),
     ("ForSequenceClassification", "text-classification"),
     ("ForTokenClassification", "token-classification"),
     ("ForImageClassification", "image-classification"),
     ("ForMaskedLM", "fill-mask"),
 )
-TASKS = (TEXT_GENERATION,)  # what convert_hf builds (a Generator)
+TASKS = (TEXT_GENERATION, TEXT2TEXT_GENERATION)  # what convert_hf builds (a Generator, a Seq2SeqGenerator)
 # forward-pass tasks: the transformers auto class to load, converted as one function (today's artifact)
 FORWARD_TASKS = {
     "feature-extraction": "AutoModel",
@@ -85,15 +87,29 @@ def convert_hf(
     dtype: str | None = None,
     progress: Any = None,
     stream_weights: bool = False,
+    max_source_len: int = 512,
 ):
-    """A Hugging Face model directory (or a transformers model object) -> a torch-free `Generator`.
+    """A Hugging Face model directory (or a transformers model object) -> a torch-free `Generator`, or for
+    text2text-generation (encoder-decoders: T5, BART, Whisper) a `Seq2SeqGenerator` for sources of up to `max_source_len`.
 
-    `stream_weights=True` (a directory only) builds the model with fake parameters and reads each weight from the
-    safetensors files only when the Generator is saved: memory stays flat in the model's size, and the Generator
-    runs once saved and loaded (capture/hf_stream.py).
+    `stream_weights=True` (a directory only, causal LMs) builds the model with fake parameters and reads each weight
+    from the safetensors files only when the Generator is saved: memory stays flat in the model's size, and the
+    Generator runs once saved and loaded (capture/hf_stream.py).
     """
     from .decoder import convert_causal_lm
 
+    if generation_task(source, task) == TEXT2TEXT_GENERATION:
+        if stream_weights:
+            raise InputSpecError("stream_weights=True is for causal LMs; text2text-generation models load in memory: "
+                                 "pass stream_weights=False")
+        from .seq2seq import convert_seq2seq
+
+        lm, directory = seq2seq_lm_from(source, task)
+        generator = convert_seq2seq(lm, max_cache_len=max_cache_len, max_batch=max_batch, max_source_len=max_source_len,
+                                    dtype=dtype, progress=progress)
+        if directory is not None:
+            generator.tokenizer_files = tokenizer_files(directory)
+        return generator
     weights = None
     if stream_weights:
         if not isinstance(source, (str, os.PathLike)):
@@ -106,6 +122,37 @@ def convert_hf(
     if directory is not None:
         generator.tokenizer_files = tokenizer_files(directory)
     return generator
+
+
+def generation_task(source: Any, task: str | None) -> str:
+    """`task`, else what the config of `source` (a directory or a transformers model) implies."""
+    if task:
+        return task
+    if isinstance(source, (str, os.PathLike)):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import transformers
+
+        return default_task(transformers.AutoConfig.from_pretrained(model_dir(source), local_files_only=True))
+    name = type(source).__name__  # a model built from a config has no `architectures` until it is saved
+    return next((task for suffix, task in _TASK_BY_SUFFIX if name.endswith(suffix)), TEXT_GENERATION)
+
+
+def seq2seq_lm_from(source: Any, task: str | None = None) -> tuple[Any, Path | None]:
+    """(the encoder-decoder ready for export, its directory or None) from an `hf:DIR` / path or a transformers model."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    directory = None
+    if isinstance(source, (str, os.PathLike)):
+        directory = model_dir(source)
+        config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+        speech = type(config) in transformers.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING  # Whisper: AutoModelForSpeechSeq2Seq
+        lm = _load(transformers.AutoModelForSpeechSeq2Seq if speech else transformers.AutoModelForSeq2SeqLM, directory)
+    elif getattr(source, "config", None) is None:
+        raise InputSpecError(f"convert_hf takes a model directory or a transformers model, got {type(source).__name__}")
+    else:
+        lm = source
+    return lm.eval(), directory
 
 
 def causal_lm_from(source: Any, task: str | None = None) -> tuple[Any, Path | None]:
@@ -144,7 +191,7 @@ def streamed_causal_lm(source: str | os.PathLike, task: str | None = None, confi
 def _check_generation_task(task: str) -> None:
     if task not in TASKS:
         raise Torch2JaxError(
-            f"convert_hf builds text-generation models; task {task!r} is a forward pass: convert it with "
+            f"convert_hf builds text-generation and text2text-generation models; task {task!r} is a forward pass: convert it with "
             f"`torch2jax convert hf:DIR --task {task}` or torch2jax.convert(model, args)"
         )
 

@@ -1,8 +1,10 @@
-"""Checking a converted causal LM against transformers' own greedy generate, as `convert` checks a forward pass.
+"""Checking a converted causal LM or encoder-decoder against transformers' own greedy generate, as `convert`
+checks a forward pass.
 
-Two prompts of random token ids, one left-padded to the other's length, run through both; every
-generated token must be equal (float32). A bfloat16 conversion is compared with transformers in
-bfloat16 on its first tokens only (see `BFLOAT16_TOKENS`): later tokens may part at a near-tie.
+Two prompts (sources) of random token ids, one padded to the other's length (a causal LM's on the left,
+an encoder-decoder's on the right), run through both; every generated token must be equal (float32).
+A bfloat16 conversion is compared with transformers in bfloat16 on its first tokens only (see
+`BFLOAT16_TOKENS`): later tokens may part at a near-tie.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 
 from ..errors import VerificationError
 from ..serve.generator import left_pad
+from ..serve.seq2seq import right_pad
 
 BFLOAT16_TOKENS = 8
 
@@ -52,14 +55,40 @@ def verify_generation(lm: torch.nn.Module, generator, tokens: int = 16, seed: in
     return GenerationCheck(compared, rows)
 
 
+def verify_seq2seq(lm: torch.nn.Module, generator, tokens: int = 16, seed: int = 0) -> GenerationCheck:
+    """Greedy-generate `tokens` tokens for two sources (one right-padded, with its mask) with both; no end token
+    stops either (transformers' forced-BOS/EOS tokens, which the artifact applies too, still come)."""
+    tokens = min(tokens, generator.spec.max_cache_len)
+    rng = np.random.default_rng(seed)
+    batch = min(2, generator.spec.max_batch)
+    if generator.spec.takes_features:  # Whisper: random log-mel-like features, no mask
+        features = rng.standard_normal((batch, *generator.spec.feature_shape)).astype(np.float32)
+        ours = generator.generate(input_features=features, max_new_tokens=tokens, eos_token_id=[])
+        theirs = transformers_greedy(lm, features, tokens, generator.spec.pad_token_id, dtype=next(lm.parameters()).dtype)
+    else:
+        lengths = (7, 4)
+        sources = [rng.integers(0, generator.spec.vocab_size, min(length, generator.spec.max_source_len)).tolist()
+                   for length in lengths[:batch]]
+        ids, mask = right_pad(sources, generator.spec.pad_token_id)
+        ours = generator.generate(ids, attention_mask=mask, max_new_tokens=tokens, eos_token_id=[])
+        theirs = transformers_greedy(lm, ids, tokens, generator.spec.pad_token_id, mask)
+    start = theirs.shape[1] - tokens  # 1, or 0 where transformers drops the start token (Whisper)
+    rows = [(ours[r, 1:].tolist(), theirs[r, start:].tolist()) for r in range(batch)]
+    compared = tokens if generator.spec.cache_dtype != "bfloat16" else min(tokens, BFLOAT16_TOKENS)
+    return GenerationCheck(compared, rows)
+
+
 def transformers_greedy(lm: torch.nn.Module, ids: np.ndarray, tokens: int, pad_token_id: int,
-                        mask: np.ndarray | None = None, eos_token_id: int | None = None) -> np.ndarray:
-    """transformers' own greedy generate, the reference; eos_token_id=None makes exactly `tokens` new tokens."""
+                        mask: np.ndarray | None = None, eos_token_id: int | None = None, dtype: torch.dtype | None = None) -> np.ndarray:
+    """transformers' own greedy generate, the reference; eos_token_id=None makes exactly `tokens` new tokens.
+    `ids` may be float features (Whisper), cast to `dtype`."""
     saved = lm.generation_config.eos_token_id
     lm.generation_config.eos_token_id = eos_token_id
     try:
         with torch.no_grad():
-            out = lm.generate(torch.from_numpy(np.asarray(ids)), max_new_tokens=tokens, do_sample=False, pad_token_id=pad_token_id,
+            source = torch.from_numpy(np.asarray(ids))
+            out = lm.generate(source if dtype is None else source.to(dtype), max_new_tokens=tokens, do_sample=False,
+                              pad_token_id=pad_token_id,
                               attention_mask=None if mask is None else torch.from_numpy(np.asarray(mask)).long())
         return out.numpy()
     finally:

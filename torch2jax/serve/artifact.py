@@ -1,5 +1,6 @@
-"""A Generator as an artifact: the prefill and decode entry points over one params checkpoint, the
-generation section of the manifest (cache layout, special tokens, limits) and the tokenizer files."""
+"""A generator as an artifact: its entry points (prefill and decode for a causal LM, encode and decode for an
+encoder-decoder) over one params checkpoint, the generation section of the manifest (cache layout, special
+tokens, limits) and the tokenizer files."""
 
 from __future__ import annotations
 
@@ -7,18 +8,19 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..errors import ArtifactError
+from ..errors import ArtifactError, ShardingError
 from ..runtime import artifact, stablehlo
 from .generator import GenerationSpec, Generator
+from .loop import TokenLoop
+from .seq2seq import Seq2SeqGenerator, Seq2SeqSpec
 from .sharding import ShardingPlan
 
-TASK = "text-generation"
 TOKENIZER = "tokenizer"
-ENTRY_POINTS = ("prefill", "decode")
+GENERATORS = {Generator.TASK: Generator, Seq2SeqGenerator.TASK: Seq2SeqGenerator}  # the manifest's task -> its class
 
 
 def save_generator(
-    generator: Generator,
+    generator: TokenLoop,
     path: str | os.PathLike,
     *,
     force: bool = False,
@@ -26,26 +28,35 @@ def save_generator(
     source: str | None = None,
     check: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write `generator` atomically; the KV cache is described, never saved (load allocates it)."""
+    """Write `generator` atomically; its state (KV cache, cross-attention keys/values) is described, never saved."""
     files = {f"{TOKENIZER}/{name}": src for name, src in generator.tokenizer_files.items()}
-    extra = {"task": TASK, "generation": generator.spec.to_json(), "tokenizer": sorted(generator.tokenizer_files)}
-    models = {"prefill": generator.prefill_model, "decode": generator.decode_model}
+    extra = {"task": generator.TASK, "generation": generator.spec.to_json(), "tokenizer": sorted(generator.tokenizer_files)}
     # vjp_order=0: the steps are for serving; differentiating through a KV-cache update is not a use case
-    return artifact.save_entries(models, path, extra=extra, files=files, force=force, platforms=platforms,
+    return artifact.save_entries(generator.entries(), path, extra=extra, files=files, force=force, platforms=platforms,
                                  vjp_order=0, source=source, check=check)
 
 
 def load_generator(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bool = True,
-                   plan: ShardingPlan | None = None) -> Generator:
-    """The Generator of a text-generation artifact; with a `plan`, params restored sharded on its mesh."""
+                   plan: ShardingPlan | None = None) -> TokenLoop:
+    """The generator of a text-generation or text2text-generation artifact; with a `plan` (causal LMs), params
+    restored sharded on its mesh."""
+    root, manifest = artifact.open_artifact(path, verify_hashes=False)
+    task = manifest.get("task")
+    kind = GENERATORS.get(task)
+    if kind is None:
+        raise ArtifactError(f"{path} is not a generation artifact (task {task!r}); load it with torch2jax.load")
+    if plan is not None and kind is not Generator:
+        raise ShardingError(f"loading a {task} artifact on a mesh is not supported yet: load it without mesh=")
     models, manifest = artifact.load_entries(path, from_graph=from_graph, verify_hashes=verify_hashes,
                                              shardings=plan.shardings() if plan else None)
     for model in models.values():
         model.sharding = plan
-    missing = [name for name in ENTRY_POINTS if name not in models]
+    missing = [name for name in kind.ENTRY_POINTS if name not in models]
     if missing:
-        raise ArtifactError(f"{path}: a {TASK} artifact needs entry points {list(ENTRY_POINTS)}; missing {missing}")
-    spec = GenerationSpec.from_json(manifest.get("generation"))
+        raise ArtifactError(f"{path}: a {task} artifact needs entry points {list(kind.ENTRY_POINTS)}; missing {missing}")
     names = manifest.get("tokenizer") or []
     tokenizer_files = {name: Path(path) / TOKENIZER / name for name in names if isinstance(name, str)}
-    return Generator(models["prefill"], models["decode"], spec, manifest, tokenizer_files, sharding=plan)
+    first, second = (models[name] for name in kind.ENTRY_POINTS)
+    if kind is Seq2SeqGenerator:
+        return Seq2SeqGenerator(first, second, Seq2SeqSpec.from_json(manifest.get("generation")), manifest, tokenizer_files)
+    return Generator(first, second, GenerationSpec.from_json(manifest.get("generation")), manifest, tokenizer_files, sharding=plan)

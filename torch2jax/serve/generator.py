@@ -16,7 +16,6 @@ power of two (one compiled decode step per such span).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,13 +26,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import InputSpecError, Torch2JaxError
-from ..ir import dtypes, structure
+from ..ir import dtypes
 from ..runtime.model import Model
 from . import sampling
+from .loop import MIN_BUCKET, Request, TokenLoop, attended_span, bucket, call_entry, finish, run_loop
 from .sharding import ShardingPlan
-
-MIN_BUCKET = 16
-MIN_SPAN = 64
 
 
 @dataclass(frozen=True)
@@ -75,8 +72,11 @@ class GenerationSpec:
             raise Torch2JaxError(f"the manifest's generation section is malformed ({type(err).__name__}: {err})") from None
 
 
-class Generator:
+class Generator(TokenLoop):
     """A causal LM's prefill and decode functions over one params tree, with `generate`."""
+
+    TASK = "text-generation"
+    ENTRY_POINTS = ("prefill", "decode")
 
     def __init__(self, prefill: Model, decode: Model, spec: GenerationSpec, manifest: dict | None = None,
                  tokenizer_files: dict[str, Path] | None = None, sharding: ShardingPlan | None = None):
@@ -99,17 +99,9 @@ class Generator:
         return (f"<torch2jax.Generator params={count:,} max_cache_len={self.spec.max_cache_len} "
                 f"max_batch={self.spec.max_batch} vocab={self.spec.vocab_size}>")
 
-    @property
-    def tokenizer(self) -> Any:
-        """The model's tokenizer (`tokenizers.Tokenizer`, torch-free), when tokenizer.json came with the model."""
-        path = self.tokenizer_files.get("tokenizer.json")
-        if path is None:
-            raise Torch2JaxError("this model has no tokenizer (no tokenizer.json in its directory): pass token ids instead")
-        try:
-            from tokenizers import Tokenizer
-        except ImportError:
-            raise Torch2JaxError("reading the tokenizer needs the tokenizers package: pip install 'torch2jax-aot[text]'") from None
-        return Tokenizer.from_file(str(path))
+    def entries(self) -> dict[str, Model]:
+        """The entry points as the artifact stores them, by name."""
+        return {"prefill": self.prefill_model, "decode": self.decode_model}
 
     def new_cache(self, batch: int) -> list[jax.Array]:
         """A zeroed KV cache for `batch` rows (stale slots are masked by kv_valid, so reuse needs no zeroing)."""
@@ -130,7 +122,7 @@ class Generator:
         temperature, top_k, top_p = sampling.sampling_params(batch)
         lowered = self._decode.lower(self.params, self.new_cache(batch), ids, ids, jnp.asarray(0, self._id_dtype), valid,
                                      done, jax.random.key(0), temperature, top_k, top_p, ids[:1], ids[0],
-                                     do_sample=False, span=_span(1, self.spec.max_cache_len))
+                                     do_sample=False, span=attended_span(1, self.spec.max_cache_len))
         return self.sharding.report(lowered.compile().as_text())
 
     def generate(
@@ -153,51 +145,43 @@ class Generator:
         after it, and generation stops early once every row has ended. `stream=True` yields each step's
         [B] new tokens instead. Sampling parameters may be scalars or per-row sequences."""
         ids, mask = self._check_prompt(input_ids, attention_mask, max_new_tokens)
-        batch = ids.shape[0]
-        eos = self.spec.eos_token_ids if eos_token_id is None else tuple(np.atleast_1d(eos_token_id).astype(int).tolist())
-        pad = self.spec.pad_token_id if pad_token_id is None else int(pad_token_id)
-        params = sampling.sampling_params(batch, temperature, top_k, top_p) if do_sample else sampling.sampling_params(batch)
-        if do_sample and rng is None:
-            rng = jax.random.key(int.from_bytes(os.urandom(4), "little"))  # pass rng= for reproducible samples
-        steps = self._steps(ids, mask, max_new_tokens, bool(do_sample), params, rng, eos, pad)
-        if stream:
-            return steps
-        new = list(steps)
-        return np.concatenate([ids, np.stack(new, axis=1).astype(ids.dtype)], axis=1) if new else ids
+        request = self._request(ids.shape[0], do_sample, temperature, top_k, top_p, rng, eos_token_id, pad_token_id)
+        return finish(ids, self._steps(ids, mask, max_new_tokens, request), stream)
 
     # -- the loop ---------------------------------------------------------------------------
-    def _steps(self, ids, mask, max_new_tokens, do_sample, params, rng, eos, pad) -> Iterator[np.ndarray]:
+    def _steps(self, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, request: Request) -> Iterator[np.ndarray]:
         batch, length = ids.shape
-        bucket = _bucket(length, self.spec.max_cache_len - max_new_tokens)
-        padded_ids = np.full((batch, bucket), pad, np.int64)
-        padded_ids[:, bucket - length :] = ids
-        padded_mask = np.zeros((batch, bucket), bool)
-        padded_mask[:, bucket - length :] = mask
+        width = bucket(length, self.spec.max_cache_len - max_new_tokens, MIN_BUCKET)
+        padded_ids = np.full((batch, width), int(request.pad), np.int64)
+        padded_ids[:, width - length :] = ids
+        padded_mask = np.zeros((batch, width), bool)
+        padded_mask[:, width - length :] = mask
         positions = np.maximum(np.cumsum(padded_mask, axis=1) - 1, 0)
         valid = np.zeros((batch, self.spec.max_cache_len), bool)
-        valid[:, :bucket] = padded_mask
-        key = jax.random.key(0) if rng is None else rng
-        eos_arr, pad_arr = jnp.asarray(eos, self._id_dtype), jnp.asarray(pad, self._id_dtype)
-        cache = self.new_cache(batch)
-        logits, cache = self._prefill(
-            self.params, cache, jnp.asarray(padded_ids, self._id_dtype), jnp.asarray(positions, self._id_dtype),
-            jnp.arange(bucket, dtype=self._id_dtype), jnp.asarray(valid[:, :bucket]),
-        )
-        done = jnp.zeros((batch,), bool)
-        token, done = self._first(logits, jax.random.fold_in(key, 0), *params, done, eos_arr, pad_arr, do_sample=do_sample)
-        next_position = jnp.asarray(positions[:, -1] + 1, self._id_dtype)
-        valid = jnp.asarray(valid)
-        for step in range(max_new_tokens):
-            yield np.asarray(token)
-            if step == max_new_tokens - 1 or bool(done.all()):
-                return
-            slot = bucket + step
-            token, cache, valid, done = self._decode(
-                self.params, cache, token, next_position, jnp.asarray(slot, self._id_dtype), valid, done,
-                jax.random.fold_in(key, step + 1), *params, eos_arr, pad_arr, do_sample=do_sample,
-                span=_span(slot + 1, self.spec.max_cache_len),
+        valid[:, :width] = padded_mask
+        key, do_sample, params = request.key, request.do_sample, request.sampling
+        state = {"cache": self.new_cache(batch), "valid": jnp.asarray(valid),
+                 "position": jnp.asarray(positions[:, -1] + 1, self._id_dtype)}
+
+        def first():
+            logits, state["cache"] = self._prefill(
+                self.params, state["cache"], jnp.asarray(padded_ids, self._id_dtype), jnp.asarray(positions, self._id_dtype),
+                jnp.arange(width, dtype=self._id_dtype), jnp.asarray(valid[:, :width]),
             )
-            next_position = next_position + 1
+            return self._first(logits, jax.random.fold_in(key, 0), *params, jnp.zeros((batch,), bool), request.eos,
+                               request.pad, do_sample=do_sample)
+
+        def advance(step, token, done):
+            slot = width + step
+            token, state["cache"], state["valid"], done = self._decode(
+                self.params, state["cache"], token, state["position"], jnp.asarray(slot, self._id_dtype), state["valid"], done,
+                jax.random.fold_in(key, step + 1), *params, request.eos, request.pad, do_sample=do_sample,
+                span=attended_span(slot + 1, self.spec.max_cache_len),
+            )
+            state["position"] = state["position"] + 1
+            return token, done
+
+        return run_loop(first, advance, max_new_tokens)
 
     # -- jitted bodies ----------------------------------------------------------------------
     def _prefill_step(self, params, cache, ids, positions, write_at, valid):
@@ -209,14 +193,6 @@ class Generator:
         logits, cache = _call(self.decode_model, params, token[:, None], position[:, None], slot[None], valid[:, :span], cache)
         token, done = self._pick(logits, key, temperature, top_k, top_p, done, eos, pad, do_sample=do_sample)
         return token, cache, valid, done
-
-    def _pick(self, logits, key, temperature, top_k, top_p, done, eos, pad, *, do_sample):
-        token = sampling.sample(logits, key, temperature, top_k, top_p) if do_sample else sampling.greedy(logits)
-        token = jnp.where(done, pad, token.astype(self._id_dtype))
-        done = done | jnp.isin(token, eos)
-        if self.sharding is not None:  # whole on every device: each process (one per host) reads the tokens
-            token, done = (jax.lax.with_sharding_constraint(v, self.sharding.replicated()) for v in (token, done))
-        return token, done
 
     def _check_prompt(self, input_ids: Any, attention_mask: Any, max_new_tokens: int) -> tuple[np.ndarray, np.ndarray]:
         ids = np.asarray(input_ids)
@@ -263,23 +239,9 @@ def left_pad(rows: list, pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _call(model: Model, params: dict, ids, positions, write_at, valid, cache) -> tuple[jax.Array, list]:
     """One step function of the graph: (last-position logits, new cache)."""
-    leaves = structure.flatten(((ids, positions, write_at, valid, list(cache)), {}), model.graph.in_spec, "inputs")
-    if model.sharding is not None:
-        leaves = model.sharding.constrain_inputs(model.graph, leaves)
-    outputs, _ = model._run(params, leaves, None)
-    logits, new_cache = structure.unflatten(model.graph.out_spec, outputs)
+    logits, new_cache = call_entry(model, params, ids, positions, write_at, valid, list(cache))
     if model.sharding is not None:  # the cache stays where it was placed, so donation reuses its buffers
         new_cache = [jax.lax.with_sharding_constraint(c, model.sharding.cache_sharding(c.shape)) for c in new_cache]
     return logits, list(new_cache)
 
 
-def _span(filled: int, max_cache_len: int) -> int:
-    """How much of the cache a decode step attends to: the filled slots rounded up to a power of two (at least
-    MIN_SPAN), so a step costs O(tokens so far) and there are only log2(max_cache_len) compiled decode steps."""
-    return min(max_cache_len, max(MIN_SPAN, 1 << (filled - 1).bit_length()))
-
-
-def _bucket(length: int, limit: int) -> int:
-    """The prompt length prefill is compiled for: the next power of two (at least MIN_BUCKET) that fits, else `length`."""
-    bucket = max(MIN_BUCKET, 1 << (length - 1).bit_length())
-    return bucket if bucket <= limit else length

@@ -1,0 +1,63 @@
+"""Tiny random-weight encoder-decoders of real transformers architectures, written with save_pretrained."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+VOCAB, PAD, EOS, START = 128, 0, 2, 1  # the decoder starts from START (as BART's starts from its own token)
+
+
+def _build(name: str):
+    import transformers as tf
+
+    special = dict(vocab_size=VOCAB, pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=START, bos_token_id=START)
+    if name == "t5":  # relative position bias, a gated-GELU feed-forward as in T5 v1.1
+        return tf.T5ForConditionalGeneration(tf.T5Config(num_layers=2, d_model=64, d_kv=16, num_heads=4, d_ff=128,
+                                                         feed_forward_proj="gated-gelu", tie_word_embeddings=False, **special))
+    if name == "bart":  # learned positions offset by 2, final_logits_bias, forced_eos_token_id as BART checkpoints set it
+        return tf.BartForConditionalGeneration(tf.BartConfig(
+            encoder_layers=2, decoder_layers=2, d_model=64, encoder_attention_heads=4, decoder_attention_heads=4,
+            encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=128, forced_eos_token_id=EOS, **special))
+    if name == "whisper":  # 16 mel bins x 40 frames -> 20 encoder positions; no suppressed tokens in this config
+        return tf.WhisperForConditionalGeneration(tf.WhisperConfig(
+            encoder_layers=2, decoder_layers=2, d_model=64, encoder_attention_heads=4, decoder_attention_heads=4,
+            encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=MEL, max_source_positions=FRAMES // 2, max_target_positions=64,
+            begin_suppress_tokens=None, suppress_tokens=None, **special))
+    raise KeyError(name)
+
+
+ARCHITECTURES = ("t5", "bart")
+MEL, FRAMES = 16, 40
+
+
+def write_seq2seq(name: str, directory: Path) -> Path:
+    """save_pretrained a random-weight model of this architecture (seeded) into directory/name."""
+    torch.manual_seed(0)
+    model = _build(name).eval()
+    if name == "bart":  # a nonzero bias, so that a converter dropping it would show
+        model.final_logits_bias.normal_(0, 0.5)
+    if name == "whisper":  # larger random weights: Whisper's small init repeats one token, which would prove little
+        with torch.no_grad():
+            for param in model.parameters():
+                param.normal_(0, 0.3)
+    out = directory / name
+    model.save_pretrained(out)
+    return out
+
+
+def load_seq2seq(path: Path, dtype: torch.dtype = torch.float32):
+    """The same model through transformers, as the reference."""
+    import transformers
+
+    auto = transformers.AutoModelForSpeechSeq2Seq if path.name == "whisper" else transformers.AutoModelForSeq2SeqLM
+    return auto.from_pretrained(path, local_files_only=True, dtype=dtype).eval()
+
+
+def hf_generate(lm, ids: np.ndarray, new: int, mask: np.ndarray | None = None, eos: int | None = None) -> np.ndarray:
+    """transformers' own greedy generate; eos=None generates exactly `new` tokens (no end token)."""
+    from torch2jax.diagnose.generation import transformers_greedy
+
+    return transformers_greedy(lm, ids, new, PAD, mask, eos)

@@ -1,0 +1,357 @@
+"""An encoder-decoder (T5, BART, Whisper) as two steps over explicit state: encode once, then decode one token
+at a time.
+
+    encode(input_ids [B, S], attention_mask [B, S]) -> cross    the cross-attention keys and values of every
+                                                                decoder layer, [B, heads, S, head_dim] each
+    encode(input_features [B, mel, frames]) -> cross            (Whisper: a fixed number of frames, no mask)
+    decode(input_ids [B, 1], write_at [1], kv_valid [B, L], source_mask [B, S], cache, cross)
+                                                            -> (logits [B, V] float32, cache)
+
+`cache` is the decoder's self-attention cache, laid out as capture/decoder.py lays a causal LM's (per layer
+keys and values of [B, heads, max_cache_len + 1, head_dim], updated out of place at `write_at`, attention over
+the first L slots). `cross` is state too: computed by encode from the source, read by every decode step, never
+saved. The decode step hands transformers an EncoderDecoderCache whose cross layers are already filled
+(`is_updated` True), so each layer's attention reads the given keys and values instead of projecting the
+encoder's output, and both attention masks are built here as 4-D masks (transformers passes those through).
+The decoder prompt is the one start token, so a separate decoder prefill is not needed: decode runs it at slot 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import ExportError, InputSpecError
+from .decoder import CacheLayout, check_limits, explicit_layer_class, special_tokens
+
+
+@dataclass(frozen=True)
+class Source:
+    """What the encoder reads: token ids and their mask ([B, S], S symbolic), or a fixed-size array of features
+    per row (Whisper's log-mel frames, [B, mel, frames]; the encoder checks the frame count, so no mask)."""
+
+    names: tuple[str, ...]
+    feature_shape: tuple[int, ...] | None = None
+    dtype: torch.dtype = torch.float32  # the features' (the model's)
+
+    def example(self, batch: int, length: int) -> tuple:
+        if self.feature_shape is not None:
+            features = torch.randn((batch, *self.feature_shape), generator=torch.Generator().manual_seed(0))
+            return (features.to(self.dtype),)
+        return torch.zeros((batch, length), dtype=torch.long), torch.ones((batch, length), dtype=torch.long)
+
+    def dynamic_shapes(self, max_batch: int, max_source_len: int) -> tuple:
+        batch = {"name": "batch", "min": 1, "max": max_batch} if max_batch > 1 else None
+        if self.feature_shape is not None:
+            return (_dims(batch),)
+        source = {"name": "source", "min": 1, "max": max_source_len}
+        return (_dims(batch, source), _dims(batch, source))
+
+
+def source_of(lm: torch.nn.Module) -> Source:
+    """Token ids for text encoders; Whisper-style audio encoders take [mel bins, 2 x max_source_positions] frames
+    (two convolutions, the second of stride 2, give max_source_positions encoder positions)."""
+    name = getattr(lm, "main_input_name", "input_ids")
+    if name == "input_ids":
+        return Source(("input_ids", "attention_mask"))
+    config = lm.config
+    mel, positions = getattr(config, "num_mel_bins", None), getattr(config, "max_source_positions", None)
+    if name != "input_features" or not isinstance(mel, int) or not isinstance(positions, int):
+        raise ExportError(f"{type(lm).__name__} reads {name!r}: text2text-generation supports token-id encoders (T5, BART) "
+                          "and Whisper-style log-mel features (input_features with num_mel_bins, max_source_positions)")
+    return Source(("input_features",), (mel, 2 * positions), next(lm.parameters()).dtype)
+
+
+@dataclass(frozen=True)
+class CrossLayout:
+    """The cross-attention state: per decoder layer keys and values of [batch, heads, source_len, head_dim]."""
+
+    layers: int
+    key_shapes: tuple[tuple[int, int], ...]  # per layer (heads, head_dim)
+    value_shapes: tuple[tuple[int, int], ...]
+
+    def names(self) -> list[str]:
+        return [f"cross.{i}.{kind}" for i in range(self.layers) for kind in ("keys", "values")]
+
+    def shapes(self) -> list[tuple[int, int]]:
+        """(heads, head_dim) per cross tensor: keys and values of layer 0, then layer 1, ..."""
+        return [shape for pair in zip(self.key_shapes, self.value_shapes) for shape in pair]
+
+
+def filled_layer_class():
+    from transformers.cache_utils import CacheLayerMixin
+
+    class FilledLayer(CacheLayerMixin):
+        """A cross-attention layer holding given keys/values; when empty, `update` stores what the model computes."""
+
+        is_compileable = True
+        is_sliding = False
+
+        def __init__(self, keys: torch.Tensor | None = None, values: torch.Tensor | None = None):
+            super().__init__()
+            self.keys, self.values = keys, values
+            self.is_initialized = keys is not None
+
+        def lazy_initialization(self, key_states, value_states) -> None:
+            pass
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            self.keys, self.values, self.is_initialized = key_states, value_states, True
+            return key_states, value_states
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return (self.keys.shape[2] if self.keys is not None else query_length), 0
+
+        def get_seq_length(self):
+            return 0 if self.keys is None else self.keys.shape[2]
+
+        def get_max_length(self) -> int:
+            return -1
+
+    return FilledLayer
+
+
+def decoder_layers(lm: torch.nn.Module) -> int:
+    config = lm.config
+    for name in ("decoder_layers", "num_decoder_layers", "num_layers"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ExportError(f"{type(lm).__name__}'s config names no decoder layer count (decoder_layers / num_decoder_layers)")
+
+
+def start_token(lm: torch.nn.Module) -> int:
+    """The decoder's first input, as transformers' generate picks it: decoder_start_token_id, else bos."""
+    sources = [getattr(lm, "generation_config", None), lm.config]
+    for attr in ("decoder_start_token_id", "bos_token_id"):
+        for source in sources:
+            value = getattr(source, attr, None) if source is not None else None
+            if isinstance(value, int):
+                return value
+    raise ExportError(f"{type(lm).__name__} has no decoder_start_token_id or bos_token_id in its config: set "
+                      "config.decoder_start_token_id to the token the decoder starts from")
+
+
+def _mask(keep: torch.Tensor, additive: bool, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean [B, 1, T, S] mask as the attention takes it: bool for sdpa, added to the scores for eager."""
+    if not additive:
+        return keep
+    return torch.where(keep, torch.zeros((), dtype=dtype), torch.finfo(dtype).min)
+
+
+class EncodeStep(torch.nn.Module):
+    """forward(source, attention_mask) -> the cross keys/values of every decoder layer; `source` is the token ids
+    [B, S] (with their mask) or, for Whisper, the features [B, mel, frames] (no mask).
+
+    Runs the model once over the decoder's start token with an empty cross cache: each decoder layer projects
+    the encoder's output into its keys and values and stores them there. Only those are returned, so the
+    decoder's own work on the start token is dead code that XLA drops."""
+
+    def __init__(self, lm: torch.nn.Module, layers: int, start: int, source: Source):
+        super().__init__()
+        for name, child in lm.named_children():  # params keep the model's own state_dict names
+            self.add_module(name, child)
+        object.__setattr__(self, "lm", lm)
+        self.layers, self.start, self.source = layers, start, source
+        self.additive = getattr(lm.config, "_attn_implementation", None) == "eager"
+        self._filled = filled_layer_class()
+
+    def forward(self, source, attention_mask=None):
+        from transformers.cache_utils import Cache, EncoderDecoderCache
+
+        inputs = (source,) if attention_mask is None else (source, attention_mask)
+        batch = source.shape[0]
+        cross = [self._filled() for _ in range(self.layers)]
+        cache = EncoderDecoderCache(Cache(layers=[self._filled() for _ in range(self.layers)]), Cache(layers=cross))
+        start = torch.full((batch, 1), self.start, dtype=torch.long, device=source.device)
+        dtype = self.lm.get_input_embeddings().weight.dtype
+        self.lm(**dict(zip(self.source.names, inputs)), decoder_input_ids=start,
+                decoder_attention_mask=_mask(torch.ones((batch, 1, 1, 1), dtype=torch.bool), self.additive, dtype),
+                past_key_values=cache, use_cache=True)
+        if any(layer.keys is None for layer in cross):
+            raise ExportError(f"{type(self.lm).__name__} did not fill its cross-attention cache: only encoder-decoders "
+                              "whose decoder layers cache the encoder's keys/values (T5, BART, Whisper) are supported")
+        return [t for layer in cross for t in (layer.keys, layer.values)]
+
+
+class Seq2SeqDecodeStep(torch.nn.Module):
+    """forward(input_ids [B, 1], write_at [1], kv_valid [B, L], source_mask [B, S], cache, cross) -> (logits, cache)."""
+
+    def __init__(self, lm: torch.nn.Module, layout: CacheLayout, hidden: int):
+        super().__init__()
+        for name, child in lm.named_children():
+            self.add_module(name, child)
+        object.__setattr__(self, "lm", lm)
+        self.layout, self.hidden = layout, hidden
+        self.additive = getattr(lm.config, "_attn_implementation", None) == "eager"
+        self._layer, self._filled = explicit_layer_class(), filled_layer_class()
+
+    def forward(self, input_ids, write_at, kv_valid, source_mask, cache, cross):
+        from transformers.cache_utils import Cache, EncoderDecoderCache
+
+        span = kv_valid.shape[1]
+        layers = [self._layer(cache[2 * i], cache[2 * i + 1], write_at, span) for i in range(self.layout.layers)]
+        filled = [self._filled(cross[2 * i], cross[2 * i + 1]) for i in range(self.layout.layers)]
+        state = EncoderDecoderCache(Cache(layers=layers), Cache(layers=filled))
+        state.is_updated = dict.fromkeys(range(self.layout.layers), True)  # read the given cross keys/values
+        slot = torch.arange(span, device=kv_valid.device)
+        keep_self = (kv_valid & (slot[None, :] <= write_at[0])) | (slot[None, :] == write_at[0])
+        dtype = self.layout.dtype
+        batch, source = source_mask.shape
+        # the encoder's output is not read (the cross keys/values replace its projections); transformers uses it
+        # for the cross mask's shape and to tell cross from self attention
+        hidden = torch.zeros((batch, source, self.hidden), dtype=dtype, device=source_mask.device)
+        out = self.lm(
+            encoder_outputs=(hidden,),
+            attention_mask=_mask(source_mask[:, None, None, :], self.additive, dtype),
+            decoder_input_ids=input_ids,
+            decoder_attention_mask=_mask(keep_self[:, None, None, :], self.additive, dtype),
+            past_key_values=state,
+            use_cache=True,
+        )
+        logits = out.logits[:, -1].float()
+        return logits, [t for layer in layers for t in (layer.keys, layer.values)]
+
+
+def cross_layout(step: EncodeStep) -> tuple[CrossLayout, int]:
+    """Measure the cross state (and the encoder's output length, fixed for features): encode run once in torch."""
+    with torch.no_grad():
+        cross = step(*step.source.example(1, 3))
+    keys, values = cross[0::2], cross[1::2]
+    layout = CrossLayout(layers=len(keys), key_shapes=tuple((k.shape[1], k.shape[3]) for k in keys),
+                         value_shapes=tuple((v.shape[1], v.shape[3]) for v in values))
+    return layout, int(keys[0].shape[2])
+
+
+def self_layout(lm: torch.nn.Module, source: Source, layers: int, max_cache_len: int) -> CacheLayout:
+    """The decoder's self-attention cache: the start token through a DynamicCache, read back per layer."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    cache = EncoderDecoderCache(DynamicCache(config=lm.config), DynamicCache(config=lm.config))
+    ids = torch.zeros((1, 1), dtype=torch.long)
+    with torch.no_grad():
+        lm(**dict(zip(source.names, source.example(1, 3))), decoder_input_ids=ids, past_key_values=cache, use_cache=True)
+    found = cache.self_attention_cache.layers
+    if len(found) != layers or any(layer.keys is None for layer in found):
+        raise ExportError(f"{type(lm).__name__} did not fill a self-attention cache for its {layers} decoder layers")
+    return CacheLayout(
+        layers=layers,
+        key_shapes=tuple((layer.keys.shape[1], layer.keys.shape[3]) for layer in found),
+        value_shapes=tuple((layer.values.shape[1], layer.values.shape[3]) for layer in found),
+        dtype=found[0].keys.dtype,
+        max_cache_len=max_cache_len,
+    )
+
+
+def _dims(*axes: Any) -> dict | None:
+    """The symbolic axes only (a None dim is deprecated in torch.export)."""
+    return {axis: d for axis, d in enumerate(axes) if d is not None} or None
+
+
+def decode_inputs(layout: CacheLayout, cross: CrossLayout, batch: int, source: int) -> tuple:
+    """Inputs of the decode step's shapes: a token at slot 1 over a span neither 1 nor the whole cache."""
+    span = max(2, layout.max_cache_len // 2)
+    return (
+        torch.zeros((batch, 1), dtype=torch.long),
+        torch.ones((1,), dtype=torch.long),
+        torch.ones((batch, span), dtype=torch.bool),
+        torch.ones((batch, source), dtype=torch.bool),
+        layout.zeros(batch),
+        [torch.zeros((batch, h, source, d), dtype=layout.dtype) for h, d in cross.shapes()],
+    )
+
+
+def decode_dynamic_shapes(layout: CacheLayout, max_batch: int, max_source_len: int) -> tuple:
+    batch = {"name": "batch", "min": 1, "max": max_batch} if max_batch > 1 else None
+    span = {"name": "span", "min": 1, "max": layout.max_cache_len}
+    source = {"name": "source", "min": 1, "max": max_source_len}
+    return (_dims(batch), None, _dims(batch, span), _dims(batch, source), [_dims(batch)] * (2 * layout.layers),
+            [_dims(batch, None, source)] * (2 * layout.layers))
+
+
+def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch: int = 8, max_source_len: int = 512,
+                    dtype: Any = None, progress: Any = None):
+    """A transformers encoder-decoder -> a `Seq2SeqGenerator` (torch-free encode/decode over one params tree)."""
+    from ..serve.seq2seq import Seq2SeqGenerator, Seq2SeqSpec
+    from .converter import convert
+    from .fx import dtype_name
+    from .hf import tp_plan_hints
+
+    check_limits(max_cache_len, max_batch)
+    if not isinstance(max_source_len, int) or max_source_len < 2:
+        raise InputSpecError(f"max_source_len must be an integer >= 2 (got {max_source_len!r})")
+    if not getattr(lm.config, "is_encoder_decoder", False):
+        raise InputSpecError(f"{type(lm).__name__} is not an encoder-decoder: convert it with --task text-generation")
+    lm = lm.eval()
+    if dtype is not None:
+        lm = lm.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+    check_positions(lm.config, max_cache_len, max_source_len)
+    layers = decoder_layers(lm)
+    start = start_token(lm)
+    source = source_of(lm)
+    encode_step = EncodeStep(lm, layers, start, source).eval()
+    cross, encoded_len = cross_layout(encode_step)
+    if source.feature_shape is not None:
+        max_source_len = encoded_len  # the encoder's output length is fixed by the model, not a limit to choose
+    layout = self_layout(lm, source, layers, max_cache_len)
+    hidden = int(lm.get_input_embeddings().weight.shape[1])
+    decode_step = Seq2SeqDecodeStep(lm, layout, hidden).eval()
+    batch, length = min(max_batch, 2), min(max_source_len, 5)  # not 1: torch.export would specialize a dim of 1
+    encode = convert(encode_step, source.example(batch, length), dynamic_shapes=source.dynamic_shapes(max_batch, max_source_len),
+                     progress=progress)
+    decode = convert(decode_step, decode_inputs(layout, cross, batch, length),
+                     dynamic_shapes=decode_dynamic_shapes(layout, max_batch, max_source_len), progress=progress)
+    _share_params(encode, decode)
+    encode.sharding_hints = decode.sharding_hints = tp_plan_hints(lm)
+    eos, pad = special_tokens(lm)
+    generation = getattr(lm, "generation_config", None)
+    spec = Seq2SeqSpec(
+        max_cache_len=max_cache_len,
+        max_batch=max_batch,
+        vocab_size=int(lm.get_output_embeddings().weight.shape[0]),
+        eos_token_ids=eos,
+        pad_token_id=pad,
+        cache_shapes=tuple(shape[1:] for shape in layout.shapes(1)),
+        cache_dtype=dtype_name(layout.dtype),
+        max_source_len=max_source_len,
+        decoder_start_token_id=start,
+        cross_shapes=tuple(cross.shapes()),
+        forced_bos_token_id=_token(generation, "forced_bos_token_id"),
+        forced_eos_token_id=_token(generation, "forced_eos_token_id"),
+        source_input=source.names[0],
+        feature_shape=source.feature_shape,
+    )
+    return Seq2SeqGenerator(encode, decode, spec)
+
+
+def check_positions(config: Any, max_cache_len: int, max_source_len: int) -> None:
+    """Learned position tables bound the decoder's length and the source's (T5's relative positions bound neither);
+    beyond them a position would index past the table, so refuse before exporting."""
+    shared = getattr(config, "max_position_embeddings", None)
+    for what, value, flag, limit in (
+        ("max_cache_len", max_cache_len, "--max-cache-len", getattr(config, "max_target_positions", None) or shared),
+        ("max_source_len", max_source_len, "--max-source-len", getattr(config, "max_source_positions", None) or shared),
+    ):
+        if what == "max_source_len" and getattr(config, "num_mel_bins", None):
+            continue  # features: the source length is the model's own
+        if isinstance(limit, int) and value > limit:
+            raise InputSpecError(f"{what}={value} is more than the model's {limit} learned positions: pass {flag} {limit} or less")
+
+
+def _share_params(encode: Any, decode: Any) -> None:
+    """One params dict, one copy of the weights, for both entry points. Both steps register every child of the
+    model, so torch.export lifts the same params for each (encode does not read the decoder's self-attention,
+    decode not the encoder: those are unused inputs of that function)."""
+    if set(encode.params) != set(decode.params):
+        missing = sorted(set(encode.params) ^ set(decode.params))
+        raise ExportError(f"the encode and decode steps hold different params ({missing[:5]}...); they must share one tree")
+    decode.params = encode.params
+
+
+def _token(config: Any, name: str) -> int | None:
+    value = getattr(config, name, None) if config is not None else None
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    return int(value) if isinstance(value, int) else None

@@ -1,0 +1,126 @@
+"""What every generator shares, torch-free: the request's settings, picking each step's token with
+transformers' end/pad rules, the stop rule, and the result's shape.
+
+A causal LM (serve/generator.py) and an encoder-decoder (serve/seq2seq.py) differ in how they reach each
+step's logits; from the logits on they behave alike: greedy or sampled (serve/sampling.py), a row that has
+emitted an end token gets `pad_token_id` from then on, and the loop stops once every row has ended or
+`max_new_tokens` are out.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import Torch2JaxError
+from ..ir import structure
+from ..runtime.model import Model
+from . import sampling
+
+NO_TOKEN = -1  # `force` when no token is forced
+MIN_BUCKET = 16  # the shortest prompt / source length a step is compiled for
+MIN_SPAN = 64  # the fewest cache slots a decode step attends to
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generate call's settings as the jitted steps take them."""
+
+    do_sample: bool
+    sampling: tuple[jax.Array, jax.Array, jax.Array]  # per-row temperature, top_k, top_p
+    key: jax.Array
+    eos: jax.Array  # the end token ids
+    pad: jax.Array
+
+
+class TokenLoop:
+    """The base of the generators: settings, the token pick, the loop; subclasses supply the steps."""
+
+    spec: Any
+    sharding: Any = None
+    tokenizer_files: dict[str, Path]
+    _id_dtype: Any  # token ids' dtype (int64, or int32 without x64), set by the subclass
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer (`tokenizers.Tokenizer`, torch-free), when tokenizer.json came with the model."""
+        path = self.tokenizer_files.get("tokenizer.json")
+        if path is None:
+            raise Torch2JaxError("this model has no tokenizer (no tokenizer.json in its directory): pass token ids instead")
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise Torch2JaxError("reading the tokenizer needs the tokenizers package: pip install 'torch2jax-aot[text]'") from None
+        return Tokenizer.from_file(str(path))
+
+    def _request(self, batch: int, do_sample: bool, temperature: Any, top_k: Any, top_p: Any, rng: jax.Array | None,
+                 eos_token_id: int | list[int] | None, pad_token_id: int | None) -> Request:
+        """Validate the sampling settings and resolve the end/pad tokens (the artifact's unless given)."""
+        eos = self.spec.eos_token_ids if eos_token_id is None else tuple(np.atleast_1d(eos_token_id).astype(int).tolist())
+        pad = self.spec.pad_token_id if pad_token_id is None else int(pad_token_id)
+        params = sampling.sampling_params(batch, temperature, top_k, top_p) if do_sample else sampling.sampling_params(batch)
+        if do_sample and rng is None:
+            rng = jax.random.key(int.from_bytes(os.urandom(4), "little"))  # pass rng= for reproducible samples
+        return Request(bool(do_sample), params, jax.random.key(0) if rng is None else rng,
+                       jnp.asarray(eos, self._id_dtype), jnp.asarray(pad, self._id_dtype))
+
+    def _pick(self, logits, key, temperature, top_k, top_p, done, eos, pad, *, do_sample, force=None):
+        """[B] tokens from [B, V] logits, and which rows have ended. `force` (a token id, or NO_TOKEN) replaces
+        every row's choice, as transformers' forced-BOS/EOS processors do; a row that has ended gets `pad`."""
+        token = sampling.sample(logits, key, temperature, top_k, top_p) if do_sample else sampling.greedy(logits)
+        token = token.astype(self._id_dtype)
+        if force is not None:
+            token = jnp.where(force != NO_TOKEN, force.astype(self._id_dtype), token)
+        token = jnp.where(done, pad, token)
+        done = done | jnp.isin(token, eos)
+        if self.sharding is not None:  # whole on every device: each process (one per host) reads the tokens
+            token, done = (jax.lax.with_sharding_constraint(v, self.sharding.replicated()) for v in (token, done))
+        return token, done
+
+
+def run_loop(first: Callable[[], tuple], advance: Callable[[int, jax.Array, jax.Array], tuple],
+             max_new_tokens: int) -> Iterator[np.ndarray]:
+    """Yield each step's [B] tokens: `first()` -> (token, done); `advance(step, token, done)` -> the next (token, done).
+    Stops after `max_new_tokens` or once every row has ended."""
+    token, done = first()
+    for step in range(max_new_tokens):
+        yield np.asarray(token)
+        if step == max_new_tokens - 1 or bool(done.all()):
+            return
+        token, done = advance(step, token, done)
+
+
+def finish(prefix: np.ndarray, steps: Iterator[np.ndarray], stream: bool) -> np.ndarray | Iterator[np.ndarray]:
+    """The steps themselves when streaming, else [B, prefix + new] ids."""
+    if stream:
+        return steps
+    new = list(steps)
+    return np.concatenate([prefix, np.stack(new, axis=1).astype(prefix.dtype)], axis=1) if new else prefix
+
+
+def call_entry(model: Model, params: dict, *args: Any) -> Any:
+    """One entry point of the artifact called inside a jitted step: positional args in, its outputs' structure out."""
+    leaves = structure.flatten((args, {}), model.graph.in_spec, "inputs")
+    if model.sharding is not None:
+        leaves = model.sharding.constrain_inputs(model.graph, leaves)
+    outputs, _ = model._run(params, leaves, None)
+    return structure.unflatten(model.graph.out_spec, outputs)
+
+
+def bucket(length: int, limit: int, smallest: int) -> int:
+    """The length a step is compiled for: the next power of two (at least `smallest`) that fits `limit`, else `length`."""
+    size = max(smallest, 1 << (length - 1).bit_length())
+    return size if size <= limit else length
+
+
+def attended_span(filled: int, max_cache_len: int) -> int:
+    """How much of the cache a decode step attends to: the filled slots rounded up to a power of two (at least
+    MIN_SPAN), so a step costs O(tokens so far) and there are only log2(max_cache_len) compiled decode steps."""
+    return min(max_cache_len, max(MIN_SPAN, 1 << (filled - 1).bit_length()))

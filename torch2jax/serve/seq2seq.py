@@ -1,0 +1,260 @@
+"""Generation from a converted encoder-decoder (T5, BART, Whisper), torch-free.
+
+    g = torch2jax.load("out/t5")                               # a Seq2SeqGenerator
+    ids = g.generate(input_ids, attention_mask=mask, max_new_tokens=32)   # [B, 1 + new], from the start token
+    ids = whisper.generate(input_features=features)            # [B, mel, frames] log-mel features
+
+`encode` runs once per call: the source (right-padded, as tokenizers pad for these models) to the
+cross-attention keys and values of every decoder layer. `decode` then runs one token per row over the
+self-attention cache (state: allocated here, donated to each step) and that cross state (read by every
+step, never saved). The decoder starts from `decoder_start_token_id` at slot 0, so there is no decoder
+prefill. Sources are right-padded further to a power-of-two bucket (one compiled encode per bucket), and
+each step attends to the filled part of the self cache rounded up to a power of two, as for causal LMs.
+The token pick, end/pad rules and sampling are the causal LM's (serve/loop.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import InputSpecError, Torch2JaxError
+from ..ir import dtypes
+from ..runtime.model import Model
+from .generator import GenerationSpec
+from .loop import MIN_BUCKET, NO_TOKEN, Request, TokenLoop, attended_span, bucket, call_entry, finish, run_loop
+
+
+@dataclass(frozen=True)
+class Seq2SeqSpec(GenerationSpec):
+    """GenerationSpec (the decoder's self-attention cache and limits) plus the source side: the manifest's
+    `generation` section of a text2text-generation artifact."""
+
+    max_source_len: int
+    decoder_start_token_id: int
+    cross_shapes: tuple[tuple[int, int], ...]  # per cross tensor (heads, head_dim): [batch, heads, source, head_dim]
+    forced_bos_token_id: int | None = None  # transformers' forced-BOS / forced-EOS processors (BART sets the latter)
+    forced_eos_token_id: int | None = None
+    source_input: str = "input_ids"  # what encode reads: "input_ids" (+ mask) or "input_features"
+    feature_shape: tuple[int, ...] | None = None  # per row, for input_features (Whisper: mel bins, frames)
+
+    @property
+    def takes_features(self) -> bool:
+        return self.source_input == "input_features"
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        out.update({
+            "max_source_len": self.max_source_len,
+            "decoder_start_token_id": self.decoder_start_token_id,
+            "forced_bos_token_id": self.forced_bos_token_id,
+            "forced_eos_token_id": self.forced_eos_token_id,
+            "cross": {"shapes": [["batch", h, "source", d] for h, d in self.cross_shapes], "dtype": self.cache_dtype,
+                      "donated": False, "computed_by": "encode"},
+            "encoder_input": {"name": self.source_input,
+                              "shape": ["batch", *self.feature_shape] if self.takes_features else ["batch", "source"]},
+        })
+        return out
+
+    @staticmethod
+    def from_json(data: Any) -> Seq2SeqSpec:
+        base = GenerationSpec.from_json(data)
+        try:
+            optional = {name: None if data.get(name) is None else int(data[name])
+                        for name in ("forced_bos_token_id", "forced_eos_token_id")}
+            encoder_input = data.get("encoder_input") or {"name": "input_ids"}
+            optional["source_input"] = str(encoder_input["name"])
+            if optional["source_input"] == "input_features":
+                optional["feature_shape"] = tuple(int(d) for d in encoder_input["shape"][1:])
+            return Seq2SeqSpec(
+                **{f.name: getattr(base, f.name) for f in fields(GenerationSpec)},
+                max_source_len=int(data["max_source_len"]),
+                decoder_start_token_id=int(data["decoder_start_token_id"]),
+                cross_shapes=tuple((int(shape[1]), int(shape[3])) for shape in data["cross"]["shapes"]),
+                **optional,
+            )
+        except (KeyError, TypeError, ValueError, IndexError) as err:
+            raise Torch2JaxError(f"the manifest's generation section is malformed ({type(err).__name__}: {err})") from None
+
+
+class Seq2SeqGenerator(TokenLoop):
+    """An encoder-decoder's encode and decode functions over one params tree, with `generate`."""
+
+    TASK = "text2text-generation"
+    ENTRY_POINTS = ("encode", "decode")
+
+    def __init__(self, encode: Model, decode: Model, spec: Seq2SeqSpec, manifest: dict | None = None,
+                 tokenizer_files: dict[str, Path] | None = None):
+        self.encode_model, self.decode_model = encode, decode
+        self.spec = spec
+        self.manifest = manifest
+        self.tokenizer_files = dict(tokenizer_files or {})
+        self._id_dtype = dtypes.jax_dtype("int64")
+        self._encode = jax.jit(self._encode_step)
+        self._decode = jax.jit(self._decode_step, donate_argnums=(1, 4), static_argnames=("do_sample", "span"))
+
+    @property
+    def params(self) -> dict:
+        return self.encode_model.params
+
+    def __repr__(self) -> str:
+        count = sum(int(np.prod(np.shape(p))) for p in self.params.values())
+        return (f"<torch2jax.Seq2SeqGenerator params={count:,} max_source_len={self.spec.max_source_len} "
+                f"max_cache_len={self.spec.max_cache_len} max_batch={self.spec.max_batch} vocab={self.spec.vocab_size}>")
+
+    def entries(self) -> dict[str, Model]:
+        """The entry points as the artifact stores them, by name."""
+        return {"encode": self.encode_model, "decode": self.decode_model}
+
+    def new_cache(self, batch: int) -> list[jax.Array]:
+        """A zeroed self-attention cache for `batch` rows (slots not yet written are masked)."""
+        dtype = dtypes.jax_dtype(self.spec.cache_dtype)
+        return [jnp.zeros((batch, *shape), dtype) for shape in self.spec.cache_shapes]
+
+    def generate(
+        self,
+        input_ids: Any = None,
+        attention_mask: Any = None,
+        *,
+        input_features: Any = None,
+        max_new_tokens: int = 32,
+        do_sample: bool = False,
+        temperature: Any = 1.0,
+        top_k: Any = 0,
+        top_p: Any = 1.0,
+        rng: jax.Array | None = None,
+        eos_token_id: int | list[int] | None = None,
+        pad_token_id: int | None = None,
+        stream: bool = False,
+    ) -> np.ndarray | Iterator[np.ndarray]:
+        """[B, S] source ids (right-padded where `attention_mask` is 0) -> [B, 1 + new] decoder ids starting with
+        decoder_start_token_id, as transformers' generate returns them for an encoder-decoder: a row that emits
+        an end token is padded with `pad_token_id` after it, and generation stops once every row has ended.
+        `stream=True` yields each step's [B] new tokens instead. Sampling parameters may be per row.
+        A Whisper artifact takes `input_features` [B, mel, frames] instead (transformers' Whisper generate
+        returns the same tokens without the start token)."""
+        ids, mask = self._check_source(input_ids, attention_mask, input_features)
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise InputSpecError(f"max_new_tokens must be an integer >= 1 (got {max_new_tokens!r})")
+        if max_new_tokens > self.spec.max_cache_len:
+            raise InputSpecError(
+                f"max_new_tokens={max_new_tokens} is more than this artifact's max_cache_len ({self.spec.max_cache_len}), "
+                "the decoder's length: ask for fewer tokens or convert again with a larger --max-cache-len"
+            )
+        request = self._request(ids.shape[0], do_sample, temperature, top_k, top_p, rng, eos_token_id, pad_token_id)
+        start = np.full((ids.shape[0], 1), self.spec.decoder_start_token_id, np.int64)
+        return finish(start, self._steps(ids, mask, max_new_tokens, request), stream)
+
+    # -- the loop ---------------------------------------------------------------------------
+    def _encoder_inputs(self, ids: np.ndarray, mask: np.ndarray | None, pad: int = 0) -> tuple:
+        """What encode takes: features cast to the model's dtype, or ids and mask right-padded to a length bucket."""
+        if self.spec.takes_features:
+            return (jnp.asarray(ids, dtypes.jax_dtype(self.spec.cache_dtype)),)
+        batch, length = ids.shape
+        width = bucket(length, self.spec.max_source_len, MIN_BUCKET)
+        padded_ids = np.full((batch, width), pad, np.int64)
+        padded_ids[:, :length] = ids
+        padded_mask = np.zeros((batch, width), np.int64)
+        padded_mask[:, :length] = mask
+        return jnp.asarray(padded_ids, self._id_dtype), jnp.asarray(padded_mask, self._id_dtype)
+
+    def _steps(self, ids: np.ndarray, mask: np.ndarray | None, max_new_tokens: int, request: Request) -> Iterator[np.ndarray]:
+        batch = ids.shape[0]
+        inputs = self._encoder_inputs(ids, mask, int(request.pad))
+        cross = self._encode(self.params, *inputs)
+        key, do_sample, params = request.key, request.do_sample, request.sampling
+        source_mask = jnp.ones((batch, cross[0].shape[2]), bool) if self.spec.takes_features else inputs[1] != 0
+        state = {"cache": self.new_cache(batch), "valid": jnp.zeros((batch, self.spec.max_cache_len), bool)}
+
+        def step(slot: int, token: jax.Array, done: jax.Array) -> tuple[jax.Array, jax.Array]:
+            token, state["cache"], state["valid"], done = self._decode(
+                self.params, state["cache"], cross, source_mask, state["valid"], token, jnp.asarray(slot, self._id_dtype), done,
+                jax.random.fold_in(key, slot), *params, request.eos, request.pad, self._forced(slot, max_new_tokens),
+                do_sample=do_sample, span=attended_span(slot + 1, self.spec.max_cache_len),
+            )
+            return token, done
+
+        start = jnp.full((batch,), self.spec.decoder_start_token_id, self._id_dtype)
+        return run_loop(lambda: step(0, start, jnp.zeros((batch,), bool)),
+                        lambda index, token, done: step(index + 1, token, done), max_new_tokens)
+
+    def _forced(self, slot: int, max_new_tokens: int) -> jax.Array:
+        """The token transformers' forced-BOS (first new token) or forced-EOS (the last one) processor would force."""
+        forced = None
+        if slot == 0 and self.spec.forced_bos_token_id is not None:
+            forced = self.spec.forced_bos_token_id
+        if slot == max_new_tokens - 1 and self.spec.forced_eos_token_id is not None:
+            forced = self.spec.forced_eos_token_id
+        return jnp.asarray(NO_TOKEN if forced is None else forced, self._id_dtype)
+
+    # -- jitted bodies ----------------------------------------------------------------------
+    def _encode_step(self, params, *inputs):
+        return list(call_entry(self.encode_model, params, *inputs))
+
+    def _decode_step(self, params, cache, cross, source_mask, valid, token, slot, done, key, temperature, top_k, top_p, eos, pad,
+                     force, *, do_sample, span):
+        valid = valid.at[:, slot].set(True)
+        logits, cache = call_entry(self.decode_model, params, token[:, None], slot[None], valid[:, :span], source_mask,
+                                   list(cache), list(cross))
+        token, done = self._pick(logits, key, temperature, top_k, top_p, done, eos, pad, do_sample=do_sample, force=force)
+        return token, list(cache), valid, done
+
+    def _check_source(self, input_ids: Any, attention_mask: Any, input_features: Any) -> tuple[np.ndarray, np.ndarray | None]:
+        if self.spec.takes_features:
+            return self._check_features(input_ids, input_features), None
+        if input_features is not None or input_ids is None:
+            raise InputSpecError("this artifact's encoder reads token ids: pass input_ids [batch, length] (and attention_mask)")
+        ids = np.asarray(input_ids)
+        if ids.ndim == 1:
+            ids = ids[None]
+        if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+            raise InputSpecError(f"input_ids must be integer token ids of shape [batch, length], got {ids.dtype}{list(ids.shape)}")
+        batch, length = ids.shape
+        if not 1 <= batch <= self.spec.max_batch:
+            raise InputSpecError(f"batch of {batch} sources: this artifact was converted for 1 to {self.spec.max_batch} "
+                                 "(convert again with a larger --max-batch, or split the batch)")
+        if length == 0:
+            raise InputSpecError("input_ids is empty: give at least one source token")
+        if length > self.spec.max_source_len:
+            raise InputSpecError(f"a source of {length} tokens is longer than this artifact's max_source_len "
+                                 f"({self.spec.max_source_len}): shorten it or convert again with a larger --max-source-len")
+        if ids.min() < 0 or ids.max() >= self.spec.vocab_size:
+            raise InputSpecError(f"input_ids holds ids outside the vocabulary [0, {self.spec.vocab_size})")
+        mask = np.ones_like(ids, bool) if attention_mask is None else np.asarray(attention_mask).astype(bool).reshape(batch, -1)
+        if mask.shape != ids.shape:
+            raise InputSpecError(f"attention_mask has shape {list(mask.shape)}, input_ids {list(ids.shape)}: they must match")
+        if not mask.any(axis=1).all():
+            raise InputSpecError("attention_mask marks every token of a source as padding: each source needs a token")
+        return ids, mask
+
+    def _check_features(self, input_ids: Any, input_features: Any) -> np.ndarray:
+        want = list(self.spec.feature_shape or ())
+        if input_ids is not None or input_features is None:
+            raise InputSpecError(f"this artifact's encoder reads audio features: pass input_features [batch, {want[0]}, {want[1]}] "
+                                 "(log-mel frames, as the model's feature extractor makes them), not input_ids")
+        features = np.asarray(input_features)
+        if features.ndim == 2:
+            features = features[None]
+        if list(features.shape[1:]) != want or not np.issubdtype(features.dtype, np.floating):
+            raise InputSpecError(f"input_features must be floats of shape [batch, {want[0]}, {want[1]}], got "
+                                 f"{features.dtype}{list(features.shape)} (pad or cut the audio to the model's frame count)")
+        if not 1 <= features.shape[0] <= self.spec.max_batch:
+            raise InputSpecError(f"batch of {features.shape[0]} sources: this artifact was converted for 1 to {self.spec.max_batch} "
+                                 "(convert again with a larger --max-batch, or split the batch)")
+        return features
+
+
+def right_pad(rows: list, pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sources of different lengths as one right-padded batch: (ids [B, S] int64, attention_mask [B, S] bool)."""
+    width = max(len(row) for row in rows)
+    ids = np.full((len(rows), width), pad_token_id, np.int64)
+    mask = np.zeros((len(rows), width), bool)
+    for r, row in enumerate(rows):
+        ids[r, : len(row)], mask[r, : len(row)] = row, True
+    return ids, mask
