@@ -1,7 +1,10 @@
 """In-place ops through views change the base exactly as on CPU (views share storage)."""
 
+import numpy as np
 import pytest
 import torch
+
+import torch2jax.eager as te
 
 VIEW_WRITES = {
     "view_add": lambda x, y: x.view(-1).add_(1),
@@ -55,3 +58,12 @@ def test_autograd_through_an_in_place_view_write_matches_cpu():
 
     for got, want in zip(run("jax"), run("cpu")):
         torch.testing.assert_close(got, want)
+
+
+def test_a_view_read_outside_the_device_then_inside_gives_the_same_values():
+    """te.jax_view reads a broadcast view with x64 off, the device's kernels with it on: the same jitted gather
+    serves both (it once mixed int32 and int64 index arithmetic and failed on the second)."""
+    x = torch.randn(3, 1)
+    on_jax = x.to("jax")
+    np.testing.assert_array_equal(np.asarray(te.jax_view(torch.broadcast_to(on_jax, (3, 4)))), torch.broadcast_to(x, (3, 4)).numpy())
+    torch.testing.assert_close(torch.expand_copy(on_jax, (3, 4)).cpu(), torch.expand_copy(x, (3, 4)))

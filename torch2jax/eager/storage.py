@@ -139,7 +139,9 @@ def _flat_indices(shape: tuple, strides: tuple, offset: int) -> np.ndarray:
         axis_shape = [1] * len(shape)
         axis_shape[dim] = size
         index = index + (np.arange(size, dtype=np.int64) * stride).reshape(axis_shape)
-    return index
+    # int32 where it fits: an int64 constant makes the jitted gather depend on whether x64 is on when it is traced
+    # (traced once with it off, a later trace with it on mixed int32 and int64 index arithmetic and failed)
+    return index.astype(np.int32) if index.size == 0 or index.max() < np.iinfo(np.int32).max else index
 
 
 def _is_dense_block(shape: tuple, strides: tuple) -> bool:
