@@ -139,16 +139,13 @@ def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train
     if out.exists() and not force:
         _fail(f"{out} already exists; pass --force to replace it", EXIT_USAGE)
     hf_task = _hf_task(target, task) if target.startswith("hf:") else None
-    if hf_task == "text2text-generation":
-        _convert_hf_seq2seq(target, out, task, max_cache_len, max_batch, max_source_len, dtype, platforms, force, no_verify,
-                            verify_tokens, seed, quiet)
+    if hf_task == "text-generation" and not weights_in_memory:  # encoder-decoders are converted in memory only
+        _convert_hf_streamed(target, out, task, max_cache_len, max_batch, dtype, platforms, force, no_verify, verify_tokens,
+                             verify_layers, seed, quiet)
         return
-    if hf_task == "text-generation":
-        if weights_in_memory:
-            _convert_hf(target, out, task, max_cache_len, max_batch, dtype, platforms, force, no_verify, verify_tokens, seed, quiet)
-        else:
-            _convert_hf_streamed(target, out, task, max_cache_len, max_batch, dtype, platforms, force, no_verify, verify_tokens,
-                                 verify_layers, seed, quiet)
+    if hf_task in ("text-generation", "text2text-generation"):
+        _convert_hf(target, out, task, hf_task, max_cache_len, max_batch, max_source_len, dtype, platforms, force, no_verify,
+                    verify_tokens, seed, quiet)
         return
     if task and not target.startswith("hf:"):
         _fail(f"--task applies to hf: targets; {target} is a model file target", EXIT_USAGE)
@@ -227,62 +224,43 @@ def _convert(data, target, out, inputs, weights, platforms, force, no_verify, tr
         click.echo(f"verified against PyTorch{how}:\n{data.verification.summary()}")
 
 
-def _convert_hf(target, out, task, max_cache_len, max_batch, dtype, platforms, force, no_verify, verify_tokens, seed, quiet):
-    """hf:DIR -> a text-generation artifact, verified token by token against transformers' generate."""
-    from torch2jax.capture.decoder import convert_causal_lm
-    from torch2jax.capture.hf import causal_lm_from, tokenizer_files
+def _convert_hf(target, out, task, generation_task, max_cache_len, max_batch, max_source_len, dtype, platforms, force,
+                no_verify, verify_tokens, seed, quiet):
+    """hf:DIR -> a text-generation (causal LM) or text2text-generation (encoder-decoder) artifact, the model loaded in
+    memory, verified token by token against transformers' generate."""
+    from torch2jax.capture.hf import tokenizer_files
+    from torch2jax.diagnose import generation
+    from torch2jax.serve.artifact import load_generator
 
     progress = Progress(quiet)
     progress("build model", f"load {target} with transformers")
-    lm, directory = causal_lm_from(target, task)
-    generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress)
-    generator.tokenizer_files = tokenizer_files(directory)
-    checked = []
+    if generation_task == "text2text-generation":
+        from torch2jax.capture.hf import seq2seq_lm_from
+        from torch2jax.capture.seq2seq import convert_seq2seq
 
-    def verify_generation(tmp: Path) -> None:
-        if no_verify:
-            return
-        from torch2jax.diagnose.generation import check_generation
-        from torch2jax.diagnose.generation import verify_generation as run_check
-        from torch2jax.serve.artifact import load_generator
+        lm, directory = seq2seq_lm_from(target, task)
+        generator = convert_seq2seq(lm, max_cache_len=max_cache_len, max_batch=max_batch, max_source_len=max_source_len,
+                                    dtype=dtype, progress=progress)
+        compare, entries = generation.verify_seq2seq, "encode and decode"
+    else:
+        from torch2jax.capture.decoder import convert_causal_lm
+        from torch2jax.capture.hf import causal_lm_from
 
-        progress("verify", f"greedy-generate {verify_tokens} tokens with the saved artifact and with transformers")
-        checked.append(run_check(lm, load_generator(tmp), tokens=verify_tokens, seed=seed))
-        progress.done()
-        check_generation(checked[-1])
-
-    progress("save", f"jax.export prefill and decode, write {out}")
-    _save_generator(generator, out, force, platforms, target, verify_generation, progress, "")
-    if checked:
-        click.echo(f"verified against transformers:\n{checked[-1].summary()}")
-
-
-def _convert_hf_seq2seq(target, out, task, max_cache_len, max_batch, max_source_len, dtype, platforms, force, no_verify,
-                        verify_tokens, seed, quiet):
-    """hf:DIR (an encoder-decoder) -> a text2text-generation artifact, verified against transformers' generate."""
-    from torch2jax.capture.hf import seq2seq_lm_from, tokenizer_files
-    from torch2jax.capture.seq2seq import convert_seq2seq
-
-    progress = Progress(quiet)
-    progress("build model", f"load {target} with transformers")
-    lm, directory = seq2seq_lm_from(target, task)
-    generator = convert_seq2seq(lm, max_cache_len=max_cache_len, max_batch=max_batch, max_source_len=max_source_len,
-                                dtype=dtype, progress=progress)
+        lm, directory = causal_lm_from(target, task)
+        generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress)
+        compare, entries = generation.verify_generation, "prefill and decode"
     generator.tokenizer_files = tokenizer_files(directory)
     checked = []
 
     def verify(tmp: Path) -> None:
         if no_verify:
             return
-        from torch2jax.diagnose.generation import check_generation, verify_seq2seq
-        from torch2jax.serve.artifact import load_generator
-
         progress("verify", f"greedy-generate {verify_tokens} tokens with the saved artifact and with transformers")
-        checked.append(verify_seq2seq(lm, load_generator(tmp), tokens=verify_tokens, seed=seed))
+        checked.append(compare(lm, load_generator(tmp), tokens=verify_tokens, seed=seed))
         progress.done()
-        check_generation(checked[-1])
+        generation.check_generation(checked[-1])
 
-    progress("save", f"jax.export encode and decode, write {out}")
+    progress("save", f"jax.export {entries}, write {out}")
     _save_generator(generator, out, force, platforms, target, verify, progress, "")
     if checked:
         click.echo(f"verified against transformers:\n{checked[-1].summary()}")

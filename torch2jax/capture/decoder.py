@@ -213,7 +213,6 @@ def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batc
     from ..runtime.model import Model
     from ..serve.generator import GenerationSpec, Generator
     from .converter import convert
-    from .fx import dtype_name
     from .hf import tp_plan_hints
 
     check_limits(max_cache_len, max_batch)
@@ -231,9 +230,17 @@ def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batc
     # conversion's time, and grows with the number of layers); the pinned size is exported as a constant
     decode = Model(prefill._run, prefill.params, prefill.graph.with_fixed_dims({"tokens": 1}))
     prefill.sharding_hints = decode.sharding_hints = tp_plan_hints(lm)  # the step module has no config of its own
+    return Generator(prefill, decode, GenerationSpec(**generation_fields(lm, layout, max_batch)))
+
+
+def generation_fields(lm: torch.nn.Module, layout: CacheLayout, max_batch: int) -> dict:
+    """What every generator's spec holds: the limits, the vocabulary, the special tokens and the self-attention
+    cache (serve.generator.GenerationSpec's fields)."""
+    from .fx import dtype_name
+
     eos, pad = special_tokens(lm)
-    spec = GenerationSpec(
-        max_cache_len=max_cache_len,
+    return dict(
+        max_cache_len=layout.max_cache_len,
         max_batch=max_batch,
         vocab_size=int(lm.get_output_embeddings().weight.shape[0]),
         eos_token_ids=eos,
@@ -241,7 +248,6 @@ def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batc
         cache_shapes=tuple(shape[1:] for shape in layout.shapes(1)),
         cache_dtype=dtype_name(layout.dtype),
     )
-    return Generator(prefill, decode, spec)
 
 
 def special_tokens(lm: torch.nn.Module) -> tuple[tuple[int, ...], int]:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..errors import ExportError, InputSpecError
-from .decoder import CacheLayout, check_limits, explicit_layer_class, special_tokens
+from .decoder import CacheLayout, check_limits, explicit_layer_class, generation_fields
 
 
 @dataclass(frozen=True)
@@ -276,7 +276,6 @@ def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch:
     """A transformers encoder-decoder -> a `Seq2SeqGenerator` (torch-free encode/decode over one params tree)."""
     from ..serve.seq2seq import Seq2SeqGenerator, Seq2SeqSpec
     from .converter import convert
-    from .fx import dtype_name
     from .hf import tp_plan_hints
 
     check_limits(max_cache_len, max_batch)
@@ -305,16 +304,9 @@ def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch:
                      dynamic_shapes=decode_dynamic_shapes(layout, max_batch, max_source_len), progress=progress)
     _share_params(encode, decode)
     encode.sharding_hints = decode.sharding_hints = tp_plan_hints(lm)
-    eos, pad = special_tokens(lm)
     generation = getattr(lm, "generation_config", None)
     spec = Seq2SeqSpec(
-        max_cache_len=max_cache_len,
-        max_batch=max_batch,
-        vocab_size=int(lm.get_output_embeddings().weight.shape[0]),
-        eos_token_ids=eos,
-        pad_token_id=pad,
-        cache_shapes=tuple(shape[1:] for shape in layout.shapes(1)),
-        cache_dtype=dtype_name(layout.dtype),
+        **generation_fields(lm, layout, max_batch),
         max_source_len=max_source_len,
         decoder_start_token_id=start,
         cross_shapes=tuple(cross.shapes()),

@@ -103,14 +103,6 @@ class Generator(TokenLoop):
         """The entry points as the artifact stores them, by name."""
         return {"prefill": self.prefill_model, "decode": self.decode_model}
 
-    def new_cache(self, batch: int) -> list[jax.Array]:
-        """A zeroed KV cache for `batch` rows (stale slots are masked by kv_valid, so reuse needs no zeroing)."""
-        dtype = dtypes.jax_dtype(self.spec.cache_dtype)
-        shapes = [(batch, *shape) for shape in self.spec.cache_shapes]
-        if self.sharding is None:
-            return [jnp.zeros(shape, dtype) for shape in shapes]
-        return [jnp.zeros(shape, dtype, device=self.sharding.cache_sharding(shape)) for shape in shapes]
-
     def sharding_report(self) -> Any:
         """Params' specs and bytes per device on the mesh, and the collectives of one compiled decode step."""
         if self.sharding is None:

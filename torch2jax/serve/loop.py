@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import Torch2JaxError
-from ..ir import structure
+from ..ir import dtypes, structure
 from ..runtime.model import Model
 from . import sampling
 
@@ -59,6 +59,15 @@ class TokenLoop:
         except ImportError:
             raise Torch2JaxError("reading the tokenizer needs the tokenizers package: pip install 'torch2jax-aot[text]'") from None
         return Tokenizer.from_file(str(path))
+
+    def new_cache(self, batch: int) -> list[jax.Array]:
+        """A zeroed self-attention KV cache for `batch` rows (slots not yet written are masked, so reuse needs no
+        zeroing); on a mesh, split by rows and kv heads."""
+        dtype = dtypes.jax_dtype(self.spec.cache_dtype)
+        shapes = [(batch, *shape) for shape in self.spec.cache_shapes]
+        if self.sharding is None:
+            return [jnp.zeros(shape, dtype) for shape in shapes]
+        return [jnp.zeros(shape, dtype, device=self.sharding.cache_sharding(shape)) for shape in shapes]
 
     def _request(self, batch: int, do_sample: bool, temperature: Any, top_k: Any, top_p: Any, rng: jax.Array | None,
                  eos_token_id: int | list[int] | None, pad_token_id: int | None) -> Request:

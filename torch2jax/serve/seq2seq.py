@@ -112,11 +112,6 @@ class Seq2SeqGenerator(TokenLoop):
         """The entry points as the artifact stores them, by name."""
         return {"encode": self.encode_model, "decode": self.decode_model}
 
-    def new_cache(self, batch: int) -> list[jax.Array]:
-        """A zeroed self-attention cache for `batch` rows (slots not yet written are masked)."""
-        dtype = dtypes.jax_dtype(self.spec.cache_dtype)
-        return [jnp.zeros((batch, *shape), dtype) for shape in self.spec.cache_shapes]
-
     def generate(
         self,
         input_ids: Any = None,
