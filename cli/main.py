@@ -238,7 +238,7 @@ def _convert_hf(target, out, task, generation_task, max_cache_len, max_batch, ma
         from torch2jax.capture.hf import seq2seq_lm_from
         from torch2jax.capture.seq2seq import convert_seq2seq
 
-        lm, directory = seq2seq_lm_from(target, task)
+        lm, directory = seq2seq_lm_from(target)
         generator = convert_seq2seq(lm, max_cache_len=max_cache_len, max_batch=max_batch, max_source_len=max_source_len,
                                     dtype=dtype, progress=progress)
         compare, entries = generation.verify_seq2seq, "encode and decode"

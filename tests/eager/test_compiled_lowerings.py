@@ -29,3 +29,15 @@ def test_a_lowering_that_reads_values_runs_eagerly():
     eager = [sig for sig, fn in compiled._COMPILED.items() if fn is None]
     assert any(sig[0] == "aten.index.Tensor" for sig in eager)
 
+
+
+def test_an_op_called_with_ever_new_values_stops_compiling(monkeypatch):
+    monkeypatch.setattr(compiled, "MAX_VARIANTS", 3)
+    x = torch.randn(4, 5)
+    on_jax = x.to("jax")
+    before = len(_signatures("aten.hardtanh.default"))
+    for i in range(6):
+        bound = 0.1 * (i + 7)
+        torch.testing.assert_close(torch.nn.functional.hardtanh(on_jax, -bound, bound).cpu(),
+                                   torch.nn.functional.hardtanh(x, -bound, bound))
+    assert len(_signatures("aten.hardtanh.default")) - before <= 3

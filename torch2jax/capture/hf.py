@@ -104,7 +104,7 @@ def convert_hf(
                                  "pass stream_weights=False")
         from .seq2seq import convert_seq2seq
 
-        lm, directory = seq2seq_lm_from(source, task)
+        lm, directory = seq2seq_lm_from(source)
         generator = convert_seq2seq(lm, max_cache_len=max_cache_len, max_batch=max_batch, max_source_len=max_source_len,
                                     dtype=dtype, progress=progress)
         if directory is not None:
@@ -137,7 +137,7 @@ def generation_task(source: Any, task: str | None) -> str:
     return next((task for suffix, task in _TASK_BY_SUFFIX if name.endswith(suffix)), TEXT_GENERATION)
 
 
-def seq2seq_lm_from(source: Any, task: str | None = None) -> tuple[Any, Path | None]:
+def seq2seq_lm_from(source: Any) -> tuple[Any, Path | None]:
     """(the encoder-decoder ready for export, its directory or None) from an `hf:DIR` / path or a transformers model."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers

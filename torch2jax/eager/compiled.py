@@ -5,7 +5,9 @@ a comparison and a select: three dispatches). Jitted per signature (the op, whic
 arrays and the values of all the others), it is one dispatch of one fused computation, compiled
 on the signature's first call. A lowering that needs concrete values (it reads an array's value in
 Python, as boolean indexing does) cannot be traced: its signature is remembered and runs eagerly from
-then on, and an eager run also gives a failing lowering's own error.
+then on, and an eager run also gives a failing lowering its own error. An op called with ever-new
+non-array values (a clamp bound that changes each step) would compile on every call and keep every
+compiled function: after MAX_VARIANTS of them it runs eagerly instead.
 """
 
 from __future__ import annotations
@@ -17,39 +19,47 @@ import jax
 
 from ..ops import Lowering
 
-_COMPILED: dict[tuple, Callable | None] = {}  # signature -> jitted function, or None: run eagerly
+MAX_VARIANTS = 16  # compiled signatures per op and argument structure before it runs eagerly
+
+_EAGER = None  # a signature's entry when it runs eagerly
+_COMPILED: dict[tuple, Callable | None] = {}  # signature -> jitted function, or _EAGER
+_VARIANTS: dict[tuple, int] = {}  # (op, argument structure) -> signatures compiled for it
 
 
 def run(lowering: Lowering, args: tuple, kwargs: dict) -> Any:
     """`lowering.fn(*args, **kwargs)`, compiled once per signature where it can be traced."""
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
     is_array = tuple(isinstance(leaf, jax.Array) for leaf in leaves)
-    statics = tuple(None if array else leaf for leaf, array in zip(leaves, is_array))
+    # the static values' types too: 1 and 1.0 (and True) are equal keys but trace to different dtypes
+    statics = tuple(None if array else (type(leaf), leaf) for leaf, array in zip(leaves, is_array))
     signature = (lowering.op, treedef, is_array, statics)
     try:
-        fn = _COMPILED.get(signature, _COMPILED)
+        known = signature in _COMPILED
     except TypeError:  # an unhashable argument: nothing to key a compiled function on
         return lowering.fn(*args, **kwargs)
-    if fn is None:
-        return lowering.fn(*args, **kwargs)
     arrays = [leaf for leaf, array in zip(leaves, is_array) if array]
-    if fn is not _COMPILED:
-        return fn(*arrays)
+    if known:
+        fn = _COMPILED[signature]
+        return lowering.fn(*args, **kwargs) if fn is _EAGER else fn(*arrays)
+    family = (lowering.op, treedef, is_array)
+    if _VARIANTS.get(family, 0) >= MAX_VARIANTS:
+        return lowering.fn(*args, **kwargs)
     fn = _compile(lowering, treedef, is_array, statics)
     try:
         result = fn(*arrays)
     except Exception:  # not traceable (it reads values: boolean indexing, a size from an array) or a real error,
         result = lowering.fn(*args, **kwargs)  # which the eager run raises again, as it would have without jit
-        _COMPILED[signature] = None
+        _COMPILED[signature] = _EAGER
         return result
     _COMPILED[signature] = fn
+    _VARIANTS[family] = _VARIANTS.get(family, 0) + 1
     return result
 
 
 def _compile(lowering: Lowering, treedef: Any, is_array: tuple, statics: tuple) -> Callable:
     def call(*arrays: jax.Array) -> Any:
         given = iter(arrays)
-        leaves = [next(given) if array else static for array, static in zip(is_array, statics)]
+        leaves = [next(given) if array else static[1] for array, static in zip(is_array, statics)]
         args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
         return lowering.fn(*args, **kwargs)
 

@@ -90,15 +90,6 @@ class Generator(TokenLoop):
         self._decode = jax.jit(self._decode_step, donate_argnums=(1, 5), static_argnames=("do_sample", "span"))
         self._first = jax.jit(self._pick, static_argnames=("do_sample",))
 
-    @property
-    def params(self) -> dict:
-        return self.prefill_model.params
-
-    def __repr__(self) -> str:
-        count = sum(int(np.prod(np.shape(p))) for p in self.params.values())
-        return (f"<torch2jax.Generator params={count:,} max_cache_len={self.spec.max_cache_len} "
-                f"max_batch={self.spec.max_batch} vocab={self.spec.vocab_size}>")
-
     def entries(self) -> dict[str, Model]:
         """The entry points as the artifact stores them, by name."""
         return {"prefill": self.prefill_model, "decode": self.decode_model}

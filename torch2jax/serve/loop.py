@@ -45,6 +45,7 @@ class TokenLoop:
 
     spec: Any
     sharding: Any = None
+    REPR_LIMITS: tuple[str, ...] = ("max_cache_len", "max_batch")  # the spec's limits __repr__ shows
     tokenizer_files: dict[str, Path]
     _id_dtype: Any  # token ids' dtype (int64, or int32 without x64), set by the subclass
 
@@ -59,6 +60,19 @@ class TokenLoop:
         except ImportError:
             raise Torch2JaxError("reading the tokenizer needs the tokenizers package: pip install 'torch2jax-aot[text]'") from None
         return Tokenizer.from_file(str(path))
+
+    def entries(self) -> dict[str, Model]:
+        """The entry points as the artifact stores them, by name (the first one's params are the generator's)."""
+        raise NotImplementedError
+
+    @property
+    def params(self) -> dict:
+        return next(iter(self.entries().values())).params
+
+    def __repr__(self) -> str:
+        count = sum(int(np.prod(np.shape(p))) for p in self.params.values())
+        limits = "".join(f" {name}={getattr(self.spec, name)}" for name in self.REPR_LIMITS)
+        return f"<torch2jax.{type(self).__name__} params={count:,}{limits} vocab={self.spec.vocab_size}>"
 
     def new_cache(self, batch: int) -> list[jax.Array]:
         """A zeroed self-attention KV cache for `batch` rows (slots not yet written are masked, so reuse needs no

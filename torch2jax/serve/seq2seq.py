@@ -88,6 +88,7 @@ class Seq2SeqGenerator(TokenLoop):
 
     TASK = "text2text-generation"
     ENTRY_POINTS = ("encode", "decode")
+    REPR_LIMITS = ("max_source_len", "max_cache_len", "max_batch")
 
     def __init__(self, encode: Model, decode: Model, spec: Seq2SeqSpec, manifest: dict | None = None,
                  tokenizer_files: dict[str, Path] | None = None):
@@ -98,15 +99,6 @@ class Seq2SeqGenerator(TokenLoop):
         self._id_dtype = dtypes.jax_dtype("int64")
         self._encode = jax.jit(self._encode_step)
         self._decode = jax.jit(self._decode_step, donate_argnums=(1, 4), static_argnames=("do_sample", "span"))
-
-    @property
-    def params(self) -> dict:
-        return self.encode_model.params
-
-    def __repr__(self) -> str:
-        count = sum(int(np.prod(np.shape(p))) for p in self.params.values())
-        return (f"<torch2jax.Seq2SeqGenerator params={count:,} max_source_len={self.spec.max_source_len} "
-                f"max_cache_len={self.spec.max_cache_len} max_batch={self.spec.max_batch} vocab={self.spec.vocab_size}>")
 
     def entries(self) -> dict[str, Model]:
         """The entry points as the artifact stores them, by name."""
