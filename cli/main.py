@@ -111,11 +111,17 @@ def main() -> None:
                    "of streaming the weights from the safetensors files, the default for hf: and --weights *.safetensors.")
 @click.option("--verify-layers", default=2, show_default=True,
               help="Streamed hf: models deeper than this are verified on a slice of their first N layers (real weights, the "
-                   "same streamed path), so that verification never needs the whole model in memory.")
+                   "same streamed path), so that verification never needs the whole model in memory; at least 6 where the "
+                   "conversion repeats a middle layer's graph, so that the slice is converted that way too.")
+@click.option("--trace-all-layers", is_flag=True,
+              help="text-generation: torch.export every decoder layer. By default a stack of alike layers is traced at 3 and "
+                   "4 layers and a middle layer's graph repeated for the rest (checked: 3 repeated to 4 must equal 4 traced, "
+                   "else every layer is traced), which makes deep models several times faster to convert.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @handles_errors
 def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, report_file, repro_dir,
-            task, max_cache_len, max_batch, max_source_len, verify_tokens, weights_in_memory, verify_layers, quiet):
+            task, max_cache_len, max_batch, max_source_len, verify_tokens, weights_in_memory, verify_layers, trace_all_layers,
+            quiet):
     """Convert TARGET (model.py:Model, model.py:make_model, or hf:DIR) into an artifact directory.
 
     \b
@@ -141,11 +147,11 @@ def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train
     hf_task = _hf_task(target, task) if target.startswith("hf:") else None
     if hf_task == "text-generation" and not weights_in_memory:  # encoder-decoders are converted in memory only
         _convert_hf_streamed(target, out, task, max_cache_len, max_batch, dtype, platforms, force, no_verify, verify_tokens,
-                             verify_layers, seed, quiet)
+                             verify_layers, seed, quiet, repeat_layers=not trace_all_layers)
         return
     if hf_task in ("text-generation", "text2text-generation"):
         _convert_hf(target, out, task, hf_task, max_cache_len, max_batch, max_source_len, dtype, platforms, force, no_verify,
-                    verify_tokens, seed, quiet)
+                    verify_tokens, seed, quiet, repeat_layers=not trace_all_layers)
         return
     if task and not target.startswith("hf:"):
         _fail(f"--task applies to hf: targets; {target} is a model file target", EXIT_USAGE)
@@ -225,7 +231,7 @@ def _convert(data, target, out, inputs, weights, platforms, force, no_verify, tr
 
 
 def _convert_hf(target, out, task, generation_task, max_cache_len, max_batch, max_source_len, dtype, platforms, force,
-                no_verify, verify_tokens, seed, quiet):
+                no_verify, verify_tokens, seed, quiet, repeat_layers=True):
     """hf:DIR -> a text-generation (causal LM) or text2text-generation (encoder-decoder) artifact, the model loaded in
     memory, verified token by token against transformers' generate."""
     from torch2jax.capture.hf import tokenizer_files
@@ -247,7 +253,8 @@ def _convert_hf(target, out, task, generation_task, max_cache_len, max_batch, ma
         from torch2jax.capture.hf import causal_lm_from
 
         lm, directory = causal_lm_from(target, task)
-        generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress)
+        generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress,
+                                      repeat_layers=repeat_layers)
         compare, entries = generation.verify_generation, "prefill and decode"
     generator.tokenizer_files = tokenizer_files(directory)
     checked = []
@@ -277,7 +284,7 @@ def _save_generator(generator, out, force, platforms, target, check, progress, n
 
 
 def _convert_hf_streamed(target, out, task, max_cache_len, max_batch, dtype, platforms, force, no_verify, verify_tokens,
-                         verify_layers, seed, quiet):
+                         verify_layers, seed, quiet, repeat_layers=True):
     """hf:DIR -> a text-generation artifact with the weights streamed from the safetensors files (never all in memory),
     verified against transformers on the whole model when it has at most `verify_layers` layers, else on a slice."""
     from torch2jax.capture.decoder import convert_causal_lm
@@ -289,7 +296,7 @@ def _convert_hf_streamed(target, out, task, max_cache_len, max_batch, dtype, pla
     lm, directory, weights = streamed_causal_lm(target, task)
     gigabytes = weights.checkpoint.nbytes / 1e9
     generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress,
-                                  weights=weights)
+                                  weights=weights, repeat_layers=repeat_layers)
     generator.tokenizer_files = tokenizer_files(directory)
     checked = []
 
@@ -297,7 +304,8 @@ def _convert_hf_streamed(target, out, task, max_cache_len, max_batch, dtype, pla
         if no_verify:
             return
         checked.append(verify_streamed(directory, tmp, lm.config, layers=verify_layers, tokens=verify_tokens, dtype=dtype,
-                                       max_cache_len=max_cache_len, max_batch=max_batch, seed=seed, progress=progress))
+                                       max_cache_len=max_cache_len, max_batch=max_batch, seed=seed, progress=progress,
+                                       repeat_layers=repeat_layers))
         progress.done()
 
     progress("save", f"jax.export prefill and decode, stream {gigabytes:.2f} GB of weights into {out}")

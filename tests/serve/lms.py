@@ -11,28 +11,30 @@ _COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidd
                num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=BOS, pad_token_id=PAD)
 
 
-def _build(name: str):
+def _build(name: str, layers: int = 2):
     import transformers as tf
 
+    common = dict(_COMMON, num_hidden_layers=layers)
+
     if name == "llama":
-        return tf.LlamaForCausalLM(tf.LlamaConfig(**_COMMON))
+        return tf.LlamaForCausalLM(tf.LlamaConfig(**common))
     if name == "mistral":  # a window shorter than the generated text, so the sliding mask matters
-        return tf.MistralForCausalLM(tf.MistralConfig(**_COMMON, sliding_window=8))
+        return tf.MistralForCausalLM(tf.MistralConfig(**common, sliding_window=8))
     if name == "qwen2":
-        return tf.Qwen2ForCausalLM(tf.Qwen2Config(**_COMMON))
+        return tf.Qwen2ForCausalLM(tf.Qwen2Config(**common))
     if name == "gemma":
-        return tf.GemmaForCausalLM(tf.GemmaConfig(**_COMMON, head_dim=16))
+        return tf.GemmaForCausalLM(tf.GemmaConfig(**common, head_dim=16))
     if name == "gemma2":  # alternating sliding / full layers, logit soft-capping, eager attention
-        return tf.Gemma2ForCausalLM(tf.Gemma2Config(**_COMMON, head_dim=16, sliding_window=8))
+        return tf.Gemma2ForCausalLM(tf.Gemma2Config(**common, head_dim=16, sliding_window=8))
     if name == "phi3":
-        return tf.Phi3ForCausalLM(tf.Phi3Config(**_COMMON))
+        return tf.Phi3ForCausalLM(tf.Phi3Config(**common))
     if name == "gpt2":
-        return tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+        return tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_head=4, n_positions=256, n_layer=layers,
                                                 eos_token_id=EOS, bos_token_id=BOS))
     if name == "mixtral":
-        return tf.MixtralForCausalLM(tf.MixtralConfig(**_COMMON, num_local_experts=4, num_experts_per_tok=2))
+        return tf.MixtralForCausalLM(tf.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2))
     if name == "qwen2_moe":
-        return tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(**_COMMON, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        return tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(**common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                                          shared_expert_intermediate_size=64))
     raise KeyError(name)
 
@@ -40,11 +42,16 @@ def _build(name: str):
 ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma", "gemma2", "phi3", "gpt2", "mixtral", "qwen2_moe")
 
 
-def write_lm(name: str, directory: Path) -> Path:
-    """save_pretrained a random-weight model of this architecture (seeded) into directory/name."""
+def build_lm(name: str, layers: int = 2) -> torch.nn.Module:
+    """A random-weight model of this architecture (seeded)."""
     torch.manual_seed(0)
+    return _build(name, layers).eval()
+
+
+def write_lm(name: str, directory: Path, layers: int = 2) -> Path:
+    """save_pretrained a random-weight model of this architecture (seeded) into directory/name."""
     out = directory / name
-    _build(name).eval().save_pretrained(out)
+    build_lm(name, layers).save_pretrained(out)
     return out
 
 

@@ -17,7 +17,7 @@ from ..runtime.deferred import is_deferred
 from ..runtime.model import Model
 from . import exporter
 from .fake_params import is_fake
-from .fx import capture
+from .fx import Captured, capture
 from .hf import tp_plan_hints
 from .streaming import WeightSource
 from .torch_arrays import to_jax, to_torch
@@ -40,7 +40,7 @@ class StageTimer:
         try:
             yield
         finally:
-            self.timings[name] = time.perf_counter() - start
+            self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start  # a stage may recur
 
 
 def convert(
@@ -71,12 +71,25 @@ def convert(
     if dtype is not None:
         module, args, kwargs = cast(module, tuple(args), kwargs or {}, dtype)
     timer = timer or StageTimer(progress)
-    with timer.stage("export", "torch.export"):
-        ep, names = exporter.export(module, tuple(args), kwargs, dynamic_shapes, strict=strict)
+    captured, _ = trace(module, tuple(args), kwargs, dynamic_shapes, timer, strict=strict)
+    return model_from(captured, timer, weights, hints_from=module)
+
+
+def trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_shapes: Any, timer: StageTimer, *,
+          strict: bool = False, what: str = "") -> tuple[Captured, torch.export.ExportedProgram]:
+    """torch.export + core ATen decomposition, captured as the portable graph (and the program it came from).
+    `what` tells the progress output what is traced, e.g. " of 3 of the 32 layers"."""
+    with timer.stage("export", f"torch.export{what}"):
+        ep, names = exporter.export(module, args, kwargs, dynamic_shapes, strict=strict)
     with timer.stage("decompose", "decompose to core ATen"):
         ep = exporter.decompose(ep)
+        return capture(ep, names), ep
+
+
+def model_from(captured: Captured, timer: StageTimer, weights: WeightSource | None = None,
+               hints_from: torch.nn.Module | None = None) -> Model:
+    """The JAX `Model` of a captured graph: lowered, with its params copied to JAX (or mapped onto `weights`)."""
     with timer.stage("lower", "translate to JAX"):
-        captured = capture(ep, names)
         interpreter.check_supported(captured.graph, captured.schemas)
         run = interpreter.build(passes.optimize(captured.graph))  # the saved graph stays plain ATen
     if weights is not None:
@@ -90,7 +103,7 @@ def convert(
                 raise InputSpecError(f"the module's params {', '.join(fake[:5])} are fake (no values): convert it with weights=")
             params = {name: to_jax(t) for name, t in captured.tensors.items()}
     model = Model(run, params, captured.graph)
-    model.sharding_hints = tp_plan_hints(module)
+    model.sharding_hints = tp_plan_hints(hints_from) if hints_from is not None else {}
     model.timings = timer.timings
     return model
 

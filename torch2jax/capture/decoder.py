@@ -20,6 +20,8 @@ window; it always attends to its own slot, so a pad row never has every key mask
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,13 +208,14 @@ def check_limits(max_cache_len: int, max_batch: int) -> None:
 
 
 def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch: int = 8, dtype: Any = None, progress: Any = None,
-                      weights: Any = None):
+                      weights: Any = None, repeat_layers: bool = True):
     """A transformers causal LM -> a `Generator` (torch-free prefill/decode over one params tree).
 
-    `weights` (a capture.streaming.WeightSource) streams the params of an LM built with fake parameters."""
+    `weights` (a capture.streaming.WeightSource) streams the params of an LM built with fake parameters.
+    `repeat_layers` traces a deep stack of alike layers at 3 and 4 layers and repeats it (capture_step)."""
     from ..runtime.model import Model
     from ..serve.generator import GenerationSpec, Generator
-    from .converter import convert
+    from .converter import StageTimer, model_from
     from .hf import tp_plan_hints
 
     check_limits(max_cache_len, max_batch)
@@ -222,15 +225,123 @@ def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batc
         if weights is not None:
             weights.cast = True  # the checkpoint's floating tensors are converted to `dtype` as they are read
     layout = cache_layout(lm, max_cache_len)
-    step = DecoderStep(lm, layout).eval()
-    batch = min(max_batch, 2)  # traced at 2 where the batch is symbolic: torch.export specializes a dim of 1
-    prefill = convert(step, example_step_inputs(layout, batch, 3), dynamic_shapes=step_dynamic_shapes(layout, max_batch),
-                      progress=progress, weights=weights)
+    timer = StageTimer(progress)
+    prefill = model_from(capture_step(lm, layout, max_batch, timer, repeat=repeat_layers), timer, weights)
     # decode is the same traced step with one token per row: torch.export runs once, not twice (it is most of a
     # conversion's time, and grows with the number of layers); the pinned size is exported as a constant
     decode = Model(prefill._run, prefill.params, prefill.graph.with_fixed_dims({"tokens": 1}))
     prefill.sharding_hints = decode.sharding_hints = tp_plan_hints(lm)  # the step module has no config of its own
     return Generator(prefill, decode, GenerationSpec(**generation_fields(lm, layout, max_batch)))
+
+
+REPEAT_FROM_LAYERS = 6  # fewer layers are traced whole: tracing 3 and then 4 layers would cost about as much
+
+
+def capture_step(lm: torch.nn.Module, layout: CacheLayout, max_batch: int, timer: Any, repeat: bool = True):
+    """The step's portable graph (a capture.fx.Captured). torch.export's time grows with every layer it traces,
+    so with `repeat` a model of REPEAT_FROM_LAYERS or more alike layers is traced at 3 and 4 layers, and the
+    middle layer's graph repeated for the rest (capture/repeat.py); where that cannot be shown right, every
+    layer is traced."""
+    from .converter import trace
+    from .repeat import NotRepeatable
+
+    what = ""
+    if repeat and layout.layers >= REPEAT_FROM_LAYERS:
+        try:
+            return _capture_repeated(lm, layout, max_batch, timer)
+        except NotRepeatable as why:
+            what = f" of all {layout.layers} layers ({why})"
+    step = DecoderStep(lm, layout).eval()
+    batch = min(max_batch, 2)  # traced at 2 where the batch is symbolic: torch.export specializes a dim of 1
+    captured, _ = trace(step, example_step_inputs(layout, batch, 3), None, step_dynamic_shapes(layout, max_batch), timer,
+                        what=what)
+    return captured
+
+
+def _capture_repeated(lm: torch.nn.Module, layout: CacheLayout, max_batch: int, timer: Any):
+    from .converter import trace
+    from .fx import Captured, state_tensors
+    from .repeat import (
+        TRACED_LAYERS,
+        NotRepeatable,
+        cut_to,
+        first_difference,
+        layer_of_inputs,
+        layer_of_nodes,
+        layer_stack,
+        repeat_layers,
+        unlike_layer,
+    )
+
+    layers = layout.layers
+    stack = layer_stack(lm, layers)
+    unlike = unlike_layer(lm.get_submodule(stack))
+    if unlike is not None:
+        raise NotRepeatable(f"layer {unlike} is not built like layer 1")
+    if len(set(layout.key_shapes)) > 1 or len(set(layout.value_shapes)) > 1:
+        raise NotRepeatable("the layers' caches differ in shape")
+    batch = min(max_batch, 2)
+    traced = {}
+    for count in (TRACED_LAYERS, TRACED_LAYERS + 1):
+        cut = _cut_layout(layout, count)
+        with cut_to(lm, stack, count):
+            captured, ep = trace(DecoderStep(lm, cut).eval(), example_step_inputs(cut, batch, 3), None,
+                                 step_dynamic_shapes(cut, max_batch), timer, what=f" of {count} of the {layers} layers")
+        traced[count] = captured, ep, layer_of_nodes(ep.graph_module, stack) | layer_of_inputs(captured.graph, stack, _cache_layer)
+    captured, ep, layer_of = traced[TRACED_LAYERS]
+    rename = _layer_input_renamer(stack)
+    more = TRACED_LAYERS + 1
+    with timer.stage("repeat", f"repeat a middle layer's graph for layers 1 to {layers - 2}, first checking that "
+                               f"{TRACED_LAYERS} layers repeated to {more} equal {more} traced"):
+        check = _with_specs(repeat_layers(captured.graph, layer_of, more, rename), _cut_layout(layout, more))
+        difference = first_difference(check, traced[more][0].graph)
+        if difference:
+            raise NotRepeatable(f"{TRACED_LAYERS} layers repeated to {more} differ from {more} traced: {difference}")
+        graph = _with_specs(repeat_layers(captured.graph, layer_of, layers, rename), layout)
+        step = DecoderStep(lm, layout)
+        state = {**dict(step.named_parameters(remove_duplicate=False)), **dict(step.named_buffers(remove_duplicate=False))}
+        tensors, graph.aliases = state_tensors(graph, state, ep.constants)
+    return Captured(graph, tensors, captured.schemas)
+
+
+def _cut_layout(layout: CacheLayout, layers: int) -> CacheLayout:
+    return dataclasses.replace(layout, layers=layers, key_shapes=layout.key_shapes[:layers],
+                               value_shapes=layout.value_shapes[:layers])
+
+
+def _with_specs(graph: Any, layout: CacheLayout) -> Any:
+    """The step's input and output structure for `layout` (what torch.export would record for that many layers)."""
+    import torch.utils._pytree as pytree
+
+    from .fx import treespec_to_json
+
+    cache = [0] * (2 * layout.layers)
+    graph.in_spec = treespec_to_json(pytree.tree_flatten(((0, 0, 0, 0, cache), {}))[1])
+    graph.out_spec = treespec_to_json(pytree.tree_flatten((0, cache))[1])
+    return graph
+
+
+def _cache_layer(input_name: str) -> int | None:
+    """The layer of a step input: `cache_{2i}` (keys) and `cache_{2i+1}` (values) are layer i's."""
+    match = re.fullmatch(r"cache_(\d+)", input_name)
+    return int(match.group(1)) // 2 if match else None
+
+
+def _layer_input_renamer(stack: str):
+    """How an input of layer `src` is named in layer `dst`: `model.layers.3.mlp.up_proj.weight` (placeholder
+    `p_model_layers_3_mlp_up_proj_weight`) and cache slots, as torch.export names them."""
+    from ..ir.graph import GraphInput
+
+    flat = stack.replace(".", "_")
+
+    def rename(inp: GraphInput, src: int, dst: int) -> GraphInput:
+        if inp.kind == "user_input":
+            slot = int(inp.name.removeprefix("cache_")) + 2 * (dst - src)
+            return GraphInput(f"cache_{slot}", inp.kind, inp.meta, inp.target)
+        target = (inp.target or "").replace(f"{stack}.{src}.", f"{stack}.{dst}.", 1)
+        return GraphInput(inp.name.replace(f"_{flat}_{src}_", f"_{flat}_{dst}_", 1), inp.kind, inp.meta, target)
+
+    return rename
 
 
 def generation_fields(lm: torch.nn.Module, layout: CacheLayout, max_batch: int) -> dict:

@@ -345,14 +345,20 @@ def _finite_int(bound: Any) -> int | None:
 
 
 def _state_tensors(ep: torch.export.ExportedProgram, graph: Graph) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Params keyed by state_dict name; tied weights (same storage, shape, strides) kept once."""
+    return state_tensors(graph, ep.state_dict, ep.constants)
+
+
+def state_tensors(graph: Graph, state: dict[str, torch.Tensor],
+                  constants: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The graph's params keyed by state_dict name, from `state` (else `constants`); tied weights (same storage,
+    shape, strides) kept once, the other names listed as aliases."""
     tensors: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     seen: dict[tuple, str] = {}
     for inp in graph.inputs:
         if inp.kind not in ("parameter", "buffer", "constant"):
             continue
-        source = ep.constants if inp.kind == "constant" or inp.target not in ep.state_dict else ep.state_dict
+        source = constants if inp.kind == "constant" or inp.target not in state else state
         tensor = source[inp.target]
         identity = _storage_identity(tensor)
         if isinstance(tensor, torch.nn.Parameter):

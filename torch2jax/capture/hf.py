@@ -88,6 +88,7 @@ def convert_hf(
     progress: Any = None,
     stream_weights: bool = False,
     max_source_len: int = 512,
+    repeat_layers: bool = True,
 ):
     """A Hugging Face model directory (or a transformers model object) -> a torch-free `Generator`, or for
     text2text-generation (encoder-decoders: T5, BART, Whisper) a `Seq2SeqGenerator` for sources of up to `max_source_len`.
@@ -95,6 +96,8 @@ def convert_hf(
     `stream_weights=True` (a directory only, causal LMs) builds the model with fake parameters and reads each weight
     from the safetensors files only when the Generator is saved: memory stays flat in the model's size, and the
     Generator runs once saved and loaded (capture/hf_stream.py).
+    `repeat_layers=False` traces every decoder layer with torch.export; by default a stack of alike layers is traced
+    at 3 and 4 layers and a middle one repeated, after checking that this reproduces the 4-layer trace.
     """
     from .decoder import convert_causal_lm
 
@@ -118,7 +121,7 @@ def convert_hf(
     else:
         lm, directory = causal_lm_from(source, task)
     generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress,
-                                  weights=weights)
+                                  weights=weights, repeat_layers=repeat_layers)
     if directory is not None:
         generator.tokenizer_files = tokenizer_files(directory)
     return generator

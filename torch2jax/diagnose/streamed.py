@@ -3,7 +3,9 @@
 A model of at most `layers` decoder layers is compared whole: the saved artifact against transformers
 loading the same directory. A deeper one is compared on a slice: its first `layers` layers (embeddings,
 final norm and head included) with the real weights, converted by the same streamed path and saved to
-a temporary artifact, against transformers loading the same slice. The output says which was done.
+a temporary artifact, against transformers loading the same slice. Where the conversion repeated a
+middle layer's graph (capture/repeat.py), the slice is deep enough to be converted that way too. The
+output says which was done.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ from .generation import check_generation, verify_generation
 
 def verify_streamed(directory: Path, artifact_dir: Path, config: Any, *, layers: int = 2, tokens: int = 16,
                     dtype: str | None = None, max_cache_len: int = 512, max_batch: int = 8, seed: int = 0,
-                    progress: Any = None) -> str:
+                    progress: Any = None, repeat_layers: bool = True) -> str:
     """Check a streamed text-generation artifact against transformers; returns what was checked (raises if it differs)."""
+    from ..capture.decoder import REPEAT_FROM_LAYERS
     from ..capture.hf_stream import num_layers, reference_lm, sliced_config
     from ..serve.artifact import load_generator
 
     depth = num_layers(config)
+    if repeat_layers and depth is not None and depth >= REPEAT_FROM_LAYERS:
+        layers = max(layers, REPEAT_FROM_LAYERS)
     if depth is None or depth <= layers:
         if progress:
             progress("verify", f"greedy-generate {tokens} tokens with the saved artifact and with transformers (whole model)")
@@ -35,7 +40,7 @@ def verify_streamed(directory: Path, artifact_dir: Path, config: Any, *, layers:
         progress("verify", f"convert the first {layers} of {depth} layers the same way and generate {tokens} tokens with both")
     small = sliced_config(config, layers)
     with tempfile.TemporaryDirectory(prefix="torch2jax-verify-") as scratch:
-        generator = _convert_slice(directory, small, Path(scratch) / "slice", dtype, max_cache_len, max_batch)
+        generator = _convert_slice(directory, small, Path(scratch) / "slice", dtype, max_cache_len, max_batch, repeat_layers)
         result = verify_generation(_cast(reference_lm(directory, small), dtype), generator, tokens=tokens, seed=seed)
     check_generation(result)
     return (f"verified a slice against transformers: the first {layers} of {depth} layers (embeddings, norm and head "
@@ -43,13 +48,15 @@ def verify_streamed(directory: Path, artifact_dir: Path, config: Any, *, layers:
             f"which would need all its weights in memory:\n{result.summary()}")
 
 
-def _convert_slice(directory: Path, config: Any, out: Path, dtype: str | None, max_cache_len: int, max_batch: int):
+def _convert_slice(directory: Path, config: Any, out: Path, dtype: str | None, max_cache_len: int, max_batch: int,
+                   repeat_layers: bool):
     from ..capture.decoder import convert_causal_lm
     from ..capture.hf import streamed_causal_lm
     from ..serve.artifact import load_generator, save_generator
 
     lm, _, weights = streamed_causal_lm(directory, config=config)
-    generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, weights=weights)
+    generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, weights=weights,
+                                  repeat_layers=repeat_layers)
     save_generator(generator, out, platforms=("cpu",))
     return load_generator(out)
 
