@@ -82,7 +82,17 @@ def reference_lm(directory: Path, config: Any = None) -> Any:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     extra = {"config": config} if config is not None else {}
-    lm = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, **extra)
+    logging = transformers.utils.logging
+    verbosity, bar = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()  # inside our own progress line
+    if config is not None:  # a slice: the later layers' tensors are unused on purpose, not worth transformers' report
+        logging.set_verbosity_error()
+    try:
+        lm = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, **extra)
+    finally:
+        logging.set_verbosity(verbosity)
+        if bar:
+            logging.enable_progress_bar()
     return lm.eval()
 
 

@@ -43,8 +43,9 @@ def verify_streamed(directory: Path, artifact_dir: Path, config: Any, *, layers:
         generator = _convert_slice(directory, small, Path(scratch) / "slice", dtype, max_cache_len, max_batch, repeat_layers)
         result = verify_generation(_cast(reference_lm(directory, small), dtype), generator, tokens=tokens, seed=seed)
     check_generation(result)
+    how = " (a middle layer's graph repeated, as for the whole model)" if repeat_layers and layers >= REPEAT_FROM_LAYERS else ""
     return (f"verified a slice against transformers: the first {layers} of {depth} layers (embeddings, norm and head "
-            f"included) with the real weights, converted by the same streamed path; the whole model is not run in torch, "
+            f"included) with the real weights, converted by the same streamed path{how}; the whole model is not run in torch, "
             f"which would need all its weights in memory:\n{result.summary()}")
 
 
