@@ -287,7 +287,7 @@ def _convert_hf_streamed(target, out, task, max_cache_len, max_batch, dtype, pla
                          verify_layers, seed, quiet, repeat_layers=True):
     """hf:DIR -> a text-generation artifact with the weights streamed from the safetensors files (never all in memory),
     verified against transformers on the whole model when it has at most `verify_layers` layers, else on a slice."""
-    from torch2jax.capture.decoder import convert_causal_lm
+    from torch2jax.capture.decoder import convert_causal_lm, repeated_from
     from torch2jax.capture.hf import streamed_causal_lm, tokenizer_files
     from torch2jax.diagnose.streamed import verify_streamed
 
@@ -305,7 +305,7 @@ def _convert_hf_streamed(target, out, task, max_cache_len, max_batch, dtype, pla
             return
         checked.append(verify_streamed(directory, tmp, lm.config, layers=verify_layers, tokens=verify_tokens, dtype=dtype,
                                        max_cache_len=max_cache_len, max_batch=max_batch, seed=seed, progress=progress,
-                                       repeat_layers=repeat_layers))
+                                       repeated_from=repeated_from(lm) if repeat_layers else None))
         progress.done()
 
     progress("save", f"jax.export prefill and decode, stream {gigabytes:.2f} GB of weights into {out}")

@@ -36,10 +36,25 @@ def test_the_repeated_graph_is_the_traced_graph(arch):
     assert repeated.graph.aliases == traced.graph.aliases
 
 
+def test_alternating_layers_repeat_as_blocks():
+    """Gemma2 alternates sliding and full attention layers: the repeated unit is a block of two."""
+    lm = build_lm("gemma2", 12)
+    repeated, notes = _capture(lm, repeat=True)
+    assert any("torch.export of 6 of the 12 layers" in n for n in notes), notes
+    assert any("repeat a middle block of 2 layers" in n for n in notes), notes
+    traced, _ = _capture(lm, repeat=False)
+    assert first_difference(repeated.graph, traced.graph) is None
+
+
 def test_layers_built_differently_are_all_traced():
-    lm = build_lm("gemma2", LAYERS)  # alternating sliding and full attention layers
+    import transformers
+
+    config = transformers.Qwen2MoeConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
+                                         num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                                         moe_intermediate_size=32, shared_expert_intermediate_size=64, mlp_only_layers=[3])
+    lm = transformers.Qwen2MoeForCausalLM(config).eval()  # layer 3 is dense, the others MoE
     _, notes = _capture(lm, repeat=True)
-    assert any("of all 6 layers (layer 0 is not built like layer 1)" in n for n in notes), notes
+    assert any("of all 6 layers (layer 3 is not built like layer 1)" in n for n in notes), notes
     assert not any("of 3 of the 6 layers" in n for n in notes), notes  # refused before tracing anything twice
 
 

@@ -125,3 +125,33 @@ def test_cli_streams_by_default_and_says_what_it_verified(tmp_path):
     _assert_bitwise(torch2jax.load(out).params, _transformers_params(load_lm(source), {}))
     whole = verify_streamed(source, out, load_lm(source).config, layers=2, tokens=4)
     assert whole.startswith("verified against transformers (the whole model, 2 layers)")
+
+
+def test_a_deep_model_converts_by_repetition_and_its_slice_is_verified_the_same_way(tmp_path):
+    source = write_lm("llama", tmp_path, layers=7)
+    out = tmp_path / "llm"
+    result = cli("convert", f"hf:{source}", "--max-cache-len", "32", "--max-batch", "2", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "torch.export of 3 of the 7 layers" in result.stderr and "[repeat]" in result.stderr
+    assert "the first 6 of 7 layers" in result.stdout and "(its middle layers repeated, as for the whole model)" in result.stdout
+    assert "row 1: 16 of 16 greedy tokens equal to transformers' generate" in result.stdout
+
+
+def test_trace_all_layers_reaches_the_step_capture(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from cli.main import main
+    from torch2jax.capture import decoder
+
+    seen = []
+
+    def capture_step(lm, layout, max_batch, timer, repeat=True):
+        seen.append(repeat)
+        raise InputSpecError("stop here")
+
+    monkeypatch.setattr(decoder, "capture_step", capture_step)
+    source = write_lm("llama", tmp_path)
+    for flags in ([], ["--trace-all-layers"], ["--trace-all-layers", "--weights-in-memory"]):
+        result = CliRunner().invoke(main, ["convert", f"hf:{source}", "--max-cache-len", "16", "--out", str(tmp_path / "x"), *flags])
+        assert result.exit_code == 2 and "stop here" in result.output
+    assert seen == [True, False, False]

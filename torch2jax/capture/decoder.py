@@ -234,14 +234,14 @@ def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batc
     return Generator(prefill, decode, GenerationSpec(**generation_fields(lm, layout, max_batch)))
 
 
-REPEAT_FROM_LAYERS = 6  # fewer layers are traced whole: tracing 3 and then 4 layers would cost about as much
+REPEAT_FROM_LAYERS = 6  # per unit repeated; fewer are traced whole: tracing 3 and 4 units would cost about as much
 
 
 def capture_step(lm: torch.nn.Module, layout: CacheLayout, max_batch: int, timer: Any, repeat: bool = True):
     """The step's portable graph (a capture.fx.Captured). torch.export's time grows with every layer it traces,
-    so with `repeat` a model of REPEAT_FROM_LAYERS or more alike layers is traced at 3 and 4 layers, and the
-    middle layer's graph repeated for the rest (capture/repeat.py); where that cannot be shown right, every
-    layer is traced."""
+    so with `repeat` a deep stack of alike layers (or of alike blocks, where layer kinds alternate) is traced at 3
+    and 4 units and the middle unit's graph repeated for the rest (capture/repeat.py); where that cannot be shown
+    right, every layer is traced and the progress line says why."""
     from .converter import trace
     from .repeat import NotRepeatable
 
@@ -258,46 +258,63 @@ def capture_step(lm: torch.nn.Module, layout: CacheLayout, max_batch: int, timer
     return captured
 
 
+def repeated_from(lm: torch.nn.Module) -> int | None:
+    """The depth from which `lm`'s stack converts by repetition (REPEAT_FROM_LAYERS units), or None where its layers
+    are traced one by one: a verification slice at least this deep is converted the way the whole model was."""
+    from .repeat import NotRepeatable
+
+    layers = getattr(lm.config, "num_hidden_layers", None)
+    if not isinstance(layers, int) or layers < REPEAT_FROM_LAYERS:
+        return None
+    try:
+        return REPEAT_FROM_LAYERS * repeat_unit(lm, layers)[1]
+    except NotRepeatable:
+        return None
+
+
+def repeat_unit(lm: torch.nn.Module, layers: int) -> tuple[str, int]:
+    """(the layer stack's dotted name, the layers per repeated unit) of a model whose stack can be repeated;
+    raises capture.repeat.NotRepeatable otherwise."""
+    from .repeat import NotRepeatable, layer_stack, period
+
+    stack = layer_stack(lm, layers)
+    size = period(lm.get_submodule(stack), layers // REPEAT_FROM_LAYERS)
+    if layers % size:
+        raise NotRepeatable(f"{layers} layers are not a whole number of {size}-layer blocks")
+    return stack, size
+
+
 def _capture_repeated(lm: torch.nn.Module, layout: CacheLayout, max_batch: int, timer: Any):
     from .converter import trace
     from .fx import Captured, state_tensors
-    from .repeat import (
-        TRACED_LAYERS,
-        NotRepeatable,
-        cut_to,
-        first_difference,
-        layer_of_inputs,
-        layer_of_nodes,
-        layer_stack,
-        repeat_layers,
-        unlike_layer,
-    )
+    from .repeat import TRACED_UNITS, NotRepeatable, cut_to, first_difference, layer_of_inputs, layer_of_nodes, repeat_layers
 
     layers = layout.layers
-    stack = layer_stack(lm, layers)
-    unlike = unlike_layer(lm.get_submodule(stack))
-    if unlike is not None:
-        raise NotRepeatable(f"layer {unlike} is not built like layer 1")
-    if len(set(layout.key_shapes)) > 1 or len(set(layout.value_shapes)) > 1:
+    stack, size = repeat_unit(lm, layers)
+    if any(layout.key_shapes[i] != layout.key_shapes[i % size] or layout.value_shapes[i] != layout.value_shapes[i % size]
+           for i in range(layers)):
         raise NotRepeatable("the layers' caches differ in shape")
     batch = min(max_batch, 2)
     traced = {}
-    for count in (TRACED_LAYERS, TRACED_LAYERS + 1):
-        cut = _cut_layout(layout, count)
-        with cut_to(lm, stack, count):
+    for units in (TRACED_UNITS, TRACED_UNITS + 1):
+        cut = _cut_layout(layout, units * size)
+        with cut_to(lm, stack, units * size):
             captured, ep = trace(DecoderStep(lm, cut).eval(), example_step_inputs(cut, batch, 3), None,
-                                 step_dynamic_shapes(cut, max_batch), timer, what=f" of {count} of the {layers} layers")
-        traced[count] = captured, ep, layer_of_nodes(ep.graph_module, stack) | layer_of_inputs(captured.graph, stack, _cache_layer)
-    captured, ep, layer_of = traced[TRACED_LAYERS]
-    rename = _layer_input_renamer(stack)
-    more = TRACED_LAYERS + 1
-    with timer.stage("repeat", f"repeat a middle layer's graph for layers 1 to {layers - 2}, first checking that "
-                               f"{TRACED_LAYERS} layers repeated to {more} equal {more} traced"):
-        check = _with_specs(repeat_layers(captured.graph, layer_of, more, rename), _cut_layout(layout, more))
+                                 step_dynamic_shapes(cut, max_batch), timer, what=f" of {units * size} of the {layers} layers")
+        layer_of = layer_of_nodes(ep.graph_module, stack) | layer_of_inputs(captured.graph, stack, _cache_layer)
+        traced[units] = captured, ep, {name: layer // size for name, layer in layer_of.items()}
+    captured, ep, unit_of = traced[TRACED_UNITS]
+    rename = _layer_input_renamer(stack, size)
+    more = TRACED_UNITS + 1
+    unit = "layer" if size == 1 else f"block of {size} layers"
+    with timer.stage("repeat", f"repeat a middle {unit} for layers {size} to {layers - size - 1}, first checking that "
+                               f"{TRACED_UNITS * size} layers repeated to {more * size} equal {more * size} traced"):
+        check = _with_specs(repeat_layers(captured.graph, unit_of, more, rename), _cut_layout(layout, more * size))
         difference = first_difference(check, traced[more][0].graph)
         if difference:
-            raise NotRepeatable(f"{TRACED_LAYERS} layers repeated to {more} differ from {more} traced: {difference}")
-        graph = _with_specs(repeat_layers(captured.graph, layer_of, layers, rename), layout)
+            raise NotRepeatable(f"{TRACED_UNITS * size} layers repeated to {more * size} differ from {more * size} traced: "
+                                f"{difference}")
+        graph = _with_specs(repeat_layers(captured.graph, unit_of, layers // size, rename), layout)
         step = DecoderStep(lm, layout)
         state = {**dict(step.named_parameters(remove_duplicate=False)), **dict(step.named_buffers(remove_duplicate=False))}
         tensors, graph.aliases = state_tensors(graph, state, ep.constants)
@@ -327,19 +344,22 @@ def _cache_layer(input_name: str) -> int | None:
     return int(match.group(1)) // 2 if match else None
 
 
-def _layer_input_renamer(stack: str):
-    """How an input of layer `src` is named in layer `dst`: `model.layers.3.mlp.up_proj.weight` (placeholder
-    `p_model_layers_3_mlp_up_proj_weight`) and cache slots, as torch.export names them."""
+def _layer_input_renamer(stack: str, size: int):
+    """How an input of unit `src` is named in unit `dst` (units of `size` layers): `model.layers.3.mlp.up_proj.weight`
+    (placeholder `p_model_layers_3_mlp_up_proj_weight`) and cache slots, as torch.export names them."""
     from ..ir.graph import GraphInput
 
     flat = stack.replace(".", "_")
+    pattern = re.compile(re.escape(stack) + r"\.(\d+)\.")
 
     def rename(inp: GraphInput, src: int, dst: int) -> GraphInput:
+        shift = size * (dst - src)
         if inp.kind == "user_input":
-            slot = int(inp.name.removeprefix("cache_")) + 2 * (dst - src)
-            return GraphInput(f"cache_{slot}", inp.kind, inp.meta, inp.target)
-        target = (inp.target or "").replace(f"{stack}.{src}.", f"{stack}.{dst}.", 1)
-        return GraphInput(inp.name.replace(f"_{flat}_{src}_", f"_{flat}_{dst}_", 1), inp.kind, inp.meta, target)
+            return GraphInput(f"cache_{int(inp.name.removeprefix('cache_')) + 2 * shift}", inp.kind, inp.meta, inp.target)
+        layer = int(pattern.match(inp.target or "").group(1))
+        target = f"{stack}.{layer + shift}." + inp.target[len(f"{stack}.{layer}."):]
+        name = inp.name.replace(f"_{flat}_{layer}_", f"_{flat}_{layer + shift}_", 1)
+        return GraphInput(name, inp.kind, inp.meta, target)
 
     return rename
 

@@ -1,11 +1,12 @@
 """A deep stack of alike layers, traced at three layers and repeated: torch.export's cost grows with every
 layer it traces (most of a large model's conversion), while the graph of layer 5 is layer 4's with other names.
 
-`repeat_layers` builds the graph of an N-layer model from the graph of the same model cut to 3 layers: the
-first and the last layer as traced, the middle one repeated N - 2 times, its inputs (params, cache) renamed
-per layer. Whoever uses it must show that the result is right for this model; `first_difference` compares a
-repeated graph with a traced one, e.g. 3 layers repeated to 4 against 4 traced, so a model whose layers or
-surroundings are not alike is caught and traced whole instead.
+`repeat_layers` builds the graph of an N-unit model from the graph of the same model cut to 3 units (a unit
+is one layer, or a block of p layers where layer kinds alternate): the first and the last unit as traced,
+the middle one repeated N - 2 times, its inputs (params, cache) renamed per unit. Whoever uses it must show
+that the result is right for this model; `first_difference` compares a repeated graph with a traced one,
+e.g. 3 units repeated to 4 against 4 traced, so a model whose layers or surroundings are not alike is caught
+and traced whole instead.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import torch
 
 from ..ir.graph import Graph, GraphInput, GraphOutput, Node
 
-TRACED_LAYERS = 3  # first, middle (the one repeated), last
+TRACED_UNITS = 3  # first, middle (the one repeated), last: a unit is a layer, or a block of alternating layers
 
-RenameInput = Callable[[GraphInput, int, int], GraphInput]  # (input of layer src, src, dst) -> input of layer dst
+RenameInput = Callable[[GraphInput, int, int], GraphInput]  # (input of unit src, src, dst) -> input of unit dst
 
 
 SIZE_READS = ("aten.sym_size.int",)  # ops that read an input's shape, not its values
@@ -63,22 +64,22 @@ def layer_of_inputs(graph: Graph, prefix: str, user_input_layer: Callable[[str],
 
 
 def repeat_layers(graph: Graph, layer_of: dict[str, int], layers: int, rename_input: RenameInput) -> Graph:
-    """The graph of `graph`'s model with `layers` layers instead of TRACED_LAYERS (see the module docstring).
+    """The graph of `graph`'s model with `layers` layers instead of TRACED_UNITS (see the module docstring).
 
     `layer_of` gives the layer of every input and node inside a layer; everything else runs before the first
     layer or after the last. Raises NotRepeatable where the graph is not a stack the rule fits."""
     if graph.subgraphs:
         raise NotRepeatable("the graph has control flow (subgraphs)")
-    if layers < TRACED_LAYERS:
-        raise NotRepeatable(f"{layers} layers: fewer than the {TRACED_LAYERS} traced")
-    first, middle, last = range(TRACED_LAYERS)
+    if layers < TRACED_UNITS:
+        raise NotRepeatable(f"{layers} layers: fewer than the {TRACED_UNITS} traced")
+    first, middle, last = range(TRACED_UNITS)
     graph = one_node_per_size(graph)
     layer_of = _hoist_shared_scalars(graph, layer_of)
-    members: dict[int, list[str]] = {i: [] for i in range(TRACED_LAYERS)}
+    members: dict[int, list[str]] = {i: [] for i in range(TRACED_UNITS)}
     for name in [i.name for i in graph.inputs] + [n.name for n in graph.nodes]:
         if name in layer_of:
             if layer_of[name] not in members:
-                raise NotRepeatable(f"{name} is in layer {layer_of[name]} of a {TRACED_LAYERS}-layer graph")
+                raise NotRepeatable(f"{name} is in layer {layer_of[name]} of a {TRACED_UNITS}-layer graph")
             members[layer_of[name]].append(name)
     if len(members[first]) != len(members[middle]):
         raise NotRepeatable(f"layer 0 has {len(members[first])} values and layer 1 {len(members[middle])}")
@@ -278,12 +279,18 @@ def layer_stack(module: torch.nn.Module, layers: int) -> str:
     return found[0]
 
 
-def unlike_layer(stack: torch.nn.ModuleList) -> int | None:
-    """The first layer that is not built like layer 1 (other submodules, params, buffers or settings such as a
-    sliding window or an MoE block; only `layer_idx` may differ), else None. A layer whose forward reads its index
-    for anything but the cache would pass this check; comparing 3 repeated to 4 traced is the other guard."""
-    reference = _build(stack[1])
-    return next((i for i, layer in enumerate(stack) if not _same(_build(layer), reference)), None)
+def period(stack: torch.nn.ModuleList, longest: int) -> int:
+    """The fewest layers p (at most `longest`) such that every layer is built like the one p before it: 1 for a
+    plain stack, 2 for alternating sliding and full attention. Built alike means the same submodules, params,
+    buffers and settings (a sliding window, an MoE block); only `layer_idx` may differ. A layer whose forward reads
+    its index for anything but the cache would pass this check; comparing 3 repeated to 4 traced is the other guard."""
+    builds = [_build(layer) for layer in stack]
+    for size in range(1, max(longest, 0) + 1):
+        if all(_same(builds[i], builds[i % size]) for i in range(len(builds))):
+            return size
+    unlike = next((i for i in range(len(builds)) if not _same(builds[i], builds[1 % len(builds)])), 0)
+    patterns = f", and no pattern of up to {longest} layers repeats" if longest > 1 else ""
+    raise NotRepeatable(f"layer {unlike} is not built like layer 1{patterns}")
 
 
 def _build(module: torch.nn.Module) -> list:

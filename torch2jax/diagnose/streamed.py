@@ -21,15 +21,16 @@ from .generation import check_generation, verify_generation
 
 def verify_streamed(directory: Path, artifact_dir: Path, config: Any, *, layers: int = 2, tokens: int = 16,
                     dtype: str | None = None, max_cache_len: int = 512, max_batch: int = 8, seed: int = 0,
-                    progress: Any = None, repeat_layers: bool = True) -> str:
-    """Check a streamed text-generation artifact against transformers; returns what was checked (raises if it differs)."""
-    from ..capture.decoder import REPEAT_FROM_LAYERS
+                    progress: Any = None, repeated_from: int | None = None) -> str:
+    """Check a streamed text-generation artifact against transformers; returns what was checked (raises if it differs).
+    `repeated_from`: the depth from which the conversion repeated layers (capture.decoder.repeated_from), None if it
+    traced every layer; a slice is then at least that deep and converted the same way."""
     from ..capture.hf_stream import num_layers, reference_lm, sliced_config
     from ..serve.artifact import load_generator
 
     depth = num_layers(config)
-    if repeat_layers and depth is not None and depth >= REPEAT_FROM_LAYERS:
-        layers = max(layers, REPEAT_FROM_LAYERS)
+    if repeated_from is not None:
+        layers = max(layers, repeated_from)
     if depth is None or depth <= layers:
         if progress:
             progress("verify", f"greedy-generate {tokens} tokens with the saved artifact and with transformers (whole model)")
@@ -40,10 +41,11 @@ def verify_streamed(directory: Path, artifact_dir: Path, config: Any, *, layers:
         progress("verify", f"convert the first {layers} of {depth} layers the same way and generate {tokens} tokens with both")
     small = sliced_config(config, layers)
     with tempfile.TemporaryDirectory(prefix="torch2jax-verify-") as scratch:
-        generator = _convert_slice(directory, small, Path(scratch) / "slice", dtype, max_cache_len, max_batch, repeat_layers)
+        generator = _convert_slice(directory, small, Path(scratch) / "slice", dtype, max_cache_len, max_batch,
+                                   repeated_from is not None)
         result = verify_generation(_cast(reference_lm(directory, small), dtype), generator, tokens=tokens, seed=seed)
     check_generation(result)
-    how = " (a middle layer's graph repeated, as for the whole model)" if repeat_layers and layers >= REPEAT_FROM_LAYERS else ""
+    how = " (its middle layers repeated, as for the whole model)" if repeated_from is not None else ""
     return (f"verified a slice against transformers: the first {layers} of {depth} layers (embeddings, norm and head "
             f"included) with the real weights, converted by the same streamed path{how}; the whole model is not run in torch, "
             f"which would need all its weights in memory:\n{result.summary()}")
