@@ -90,7 +90,7 @@ def _cpu_pointwise(x, weight, stride, padding, groups: int) -> bool:
     """Whether a float32 1x1 conv runs on CPU as a dot over channels (`_pointwise_dot`).
 
     XLA CPU transposes a conv's weight to (*k, in, out) on every call and runs small convs on
-    slower kernels; a dot reads the (out, in) weight as it is. Measured at 1 thread: 0.4-0.9 of
+    slower kernels; a dot reads the (out, in) weight as it is. Measured at 1 thread: 0.4-0.95 of
     the conv's time for resnet's 1x1 convs (8x128x4x4 -> 256, stride 2: 57 -> 23 us), 0.10 for
     1x512x7x7 -> 2048; resnet as a whole 0.92. With 3 or 6 input channels the dot is slower
     (8x3x64x64 -> 16: 2.3x), so those stay convs.
