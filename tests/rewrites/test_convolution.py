@@ -1,5 +1,5 @@
 """Convolution lowerings that exist for speed keep torch's values and gradients: channels padded onto
-XLA CPU's fast path, grouped convs as taps or one conv per group, strided transposed convs as one conv
+XLA CPU's fast path, 1x1 convs as a dot over channels, grouped convs as taps or one conv per group, strided transposed convs as one conv
 per output phase, and an eval-mode batch norm folded into its conv."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from torch import nn
 
 import torch2jax
 from torch2jax.lowering import interpreter, passes
-from torch2jax.ops.conv import _cpu_channel_padding, _cpu_grouped_route, convolution
+from torch2jax.ops.conv import _cpu_channel_padding, _cpu_grouped_route, _cpu_pointwise, convolution
 
 from ..helpers import as_jax, max_err
 
@@ -56,6 +56,51 @@ def test_conv_padded_channels_match_torch(cin, cout, kernel, stride, padding, di
     # the hundreds of large products it sums (the order differs with XLA's threading); a leak is O(scale)
     for got_grad, want_grad in ((gx, x.grad), (gw, w.grad)):
         assert max_err(got_grad, want_grad) < 1e-5 * float(want_grad.abs().max())
+
+
+# --- 1x1 convolution: a dot over channels on CPU ---
+
+POINTWISE = [  # (input shape, out channels, stride)
+    ((2, 32, 9, 10), 8, 1),
+    ((2, 8, 9, 10), 32, 1),
+    ((2, 128, 5, 5), 256, 2),  # a ResNet's downsampling shortcut
+    ((2, 12, 10, 11), 24, (3, 2)),
+    ((2, 16, 13), 8, 2),
+    ((2, 8, 4, 5, 6), 4, 1),
+]
+
+
+@pytest.mark.parametrize("case", POINTWISE, ids=[str(c) for c in POINTWISE])
+def test_pointwise_conv_is_a_dot_matching_torch(case):
+    xs, cout, stride = case
+    n = len(xs) - 2
+    conv = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d, 3: torch.nn.functional.conv3d}[n]
+    torch.manual_seed(0)
+    x = torch.randn(*xs, requires_grad=True)
+    w = torch.randn(cout, xs[1], *[1] * n, requires_grad=True)
+    b = torch.randn(cout)
+    stride = stride if isinstance(stride, tuple) else (stride,) * n
+    want = conv(x, w, b, stride)
+
+    def f(xj, wj):
+        return convolution(xj, wj, as_jax(b), list(stride), [0] * n, [1] * n, False, [0] * n, 1)
+
+    assert_conv_and_grads_match(f, x, w, want)
+    compiled = jax.jit(f).lower(as_jax(x), as_jax(w)).compile().as_text()
+    assert "convolution(" not in compiled and " dot(" in compiled, "a dot over channels, not a conv"
+
+
+def test_pointwise_conv_choices():
+    def dot(cin, cout=16, padding=0, groups=1, dtype=jnp.float32, kernel=1):
+        x, w = jnp.zeros((1, cin, 8, 8), dtype), jnp.zeros((cout, cin // groups, kernel, kernel), dtype)
+        return _cpu_pointwise(x, w, (1, 1), (padding, padding), groups)
+
+    assert dot(32) and dot(8) and dot(4) and dot(12)
+    assert not dot(3) and not dot(6), "few input channels: the conv (channels padded) is faster"
+    assert not dot(32, padding=1), "a padded 1x1 conv stays a conv"
+    assert not dot(32, groups=2)
+    assert not dot(32, kernel=3)
+    assert not dot(32, dtype=jnp.bfloat16), "measured on float32 only"
 
 
 # --- grouped convolution: taps (written out or looped) and one conv per group on CPU ---

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import torch2jax
-from torch2jax.ops.pooling import avg_pool2d, max_pool2d_with_indices
+from torch2jax.ops.pooling import avg_pool2d, max_pool2d_with_indices, max_pool3d_with_indices
 
 from ..helpers import as_jax, max_err
 
@@ -84,5 +84,38 @@ def test_dilated_max_pool_matches_torch_with_gradients(kernel, stride, padding, 
     np.testing.assert_array_equal(np.asarray(values), want.detach().numpy())  # NaN where torch has it
     pooled = lambda xj: max_pool2d_with_indices(xj, [kernel] * 2, [stride] * 2, [padding] * 2, [2, 2], ceil_mode)[0]  # noqa: E731
     grad = jax.grad(lambda xj: jnp.sum(jnp.nan_to_num(pooled(xj)) ** 3 + pooled(xj)))(as_jax(x))
+    (torch.nan_to_num(want) ** 3 + want).sum().backward()
+    np.testing.assert_allclose(np.asarray(grad), x.grad.numpy(), rtol=1e-5)
+
+
+MAX_POOLS_CPU = [  # (spatial, kernel, stride, padding, ceil_mode)
+    ((12, 10), 3, 2, 1, False),  # a ResNet's stem pool: overlapping, padded
+    ((8, 6), 2, 2, 0, False),  # tiles exactly
+    ((9, 7), 3, 2, 0, True),  # ceil_mode's partial windows
+    ((9, 8), (3, 2), (1, 2), (1, 0), False),
+    ((6, 5, 7), 3, 2, 1, False),
+]
+
+
+@pytest.mark.parametrize("spatial, kernel, stride, padding, ceil_mode", MAX_POOLS_CPU)
+def test_max_pool_on_cpu_is_channels_last_slices(spatial, kernel, stride, padding, ceil_mode):
+    """No reduce_window on CPU; ties and NaNs pick (in values and gradients) the elements torch's kernel picks."""
+    n = len(spatial)
+    pool = {2: torch.nn.functional.max_pool2d, 3: torch.nn.functional.max_pool3d}[n]
+    lowering = {2: max_pool2d_with_indices, 3: max_pool3d_with_indices}[n]
+    args = [v if isinstance(v, tuple) else (v,) * n for v in (kernel, stride, padding)]
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, *spatial).mul(2).round()  # ties
+    x[0, 0, (1,) * n] = x[1, 2, (2,) * n] = x[1, 2, (3,) * n] = float("nan")
+    x.requires_grad_()
+    want = pool(x, *args, ceil_mode=ceil_mode)
+
+    def pooled(xj):
+        return lowering(xj, *args, (1,) * n, ceil_mode)[0]
+
+    compiled = jax.jit(pooled).lower(as_jax(x)).compile()
+    assert "reduce-window" not in compiled.as_text(), "max pools on CPU are strided slices, not reduce_window"
+    np.testing.assert_array_equal(np.asarray(compiled(as_jax(x))), want.detach().numpy())
+    grad = jax.jit(jax.grad(lambda xj: jnp.sum(jnp.nan_to_num(pooled(xj)) ** 3 + pooled(xj))))(as_jax(x))
     (torch.nan_to_num(want) ** 3 + want).sum().backward()
     np.testing.assert_allclose(np.asarray(grad), x.grad.numpy(), rtol=1e-5)
