@@ -111,8 +111,8 @@ def main() -> None:
                    "of streaming the weights from the safetensors files, the default for hf: and --weights *.safetensors.")
 @click.option("--verify-layers", default=2, show_default=True,
               help="Streamed hf: models deeper than this are verified on a slice of their first N layers (real weights, the "
-                   "same streamed path), so that verification never needs the whole model in memory; at least 6 where the "
-                   "conversion repeats a middle layer's graph, so that the slice is converted that way too.")
+                   "same streamed path), so that verification never needs the whole model in memory; at least 5 units where "
+                   "the conversion repeats a middle layer's graph, so that the slice is converted that way too.")
 @click.option("--trace-all-layers", is_flag=True,
               help="text-generation: torch.export every decoder layer. By default a stack of alike layers is traced at 3 and "
                    "4 layers and a middle layer's graph repeated for the rest (checked: 3 repeated to 4 must equal 4 traced, "
@@ -287,7 +287,7 @@ def _convert_hf_streamed(target, out, task, max_cache_len, max_batch, dtype, pla
                          verify_layers, seed, quiet, repeat_layers=True):
     """hf:DIR -> a text-generation artifact with the weights streamed from the safetensors files (never all in memory),
     verified against transformers on the whole model when it has at most `verify_layers` layers, else on a slice."""
-    from torch2jax.capture.decoder import convert_causal_lm, repeated_from
+    from torch2jax.capture.decoder import convert_causal_lm, repeat_slice
     from torch2jax.capture.hf import streamed_causal_lm, tokenizer_files
     from torch2jax.diagnose.streamed import verify_streamed
 
@@ -305,7 +305,7 @@ def _convert_hf_streamed(target, out, task, max_cache_len, max_batch, dtype, pla
             return
         checked.append(verify_streamed(directory, tmp, lm.config, layers=verify_layers, tokens=verify_tokens, dtype=dtype,
                                        max_cache_len=max_cache_len, max_batch=max_batch, seed=seed, progress=progress,
-                                       repeated_from=repeated_from(lm) if repeat_layers else None))
+                                       repeat_slice=repeat_slice(lm) if repeat_layers else None))
         progress.done()
 
     progress("save", f"jax.export prefill and decode, stream {gigabytes:.2f} GB of weights into {out}")

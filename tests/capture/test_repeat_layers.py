@@ -14,9 +14,10 @@ from torch2jax.capture.repeat import NotRepeatable, first_difference, repeat_lay
 from torch2jax.ir.graph import Graph, GraphInput, GraphOutput, Node, TensorMeta
 
 LAYERS = 6
+REPEAT = decoder.SLICE_UNITS  # repeat from 5 units (the default, 10, would make these models slow to build)
 
 
-def _capture(lm: torch.nn.Module, repeat: bool) -> tuple:
+def _capture(lm: torch.nn.Module, repeat: bool | int) -> tuple:
     notes: list[str] = []
     layout = decoder.cache_layout(lm, 32)
     captured = decoder.capture_step(lm, layout, 2, StageTimer(lambda stage, message: notes.append(message)), repeat=repeat)
@@ -26,7 +27,7 @@ def _capture(lm: torch.nn.Module, repeat: bool) -> tuple:
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "mixtral"])
 def test_the_repeated_graph_is_the_traced_graph(arch):
     lm = build_lm(arch, LAYERS)
-    repeated, notes = _capture(lm, repeat=True)
+    repeated, notes = _capture(lm, repeat=REPEAT)
     assert any("torch.export of 3 of the 6 layers" in n for n in notes), notes
     assert not any("of all" in n for n in notes), notes
     traced, _ = _capture(lm, repeat=False)
@@ -39,7 +40,7 @@ def test_the_repeated_graph_is_the_traced_graph(arch):
 def test_alternating_layers_repeat_as_blocks():
     """Gemma2 alternates sliding and full attention layers: the repeated unit is a block of two."""
     lm = build_lm("gemma2", 12)
-    repeated, notes = _capture(lm, repeat=True)
+    repeated, notes = _capture(lm, repeat=REPEAT)
     assert any("torch.export of 6 of the 12 layers" in n for n in notes), notes
     assert any("repeat a middle block of 2 layers" in n for n in notes), notes
     traced, _ = _capture(lm, repeat=False)
@@ -53,7 +54,7 @@ def test_layers_built_differently_are_all_traced():
                                          num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
                                          moe_intermediate_size=32, shared_expert_intermediate_size=64, mlp_only_layers=[3])
     lm = transformers.Qwen2MoeForCausalLM(config).eval()  # layer 3 is dense, the others MoE
-    _, notes = _capture(lm, repeat=True)
+    _, notes = _capture(lm, repeat=REPEAT)
     assert any("of all 6 layers (layer 3 is not built like layer 1)" in n for n in notes), notes
     assert not any("of 3 of the 6 layers" in n for n in notes), notes  # refused before tracing anything twice
 
@@ -70,13 +71,13 @@ def test_a_layer_that_reads_its_own_index_is_caught_by_the_four_layer_check(monk
 
     monkeypatch.setattr(modeling_llama.LlamaDecoderLayer, "forward", scaled)
     lm = build_lm("llama", LAYERS)
-    _, notes = _capture(lm, repeat=True)
+    _, notes = _capture(lm, repeat=REPEAT)
     assert any("of all 6 layers (3 layers repeated to 4 differ from 4 traced" in n for n in notes), notes
 
 
 def test_a_repeated_deep_model_generates_what_transformers_does():
     lm = build_lm("llama", LAYERS)
-    generator = decoder.convert_causal_lm(lm, max_cache_len=48, max_batch=2)
+    generator = decoder.convert_causal_lm(lm, max_cache_len=48, max_batch=2, repeat_layers=REPEAT)
     ids = torch.tensor([[5, 17, 33, 9], [PAD, 8, 21, 64]])
     mask = (ids != PAD).long()
     ours = generator.generate(ids.numpy(), attention_mask=mask.numpy(), max_new_tokens=12, eos_token_id=None)

@@ -128,12 +128,12 @@ def test_cli_streams_by_default_and_says_what_it_verified(tmp_path):
 
 
 def test_a_deep_model_converts_by_repetition_and_its_slice_is_verified_the_same_way(tmp_path):
-    source = write_lm("llama", tmp_path, layers=7)
+    source = write_lm("llama", tmp_path, layers=10)
     out = tmp_path / "llm"
     result = cli("convert", f"hf:{source}", "--max-cache-len", "32", "--max-batch", "2", "--out", str(out))
     assert result.returncode == 0, result.stderr
-    assert "torch.export of 3 of the 7 layers" in result.stderr and "[repeat]" in result.stderr
-    assert "the first 6 of 7 layers" in result.stdout and "(its middle layers repeated, as for the whole model)" in result.stdout
+    assert "torch.export of 3 of the 10 layers" in result.stderr and "[repeat]" in result.stderr
+    assert "the first 5 of 10 layers" in result.stdout and "(its middle layers repeated, as for the whole model)" in result.stdout
     assert "row 1: 16 of 16 greedy tokens equal to transformers' generate" in result.stdout
 
 

@@ -208,11 +208,12 @@ def check_limits(max_cache_len: int, max_batch: int) -> None:
 
 
 def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch: int = 8, dtype: Any = None, progress: Any = None,
-                      weights: Any = None, repeat_layers: bool = True):
+                      weights: Any = None, repeat_layers: bool | int = True):
     """A transformers causal LM -> a `Generator` (torch-free prefill/decode over one params tree).
 
     `weights` (a capture.streaming.WeightSource) streams the params of an LM built with fake parameters.
-    `repeat_layers` traces a deep stack of alike layers at 3 and 4 layers and repeats it (capture_step)."""
+    `repeat_layers`: True traces a stack of REPEAT_FROM_UNITS alike units or more at 3 and 4 units and repeats the
+    middle one (capture_step); an int sets that many units instead; False traces every layer."""
     from ..runtime.model import Model
     from ..serve.generator import GenerationSpec, Generator
     from .converter import StageTimer, model_from
@@ -234,21 +235,25 @@ def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batc
     return Generator(prefill, decode, GenerationSpec(**generation_fields(lm, layout, max_batch)))
 
 
-REPEAT_FROM_LAYERS = 6  # per unit repeated; fewer are traced whole: tracing 3 and 4 units would cost about as much
+# Tracing 3 and 4 units costs 7 units' traces plus two traces' fixed cost: measured even with tracing every layer at
+# about 9 layers (0.8 s a layer, 1.3 s a trace), so shallower stacks are traced whole.
+REPEAT_FROM_UNITS = 10
+SLICE_UNITS = 5  # the shallowest stack whose repetition makes copies (first, three middles, last): verification slices
 
 
-def capture_step(lm: torch.nn.Module, layout: CacheLayout, max_batch: int, timer: Any, repeat: bool = True):
+def capture_step(lm: torch.nn.Module, layout: CacheLayout, max_batch: int, timer: Any, repeat: bool | int = True):
     """The step's portable graph (a capture.fx.Captured). torch.export's time grows with every layer it traces,
     so with `repeat` a deep stack of alike layers (or of alike blocks, where layer kinds alternate) is traced at 3
     and 4 units and the middle unit's graph repeated for the rest (capture/repeat.py); where that cannot be shown
-    right, every layer is traced and the progress line says why."""
+    right, every layer is traced and the progress line says why. `repeat` as in convert_causal_lm."""
     from .converter import trace
     from .repeat import NotRepeatable
 
     what = ""
-    if repeat and layout.layers >= REPEAT_FROM_LAYERS:
+    min_units = REPEAT_FROM_UNITS if repeat is True else int(repeat)
+    if repeat is not False and min_units and layout.layers >= min_units:
         try:
-            return _capture_repeated(lm, layout, max_batch, timer)
+            return _capture_repeated(lm, layout, max_batch, timer, min_units)
         except NotRepeatable as why:
             what = f" of all {layout.layers} layers ({why})"
     step = DecoderStep(lm, layout).eval()
@@ -258,39 +263,39 @@ def capture_step(lm: torch.nn.Module, layout: CacheLayout, max_batch: int, timer
     return captured
 
 
-def repeated_from(lm: torch.nn.Module) -> int | None:
-    """The depth from which `lm`'s stack converts by repetition (REPEAT_FROM_LAYERS units), or None where its layers
-    are traced one by one: a verification slice at least this deep is converted the way the whole model was."""
+def repeat_slice(lm: torch.nn.Module) -> int | None:
+    """The depth of a verification slice that converts by repetition as the whole of `lm` does (SLICE_UNITS units,
+    with repeat_layers=SLICE_UNITS), or None where `lm`'s layers are traced one by one."""
     from .repeat import NotRepeatable
 
     layers = getattr(lm.config, "num_hidden_layers", None)
-    if not isinstance(layers, int) or layers < REPEAT_FROM_LAYERS:
+    if not isinstance(layers, int) or layers < REPEAT_FROM_UNITS:
         return None
     try:
-        return REPEAT_FROM_LAYERS * repeat_unit(lm, layers)[1]
+        return SLICE_UNITS * repeat_unit(lm, layers, REPEAT_FROM_UNITS)[1]
     except NotRepeatable:
         return None
 
 
-def repeat_unit(lm: torch.nn.Module, layers: int) -> tuple[str, int]:
-    """(the layer stack's dotted name, the layers per repeated unit) of a model whose stack can be repeated;
-    raises capture.repeat.NotRepeatable otherwise."""
+def repeat_unit(lm: torch.nn.Module, layers: int, min_units: int) -> tuple[str, int]:
+    """(the layer stack's dotted name, the layers per repeated unit) of a model whose stack is at least `min_units`
+    units that repeat; raises capture.repeat.NotRepeatable otherwise."""
     from .repeat import NotRepeatable, layer_stack, period
 
     stack = layer_stack(lm, layers)
-    size = period(lm.get_submodule(stack), layers // REPEAT_FROM_LAYERS)
+    size = period(lm.get_submodule(stack), layers // min_units)
     if layers % size:
         raise NotRepeatable(f"{layers} layers are not a whole number of {size}-layer blocks")
     return stack, size
 
 
-def _capture_repeated(lm: torch.nn.Module, layout: CacheLayout, max_batch: int, timer: Any):
+def _capture_repeated(lm: torch.nn.Module, layout: CacheLayout, max_batch: int, timer: Any, min_units: int):
     from .converter import trace
     from .fx import Captured, state_tensors
     from .repeat import TRACED_UNITS, NotRepeatable, cut_to, first_difference, layer_of_inputs, layer_of_nodes, repeat_layers
 
     layers = layout.layers
-    stack, size = repeat_unit(lm, layers)
+    stack, size = repeat_unit(lm, layers, min_units)
     if any(layout.key_shapes[i] != layout.key_shapes[i % size] or layout.value_shapes[i] != layout.value_shapes[i % size]
            for i in range(layers)):
         raise NotRepeatable("the layers' caches differ in shape")

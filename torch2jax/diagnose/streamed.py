@@ -21,16 +21,16 @@ from .generation import check_generation, verify_generation
 
 def verify_streamed(directory: Path, artifact_dir: Path, config: Any, *, layers: int = 2, tokens: int = 16,
                     dtype: str | None = None, max_cache_len: int = 512, max_batch: int = 8, seed: int = 0,
-                    progress: Any = None, repeated_from: int | None = None) -> str:
+                    progress: Any = None, repeat_slice: int | None = None) -> str:
     """Check a streamed text-generation artifact against transformers; returns what was checked (raises if it differs).
-    `repeated_from`: the depth from which the conversion repeated layers (capture.decoder.repeated_from), None if it
-    traced every layer; a slice is then at least that deep and converted the same way."""
+    `repeat_slice`: where the conversion repeated layers, the depth of a slice that converts that way too
+    (capture.decoder.repeat_slice); None if it traced every layer."""
     from ..capture.hf_stream import num_layers, reference_lm, sliced_config
     from ..serve.artifact import load_generator
 
     depth = num_layers(config)
-    if repeated_from is not None:
-        layers = max(layers, repeated_from)
+    if repeat_slice is not None:
+        layers = max(layers, repeat_slice)
     if depth is None or depth <= layers:
         if progress:
             progress("verify", f"greedy-generate {tokens} tokens with the saved artifact and with transformers (whole model)")
@@ -42,10 +42,10 @@ def verify_streamed(directory: Path, artifact_dir: Path, config: Any, *, layers:
     small = sliced_config(config, layers)
     with tempfile.TemporaryDirectory(prefix="torch2jax-verify-") as scratch:
         generator = _convert_slice(directory, small, Path(scratch) / "slice", dtype, max_cache_len, max_batch,
-                                   repeated_from is not None)
+                                   repeat_slice is not None)
         result = verify_generation(_cast(reference_lm(directory, small), dtype), generator, tokens=tokens, seed=seed)
     check_generation(result)
-    how = " (its middle layers repeated, as for the whole model)" if repeated_from is not None else ""
+    how = " (its middle layers repeated, as for the whole model)" if repeat_slice is not None else ""
     return (f"verified a slice against transformers: the first {layers} of {depth} layers (embeddings, norm and head "
             f"included) with the real weights, converted by the same streamed path{how}; the whole model is not run in torch, "
             f"which would need all its weights in memory:\n{result.summary()}")
@@ -53,13 +53,13 @@ def verify_streamed(directory: Path, artifact_dir: Path, config: Any, *, layers:
 
 def _convert_slice(directory: Path, config: Any, out: Path, dtype: str | None, max_cache_len: int, max_batch: int,
                    repeat_layers: bool):
-    from ..capture.decoder import convert_causal_lm
+    from ..capture.decoder import SLICE_UNITS, convert_causal_lm
     from ..capture.hf import streamed_causal_lm
     from ..serve.artifact import load_generator, save_generator
 
     lm, _, weights = streamed_causal_lm(directory, config=config)
     generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, weights=weights,
-                                  repeat_layers=repeat_layers)
+                                  repeat_layers=SLICE_UNITS if repeat_layers else False)
     save_generator(generator, out, platforms=("cpu",))
     return load_generator(out)
 
