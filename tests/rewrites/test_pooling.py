@@ -119,3 +119,11 @@ def test_max_pool_on_cpu_is_channels_last_slices(spatial, kernel, stride, paddin
     grad = jax.jit(jax.grad(lambda xj: jnp.sum(jnp.nan_to_num(pooled(xj)) ** 3 + pooled(xj))))(as_jax(x))
     (torch.nan_to_num(want) ** 3 + want).sum().backward()
     np.testing.assert_allclose(np.asarray(grad), x.grad.numpy(), rtol=1e-5)
+
+
+def test_a_pool_over_symbolic_spatial_sizes_says_what_to_do():
+    from torch2jax.errors import LoweringError
+
+    dims = {"input": {2: {"name": "h", "min": 8, "max": 64}, 3: {"name": "w", "min": 8, "max": 64}}}
+    with pytest.raises(LoweringError, match="symbolic spatial size .* export with static spatial sizes"):
+        torch2jax.convert(nn.MaxPool2d(3, 2, 1), (torch.randn(2, 4, 17, 20),), dynamic_shapes=dims)

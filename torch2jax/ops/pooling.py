@@ -15,6 +15,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.errors import InconclusiveDimensionOperation
 
 from .registry import lowers
 
@@ -52,8 +53,13 @@ def _geometry(x, n, kernel, stride, padding, dilation, ceil_mode):
     """Per spatial dim: (out, lo pad, hi pad) for reduce_window."""
     geo = []
     for size, k, s, p, d in zip(x.shape[-n:], kernel, stride, padding, dilation):
-        out = _pool_out_size(size, k, s, p, d, ceil_mode)
-        hi = max(0, (out - 1) * s + d * (k - 1) + 1 - size - p)
+        try:
+            out = _pool_out_size(size, k, s, p, d, ceil_mode)
+            hi = max(0, (out - 1) * s + d * (k - 1) + 1 - size - p)
+        except InconclusiveDimensionOperation:
+            raise NotImplementedError(
+                f"pooling over a symbolic spatial size ({size}): the windows' padding and counts depend on its value; "
+                "export with static spatial sizes (a symbolic batch is fine)") from None
         geo.append((out, p, hi))
     return geo
 
