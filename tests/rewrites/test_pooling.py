@@ -121,9 +121,12 @@ def test_max_pool_on_cpu_is_channels_last_slices(spatial, kernel, stride, paddin
     np.testing.assert_allclose(np.asarray(grad), x.grad.numpy(), rtol=1e-5)
 
 
-def test_a_pool_over_symbolic_spatial_sizes_says_what_to_do():
+def test_a_pool_over_symbolic_spatial_sizes_says_what_to_do(tmp_path):
+    """Saving exports with the symbolic sizes; the windows' padding cannot be decided there."""
     from torch2jax.errors import LoweringError
 
     dims = {"input": {2: {"name": "h", "min": 8, "max": 64}, 3: {"name": "w", "min": 8, "max": 64}}}
+    model = torch2jax.convert(nn.MaxPool2d(3, 2, 1), (torch.randn(2, 4, 17, 20),), dynamic_shapes=dims)
     with pytest.raises(LoweringError, match="symbolic spatial size .* export with static spatial sizes"):
-        torch2jax.convert(nn.MaxPool2d(3, 2, 1), (torch.randn(2, 4, 17, 20),), dynamic_shapes=dims)
+        torch2jax.save(model, tmp_path / "pool")
+    assert not (tmp_path / "pool").exists()
