@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from benchmarks.report import write_section
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- call-overhead:begin -->", "<!-- call-overhead:end -->"
@@ -142,14 +143,6 @@ signature, so a steady-state call is one `jax.jit` dispatch. Written by `python 
 {END}"""
 
 
-def write_section(path: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
-    """Replace the section between `begin` and `end` markers of `path` (or append it): the rest is run.py's."""
-    old = path.read_text() if path.exists() else ""
-    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
-    new = pattern.sub(lambda _: text, old) if pattern.search(old) else old.rstrip() + "\n\n" + text + "\n"
-    path.write_text(new)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -171,7 +164,7 @@ def main() -> None:
     text = section(results, args.rounds, args.calls)
     print(text)
     if not args.no_write:
-        write_section(args.out, text)
+        write_section(args.out, text, BEGIN, END)
         print(f"wrote the call-overhead section of {args.out}")
 
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import call_overhead
-from .call_overhead import write_section
+from .report import write_section
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- compile:begin -->", "<!-- compile:end -->"

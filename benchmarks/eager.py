@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 import torch2jax.eager as te
-from benchmarks.call_overhead import write_section
+from benchmarks.report import write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- eager:begin -->", "<!-- eager:end -->"

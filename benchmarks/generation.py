@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.call_overhead import write_section
+from benchmarks.report import write_section
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- generation:begin -->", "<!-- generation:end -->"

@@ -186,7 +186,7 @@ def main() -> None:
     if args.child:
         child(*args.child, args.verify)
         return
-    from benchmarks.call_overhead import write_section
+    from benchmarks.report import write_section
 
     per_layer = 2 * (2 * WIDE["hidden_size"] ** 2 + 2 * WIDE["hidden_size"] * 512 + 3 * WIDE["hidden_size"] * WIDE["intermediate_size"])
     ends = 2 * 2 * WIDE["vocab_size"] * WIDE["hidden_size"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -265,3 +266,20 @@ def plot(results: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+SECTION = re.compile(r"<!-- (\S+):begin -->.*?<!-- \1:end -->", re.S)
+
+
+def marked_sections(text: str) -> list[str]:
+    """The sections other benchmarks wrote between `<!-- name:begin -->` / `<!-- name:end -->` markers: run.py
+    rewrites the rest of docs/benchmarks.md and keeps these as they are."""
+    return [match.group(0) for match in SECTION.finditer(text)]
+
+
+def write_section(path: Path, text: str, begin: str, end: str) -> None:
+    """Replace the section between `begin` and `end` markers of `path` (or append it): the rest is run.py's."""
+    old = path.read_text() if path.exists() else ""
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+    new = pattern.sub(lambda _: text, old) if pattern.search(old) else old.rstrip() + "\n\n" + text + "\n"
+    path.write_text(new)

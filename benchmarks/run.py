@@ -190,7 +190,9 @@ def main() -> None:
     mode = "quick" if args.quick else "full"
     settings = settings_line(args.threads) + f"; {rounds} timed rounds per model ({mode} run)"
     text = report.markdown(results, machine, settings, note)
-    (out / "benchmarks.md").write_text(text)
+    old = (out / "benchmarks.md").read_text() if (out / "benchmarks.md").exists() else ""
+    kept = report.marked_sections(old)  # the other benchmarks' sections (generation, large, eager, compile, ...)
+    (out / "benchmarks.md").write_text("\n\n".join([text.rstrip(), *kept]) + "\n")
     (args.work / "results.json").write_text(json.dumps(results))
     report.plot(results, out / "benchmarks.png")
     print(text)
