@@ -63,6 +63,12 @@ class Progress:
             click.echo(f" {time.perf_counter() - self.start:.2f}s", err=True)
         self.start = None
 
+    def bytes_written(self, written: int, total: int) -> None:
+        """How far a long write is, redrawn in place on a terminal; a log gets the step's time only."""
+        if self.quiet or self.start is None or not click.get_text_stream("stderr").isatty():
+            return
+        click.echo(f"\r{self.label} ... {written / 1e9:.2f} / {total / 1e9:.2f} GB", err=True, nl=False)
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="torch2jax-aot", prog_name="torch2jax")
@@ -277,7 +283,8 @@ def _save_generator(generator, out, force, platforms, target, check, progress, n
     from torch2jax.serve.artifact import save_generator
 
     platform_list = [p.strip() for p in platforms.split(",") if p.strip()]
-    save_generator(generator, out, force=force, platforms=platform_list, source=target, check=check)
+    save_generator(generator, out, force=force, platforms=platform_list, source=target, check=check,
+                   on_bytes=progress.bytes_written)
     progress.done()
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     click.echo(f"wrote {out} ({size / 1e6:.2f} MB{note}) {generator}")

@@ -54,3 +54,33 @@ def test_streamed_save_keeps_one_batch_in_memory(tmp_path):
     loaded = torch2jax.runtime.artifact._restore_params(tmp_path / "params", {"params": {"tree": {
         f"p{i}.w{j}": {"dtype": "int32", "shape": [2048, 4096]} for i in range(4) for j in range(2)}}})
     assert int(loaded["p1.w1"][0, 5]) == 6
+
+
+def test_streamed_save_reports_bytes_after_each_batch(tmp_path):
+    import numpy as np
+
+    from torch2jax.runtime import artifact
+    from torch2jax.runtime.deferred import DeferredArray
+
+    params = {f"w{i}": DeferredArray((256,), np.float32, lambda i=i: np.full(256, i, np.float32)) for i in range(4)}
+    seen = []
+    artifact._save_streamed_params(params, tmp_path / "params", 2048, on_bytes=lambda done, total: seen.append((done, total)))
+    assert seen == [(2048, 4096), (4096, 4096)]  # two params (1 KiB each) per 2 KiB batch
+
+
+def test_cli_progress_redraws_bytes_on_a_terminal_only(monkeypatch, capsys):
+    import click
+
+    from cli.main import Progress
+
+    class Terminal:
+        def isatty(self) -> bool:
+            return True
+
+    progress = Progress(quiet=False)
+    progress("save", "stream 4.00 GB of weights")
+    progress.bytes_written(2 * 10**9, 4 * 10**9)
+    assert capsys.readouterr().err == "[save] stream 4.00 GB of weights ..."  # a log: no redraws
+    monkeypatch.setattr(click, "get_text_stream", lambda name: Terminal())
+    progress.bytes_written(2 * 10**9, 4 * 10**9)
+    assert capsys.readouterr().err == "\r[save] stream 4.00 GB of weights ... 2.00 / 4.00 GB"

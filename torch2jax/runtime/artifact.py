@@ -88,11 +88,13 @@ def save_entries(
     vjp_order: int = 1,
     source: str | None = None,
     check: Callable[[Path], None] | None = None,
+    on_bytes: Callable[[int, int], None] | None = None,
 ) -> Path:
     """Write several entry points over one params tree (e.g. prefill and decode) as one artifact.
 
     Each entry's Exported and graph go to `entries/<name>/`; the params once; `files` (relative
     name -> source path, e.g. a tokenizer) are copied in; `extra` is merged into the manifest.
+    `on_bytes(written, total)` is called after each batch of streamed weights (progress on long saves).
     """
     names = list(models)
     params = models[names[0]].params
@@ -112,7 +114,7 @@ def save_entries(
         for rel, src in (files or {}).items():
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, tmp / rel)
-        _save_params(params, tmp / PARAMS)
+        _save_params(params, tmp / PARAMS, on_bytes)
         first = entries[names[0]]
         manifest = {key: first[key] for key in ("format", "created", "versions", "source", "x64", "platforms", "params")}
         manifest["format_version"] = ENTRIES_FORMAT_VERSION
@@ -354,11 +356,11 @@ class _DropLogRecords(logging.Filter):
         return self.text not in record.getMessage()
 
 
-def _save_params(params: dict, path: Path) -> None:
+def _save_params(params: dict, path: Path, on_bytes: Callable[[int, int], None] | None = None) -> None:
     if not params:
         return  # a model without weights: nothing to checkpoint (Orbax rejects empty trees)
     if any(is_deferred(value) for value in params.values()):
-        _save_streamed_params(params, path)
+        _save_streamed_params(params, path, on_bytes=on_bytes)
         return
     import orbax.checkpoint as ocp
 
@@ -390,9 +392,11 @@ def _save_params(params: dict, path: Path) -> None:
 STREAM_BATCH_BYTES = 128 << 20
 
 
-def _save_streamed_params(params: dict, path: Path, batch_bytes: int | None = None) -> None:
+def _save_streamed_params(params: dict, path: Path, batch_bytes: int | None = None,
+                          on_bytes: Callable[[int, int], None] | None = None) -> None:
     """Write params whose values are read on demand (DeferredArray) in batches of at most `batch_bytes`
     (a larger single param is a batch of its own), with Orbax's partial save: only one batch is in memory.
+    `on_bytes(written, total)` is called after each batch.
 
     The result is the same checkpoint layout `_save_params` writes (one chunked zarr array per param,
     no OCDBT), so `load` reads both alike. Orbax's partial save nests the tree in a `state/` item; it is
@@ -412,6 +416,7 @@ def _save_streamed_params(params: dict, path: Path, batch_bytes: int | None = No
     quiet = _DropLogRecords("Skipping merge of OCDBT checkpoints")
     absl_log = logging.getLogger("absl")
     absl_log.addFilter(quiet)
+    total, written = sum(_nbytes(value) for value in params.values()), 0
     try:
         with context:
             for batch in _batches(params, batch_bytes or STREAM_BATCH_BYTES):
@@ -419,6 +424,9 @@ def _save_streamed_params(params: dict, path: Path, batch_bytes: int | None = No
                 partial.save(staging.resolve(), arrays)
                 del arrays
                 _return_freed_memory()
+                written += sum(_nbytes(value) for value in batch.values())
+                if on_bytes is not None:
+                    on_bytes(written, total)
             partial.finalize(staging.resolve())
         os.rename(staging / "state", path)
     except Torch2JaxError:
@@ -449,7 +457,7 @@ def _batches(params: dict, batch_bytes: int):
     batch: dict = {}
     size = 0
     for name, value in params.items():
-        nbytes = int(np.prod(value.shape)) * np.dtype(value.dtype).itemsize
+        nbytes = _nbytes(value)
         if batch and size + nbytes > batch_bytes:
             yield batch
             batch, size = {}, 0
@@ -457,6 +465,10 @@ def _batches(params: dict, batch_bytes: int):
         size += nbytes
     if batch:
         yield batch
+
+
+def _nbytes(value: Any) -> int:
+    return int(np.prod(value.shape)) * np.dtype(value.dtype).itemsize
 
 
 def param_tree(manifest: dict) -> dict[str, tuple[tuple[int, ...], str]]:

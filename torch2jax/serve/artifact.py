@@ -27,13 +27,15 @@ def save_generator(
     platforms: Sequence[str] = stablehlo.DEFAULT_PLATFORMS,
     source: str | None = None,
     check: Callable[[Path], None] | None = None,
+    on_bytes: Callable[[int, int], None] | None = None,
 ) -> Path:
-    """Write `generator` atomically; its state (KV cache, cross-attention keys/values) is described, never saved."""
+    """Write `generator` atomically; its state (KV cache, cross-attention keys/values) is described, never saved.
+    `on_bytes(written, total)` reports streamed weights as they are written."""
     files = {f"{TOKENIZER}/{name}": src for name, src in generator.tokenizer_files.items()}
     extra = {"task": generator.TASK, "generation": generator.spec.to_json(), "tokenizer": sorted(generator.tokenizer_files)}
     # vjp_order=0: the steps are for serving; differentiating through a KV-cache update is not a use case
     return artifact.save_entries(generator.entries(), path, extra=extra, files=files, force=force, platforms=platforms,
-                                 vjp_order=0, source=source, check=check)
+                                 vjp_order=0, source=source, check=check, on_bytes=on_bytes)
 
 
 def load_generator(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bool = True,
