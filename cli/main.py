@@ -223,7 +223,8 @@ def _convert(data, target, out, inputs, weights, platforms, force, no_verify, tr
     progress("save", f"write {out}")
     start = time.perf_counter()
     try:
-        artifact.save(model, out, force=force, source=target, exported=exported, check=verify_artifact)
+        artifact.save(model, out, force=force, source=target, exported=exported, check=verify_artifact,
+                      on_bytes=progress.bytes_written)
     finally:
         progress.done()
         # verification runs inside the save (before the rename); count it once, under its own name

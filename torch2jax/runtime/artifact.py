@@ -56,12 +56,14 @@ def save(
     source: str | None = None,
     exported: Any = None,
     check: Callable[[Path], None] | None = None,
+    on_bytes: Callable[[int, int], None] | None = None,
 ) -> Path:
     """Write `model` as an artifact directory at `path`, atomically.
 
     Refuses to replace an existing path unless `force=True`. Everything is written to a
     temporary sibling first and renamed into place only once complete and checked;
     `check(tmp_dir)` may inspect the finished artifact first (e.g. verify it) and raise to abort.
+    `on_bytes(written, total)` is called after each batch of streamed weights.
     """
 
     def write(tmp: Path) -> dict:
@@ -71,7 +73,7 @@ def save(
         serialized, order = _serialize(exported, vjp_order)
         (tmp / EXPORTED).write_bytes(serialized)
         (tmp / GRAPH).write_text(model.graph.dumps())
-        _save_params(model.params, tmp / PARAMS)
+        _save_params(model.params, tmp / PARAMS, on_bytes)
         return _manifest(model, exported, order, source)
 
     return write_atomically(path, write, force=force, check=check)
