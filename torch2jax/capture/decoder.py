@@ -246,7 +246,6 @@ def capture_step(lm: torch.nn.Module, layout: CacheLayout, max_batch: int, timer
     so with `repeat` a deep stack of alike layers (or of alike blocks, where layer kinds alternate) is traced at 3
     and 4 units and the middle unit's graph repeated for the rest (capture/repeat.py); where that cannot be shown
     right, every layer is traced and the progress line says why. `repeat` as in convert_causal_lm."""
-    from .converter import trace
     from .repeat import NotRepeatable
 
     what = ""
@@ -256,11 +255,16 @@ def capture_step(lm: torch.nn.Module, layout: CacheLayout, max_batch: int, timer
             return _capture_repeated(lm, layout, max_batch, timer, min_units)
         except NotRepeatable as why:
             what = f" of all {layout.layers} layers ({why})"
-    step = DecoderStep(lm, layout).eval()
+    return _trace_step(lm, layout, max_batch, timer, what)[0]
+
+
+def _trace_step(lm: torch.nn.Module, layout: CacheLayout, max_batch: int, timer: Any, what: str) -> tuple:
+    """(Captured, ExportedProgram) of the step over `layout`'s layers."""
+    from .converter import trace
+
     batch = min(max_batch, 2)  # traced at 2 where the batch is symbolic: torch.export specializes a dim of 1
-    captured, _ = trace(step, example_step_inputs(layout, batch, 3), None, step_dynamic_shapes(layout, max_batch), timer,
-                        what=what)
-    return captured
+    return trace(DecoderStep(lm, layout).eval(), example_step_inputs(layout, batch, 3), None,
+                 step_dynamic_shapes(layout, max_batch), timer, what=what)
 
 
 def repeat_slice(lm: torch.nn.Module) -> int | None:
@@ -290,7 +294,6 @@ def repeat_unit(lm: torch.nn.Module, layers: int, min_units: int) -> tuple[str, 
 
 
 def _capture_repeated(lm: torch.nn.Module, layout: CacheLayout, max_batch: int, timer: Any, min_units: int):
-    from .converter import trace
     from .fx import Captured, state_tensors
     from .repeat import TRACED_UNITS, NotRepeatable, cut_to, first_difference, layer_of_inputs, layer_of_nodes, repeat_layers
 
@@ -299,13 +302,11 @@ def _capture_repeated(lm: torch.nn.Module, layout: CacheLayout, max_batch: int, 
     if any(layout.key_shapes[i] != layout.key_shapes[i % size] or layout.value_shapes[i] != layout.value_shapes[i % size]
            for i in range(layers)):
         raise NotRepeatable("the layers' caches differ in shape")
-    batch = min(max_batch, 2)
     traced = {}
     for units in (TRACED_UNITS, TRACED_UNITS + 1):
-        cut = _cut_layout(layout, units * size)
         with cut_to(lm, stack, units * size):
-            captured, ep = trace(DecoderStep(lm, cut).eval(), example_step_inputs(cut, batch, 3), None,
-                                 step_dynamic_shapes(cut, max_batch), timer, what=f" of {units * size} of the {layers} layers")
+            captured, ep = _trace_step(lm, _cut_layout(layout, units * size), max_batch, timer,
+                                       f" of {units * size} of the {layers} layers")
         layer_of = layer_of_nodes(ep.graph_module, stack) | layer_of_inputs(captured.graph, stack, _cache_layer)
         traced[units] = captured, ep, {name: layer // size for name, layer in layer_of.items()}
     captured, ep, unit_of = traced[TRACED_UNITS]

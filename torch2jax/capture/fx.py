@@ -51,7 +51,7 @@ def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str]) -> C
     graph.in_spec = treespec_to_json(call_spec.in_spec)
     graph.out_spec = treespec_to_json(call_spec.out_spec)
     graph.symbols = _symbol_ranges(ep, symbol_names)
-    tensors, graph.aliases = _state_tensors(ep, graph)
+    tensors, graph.aliases = state_tensors(graph, ep.state_dict, ep.constants)
     return Captured(graph, tensors, capturer.schemas)
 
 
@@ -342,10 +342,6 @@ def _finite_int(bound: Any) -> int | None:
     except (TypeError, ValueError, OverflowError, AttributeError):
         return None
     return value if abs(value) < 2**62 else None
-
-
-def _state_tensors(ep: torch.export.ExportedProgram, graph: Graph) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    return state_tensors(graph, ep.state_dict, ep.constants)
 
 
 def state_tensors(graph: Graph, state: dict[str, torch.Tensor],

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..ir.graph import Graph, GraphInput, GraphOutput, Node
+from ..ir.graph import Graph, GraphInput, GraphOutput, Node, iter_refs
 
 TRACED_UNITS = 3  # first, middle (the one repeated), last: a unit is a layer, or a block of alternating layers
 
@@ -155,8 +155,7 @@ def one_node_per_size(graph: Graph) -> Graph:
     def ref(r: str) -> str:
         return same.get(r, r)
 
-    nodes = [Node(n.name, n.op, _rewrite(n.args, ref), _rewrite(n.kwargs, ref), n.meta, n.source)
-             for n in graph.nodes if n.name not in same]
+    nodes = [_reading(n, ref) for n in graph.nodes if n.name not in same]
     outputs = [GraphOutput(o.kind, _rewrite(o.value, ref), o.target) for o in graph.outputs]
     return dataclasses.replace(graph, nodes=nodes, outputs=outputs)
 
@@ -167,7 +166,7 @@ def _hoist_shared_scalars(graph: Graph, layer_of: dict[str, int]) -> dict[str, i
     layer_of = dict(layer_of)
     for node in graph.nodes:
         is_scalar = isinstance(node.meta, dict) and "sym" in node.meta
-        if node.name in layer_of and is_scalar and not any(r in layer_of for r in _refs([node.args, node.kwargs])):
+        if node.name in layer_of and is_scalar and not any(r in layer_of for r in iter_refs([node.args, node.kwargs])):
             del layer_of[node.name]
     return layer_of
 
@@ -193,13 +192,13 @@ def _after_layers(graph: Graph, layer_of: dict[str, int]) -> set[str]:
     for node in graph.nodes:
         if node.name in layer_of or node.op in SIZE_READS:
             continue
-        if any(r in layer_of or r in after for r in _refs([node.args, node.kwargs])):
+        if any(r in layer_of or r in after for r in iter_refs([node.args, node.kwargs])):
             after.add(node.name)
     return after
 
 
 def _output_layer(out: GraphOutput, layer_of: dict[str, int]) -> int | None:
-    layers = {layer_of[r] for r in _refs(out.value) if r in layer_of}
+    layers = {layer_of[r] for r in iter_refs(out.value) if r in layer_of}
     return layers.pop() if len(layers) == 1 else None
 
 
@@ -207,8 +206,12 @@ def _rewrite_node(node: Node, source: int | None, layer: int | None, resolve, na
     def ref(r: str) -> str:
         return resolve(r, source, layer, node.op in SIZE_READS)
 
-    name = node.name if source is None else name_in(node.name, layer)
-    return Node(name, node.op, _rewrite(node.args, ref), _rewrite(node.kwargs, ref), node.meta, node.source)
+    return _reading(node, ref, node.name if source is None else name_in(node.name, layer))
+
+
+def _reading(node: Node, ref: Callable[[str], str], name: str | None = None) -> Node:
+    """The node (renamed to `name`) reading `ref(r)` wherever it read r."""
+    return Node(name or node.name, node.op, _rewrite(node.args, ref), _rewrite(node.kwargs, ref), node.meta, node.source)
 
 
 def _rewrite(value: Any, ref: Callable[[str], str]) -> Any:
@@ -219,18 +222,6 @@ def _rewrite(value: Any, ref: Callable[[str], str]) -> Any:
     if isinstance(value, list):
         return [_rewrite(v, ref) for v in value]
     return value
-
-
-def _refs(value: Any) -> Iterator[str]:
-    if isinstance(value, dict):
-        if set(value) == {"ref"}:
-            yield value["ref"]
-        else:
-            for v in value.values():
-                yield from _refs(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _refs(v)
 
 
 def first_difference(a: Graph, b: Graph) -> str | None:
