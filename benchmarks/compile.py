@@ -39,7 +39,7 @@ def measure(calls: dict[str, Callable[[], object]], rounds: int, per_round: int,
 def _compiled(module, backend: str):
     import torch
 
-    from torch2jax.eager.compile import backend as torch2jax_backend
+    from torch2jax.eager.dynamo_backend import backend as torch2jax_backend
 
     return torch.compile(module, backend=torch2jax_backend if backend == "torch2jax" else backend)
 

@@ -36,8 +36,8 @@ def write_checkpoint(directory: Path, shape: dict, layers: int) -> int:
     import torch
     import transformers
 
+    from torch2jax.capture.checkpoint_files import write_streamed
     from torch2jax.capture.fake_params import fake_parameters
-    from torch2jax.capture.safetensors_files import write_streamed
 
     config = transformers.LlamaConfig(**shape, num_hidden_layers=layers, max_position_embeddings=4096, dtype="bfloat16",
                                       architectures=["LlamaForCausalLM"])
@@ -102,18 +102,19 @@ def write_once(directory: Path, nbytes: int) -> float:
 
 def child(directory: str, out: str, verify: bool) -> None:
     """Run the CLI's convert in this process; print peak RSS and the time spent streaming the weights."""
-    from cli.main import main
-    from torch2jax.runtime import artifact
+    from torch2jax.cli.main import main
+
+    from torch2jax.runtime import checkpoint
 
     streamed = {}
-    save = artifact._save_streamed_params
+    save = checkpoint.save_streamed_params
 
     def timed(*args, **kwargs):
         start = time.perf_counter()
         save(*args, **kwargs)
         streamed["s"] = time.perf_counter() - start
 
-    artifact._save_streamed_params = timed
+    checkpoint.save_streamed_params = timed
     start = time.perf_counter()
     args = ["convert", f"hf:{directory}", "--out", out, "--max-cache-len", "64", "--max-batch", "2", "--platforms", "cpu", "-q"]
     try:

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from torch2jax.errors import ArtifactError, GraphFormatError, InputSpecError
-from torch2jax.ir import specs
+from torch2jax.ir import input_specs as specs
 from torch2jax.ir.graph import Graph
 from torch2jax.runtime import artifact
 

@@ -1,14 +1,19 @@
-"""The package layout's rules, checked on every module's imports.
+"""The package layout's rules, checked on every module's imports (function-level ones included).
 
 The torch-free folders (ir, ops, lowering, runtime, serve) never import torch, not even inside a
-function, and never reach into the torch side (capture, diagnose) or the CLI. Within the
-torch-free side data flows one way, ir <- ops <- lowering <- runtime <- serve: a folder imports only the
-ones before it (and errors.py, which both halves share).
+function, and never reach into the torch side or the CLI. Within the torch-free side data flows one
+way, ir <- ops <- lowering <- runtime <- serve: a folder imports only the ones before it (and
+errors.py, which both halves share). The torch side goes one way too: capture (generic torch.export
+and capture) <- diagnose <- hf (everything that knows transformers) <- pipeline (a target to a checked
+artifact); eager (the jax device, the dynamo backend) builds on capture alone. Nothing in the package
+imports the CLI (cli/, installed as torch2jax.cli), which may import any of it. No module imports
+another in a circle.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,8 +30,18 @@ TORCH_FREE = {
     "runtime": {"ir", "ops", "lowering", "runtime"},
     "serve": {"ir", "ops", "lowering", "runtime", "serve"},
 }
+TORCH_FREE_SIDE = set(TORCH_FREE)
+# torch-side folder -> the torch2jax folders it may import (besides the torch-free side)
+TORCH_SIDE = {
+    "capture": {"capture"},
+    "diagnose": {"capture", "diagnose"},
+    "eager": {"capture", "eager"},
+    "hf": {"capture", "diagnose", "hf"},
+    "pipeline": {"capture", "diagnose", "hf", "pipeline"},
+}
 SHARED = {"errors"}
 TOP_LEVEL = {"__init__.py", "__main__.py", "errors.py"}
+CLI = PACKAGE.parent / "cli"
 
 
 def module_name(path: Path) -> str:
@@ -62,7 +77,7 @@ def violations(source: str, path: Path, allowed: set[str], top_level_only: bool 
         where = f"{path.relative_to(PACKAGE.parent)}:{line}"
         if parts[0] == "torch":
             found.append(f"{where} imports {imported}: this module must work without torch")
-        elif parts[0] == "cli":
+        elif parts[0] == "cli" or parts[:2] == ["torch2jax", "cli"]:
             found.append(f"{where} imports the CLI ({imported})")
         elif parts[0] == "torch2jax" and len(parts) > 1 and parts[1] not in allowed | SHARED:
             found.append(f"{where} imports {imported}: allowed here are {sorted(allowed | SHARED)}")
@@ -75,10 +90,117 @@ def torch_free_modules() -> list[Path]:
     return [path for folder in TORCH_FREE for path in sorted((PACKAGE / folder).rglob("*.py"))]
 
 
+def torch_side_modules() -> list[Path]:
+    return [path for folder in TORCH_SIDE for path in sorted((PACKAGE / folder).rglob("*.py"))]
+
+
+def torch_side_violations(source: str, path: Path, allowed: set[str]) -> list[str]:
+    """`violations` for a torch-side module: torch is fine, the package's folders as `allowed` says."""
+    return [v for v in violations(source, path, allowed | TORCH_FREE_SIDE) if "this module must work without torch" not in v]
+
+
 @pytest.mark.parametrize("path", torch_free_modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_torch_free_module_imports_no_torch_and_only_earlier_stages(path):
     folder = path.relative_to(PACKAGE).parts[0]
     assert not violations(path.read_text(), path, TORCH_FREE[folder])
+
+
+@pytest.mark.parametrize("path", torch_side_modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_torch_side_module_imports_only_earlier_folders(path):
+    folder = path.relative_to(PACKAGE).parts[0]
+    assert not torch_side_violations(path.read_text(), path, TORCH_SIDE[folder])
+
+
+def test_every_folder_has_a_rule_and_is_installed():
+    """A new room needs its rule here and its entry in pyproject.toml's package list."""
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    assert folders == set(TORCH_FREE) | set(TORCH_SIDE)
+    packages = set(re.findall(r'"(torch2jax(?:\.\w+)?)"', (PACKAGE.parent / "pyproject.toml").read_text()))
+    assert packages == {"torch2jax", "torch2jax.cli"} | {f"torch2jax.{name}" for name in folders}
+
+
+def import_graph(paths: list[Path]) -> dict[str, set[str]]:
+    """module -> the package modules it imports (function-level imports included); `from . import x` is an edge to
+    the module x, not to the package."""
+    modules = {module_name(path): path for path in paths}
+    graph = {}
+    for name, path in modules.items():
+        found = set()
+        for _, imported in imports(path.read_text(), name, path.name == "__init__.py"):
+            if imported in modules and imported != name:
+                found.add(imported)
+        graph[name] = found
+    for name, edges in graph.items():  # `from pkg import sub`: both pkg and pkg.sub were yielded; keep the module
+        graph[name] = {e for e in edges if not any(other.startswith(e + ".") for other in edges)}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of `graph` (strongly connected groups of more than one module), each sorted."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle_in_the_package():
+    assert circles(import_graph(sorted(PACKAGE.rglob("*.py")))) == []
+
+
+def test_the_circle_check_finds_one():
+    graph = import_graph(sorted(PACKAGE.rglob("*.py")))
+    graph["torch2jax.capture.converter"].add("torch2jax.hf.convert")  # capture reaching back into the hf room
+    assert any({"torch2jax.capture.converter", "torch2jax.hf.convert"} <= set(group) for group in circles(graph))
+
+
+@pytest.mark.parametrize(
+    "folder, added, message",
+    [
+        ("capture", "from ..hf import convert\n", "imports torch2jax.hf"),
+        ("capture", "from ..pipeline import convert_target\n", "imports torch2jax.pipeline"),
+        ("diagnose", "from ..hf.verify import check_generation\n", "imports torch2jax.hf"),
+        ("hf", "from ..pipeline.targets import resolve_target\n", "imports torch2jax.pipeline"),
+        ("hf", "from ..eager import enable\n", "imports torch2jax.eager"),
+        ("eager", "from ..hf.directory import model_dir\n", "imports torch2jax.hf"),
+        ("pipeline", "from torch2jax.cli.main import main\n", "imports the CLI"),
+    ],
+)
+def test_the_torch_side_rule_fails_when_a_folder_imports_a_later_one(folder, added, message):
+    path = next((PACKAGE / folder).glob("*.py"))
+    broken = path.read_text() + "\n" + added
+    assert any(message in v for v in torch_side_violations(broken, path, TORCH_SIDE[folder])), added
+
+
+def test_the_cli_imports_only_the_library_and_itself():
+    for path in sorted(CLI.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("cli"):
+                pytest.fail(f"{path.name}:{node.lineno} imports {node.module}: inside the CLI use relative imports "
+                            "(it installs as torch2jax.cli)")
 
 
 def test_package_root_imports_only_the_torch_free_side_at_import_time():
@@ -100,7 +222,7 @@ def test_no_module_left_at_the_top_level():
         ("from ..capture import exporter\n", "imports torch2jax.capture"),
         ("from .. import diagnose\n", "imports torch2jax.diagnose"),
         ("from ..diagnose.verify import check\n", "imports torch2jax.diagnose.verify"),
-        ("import cli.main\n", "imports the CLI"),
+        ("import torch2jax.cli.main\n", "imports the CLI"),
     ],
 )
 def test_the_rule_fails_when_runtime_artifact_imports_the_torch_side(added, message):

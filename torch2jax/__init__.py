@@ -4,11 +4,16 @@
     torch2jax.save(jm, "out_dir")
     m = torch2jax.load("out_dir")                    # needs no torch
 
-Importing torch2jax never imports torch; `convert` does, when called.
+Importing torch2jax never imports torch; the functions that convert do, when called. What
+`torch2jax convert` does as one checked step (resolve a target, convert, verify, save) is
+`torch2jax.pipeline.convert_target`.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from .errors import (
@@ -23,73 +28,95 @@ from .errors import (
     VerificationError,
 )
 from .ops import register_lowering
-from .runtime import artifact as _artifact
 from .runtime.model import Model
+from .runtime.stablehlo import DEFAULT_PLATFORMS
+from .serve import artifacts as _artifacts
 from .serve.generator import Generator
-from .serve.loop import TokenLoop
 from .serve.seq2seq import Seq2SeqGenerator
 
 __version__ = "0.1.0"
 
+ProgressFn = Callable[[str, str], None]  # (stage, message), called as each conversion stage starts
 
-def convert(module: Any, args: Any = (), kwargs: dict | None = None, dynamic_shapes: Any = None, **options: Any) -> Model:
-    """Convert a torch.nn.Module to a JAX `Model` (see torch2jax.capture.converter.convert for options)."""
+
+def convert(module: Any, args: Any = (), kwargs: dict | None = None, dynamic_shapes: Any = None, *, strict: bool = False,
+            dtype: str | Any = None, progress: ProgressFn | None = None) -> Model:
+    """Convert a torch.nn.Module to a JAX `Model`, tracing it on example inputs (needs torch).
+
+    Args:
+      module: the module, exported in the mode it is in: call `module.eval()` first for inference.
+      args: example positional inputs (a tensor or a tuple of them).
+      kwargs: example keyword inputs.
+      dynamic_shapes: torch.export's form, or a plain one such as `{"x": {0: "batch"}}` (dims named alike are one
+        symbol; a dict `{"name": "batch", "min": 1, "max": 64}` bounds one).
+      strict: torch.export's strict mode (default: non-strict).
+      dtype: e.g. "bfloat16": converts a copy of the module and its floating inputs first, as `module.to(dtype)`.
+      progress: called with (stage, message) as each stage starts.
+    """
     from .capture.converter import convert as _convert  # imports torch, only now
 
-    return _convert(module, args, kwargs, dynamic_shapes, **options)
+    return _convert(module, args, kwargs, dynamic_shapes, strict=strict, dtype=dtype, progress=progress)
 
 
 def convert_hf(source: Any, *, task: str | None = None, max_cache_len: int = 512, max_batch: int = 8,
-               dtype: str | None = None, **options: Any) -> Generator | Seq2SeqGenerator:
-    """A Hugging Face model (a local `save_pretrained` directory, or the model object) -> a `Generator` (causal LM,
-    torch-free prefill/decode) or a `Seq2SeqGenerator` (encoder-decoder, text2text-generation: encode/decode; takes
-    max_source_len=), each with `generate` (see torch2jax.capture.hf.convert_hf)."""
-    from .capture.hf import convert_hf as _convert_hf  # imports torch and transformers, only now
+               max_source_len: int = 512, dtype: str | None = None, stream_weights: bool = False, repeat_layers: bool = True,
+               progress: ProgressFn | None = None) -> Generator | Seq2SeqGenerator:
+    """A Hugging Face model (a local `save_pretrained` directory, or the model object) -> a torch-free `Generator`
+    (causal LM: prefill/decode) or `Seq2SeqGenerator` (encoder-decoder: encode/decode), each with `generate`.
 
-    return _convert_hf(source, task=task, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, **options)
-
-
-def save(model: Model | TokenLoop, path: Any, **options: Any) -> Any:
-    """Write a `Model`, `Generator` or `Seq2SeqGenerator` as an artifact directory, atomically (see docs/format.md)."""
-    if isinstance(model, TokenLoop):
-        from .serve.artifact import save_generator
-
-        return save_generator(model, path, **options)
-    return _artifact.save(model, path, **options)
-
-
-def load(path: Any, *, from_graph: bool = False, verify_hashes: bool = True, mesh: Any = None,
-         sharding: Any = "auto") -> Model | Generator | Seq2SeqGenerator:
-    """Load an artifact without torch: a `Model`, a `Generator` for a text-generation artifact, or a
-    `Seq2SeqGenerator` for a text2text-generation one.
-
-    Checks the format version and every file's sha256; `from_graph=True` rebuilds the functions from the
-    portable graph instead of deserializing the StableHLO (see docs/api.md). With a `jax.sharding.Mesh`,
-    each param is restored straight onto its devices as `sharding` says ("auto", "replicated", or
-    {name pattern: PartitionSpec}; see torch2jax.serve.sharding) and calls put the batch on the `data` axis.
+    Args:
+      source: a model directory (a path, or "hf:DIR"; nothing is downloaded), or a transformers model.
+      task: "text-generation" or "text2text-generation"; default: what the config's `architectures` implies.
+      max_cache_len: KV cache slots (prompt + new tokens); for an encoder-decoder, the most new tokens.
+      max_batch: the most prompts per `generate` call.
+      max_source_len: encoder-decoders: the longest source, in tokens.
+      dtype: e.g. "bfloat16": params and computation in that precision.
+      stream_weights: (a directory's causal LM) read each weight from the safetensors files only when saving.
+      repeat_layers: False traces every decoder layer instead of repeating a middle one of an alike stack.
+      progress: called with (stage, message) as each stage starts.
     """
-    if mesh is None and not (isinstance(sharding, str) and sharding == "auto"):
-        raise ShardingError("sharding= needs mesh=: torch2jax.load(path, mesh=jax.make_mesh(...), sharding=...)")
-    root, manifest = _artifact.open_artifact(path, verify_hashes=False)  # the loaders below check every hash
-    plan = None
-    if mesh is not None:
-        from .serve import sharding as _sharding
+    from .hf.convert import convert_hf as _convert_hf  # imports torch and transformers, only now
 
-        hints = manifest["params"].get("sharding_hints")
-        plan = _sharding.plan(_artifact.param_tree(manifest), _sharding.auto_mesh(mesh), sharding,
-                              hints if isinstance(hints, dict) else None)
-    if manifest.get("task") in (Generator.TASK, Seq2SeqGenerator.TASK):
-        from .serve.artifact import load_generator
+    return _convert_hf(source, task=task, max_cache_len=max_cache_len, max_batch=max_batch, max_source_len=max_source_len,
+                       dtype=dtype, stream_weights=stream_weights, repeat_layers=repeat_layers, progress=progress)
 
-        return load_generator(root, from_graph=from_graph, verify_hashes=verify_hashes, plan=plan)
-    model = _artifact.load(root, from_graph=from_graph, verify_hashes=verify_hashes,
-                           shardings=plan.shardings() if plan else None)
-    model.sharding = plan
-    return model
+
+def save(model: Model | Generator | Seq2SeqGenerator, path: str | os.PathLike, *, force: bool = False,
+         platforms: Sequence[str] = DEFAULT_PLATFORMS, vjp_order: int = 1, source: str | None = None,
+         check: Callable[[Path], None] | None = None, on_bytes: Callable[[int, int], None] | None = None) -> Path:
+    """Write a `Model`, `Generator` or `Seq2SeqGenerator` as an artifact directory, atomically (see docs/format.md).
+
+    Args:
+      model: what to write.
+      path: the directory; written to a temporary sibling first and renamed into place once complete.
+      force: replace an existing directory (otherwise an existing path is an error).
+      platforms: jax.export platforms of the StableHLO.
+      vjp_order: how many orders of derivatives the exported function carries (models; generators have none).
+      source: recorded in the manifest as where the model came from.
+      check: called with the finished temporary directory before the rename; raising aborts the save.
+      on_bytes: called with (written, total) bytes while streamed weights are written.
+    """
+    return _artifacts.save(model, path, force=force, platforms=platforms, vjp_order=vjp_order, source=source, check=check,
+                           on_bytes=on_bytes)
+
+
+def load(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bool = True, mesh: Any = None,
+         sharding: str | Mapping[str, Any] = "auto") -> Model | Generator | Seq2SeqGenerator:
+    """Load an artifact without torch: a `Model`, or the `Generator` / `Seq2SeqGenerator` of a generation artifact.
+
+    Args:
+      path: the artifact directory. Its format version and every file's sha256 are checked.
+      from_graph: rebuild the functions from the portable graph instead of deserializing the StableHLO (see docs/api.md).
+      verify_hashes: check every file's sha256 against the manifest.
+      mesh: a `jax.sharding.Mesh`: each param is restored straight onto its devices, and calls put the batch on the
+        `data` axis.
+      sharding: with `mesh`: "auto", "replicated", or {name pattern: PartitionSpec} (see torch2jax.runtime.sharding).
+    """
+    return _artifacts.load(path, from_graph=from_graph, verify_hashes=verify_hashes, mesh=mesh, sharding=sharding)
 
 
 def load_into_torch(module: Any, model: Model, params: dict | None = None, strict: bool = True) -> Any:
-    """Copy a model's (fine-tuned) params back into the torch module (see converter.load_into_torch)."""
+    """Copy a model's (fine-tuned) params back into the torch module (see capture.converter.load_into_torch)."""
     from .capture.converter import load_into_torch as _load_into_torch  # imports torch, only now
 
     return _load_into_torch(module, model, params, strict)

@@ -1,6 +1,6 @@
 """`python -m torch2jax ...` runs the `torch2jax` command line."""
 
-from cli.main import main
+from torch2jax.cli.main import main
 
 if __name__ == "__main__":
     main(prog_name="torch2jax")

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-
-from cli.main import main
+from torch2jax.cli.main import main
 
 from ..helpers import ROOT, cli
 

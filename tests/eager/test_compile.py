@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
-from torch2jax.eager.compile import backend
+from torch2jax.eager.dynamo_backend import backend
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch._dynamo.utils import counters
 
-from torch2jax.eager.compile import backend
+from torch2jax.eager.dynamo_backend import backend
 
 from ..models.zoo import MODELS
 

@@ -352,7 +352,7 @@ class CompiledOp:
     directly (`_unseeded`)."""
 
     def __init__(self, prepared: Prepared):
-        from torch2jax.eager.compile import backend
+        from torch2jax.eager.dynamo_backend import backend
 
         torch._dynamo.reset()  # one op per compile: dynamo would stop recompiling _OpModule.forward after 8
         self.compiled = torch.compile(prepared.module, backend=backend, fullgraph=True)

@@ -214,3 +214,26 @@ except ImportError:
     result = run_without_torch(code)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "torch blocked; ok" in result.stdout
+
+
+class WithEmptyBuffer(torch.nn.Module):
+    """A zero-size tensor among the params, as torch.export lifts from XLM's attention: Orbax cannot write one."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+        self.register_buffer("nothing", torch.zeros(0, 3))
+
+    def forward(self, x):
+        return torch.cat([self.linear(x), self.nothing.expand(x.shape[0], 0, 3).reshape(x.shape[0], 0)], dim=1) + self.nothing.sum()
+
+
+def test_a_zero_size_param_round_trips(tmp_path):
+    module = WithEmptyBuffer().eval()
+    x = torch.randn(2, 4)
+    jm = torch2jax.convert(module, (x,))
+    assert jm.params["nothing"].shape == (0, 3)
+    out = torch2jax.save(jm, tmp_path / "empty")
+    for loaded in (torch2jax.load(out), torch2jax.load(out, from_graph=True)):
+        assert loaded.params["nothing"].shape == (0, 3) and loaded.params["nothing"].dtype == jnp.float32
+        assert max_err(loaded(x.numpy()), torch_out(module, x)) < 1e-6

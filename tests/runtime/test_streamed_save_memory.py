@@ -16,8 +16,8 @@ PROBE = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     import numpy as np
-    from torch2jax.runtime import artifact
-    from torch2jax.runtime.deferred import DeferredArray
+    from torch2jax.runtime import checkpoint
+    from torch2jax.runtime.checkpoint import DeferredArray
 
     root = Path(sys.argv[1])
     def status(key):
@@ -32,16 +32,16 @@ PROBE = textwrap.dedent("""
     def reader(name):
         return lambda: np.fromfile(files[name], np.int32).reshape(2048, 4096)
     params = {f"p{i}.{name}": DeferredArray((2048, 4096), np.int32, reader(name), name) for i in range(4) for name in files}
-    artifact._save_streamed_params({"warm": DeferredArray((4,), np.int32, lambda: np.zeros(4, np.int32))}, root / "warm")
+    checkpoint.save_streamed_params({"warm": DeferredArray((4,), np.int32, lambda: np.zeros(4, np.int32))}, root / "warm")
     Path("/proc/self/clear_refs").write_text("5")
     before = status("VmRSS")
-    artifact._save_streamed_params(params, root / "params", 16 << 20)
+    checkpoint.save_streamed_params(params, root / "params", 16 << 20)
     print(json.dumps({"growth": status("VmHWM") - before, "weights": sum(p.nbytes for p in params.values())}))
 """)
 
 
 def test_streamed_save_keeps_one_batch_in_memory(tmp_path):
-    import torch2jax
+    from torch2jax.runtime import checkpoint
 
     result = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300,
                             env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"})
@@ -51,27 +51,26 @@ def test_streamed_save_keeps_one_batch_in_memory(tmp_path):
     # every param (32 MB) is a batch of its own: measured ~110 MB (the param read, Orbax's write buffers and what
     # its partial-save calls retain); holding every weight at once would alone be 256 MB, plus the same buffers
     assert measured["growth"] < 0.6 * measured["weights"], measured
-    loaded = torch2jax.runtime.artifact._restore_params(tmp_path / "params", {"params": {"tree": {
-        f"p{i}.w{j}": {"dtype": "int32", "shape": [2048, 4096]} for i in range(4) for j in range(2)}}})
+    loaded = checkpoint.restore_params(tmp_path / "params", {
+        f"p{i}.w{j}": ((2048, 4096), "int32") for i in range(4) for j in range(2)})
     assert int(loaded["p1.w1"][0, 5]) == 6
 
 
 def test_streamed_save_reports_bytes_after_each_batch(tmp_path):
     import numpy as np
 
-    from torch2jax.runtime import artifact
-    from torch2jax.runtime.deferred import DeferredArray
+    from torch2jax.runtime import checkpoint
+    from torch2jax.runtime.checkpoint import DeferredArray
 
     params = {f"w{i}": DeferredArray((256,), np.float32, lambda i=i: np.full(256, i, np.float32)) for i in range(4)}
     seen = []
-    artifact._save_streamed_params(params, tmp_path / "params", 2048, on_bytes=lambda done, total: seen.append((done, total)))
+    checkpoint.save_streamed_params(params, tmp_path / "params", 2048, on_bytes=lambda done, total: seen.append((done, total)))
     assert seen == [(2048, 4096), (4096, 4096)]  # two params (1 KiB each) per 2 KiB batch
 
 
 def test_cli_progress_redraws_bytes_on_a_terminal_only(monkeypatch, capsys):
     import click
-
-    from cli.main import Progress
+    from torch2jax.cli.common import Progress
 
     class Terminal:
         def isatty(self) -> bool:

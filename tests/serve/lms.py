@@ -64,6 +64,6 @@ def load_lm(path: Path, dtype: torch.dtype = torch.float32):
 
 def hf_greedy(lm, ids: torch.Tensor, new: int, mask: torch.Tensor | None = None, eos: int | None = None):
     """transformers' own greedy generate; eos=None generates exactly `new` tokens (no end token)."""
-    from torch2jax.diagnose.generation import transformers_greedy
+    from torch2jax.hf.verify import transformers_greedy
 
     return transformers_greedy(lm, ids.numpy(), new, PAD, None if mask is None else mask.numpy(), eos)

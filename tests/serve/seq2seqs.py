@@ -58,6 +58,6 @@ def load_seq2seq(path: Path, dtype: torch.dtype = torch.float32):
 
 def hf_generate(lm, ids: np.ndarray, new: int, mask: np.ndarray | None = None, eos: int | None = None) -> np.ndarray:
     """transformers' own greedy generate; eos=None generates exactly `new` tokens (no end token)."""
-    from torch2jax.diagnose.generation import transformers_greedy
+    from torch2jax.hf.verify import transformers_greedy
 
     return transformers_greedy(lm, ids, new, PAD, mask, eos)

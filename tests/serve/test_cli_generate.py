@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import torch2jax
-from torch2jax.diagnose.generation import check_generation, verify_generation
 from torch2jax.errors import VerificationError
+from torch2jax.hf.verify import check_generation, verify_generation
 
 from ..helpers import cli
 from .lms import load_lm, write_lm

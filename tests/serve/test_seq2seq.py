@@ -11,8 +11,8 @@ import pytest
 
 import torch2jax
 import torch2jax.serve.sampling
-from torch2jax.diagnose.generation import check_generation, verify_seq2seq
 from torch2jax.errors import InputSpecError, VerificationError
+from torch2jax.hf.verify import check_generation, verify_seq2seq
 from torch2jax.serve.seq2seq import right_pad
 
 from ..helpers import cli, run_without_torch

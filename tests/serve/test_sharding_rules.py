@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 import torch2jax
 from torch2jax.runtime.artifact import param_tree, read_manifest
-from torch2jax.serve.sharding import plan
+from torch2jax.runtime.sharding import plan
 
 TREE = {
     "model.layers.0.self_attn.q_proj.weight": ((64, 64), "float32"),

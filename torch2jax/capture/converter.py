@@ -13,14 +13,13 @@ import torch.utils._pytree as pytree
 
 from ..errors import InputSpecError
 from ..lowering import interpreter, passes
-from ..runtime.deferred import is_deferred
+from ..runtime.checkpoint import is_deferred
 from ..runtime.model import Model
 from . import exporter
 from .fake_params import is_fake
 from .fx import Captured, capture
-from .hf import tp_plan_hints
-from .streaming import WeightSource
 from .torch_arrays import to_jax, to_torch
+from .weight_source import WeightSource
 
 ProgressFn = Callable[[str, str], None]  # (stage, message)
 
@@ -106,6 +105,19 @@ def model_from(captured: Captured, timer: StageTimer, weights: WeightSource | No
     model.sharding_hints = tp_plan_hints(hints_from) if hints_from is not None else {}
     model.timings = timer.timings
     return model
+
+
+def tp_plan_hints(module: Any) -> dict[str, str]:
+    """A module's own tensor-parallel plan, as transformers models declare it (`config.base_model_tp_plan`:
+    {module pattern: style}), with the patterns prefixed by where the base model sits in `module` (e.g. "model.");
+    {} for other modules. Saved in the manifest, it seeds sharding="auto" at load time."""
+    config = getattr(module, "config", None)
+    plan = getattr(config, "base_model_tp_plan", None)
+    if not isinstance(plan, dict):
+        return {}
+    prefix = getattr(module, "base_model_prefix", "")
+    base = f"{prefix}." if prefix and hasattr(module, prefix) else ""
+    return {f"{base}{pattern}": style for pattern, style in plan.items() if isinstance(pattern, str) and isinstance(style, str)}
 
 
 def cast(module: torch.nn.Module, args: tuple, kwargs: dict, dtype: str | torch.dtype) -> tuple[torch.nn.Module, tuple, dict]:

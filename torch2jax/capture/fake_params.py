@@ -2,7 +2,7 @@
 
 Buffers computed at construction (rotary `inv_freq`, masks, position ids) hold values the exported
 graph needs; parameters only need their shape and dtype, their values come from the checkpoint
-files when the artifact is written (capture/streaming.py). Each parameter becomes a FakeTensor that
+files when the artifact is written (capture/weight_source.py). Each parameter becomes a FakeTensor that
 claims device cpu as it is registered: under `torch.device("meta")` or a whole FakeTensorMode the
 buffers would be lost (meta) or fail to mix with real tensors. The real tensor a constructor makes
 first (`torch.empty`) is never written before it is replaced, so its pages are never touched.

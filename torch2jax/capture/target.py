@@ -1,4 +1,4 @@
-"""Resolve a CLI target (`model.py:Model`, `pkg.module:make_model`) to a module and its inputs.
+"""Resolve a model-file target (`model.py:Model`, `pkg.module:make_model`) to a module and its inputs.
 
 Loading a model file runs the user's code: that is the point of it, and the reason errors from
 it are shown with the user's own traceback, not ours.
@@ -21,12 +21,11 @@ import numpy as np
 import torch
 
 from ..errors import InputSpecError, Torch2JaxError
-from ..ir import specs as input_specs
-from . import hf
+from ..ir import input_specs
+from .checkpoint_files import Checkpoint
 from .fake_params import fake_parameters
-from .safetensors_files import Checkpoint
-from .streaming import WeightSource
 from .torch_arrays import to_torch
+from .weight_source import WeightSource
 
 
 @dataclass
@@ -37,25 +36,17 @@ class Target:
     dynamic_shapes: Any
     source: str
     file_module: ModuleType | None  # the model file; None for hf: targets
-    weights: WeightSource | None = None  # streamed weights of a module with fake params (capture/streaming.py)
+    weights: WeightSource | None = None  # streamed weights of a module with fake params (capture/weight_source.py)
 
 
 def resolve(target: str, inputs: list[str], weights: str | None = None, train: bool = False, seed: int = 0,
-            task: str | None = None, stream: bool = False) -> Target:
-    """Build the module named by `target`, load `weights`, and produce example inputs.
+            stream: bool = False) -> Target:
+    """Build the module a model-file target names, load `weights`, and produce example inputs.
 
-    `hf:DIR` targets load a Hugging Face model directory for a forward-pass `task` (capture/hf.py).
-    With `stream`, an hf: target, or a model file with safetensors `weights`, is built with fake parameters and
-    `Target.weights` maps the files' tensors onto them: nothing is read until the artifact is written.
+    With `stream` and safetensors `weights`, the module is built with fake parameters and `Target.weights` maps
+    the files' tensors onto them: nothing is read until the artifact is written. (`hf:DIR` targets are resolved
+    by hf/tasks.py.)
     """
-    if hf.is_hf_target(target):
-        module, args, kwargs, dynamic, source = hf.forward_target(target, task, seed, stream=stream and not weights)
-        if weights:
-            load_weights(module, weights)
-        module.train(train)
-        if inputs:
-            args, kwargs, dynamic = from_specs(module, [input_specs.parse(text) for text in inputs], seed)
-        return Target(module, args, kwargs, dynamic, target, None, source)
     file_module, attr = _import_target(target)
     factory = getattr(file_module, attr, None)
     if factory is None:

@@ -50,8 +50,8 @@ def torch_view(array: Any) -> Any:
 
 
 def jit(model: Any) -> Any:
-    """The model's whole forward as one jax.jit-compiled function over jax tensors (jitted.py)."""
-    from .jitted import jit as _jit
+    """The model's whole forward as one jax.jit-compiled function over jax tensors (module_jit.py)."""
+    from .module_jit import jit as _jit
 
     return _jit(model)
 

@@ -30,7 +30,7 @@ from ..capture.torch_arrays import to_jax, to_torch
 from ..errors import LoweringError
 from ..lowering.interpreter import LoweringContext
 from ..ops import Lowering, lookup, registered
-from . import compiled, data_dependent, rng, storage
+from . import compiled_lowerings, data_dependent, rng, storage
 from .meta import OutSpec, out_spec
 from .tensors import as_array, check_devices, empty, first_dtype, is_jax, scalar_array, scalar_dtype, to_jax_args, wrap
 
@@ -198,7 +198,7 @@ def _lower(lowering: Lowering, spec: OutSpec, args: tuple, kwargs: dict) -> Any:
         if lowering.ctx:
             key, index = rng.next_key()
             return lowering.fn(LoweringContext(spec.node, {}, key, index), *jax_args, **jax_kwargs)
-        return compiled.run(lowering, jax_args, jax_kwargs)
+        return compiled_lowerings.run(lowering, jax_args, jax_kwargs)
     except Exception as err:  # torch's meta kernel accepted the arguments: a lowering's limit or bug
         raise LoweringError(f"the JAX lowering of {lowering.op} failed on the jax device: {type(err).__name__}: {err}") from err
 

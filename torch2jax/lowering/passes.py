@@ -221,7 +221,7 @@ def computed_once(graph: Graph) -> Graph:
     recomputed them per element, 10x the cost of the products themselves (4.7 vs 0.47 ms for four
     8x4x64x64 products). T5's relative position bias, a gather from a (buckets, heads) table, was
     likewise gathered again for every batch element inside each layer's softmax. The op is wrapped
-    in a node whose lowering keeps it out of the consumers (ops/placement.py).
+    in a node whose lowering keeps it out of the consumers (ops/fusion_barrier.py).
     """
     consumers = _consumers(graph)
     metas = _metas(graph)

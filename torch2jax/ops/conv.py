@@ -12,7 +12,7 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from .placement import apart
+from .fusion_barrier import apart
 from .registry import lowers
 
 _LOW = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -158,7 +158,7 @@ def _grouped_taps(x, weight, stride, padding, dilation, groups: int, acc):
     """A grouped conv as a sum, over kernel taps and each group's input channels, of a shifted and
     strided slice of the input channel times that tap's weight for every output channel.
 
-    The sum is written out and computed apart (placement.apart): left to fusion, XLA would compute
+    The sum is written out and computed apart (fusion_barrier.apart): left to fusion, XLA would compute
     it again inside each consumer (a norm's mean, variance and output). Measured on XLA CPU, with a
     LayerNorm after: depthwise 7x7 on 8x32x16x16 2.7 ms as a loop over kernel rows, 0.76 computed
     apart (torch 0.77); 3x3 on 8x64x32x32 6.7 ms fused, 1.5 apart. Fused wins only before a cheap

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .placement import apart
+from .fusion_barrier import apart
 from .registry import lowers
 
 _LOW = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -123,7 +123,7 @@ def _blend_axis(x, taps, axis: int):
 def _blend(x, n, taps_per_dim):
     """Separable interpolation: taps_per_dim[i] is a list of (index array, weight array) for dim i.
 
-    On CPU the blend is computed apart (placement.apart): each output reads several taps, and XLA
+    On CPU the blend is computed apart (fusion_barrier.apart): each output reads several taps, and XLA
     would otherwise fuse x's producer (a norm and an activation, say) into the blend and compute it
     again for every tap."""
 

@@ -10,11 +10,9 @@ Nothing here is pickle or code: loading executes nothing from the artifact.
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import hashlib
 import json
-import logging
 import os
 import shutil
 import uuid
@@ -27,12 +25,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..errors import ArtifactError, GraphFormatError, Torch2JaxError
+from ..errors import ArtifactError, GraphFormatError
 from ..ir import dtypes, structure
 from ..ir.graph import Graph
 from ..lowering import interpreter, passes
 from . import stablehlo
-from .deferred import is_deferred
+from .checkpoint import restore_params, save_params
 from .model import Model
 
 FORMAT = "torch2jax-artifact"
@@ -73,7 +71,7 @@ def save(
         serialized, order = _serialize(exported, vjp_order)
         (tmp / EXPORTED).write_bytes(serialized)
         (tmp / GRAPH).write_text(model.graph.dumps())
-        _save_params(model.params, tmp / PARAMS, on_bytes)
+        save_params(model.params, tmp / PARAMS, on_bytes)
         return _manifest(model, exported, order, source)
 
     return write_atomically(path, write, force=force, check=check)
@@ -116,7 +114,7 @@ def save_entries(
         for rel, src in (files or {}).items():
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, tmp / rel)
-        _save_params(params, tmp / PARAMS, on_bytes)
+        save_params(params, tmp / PARAMS, on_bytes)
         first = entries[names[0]]
         manifest = {key: first[key] for key in ("format", "created", "versions", "source", "x64", "platforms", "params")}
         manifest["format_version"] = ENTRIES_FORMAT_VERSION
@@ -163,7 +161,7 @@ def load(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bo
         raise ArtifactError(
             f"{root} holds entry points ({', '.join(manifest['entries'])}), not one function; load it with torch2jax.load"
         )
-    params = _restore_params(root / PARAMS, manifest, shardings)
+    params = restore_params(root / PARAMS, param_tree(manifest), shardings)
     return _entry(root, root, manifest, params, from_graph)
 
 
@@ -174,7 +172,7 @@ def load_entries(path: str | os.PathLike, *, from_graph: bool = False, verify_ha
     entries = manifest.get("entries")
     if not isinstance(entries, dict) or not entries:
         raise ArtifactError(f"{root} has no entry points; load it with torch2jax.load")
-    params = _restore_params(root / PARAMS, manifest, shardings)
+    params = restore_params(root / PARAMS, param_tree(manifest), shardings)
     models = {}
     for name, entry in entries.items():
         if not isinstance(name, str) or not name.isidentifier():
@@ -344,135 +342,6 @@ def _versions() -> dict:
     return out
 
 
-_CHUNK_BYTES = 8 << 20
-
-
-class _DropLogRecords(logging.Filter):
-    """Drops log records containing `text` (a library's notice that says nothing to our users)."""
-
-    def __init__(self, text: str):
-        super().__init__()
-        self.text = text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in record.getMessage()
-
-
-def _save_params(params: dict, path: Path, on_bytes: Callable[[int, int], None] | None = None) -> None:
-    if not params:
-        return  # a model without weights: nothing to checkpoint (Orbax rejects empty trees)
-    if any(is_deferred(value) for value in params.values()):
-        _save_streamed_params(params, path, on_bytes=on_bytes)
-        return
-    import orbax.checkpoint as ocp
-
-    # One zarr array per param, written in 8 MiB chunks, instead of Orbax's default OCDBT store:
-    # OCDBT holds every compressed chunk in memory until it commits (1x the weights on top of the
-    # params during save), chunked plain zarr streams them (0.2x). Restore reads either layout.
-    handler = ocp.StandardCheckpointHandler(use_ocdbt=False)
-    save_args = {name: ocp.SaveArgs(chunk_byte_size=_CHUNK_BYTES) for name in params}
-    quiet = _DropLogRecords("Skipping merge of OCDBT checkpoints")  # Orbax tries the merge for any layout
-    absl_log = logging.getLogger("absl")
-    absl_log.addFilter(quiet)
-    try:
-        with ocp.AsyncCheckpointer(handler) as checkpointer:
-            checkpointer.save(path.resolve(), args=ocp.args.StandardSave(params, save_args=save_args))
-            checkpointer.wait_until_finished()  # saving is async: a CLI must not exit before it lands
-    except Exception as err:
-        raise ArtifactError(f"saving the params checkpoint failed: {type(err).__name__}: {err}") from err
-    finally:
-        absl_log.removeFilter(quiet)
-    if not path.is_dir() or not any(path.iterdir()):
-        raise ArtifactError(f"saving the params checkpoint to {path} left no files")
-
-
-# -- saving streamed params (save path only) ----------------------------------------------------------
-
-# read and written per Orbax call: bounds memory; fewer calls keep them fast (each gets slower with the keys already
-# saved). Measured on a 2 GB bf16 Llama, save growth / seconds: 64 MiB 0.22 GiB / 6.5 s, 128 MiB 0.20 / 4.9 s,
-# 256 MiB 0.33 / 5.8 s (with the freed memory returned after each batch)
-STREAM_BATCH_BYTES = 128 << 20
-
-
-def _save_streamed_params(params: dict, path: Path, batch_bytes: int | None = None,
-                          on_bytes: Callable[[int, int], None] | None = None) -> None:
-    """Write params whose values are read on demand (DeferredArray) in batches of at most `batch_bytes`
-    (a larger single param is a batch of its own), with Orbax's partial save: only one batch is in memory.
-    `on_bytes(written, total)` is called after each batch.
-
-    The result is the same checkpoint layout `_save_params` writes (one chunked zarr array per param,
-    no OCDBT), so `load` reads both alike. Orbax's partial save nests the tree in a `state/` item; it is
-    moved to `path` once finalized.
-    """
-    from orbax.checkpoint import v1 as ocp
-    from orbax.checkpoint.experimental.v1 import partial
-
-    staging = path.parent / f"{path.name}-partial"  # no leading dot: Orbax globs its pending folders with `*`
-    context = ocp.Context()
-    context.array.saving.use_ocdbt = False
-    context.array.saving.storage_options.chunk_byte_size = _CHUNK_BYTES
-    # uncompressed: zstd on two shared cores made writing 1.6x slower than the disk (13.7 s vs 8.7 s for 2 GB of
-    # bfloat16); weights barely compress, and the zarr metadata records the codec, so load reads either
-    context.array.saving.use_compression = False
-    context.memory.deepcopy_host_arrays = False  # each batch is read fresh and dropped after its save
-    quiet = _DropLogRecords("Skipping merge of OCDBT checkpoints")
-    absl_log = logging.getLogger("absl")
-    absl_log.addFilter(quiet)
-    total, written = sum(_nbytes(value) for value in params.values()), 0
-    try:
-        with context:
-            for batch in _batches(params, batch_bytes or STREAM_BATCH_BYTES):
-                arrays = {name: jax.device_put(value.read() if is_deferred(value) else value) for name, value in batch.items()}
-                partial.save(staging.resolve(), arrays)
-                del arrays
-                _return_freed_memory()
-                written += sum(_nbytes(value) for value in batch.values())
-                if on_bytes is not None:
-                    on_bytes(written, total)
-            partial.finalize(staging.resolve())
-        os.rename(staging / "state", path)
-    except Torch2JaxError:
-        raise
-    except Exception as err:
-        raise ArtifactError(f"saving the params checkpoint failed: {type(err).__name__}: {err}") from err
-    finally:
-        absl_log.removeFilter(quiet)
-        for leftover in (staging, staging.parent / f"{staging.name}.partial_save"):
-            shutil.rmtree(leftover, ignore_errors=True)
-
-
-def _return_freed_memory() -> None:
-    """Hand memory freed by the last batch back to the OS. Batches are freed in pieces, by Orbax's writer threads
-    too, and glibc keeps such memory in its arenas: without this, what a 2 GB conversion holds grows by 0.15 GiB
-    over the batches (peak RSS during the save 0.53 GiB over the start, against 0.38 with it). glibc only; a no-op
-    elsewhere."""
-    try:
-        libc = ctypes.CDLL(None)
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
-        return
-    trim(0)
-
-
-def _batches(params: dict, batch_bytes: int):
-    """Params grouped in order into batches of at most `batch_bytes` (by dtype size x count)."""
-    batch: dict = {}
-    size = 0
-    for name, value in params.items():
-        nbytes = _nbytes(value)
-        if batch and size + nbytes > batch_bytes:
-            yield batch
-            batch, size = {}, 0
-        batch[name] = value
-        size += nbytes
-    if batch:
-        yield batch
-
-
-def _nbytes(value: Any) -> int:
-    return int(np.prod(value.shape)) * np.dtype(value.dtype).itemsize
-
-
 def param_tree(manifest: dict) -> dict[str, tuple[tuple[int, ...], str]]:
     """{param name: (shape, dtype name)} as the manifest declares them."""
     tree = manifest["params"].get("tree")
@@ -482,29 +351,6 @@ def param_tree(manifest: dict) -> dict[str, tuple[tuple[int, ...], str]]:
         return {name: (tuple(int(d) for d in spec["shape"]), str(spec["dtype"])) for name, spec in tree.items()}
     except (KeyError, TypeError, ValueError) as err:
         raise ArtifactError(f"manifest params.tree is malformed ({err})") from None
-
-
-def _restore_params(path: Path, manifest: dict, shardings: dict[str, Any] | None = None) -> dict:
-    """Restore onto the tree the manifest declares (never an untargeted restore), each param onto its
-    sharding when given: every process then reads only the shards its own devices hold."""
-    import orbax.checkpoint as ocp
-
-    shardings = shardings or {}
-    try:
-        target = {
-            name: jax.ShapeDtypeStruct(shape, dtypes.jax_dtype(dtype), sharding=shardings.get(name))
-            for name, (shape, dtype) in param_tree(manifest).items()
-        }
-    except (TypeError, ValueError) as err:
-        raise ArtifactError(f"manifest params.tree is malformed ({err})") from None
-    if not target:
-        return {}
-    try:
-        with ocp.StandardCheckpointer() as checkpointer:
-            restored = checkpointer.restore(path.resolve(), target)
-    except Exception as err:
-        raise ArtifactError(f"restoring params from {path} failed: {type(err).__name__}: {err}") from err
-    return dict(restored)
 
 
 def _swap_into_place(tmp: Path, out: Path) -> None:

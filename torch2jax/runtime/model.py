@@ -22,6 +22,7 @@ import numpy as np
 from ..errors import SignatureError, Torch2JaxError
 from ..ir import dtypes, structure, symbolic
 from ..ir.graph import Graph, TensorMeta
+from .sharding import ShardingPlan
 
 # run(params, leaves, rng) -> (flat user outputs, {mutated buffer name: new value})
 RunFn = Callable[[dict, list, Any], tuple[list, dict]]
@@ -36,7 +37,7 @@ class Model:
         self.graph = graph
         self.manifest = manifest
         self.backend = backend  # "graph" (interpreted portable graph) or "exported" (StableHLO)
-        self.sharding: Any = None  # a serve.sharding.ShardingPlan when loaded onto a mesh (set before the first call)
+        self.sharding: ShardingPlan | None = None  # set when loaded onto a mesh, before the first call
         # the source model's own tensor-parallel plan ({module pattern: "colwise" | "rowwise" | ...}, transformers'
         # base_model_tp_plan), saved in the manifest to seed sharding="auto" at load time
         self.sharding_hints: dict[str, str] = {}

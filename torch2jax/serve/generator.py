@@ -28,9 +28,9 @@ import numpy as np
 from ..errors import InputSpecError, Torch2JaxError
 from ..ir import dtypes
 from ..runtime.model import Model
+from ..runtime.sharding import ShardingPlan
 from . import sampling
 from .loop import MIN_BUCKET, Request, TokenLoop, attended_span, bucket, call_entry, finish, run_loop
-from .sharding import ShardingPlan
 
 
 @dataclass(frozen=True)

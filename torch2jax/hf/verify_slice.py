@@ -4,7 +4,7 @@ A model of at most `layers` decoder layers is compared whole: the saved artifact
 loading the same directory. A deeper one is compared on a slice: its first `layers` layers (embeddings,
 final norm and head included) with the real weights, converted by the same streamed path and saved to
 a temporary artifact, against transformers loading the same slice. Where the conversion repeated a
-middle layer's graph (capture/repeat.py), the slice is deep enough to be converted that way too. The
+middle layer's graph (hf/layer_repeat.py), the slice is deep enough to be converted that way too. The
 output says which was done.
 """
 
@@ -16,7 +16,11 @@ from typing import Any
 
 import torch
 
-from .generation import check_generation, verify_generation
+from ..serve.generator_artifact import load_generator, save_generator
+from .causal_lm import SLICE_UNITS, convert_causal_lm
+from .directory import load_quietly, transformers
+from .streamed import num_layers, sliced_config, streamed_causal_lm
+from .verify import check_generation, verify_generation
 
 
 def verify_streamed(directory: Path, artifact_dir: Path, config: Any, *, layers: int = 2, tokens: int = 16,
@@ -24,17 +28,14 @@ def verify_streamed(directory: Path, artifact_dir: Path, config: Any, *, layers:
                     progress: Any = None, repeat_slice: int | None = None) -> str:
     """Check a streamed text-generation artifact against transformers; returns what was checked (raises if it differs).
     `repeat_slice`: where the conversion repeated layers, the depth of a slice that converts that way too
-    (capture.decoder.repeat_slice); None if it traced every layer."""
-    from ..capture.hf_stream import num_layers, reference_lm, sliced_config
-    from ..serve.artifact import load_generator
-
+    (hf.causal_lm.repeat_slice); None if it traced every layer."""
     depth = num_layers(config)
     if repeat_slice is not None:
         layers = max(layers, repeat_slice)
     if depth is None or depth <= layers:
         if progress:
             progress("verify", f"greedy-generate {tokens} tokens with the saved artifact and with transformers (whole model)")
-        result = verify_generation(_cast(reference_lm(directory), dtype), load_generator(artifact_dir), tokens=tokens, seed=seed)
+        result = verify_generation(_cast(_reference(directory), dtype), load_generator(artifact_dir), tokens=tokens, seed=seed)
         check_generation(result)
         return f"verified against transformers (the whole model, {depth} layers):\n{result.summary()}"
     if progress:
@@ -43,7 +44,7 @@ def verify_streamed(directory: Path, artifact_dir: Path, config: Any, *, layers:
     with tempfile.TemporaryDirectory(prefix="torch2jax-verify-") as scratch:
         generator = _convert_slice(directory, small, Path(scratch) / "slice", dtype, max_cache_len, max_batch,
                                    repeat_slice is not None)
-        result = verify_generation(_cast(reference_lm(directory, small), dtype), generator, tokens=tokens, seed=seed)
+        result = verify_generation(_cast(_reference(directory, small), dtype), generator, tokens=tokens, seed=seed)
     check_generation(result)
     how = " (its middle layers repeated, as for the whole model)" if repeat_slice is not None else ""
     return (f"verified a slice against transformers: the first {layers} of {depth} layers (embeddings, norm and head "
@@ -53,11 +54,7 @@ def verify_streamed(directory: Path, artifact_dir: Path, config: Any, *, layers:
 
 def _convert_slice(directory: Path, config: Any, out: Path, dtype: str | None, max_cache_len: int, max_batch: int,
                    repeat_layers: bool):
-    from ..capture.decoder import SLICE_UNITS, convert_causal_lm
-    from ..capture.hf import streamed_causal_lm
-    from ..serve.artifact import load_generator, save_generator
-
-    lm, _, weights = streamed_causal_lm(directory, config=config)
+    lm, _, weights = streamed_causal_lm(directory, config)
     generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, weights=weights,
                                   repeat_layers=SLICE_UNITS if repeat_layers else False)
     save_generator(generator, out, platforms=("cpu",))
@@ -66,3 +63,7 @@ def _convert_slice(directory: Path, config: Any, out: Path, dtype: str | None, m
 
 def _cast(lm: torch.nn.Module, dtype: str | None) -> torch.nn.Module:
     return lm.to(getattr(torch, dtype)) if dtype else lm
+
+
+def _reference(directory: Path, config: Any = None) -> torch.nn.Module:
+    return load_quietly(transformers().AutoModelForCausalLM, directory, config)

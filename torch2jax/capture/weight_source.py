@@ -4,9 +4,9 @@ Checkpoint names are not the module's state_dict names one to one:
   - tied weights (lm_head.weight) are stored once, under either name;
   - non-persistent buffers (rotary inv_freq) are not stored: the module's constructed value is kept;
   - a wrapper adds or drops a prefix (`model.`, `transformer.`): names match on whole dotted suffixes;
-  - transformers renames and fuses some weights at load time (Mixtral's per-expert `w1`/`w3`/`w2`
-    become stacked `gate_up_proj`/`down_proj`): its own conversion rules (renamings, then stacks
-    and concatenations of several file tensors) are applied here, tensor by tensor.
+  - a library may rename and fuse weights at load time (transformers stacks Mixtral's per-expert
+    `w1`/`w3`/`w2` into `gate_up_proj`/`down_proj`): its rules, given as `Rename`s and `Fuse`s
+    (hf/checkpoint_rules.py reads transformers' own), are applied here, tensor by tensor.
 `resolve` maps every param at once and fails listing every param without a source and every
 tensor whose shape or dtype differs; nothing is read until the artifact is written.
 """
@@ -24,10 +24,10 @@ import torch
 
 from ..errors import InputSpecError
 from ..ir.dtypes import is_floating, jax_dtype, numpy_dtype
-from ..runtime.deferred import DeferredArray
+from ..runtime.checkpoint import DeferredArray
+from .checkpoint_files import Checkpoint, aligned_empty, mapped
 from .fake_params import is_fake
 from .fx import dtype_name
-from .safetensors_files import Checkpoint, aligned_empty, mapped
 
 
 @dataclass(frozen=True)
@@ -258,39 +258,3 @@ def _recipes(checkpoint: Checkpoint, renames: tuple[Rename, ...], fuses: tuple[F
         if original not in taken:
             recipes.setdefault(name, Recipe([[original]], None, f"checkpoint tensor {original}"))
     return recipes
-
-
-def transformers_rules(model: Any) -> tuple[tuple[Rename, ...], tuple[Fuse, ...]]:
-    """transformers' own load-time conversions for this model, as renames and fuses.
-
-    Only the operations streaming reproduces are taken (renaming, stacking a module list, concatenation);
-    a model whose rules need another one fails here, naming it, rather than loading wrong weights.
-    """
-    try:
-        from transformers.conversion_mapping import get_model_conversion_mapping
-        from transformers.core_model_loading import Concatenate, MergeModulelist, WeightConverter, WeightRenaming
-    except ImportError:
-        return (), ()
-    renames, fuses = [], []
-    for rule in get_model_conversion_mapping(model, add_legacy=True) or []:
-        sources = list(getattr(rule, "_original_source_patterns", rule.source_patterns))
-        targets = list(getattr(rule, "_original_target_patterns", rule.target_patterns))
-        if isinstance(rule, WeightRenaming):
-            renames += [Rename(source, targets[0]) for source in sources]
-        elif isinstance(rule, WeightConverter):
-            stack = concat = None
-            for op in rule.operations:
-                if isinstance(op, MergeModulelist) and stack is None:
-                    stack = op.dim
-                elif isinstance(op, Concatenate) and concat is None:
-                    concat = op.dim
-                else:
-                    raise InputSpecError(
-                        f"{type(model).__name__}'s checkpoint conversion uses {type(op).__name__} ({sources} -> {targets}), "
-                        "which streamed weights do not reproduce: convert with --weights-in-memory"
-                    )
-            if len(targets) != 1:
-                raise InputSpecError(f"{type(model).__name__}'s checkpoint conversion {sources} -> {targets} splits a tensor, "
-                                     "which streamed weights do not reproduce: convert with --weights-in-memory")
-            fuses.append(Fuse(tuple(sources), targets[0], stack, concat))
-    return tuple(renames), tuple(fuses)

@@ -11,7 +11,7 @@ import torch
 import torch2jax
 from torch2jax.capture.converter import convert
 from torch2jax.capture.fake_params import is_fake
-from torch2jax.capture.target import resolve
+from torch2jax.pipeline import resolve_target as resolve
 
 from ..helpers import cli
 

@@ -7,7 +7,7 @@ at a time.
     decode(input_ids [B, 1], write_at [1], kv_valid [B, L], source_mask [B, S], cache, cross)
                                                             -> (logits [B, V] float32, cache)
 
-`cache` is the decoder's self-attention cache, laid out as capture/decoder.py lays a causal LM's (per layer
+`cache` is the decoder's self-attention cache, laid out as hf/kv_cache.py lays a causal LM's (per layer
 keys and values of [B, heads, max_cache_len + 1, head_dim], updated out of place at `write_at`, attention over
 the first L slots). `cross` is state too: computed by encode from the source, read by every decode step, never
 saved. The decode step hands transformers an EncoderDecoderCache whose cross layers are already filled
@@ -23,8 +23,10 @@ from typing import Any
 
 import torch
 
+from ..capture.converter import convert, tp_plan_hints
 from ..errors import ExportError, InputSpecError
-from .decoder import CacheLayout, check_limits, explicit_layer_class, generation_fields
+from ..serve.seq2seq import Seq2SeqGenerator, Seq2SeqSpec
+from .kv_cache import CacheLayout, check_limits, explicit_layer_class, generation_fields
 
 
 @dataclass(frozen=True)
@@ -272,12 +274,8 @@ def decode_dynamic_shapes(layout: CacheLayout, max_batch: int, max_source_len: i
 
 
 def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch: int = 8, max_source_len: int = 512,
-                    dtype: Any = None, progress: Any = None):
+                    dtype: Any = None, progress: Any = None) -> Seq2SeqGenerator:
     """A transformers encoder-decoder -> a `Seq2SeqGenerator` (torch-free encode/decode over one params tree)."""
-    from ..serve.seq2seq import Seq2SeqGenerator, Seq2SeqSpec
-    from .converter import convert
-    from .hf import tp_plan_hints
-
     check_limits(max_cache_len, max_batch)
     if not isinstance(max_source_len, int) or max_source_len < 2:
         raise InputSpecError(f"max_source_len must be an integer >= 2 (got {max_source_len!r})")

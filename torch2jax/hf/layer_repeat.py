@@ -14,12 +14,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from ..capture.converter import StageTimer
+from ..capture.fx import Captured, state_tensors
 from ..ir.graph import Graph, GraphInput, GraphOutput, Node, iter_refs
 
 TRACED_UNITS = 3  # first, middle (the one repeated), last: a unit is a layer, or a block of alternating layers
@@ -32,6 +34,76 @@ SIZE_READS = ("aten.sym_size.int",)  # ops that read an input's shape, not its v
 
 class NotRepeatable(Exception):
     """The graph does not have the shape `repeat_layers` needs; the message says where."""
+
+
+class UserInputs(Protocol):
+    """How a step names its own inputs that belong to a layer (a KV cache's per-layer tensors)."""
+
+    def layer(self, input_name: str) -> int | None: ...
+
+    def renamed(self, input_name: str, shift: int) -> str: ...
+
+
+def capture_repeated(module: torch.nn.Module, layers: int, min_units: int, timer: StageTimer, *,
+                     trace: Callable[[int, str], tuple[Captured, Any]], with_specs: Callable[[Graph, int], Graph],
+                     layer_state: Sequence[Any], state: Callable[[], dict], user_inputs: UserInputs) -> Captured:
+    """The captured step of `module` with all `layers` layers, built from traces of 3 and 4 units.
+
+    `trace(n, what)` traces the step of `module` as it is (cut to n layers while called) -> (Captured, program);
+    `with_specs(graph, n)` gives a graph the step's input/output structure for n layers; `layer_state[i]` is what
+    layer i's own step inputs look like (their shapes: they must repeat with the unit); `state()` the step's
+    params and buffers by name. Raises NotRepeatable where the model is not shown to repeat."""
+    stack, size = repeat_unit(module, layers, min_units)
+    if any(layer_state[i] != layer_state[i % size] for i in range(layers)):
+        raise NotRepeatable("the layers' caches differ in shape")
+    traced = {}
+    for units in (TRACED_UNITS, TRACED_UNITS + 1):
+        with cut_to(module, stack, units * size):
+            captured, ep = trace(units * size, f" of {units * size} of the {layers} layers")
+        layer_of = layer_of_nodes(ep.graph_module, stack) | layer_of_inputs(captured.graph, stack, user_inputs.layer)
+        traced[units] = captured, ep, {name: layer // size for name, layer in layer_of.items()}
+    captured, ep, unit_of = traced[TRACED_UNITS]
+    rename = _input_renamer(stack, size, user_inputs)
+    more = TRACED_UNITS + 1
+    unit = "layer" if size == 1 else f"block of {size} layers"
+    with timer.stage("repeat", f"repeat a middle {unit} for layers {size} to {layers - size - 1}, first checking that "
+                               f"{TRACED_UNITS * size} layers repeated to {more * size} equal {more * size} traced"):
+        check = with_specs(repeat_layers(captured.graph, unit_of, more, rename), more * size)
+        difference = first_difference(check, traced[more][0].graph)
+        if difference:
+            raise NotRepeatable(f"{TRACED_UNITS * size} layers repeated to {more * size} differ from {more * size} traced: "
+                                f"{difference}")
+        graph = with_specs(repeat_layers(captured.graph, unit_of, layers // size, rename), layers)
+        tensors, graph.aliases = state_tensors(graph, state(), ep.constants)
+    return Captured(graph, tensors, captured.schemas)
+
+
+def repeat_unit(module: torch.nn.Module, layers: int, min_units: int) -> tuple[str, int]:
+    """(the layer stack's dotted name, the layers per repeated unit) of a model whose stack is at least `min_units`
+    units that repeat; raises NotRepeatable otherwise."""
+    stack = layer_stack(module, layers)
+    size = period(module.get_submodule(stack), layers // min_units)
+    if layers % size:
+        raise NotRepeatable(f"{layers} layers are not a whole number of {size}-layer blocks")
+    return stack, size
+
+
+def _input_renamer(stack: str, size: int, user_inputs: UserInputs) -> RenameInput:
+    """How an input of unit `src` is named in unit `dst` (units of `size` layers): `model.layers.3.mlp.up_proj.weight`
+    (placeholder `p_model_layers_3_mlp_up_proj_weight`) as torch.export names params, the step's own inputs as told."""
+    flat = stack.replace(".", "_")
+    pattern = re.compile(re.escape(stack) + r"\.(\d+)\.")
+
+    def rename(inp: GraphInput, src: int, dst: int) -> GraphInput:
+        shift = size * (dst - src)
+        if inp.kind == "user_input":
+            return GraphInput(user_inputs.renamed(inp.name, shift), inp.kind, inp.meta, inp.target)
+        layer = int(pattern.match(inp.target or "").group(1))
+        target = f"{stack}.{layer + shift}." + inp.target[len(f"{stack}.{layer}."):]
+        name = inp.name.replace(f"_{flat}_{layer}_", f"_{flat}_{layer + shift}_", 1)
+        return GraphInput(name, inp.kind, inp.meta, target)
+
+    return rename
 
 
 def layer_of_nodes(graph_module: torch.fx.GraphModule, prefix: str) -> dict[str, int]:

@@ -11,14 +11,15 @@ import pytest
 import torch
 
 import torch2jax
+from torch2jax.capture.checkpoint_files import Checkpoint, write
 from torch2jax.capture.fake_params import is_fake
-from torch2jax.capture.hf import convert_hf, streamed_causal_lm
-from torch2jax.capture.safetensors_files import Checkpoint, write
-from torch2jax.diagnose.streamed import verify_streamed
 from torch2jax.errors import InputSpecError
+from torch2jax.hf.convert import convert_hf
+from torch2jax.hf.streamed import streamed_causal_lm
+from torch2jax.hf.verify_slice import verify_streamed
 
 from ..helpers import cli
-from .lms import load_lm, write_lm
+from ..serve.lms import load_lm, write_lm
 
 
 def _streamed(source, out):
@@ -139,8 +140,8 @@ def test_a_deep_model_converts_by_repetition_and_its_slice_is_verified_the_same_
 
 def test_trace_all_layers_reaches_the_step_capture(tmp_path, monkeypatch):
     from click.testing import CliRunner
+    from torch2jax.cli.main import main
 
-    from cli.main import main
     from torch2jax.capture import decoder
 
     seen = []

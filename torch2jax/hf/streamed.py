@@ -3,7 +3,7 @@
 The model is built from config.json with fake parameters (capture/fake_params.py) in the dtype
 `from_pretrained` would pick (config dtype, else the checkpoint's first floating tensor), its
 buffers real; the checkpoint's tensors are mapped onto its params with transformers' own load-time
-renaming and fusing rules (capture/streaming.py) and read only when the artifact is written.
+renaming and fusing rules (hf/checkpoint_rules.py, capture/weight_source.py) and read only when the artifact is written.
 """
 
 from __future__ import annotations
@@ -15,33 +15,31 @@ from typing import Any
 
 import torch
 
+from ..capture.checkpoint_files import Checkpoint
+from ..capture.fake_params import fake_parameters
+from ..capture.weight_source import WeightSource
 from ..errors import Torch2JaxError
 from ..ir import dtypes
-from .fake_params import fake_parameters
-from .safetensors_files import Checkpoint
-from .streaming import WeightSource, transformers_rules
+from .checkpoint_rules import transformers_rules
+from .directory import generation_config, model_dir, prepare_for_export, read_config, transformers
 
 LAYER_LISTS = ("layer_types",)  # per-layer config entries that follow num_hidden_layers
 
 
 def fake_causal_lm(directory: Path, config: Any = None) -> tuple[Any, WeightSource]:
     """(a causal LM with fake params and real buffers, the source of its weights) for a model directory."""
-    import transformers
-
-    lm, source = fake_model(transformers.AutoModelForCausalLM, directory, config)
-    lm.generation_config = _generation_config(transformers, directory, lm.config)
+    lm, source = fake_model(transformers().AutoModelForCausalLM, directory, config)
+    lm.generation_config = generation_config(directory, lm.config)
     return lm, source
 
 
 def fake_model(auto_class: Any, directory: Path, config: Any = None) -> tuple[Any, WeightSource]:
     """(the model of `auto_class` with fake params, in eval mode, and its WeightSource), checked against the files."""
-    import transformers
+    transformers()  # offline, before anything of transformers is imported
     from transformers.initialization import no_init_weights
 
-    from .hf import prepare_for_export
-
     checkpoint = Checkpoint.open(directory)
-    config = config or transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    config = config or read_config(directory)
     dtype = _load_dtype(config, checkpoint)
     errors = []
     for attention in ("sdpa", "eager"):
@@ -76,26 +74,6 @@ def sliced_config(config: Any, layers: int) -> Any:
     return small
 
 
-def reference_lm(directory: Path, config: Any = None) -> Any:
-    """The model as transformers itself loads it (the verification reference), optionally with a sliced config."""
-    import transformers
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    extra = {"config": config} if config is not None else {}
-    logging = transformers.utils.logging
-    verbosity, bar = logging.get_verbosity(), logging.is_progress_bar_enabled()
-    logging.disable_progress_bar()  # inside our own progress line
-    if config is not None:  # a slice: the later layers' tensors are unused on purpose, not worth transformers' report
-        logging.set_verbosity_error()
-    try:
-        lm = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, **extra)
-    finally:
-        logging.set_verbosity(verbosity)
-        if bar:
-            logging.enable_progress_bar()
-    return lm.eval()
-
-
 def _load_dtype(config: Any, checkpoint: Checkpoint) -> torch.dtype:
     dtype = getattr(config, "dtype", None)
     if isinstance(dtype, str):
@@ -108,7 +86,10 @@ def _load_dtype(config: Any, checkpoint: Checkpoint) -> torch.dtype:
     return torch.get_default_dtype()
 
 
-def _generation_config(transformers: Any, directory: Path, config: Any) -> Any:
-    if (directory / "generation_config.json").is_file():
-        return transformers.GenerationConfig.from_pretrained(directory, local_files_only=True)
-    return transformers.GenerationConfig.from_model_config(config)
+def streamed_causal_lm(source: str | os.PathLike, config: Any = None) -> tuple[Any, Path, WeightSource]:
+    """(the causal LM with fake params, its directory, the WeightSource of its safetensors files); `config` replaces
+    the directory's (a slice of its layers, for verification)."""
+    directory = model_dir(source)
+    config = config or read_config(directory)
+    lm, weights = fake_causal_lm(directory, config)
+    return lm, directory, weights

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import torch2jax
-from torch2jax.capture.target import resolve
 from torch2jax.errors import InputSpecError, Torch2JaxError
+from torch2jax.pipeline import resolve_target as resolve
 
 from ..helpers import cli, max_err
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from torch2jax.errors import InputSpecError
-from torch2jax.ir import specs
+from torch2jax.ir import input_specs as specs
 
 
 def test_static_and_symbolic_dims():

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from ..errors import ArtifactError, ShardingError
 from ..runtime import artifact, stablehlo
+from ..runtime.sharding import ShardingPlan
 from .generator import GenerationSpec, Generator
 from .loop import TokenLoop
 from .seq2seq import Seq2SeqGenerator, Seq2SeqSpec
-from .sharding import ShardingPlan
 
 TOKENIZER = "tokenizer"
 GENERATORS = {Generator.TASK: Generator, Seq2SeqGenerator.TASK: Seq2SeqGenerator}  # the manifest's task -> its class

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from tests.serve.lms import PAD, build_lm, hf_greedy
-from torch2jax.capture import decoder
 from torch2jax.capture.converter import StageTimer
-from torch2jax.capture.repeat import NotRepeatable, first_difference, repeat_layers
+from torch2jax.hf import causal_lm as decoder
+from torch2jax.hf.kv_cache import cache_layout
+from torch2jax.hf.layer_repeat import NotRepeatable, first_difference, repeat_layers
 from torch2jax.ir.graph import Graph, GraphInput, GraphOutput, Node, TensorMeta
 
 LAYERS = 6
@@ -19,7 +20,7 @@ REPEAT = decoder.SLICE_UNITS  # repeat from 5 units (the default, 10, would make
 
 def _capture(lm: torch.nn.Module, repeat: bool | int) -> tuple:
     notes: list[str] = []
-    layout = decoder.cache_layout(lm, 32)
+    layout = cache_layout(lm, 32)
     captured = decoder.capture_step(lm, layout, 2, StageTimer(lambda stage, message: notes.append(message)), repeat=repeat)
     return captured, notes
 

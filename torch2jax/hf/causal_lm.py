@@ -1,0 +1,214 @@
+"""A causal language model as one step over an explicit KV cache, traced once and served as two entry points:
+prefill (any number of tokens) and decode (one token per row, the same graph with that dim pinned to 1).
+
+The step takes the cache as inputs and returns the updated cache as outputs, so the cache is state
+that the caller owns and donates (never a buffer, never saved as weights). Its attention mask is
+built here from two things the caller tracks, so left-padded batches are right by construction:
+
+    input_ids     [B, T]    tokens to run (T symbolic for prefill, 1 for decode)
+    position_ids  [B, T]    each row's own positions (a left-padded row starts later)
+    write_at      [T]       the cache slots the T tokens are written to (shared by all rows)
+    kv_valid      [B, L]    which of the first L cache slots hold real tokens, the T new ones included
+    cache         2 x layers tensors [B, kv_heads, S + 1, head_dim]: keys, values of layer 0, 1, ...
+
+and it returns the last position's logits [B, V] (float32) and the cache. Attention reads only the
+first L slots (L symbolic, at most S): the caller passes the span its tokens need, so a step costs
+O(tokens so far) rather than O(max_cache_len). A query may attend to slot j
+when j holds a real token, j <= its own slot (causal) and, for sliding-window layers, j is within the
+window; it always attends to its own slot, so a pad row never has every key masked (no NaN).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..capture.converter import StageTimer, model_from, tp_plan_hints, trace
+from ..capture.fx import Captured, treespec_to_json
+from ..ir.graph import Graph
+from ..runtime.model import Model
+from ..serve.generator import GenerationSpec, Generator
+from . import layer_repeat
+from .kv_cache import CacheLayout, cache_layout, check_limits, cut_layout, explicit_layer_class, generation_fields
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+
+class DecoderStep(torch.nn.Module):
+    """forward(input_ids, position_ids, write_at, kv_valid, cache) -> (last logits [B, V] float32, new cache).
+
+    `cache` is a list: keys and values of layer 0, then layer 1, ...
+    """
+
+    def __init__(self, lm: torch.nn.Module, layout: CacheLayout):
+        super().__init__()
+        # the LM's children registered here directly, so params keep the LM's own state_dict names
+        for name, child in lm.named_children():
+            self.add_module(name, child)
+        object.__setattr__(self, "lm", lm)  # called, not registered (it would prefix every name with "lm.")
+        self.layout = layout
+        config = lm.config
+        self.layer_types = sorted(set(getattr(config, "layer_types", None) or ())) or None
+        window = getattr(config, "sliding_window", None)
+        if getattr(config, "use_sliding_window", True) is False:
+            window = None
+        self.window = int(window) if window else None
+        self.additive_mask = getattr(config, "_attn_implementation", None) == "eager"
+        self._layer = explicit_layer_class()
+
+    def forward(self, input_ids, position_ids, write_at, kv_valid, cache):
+        from transformers.cache_utils import Cache
+
+        span = kv_valid.shape[1]
+        layers = [self._layer(cache[2 * i], cache[2 * i + 1], write_at, span) for i in range(self.layout.layers)]
+        out = self.lm(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=self._masks(write_at, kv_valid),
+            past_key_values=Cache(layers=layers),
+            cache_position=write_at,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        logits = out.logits[:, -1].float()
+        return logits, [t for layer in layers for t in (layer.keys, layer.values)]
+
+    def _masks(self, write_at: torch.Tensor, kv_valid: torch.Tensor) -> Any:
+        slot = torch.arange(kv_valid.shape[1], device=kv_valid.device)
+        causal = slot[None, :] <= write_at[:, None]  # [T, S]
+        own = slot[None, :] == write_at[:, None]
+
+        def mask(window: int | None) -> torch.Tensor:
+            allowed = causal if window is None else causal & (slot[None, :] > write_at[:, None] - window)
+            keep = ((kv_valid[:, None, :] & allowed[None]) | own[None])[:, None]  # [B, 1, T, S]
+            if self.additive_mask:  # eager attention adds the mask to the scores
+                zero = torch.zeros((), dtype=self.layout.dtype)
+                return torch.where(keep, zero, torch.finfo(self.layout.dtype).min)
+            return keep
+
+        if self.layer_types:  # models that take one mask per layer type (Gemma2, Qwen2, ...)
+            return {kind: mask(self.window if kind == SLIDING else None) for kind in self.layer_types}
+        return mask(self.window)
+
+
+def example_step_inputs(layout: CacheLayout, batch: int, tokens: int) -> tuple:
+    """Inputs of the step's shapes (what torch.export traces with): a prompt written from slot 0, attending to
+    a span of the cache that is neither 1 nor the whole cache (torch.export would specialize either)."""
+    span = max(tokens + 1, layout.max_cache_len // 2)
+    return (
+        torch.zeros((batch, tokens), dtype=torch.long),
+        torch.arange(tokens).expand(batch, tokens).clone(),
+        torch.arange(tokens),
+        torch.ones((batch, span), dtype=torch.bool),
+        layout.zeros(batch),
+    )
+
+
+def step_dynamic_shapes(layout: CacheLayout, max_batch: int) -> tuple:
+    """batch symbolic (1..max_batch) everywhere; the token count symbolic (1..max_cache_len)."""
+    batch = {"name": "batch", "min": 1, "max": max_batch} if max_batch > 1 else None  # max_batch 1: batch is static 1
+    tokens = {"name": "tokens", "min": 1, "max": layout.max_cache_len}
+
+    def dims(*axes: Any) -> dict | None:  # the symbolic axes only (a None dim is deprecated in torch.export)
+        return {axis: d for axis, d in enumerate(axes) if d is not None} or None
+
+    span = {"name": "span", "min": 1, "max": layout.max_cache_len}  # the attended prefix of the cache
+    row = dims(batch, tokens)
+    return (row, row, dims(tokens), dims(batch, span), [dims(batch)] * (2 * layout.layers))
+
+
+def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch: int = 8, dtype: Any = None, progress: Any = None,
+                      weights: Any = None, repeat_layers: bool | int = True) -> Generator:
+    """A transformers causal LM -> a `Generator` (torch-free prefill/decode over one params tree).
+
+    `weights` (a capture.weight_source.WeightSource) streams the params of an LM built with fake parameters.
+    `repeat_layers`: True traces a stack of REPEAT_FROM_UNITS alike units or more at 3 and 4 units and repeats the
+    middle one (capture_step); an int sets that many units instead; False traces every layer."""
+    check_limits(max_cache_len, max_batch)
+    lm = lm.eval()
+    if dtype is not None:
+        lm = lm.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+        if weights is not None:
+            weights.cast = True  # the checkpoint's floating tensors are converted to `dtype` as they are read
+    layout = cache_layout(lm, max_cache_len)
+    timer = StageTimer(progress)
+    prefill = model_from(capture_step(lm, layout, max_batch, timer, repeat=repeat_layers), timer, weights)
+    # decode is the same traced step with one token per row: torch.export runs once, not twice (it is most of a
+    # conversion's time, and grows with the number of layers); the pinned size is exported as a constant
+    decode = Model(prefill._run, prefill.params, prefill.graph.with_fixed_dims({"tokens": 1}))
+    prefill.sharding_hints = decode.sharding_hints = tp_plan_hints(lm)  # the step module has no config of its own
+    return Generator(prefill, decode, GenerationSpec(**generation_fields(lm, layout, max_batch)))
+
+
+# Tracing 3 and 4 units costs 7 units' traces plus two traces' fixed cost: measured even with tracing every layer at
+# about 9 layers (0.8 s a layer, 1.3 s a trace), so shallower stacks are traced whole.
+REPEAT_FROM_UNITS = 10
+SLICE_UNITS = 5  # the shallowest stack whose repetition makes copies (first, three middles, last): verification slices
+
+
+def capture_step(lm: torch.nn.Module, layout: CacheLayout, max_batch: int, timer: StageTimer,
+                 repeat: bool | int = True) -> Captured:
+    """The step's portable graph. torch.export's time grows with every layer it traces, so with `repeat` a deep
+    stack of alike layers (or of alike blocks, where layer kinds alternate) is traced at 3 and 4 units and the
+    middle unit's graph repeated for the rest (hf/layer_repeat.py); where that cannot be shown right, every layer
+    is traced and the progress line says why. `repeat` as in convert_causal_lm."""
+    what = ""
+    min_units = REPEAT_FROM_UNITS if repeat is True else int(repeat)
+    if repeat is not False and min_units and layout.layers >= min_units:
+        def trace_layers(layers: int, what: str) -> tuple:
+            return _trace_step(lm, cut_layout(layout, layers), max_batch, timer, what)
+
+        def state() -> dict:
+            step = DecoderStep(lm, layout)
+            return {**dict(step.named_parameters(remove_duplicate=False)), **dict(step.named_buffers(remove_duplicate=False))}
+
+        caches = [(layout.key_shapes[i], layout.value_shapes[i]) for i in range(layout.layers)]
+        try:
+            return layer_repeat.capture_repeated(lm, layout.layers, min_units, timer, trace=trace_layers,
+                                                 with_specs=_with_specs, layer_state=caches, state=state,
+                                                 user_inputs=CacheInputs())
+        except layer_repeat.NotRepeatable as why:
+            what = f" of all {layout.layers} layers ({why})"
+    return _trace_step(lm, layout, max_batch, timer, what)[0]
+
+
+def _trace_step(lm: torch.nn.Module, layout: CacheLayout, max_batch: int, timer: StageTimer, what: str) -> tuple:
+    """(Captured, ExportedProgram) of the step over `layout`'s layers."""
+    batch = min(max_batch, 2)  # traced at 2 where the batch is symbolic: torch.export specializes a dim of 1
+    return trace(DecoderStep(lm, layout).eval(), example_step_inputs(layout, batch, 3), None,
+                 step_dynamic_shapes(layout, max_batch), timer, what=what)
+
+
+def repeat_slice(lm: torch.nn.Module) -> int | None:
+    """The depth of a verification slice that converts by repetition as the whole of `lm` does (SLICE_UNITS units,
+    with repeat_layers=SLICE_UNITS), or None where `lm`'s layers are traced one by one."""
+    layers = getattr(lm.config, "num_hidden_layers", None)
+    if not isinstance(layers, int) or layers < REPEAT_FROM_UNITS:
+        return None
+    try:
+        return SLICE_UNITS * layer_repeat.repeat_unit(lm, layers, REPEAT_FROM_UNITS)[1]
+    except layer_repeat.NotRepeatable:
+        return None
+
+
+def _with_specs(graph: Graph, layers: int) -> Graph:
+    """The step's input and output structure for `layers` layers (what torch.export would record for that many)."""
+    cache = [0] * (2 * layers)
+    graph.in_spec = treespec_to_json(pytree.tree_flatten(((0, 0, 0, 0, cache), {}))[1])
+    graph.out_spec = treespec_to_json(pytree.tree_flatten((0, cache))[1])
+    return graph
+
+
+class CacheInputs:
+    """The step's own inputs that belong to a layer: `cache_{2i}` (keys) and `cache_{2i+1}` (values) are layer i's."""
+
+    def layer(self, input_name: str) -> int | None:
+        match = re.fullmatch(r"cache_(\d+)", input_name)
+        return int(match.group(1)) // 2 if match else None
+
+    def renamed(self, input_name: str, shift: int) -> str:
+        """The name of the same cache input `shift` layers later."""
+        return f"cache_{int(input_name.removeprefix('cache_')) + 2 * shift}"

@@ -1,0 +1,48 @@
+"""transformers' own load-time renames and fusions of checkpoint tensors, as the weight source's rules.
+
+transformers renames and fuses some weights when it loads a checkpoint (Mixtral's per-expert `w1`/`w3`/`w2`
+become stacked `gate_up_proj`/`down_proj`); streaming the weights must apply the same rules, tensor by tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..capture.weight_source import Fuse, Rename
+from ..errors import InputSpecError
+
+
+def transformers_rules(model: Any) -> tuple[tuple[Rename, ...], tuple[Fuse, ...]]:
+    """transformers' own load-time conversions for this model, as renames and fuses.
+
+    Only the operations streaming reproduces are taken (renaming, stacking a module list, concatenation);
+    a model whose rules need another one fails here, naming it, rather than loading wrong weights.
+    """
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import Concatenate, MergeModulelist, WeightConverter, WeightRenaming
+    except ImportError:
+        return (), ()
+    renames, fuses = [], []
+    for rule in get_model_conversion_mapping(model, add_legacy=True) or []:
+        sources = list(getattr(rule, "_original_source_patterns", rule.source_patterns))
+        targets = list(getattr(rule, "_original_target_patterns", rule.target_patterns))
+        if isinstance(rule, WeightRenaming):
+            renames += [Rename(source, targets[0]) for source in sources]
+        elif isinstance(rule, WeightConverter):
+            stack = concat = None
+            for op in rule.operations:
+                if isinstance(op, MergeModulelist) and stack is None:
+                    stack = op.dim
+                elif isinstance(op, Concatenate) and concat is None:
+                    concat = op.dim
+                else:
+                    raise InputSpecError(
+                        f"{type(model).__name__}'s checkpoint conversion uses {type(op).__name__} ({sources} -> {targets}), "
+                        "which streamed weights do not reproduce: convert with --weights-in-memory"
+                    )
+            if len(targets) != 1:
+                raise InputSpecError(f"{type(model).__name__}'s checkpoint conversion {sources} -> {targets} splits a tensor, "
+                                     "which streamed weights do not reproduce: convert with --weights-in-memory")
+            fuses.append(Fuse(tuple(sources), targets[0], stack, concat))
+    return tuple(renames), tuple(fuses)

@@ -1,0 +1,139 @@
+"""The KV cache both generators share, as explicit state: per layer keys and values of
+[batch, kv_heads, max_cache_len + 1, head_dim], given to each step as inputs and returned as outputs
+(never a buffer, never saved as weights), and what a generator's spec holds besides (limits, vocabulary,
+special tokens)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from ..capture.fx import dtype_name
+from ..errors import ExportError, InputSpecError
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """What the cache looks like: per layer keys and values of [batch, heads, max_cache_len + 1, head_dim]."""
+
+    layers: int
+    key_shapes: tuple[tuple[int, int], ...]  # per layer (kv_heads, head_dim) of keys
+    value_shapes: tuple[tuple[int, int], ...]
+    dtype: torch.dtype
+    max_cache_len: int
+
+    def names(self) -> list[str]:
+        return [f"cache.{i}.{kind}" for i in range(self.layers) for kind in ("keys", "values")]
+
+    @property
+    def slots(self) -> int:
+        """max_cache_len + 1: one spare slot, never written, so that the attended span (at most max_cache_len)
+        is always a strict prefix; torch.export refuses a slice with a symbolic end that may be the whole dim."""
+        return self.max_cache_len + 1
+
+    def shapes(self, batch: int) -> list[tuple[int, ...]]:
+        out = []
+        for (kh, kd), (vh, vd) in zip(self.key_shapes, self.value_shapes):
+            out += [(batch, kh, self.slots, kd), (batch, vh, self.slots, vd)]
+        return out
+
+    def zeros(self, batch: int) -> list[torch.Tensor]:
+        return [torch.zeros(shape, dtype=self.dtype) for shape in self.shapes(batch)]
+
+
+def cache_layout(lm: torch.nn.Module, max_cache_len: int) -> CacheLayout:
+    """Measure the cache the model writes: one token through a dynamic cache, read back per layer."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=lm.config)
+    with torch.no_grad():
+        lm(input_ids=torch.zeros((1, 1), dtype=torch.long), past_key_values=cache, use_cache=True)
+    keys = [layer.keys for layer in cache.layers]
+    values = [layer.values for layer in cache.layers]
+    if not keys or any(k is None for k in keys):
+        raise ExportError(f"{type(lm).__name__} did not fill a key/value cache; only attention-cache decoders are supported")
+    return CacheLayout(
+        layers=len(keys),
+        key_shapes=tuple((k.shape[1], k.shape[3]) for k in keys),
+        value_shapes=tuple((v.shape[1], v.shape[3]) for v in values),
+        dtype=keys[0].dtype,
+        max_cache_len=max_cache_len,
+    )
+
+
+def explicit_layer_class():
+    from transformers.cache_utils import CacheLayerMixin
+
+    class ExplicitLayer(CacheLayerMixin):
+        """One layer's keys and values given as tensors and updated out of place at `write_at`."""
+
+        is_compileable = True
+        is_sliding = False
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, write_at: torch.Tensor, span: int):
+            super().__init__()
+            self.keys, self.values, self.write_at, self.span = keys, values, write_at, span
+            self.max_cache_len = keys.shape[2]
+            self.is_initialized = True
+
+        def lazy_initialization(self, key_states, value_states) -> None:
+            pass
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            """Write the new keys/values into the whole cache; attention gets the first `span` slots."""
+            self.keys = self.keys.index_copy(2, self.write_at, key_states.to(self.keys.dtype))
+            self.values = self.values.index_copy(2, self.write_at, value_states.to(self.values.dtype))
+            return self.keys[:, :, : self.span], self.values[:, :, : self.span]
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return self.span, 0
+
+        def get_seq_length(self):
+            return self.write_at[0]
+
+        def get_max_length(self) -> int:
+            return self.max_cache_len
+
+    return ExplicitLayer
+
+
+def cut_layout(layout: CacheLayout, layers: int) -> CacheLayout:
+    """The layout of the first `layers` layers."""
+    return dataclasses.replace(layout, layers=layers, key_shapes=layout.key_shapes[:layers],
+                               value_shapes=layout.value_shapes[:layers])
+
+
+def check_limits(max_cache_len: int, max_batch: int) -> None:
+    if not isinstance(max_cache_len, int) or max_cache_len < 2:
+        raise InputSpecError(f"max_cache_len must be an integer >= 2 (got {max_cache_len!r})")
+    if not isinstance(max_batch, int) or max_batch < 1:
+        raise InputSpecError(f"max_batch must be an integer >= 1 (got {max_batch!r})")
+
+
+def generation_fields(lm: torch.nn.Module, layout: CacheLayout, max_batch: int) -> dict:
+    """What every generator's spec holds: the limits, the vocabulary, the special tokens and the self-attention
+    cache (serve.generator.GenerationSpec's fields)."""
+    eos, pad = special_tokens(lm)
+    return dict(
+        max_cache_len=layout.max_cache_len,
+        max_batch=max_batch,
+        vocab_size=int(lm.get_output_embeddings().weight.shape[0]),
+        eos_token_ids=eos,
+        pad_token_id=pad,
+        cache_shapes=tuple(shape[1:] for shape in layout.shapes(1)),
+        cache_dtype=dtype_name(layout.dtype),
+    )
+
+
+def special_tokens(lm: torch.nn.Module) -> tuple[tuple[int, ...], int]:
+    """(end-of-sequence ids, pad id) from the generation config, else the model config; pad falls back to
+    the first end token, as transformers' generate does."""
+    sources = [getattr(lm, "generation_config", None), lm.config]
+    eos = next((s.eos_token_id for s in sources if s is not None and getattr(s, "eos_token_id", None) is not None), None)
+    eos_ids = tuple(int(t) for t in (eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos]))
+    pad = next((s.pad_token_id for s in sources if s is not None and getattr(s, "pad_token_id", None) is not None), None)
+    if pad is None:
+        pad = eos_ids[0] if eos_ids else 0
+    return eos_ids, int(pad)

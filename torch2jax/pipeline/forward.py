@@ -1,0 +1,87 @@
+"""A forward-pass target (a model file, or an hf: model for a forward task) to an artifact checked against torch."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch.utils._pytree as pytree
+
+from ..capture.converter import StageTimer, cast, convert
+from ..capture.target import Target
+from ..diagnose import repro
+from ..diagnose.report import ReportData, reporting
+from ..diagnose.verify import check
+from ..diagnose.verify import verify as compare_with_torch
+from ..errors import LoweringError, UnsupportedOpsError
+from ..ir.graph import Graph
+from ..runtime import artifact, stablehlo
+from .conversion import BytesFn, Conversion, ProgressFn
+from .targets import resolve_target
+
+
+def export_forward(target: str, out: Path, *, inputs: Sequence[str], weights: str | None, task: str | None,
+                   platforms: Sequence[str], force: bool, verify: bool, train: bool, dtype: str | None, seed: int,
+                   stream: bool, report: str | os.PathLike | None, repro_dir: str | os.PathLike | None,
+                   progress: ProgressFn | None, on_bytes: BytesFn | None) -> Conversion:
+    """See pipeline.convert_target; verification runs inside the save, before the rename."""
+    timer = StageTimer(progress)
+    data = ReportData(title="torch2jax conversion report", target=target, artifact=str(out), timings=timer.timings)
+    with reporting(data, report, lambda line: None):
+        with timer.stage("build model", f"build {target}"):
+            resolved = resolve_target(target, inputs, weights, task=task, train=train, seed=seed, stream=stream)
+            if dtype:
+                resolved.module, resolved.args, resolved.kwargs = cast(resolved.module, resolved.args, resolved.kwargs, dtype)
+                if resolved.weights is not None:
+                    resolved.weights.cast = True  # the files' floating tensors are converted to `dtype` as they are read
+        model = None
+        try:
+            model = convert(resolved.module, resolved.args, resolved.kwargs, resolved.dynamic_shapes, timer=timer,
+                            weights=resolved.weights)
+            data.graph = model.graph
+            with timer.stage("jax.export", "jax.export to StableHLO"):
+                exported = stablehlo.export(model, list(platforms))
+        except (UnsupportedOpsError, LoweringError) as err:
+            _add_repro(err, model.graph if model is not None else None, resolved, repro_dir)
+            raise
+
+        def check_artifact(tmp: Path) -> None:
+            if not verify:
+                return
+            with timer.stage("verify", "compare the saved artifact with PyTorch"):
+                loaded = artifact.load(tmp)
+                module = resolved.module if resolved.weights is None else resolved.weights.materialize(resolved.module)
+                data.verification = compare_with_torch(module, loaded, resolved.args, resolved.kwargs, seed)
+            check(data.verification)
+
+        if progress:
+            progress("save", f"write {out}")
+        start = time.perf_counter()
+        try:
+            artifact.save(model, out, force=force, source=target, exported=exported, check=check_artifact, on_bytes=on_bytes)
+        finally:
+            # verification runs inside the save (before the rename); count it once, under its own name
+            timer.timings["save"] = time.perf_counter() - start - timer.timings.get("verify", 0.0)
+    streamed = resolved.weights is not None
+    checks = []
+    if data.verification is not None:
+        how = " (the whole model, its weights memory-mapped from the safetensors files)" if streamed else ""
+        checks.append(f"verified against PyTorch{how}:\n{data.verification.summary()}")
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    return Conversion(out, size, str(model.signature), streamed, checks)
+
+
+def _add_repro(err: Exception, graph: Graph | None, resolved: Target, repro_dir: str | os.PathLike | None) -> None:
+    """Write a standalone script reproducing the one failing op, and name it in the error."""
+    graph = getattr(err, "graph", None) or graph
+    ops = getattr(err, "ops", None) or ([err.node.op] if getattr(err, "node", None) is not None else [])
+    node = repro.failing_node(graph, ops) if graph is not None else None
+    if node is None:
+        return
+    shapes = [tuple(x.shape) for x in pytree.tree_flatten((resolved.args, resolved.kwargs))[0] if hasattr(x, "shape")]
+    model_file = getattr(resolved.file_module, "__file__", None)
+    reason = f"no JAX lowering for {node.op}" if isinstance(err, UnsupportedOpsError) else str(err)
+    path = repro.write_repro(graph, node, repro.symbol_sizes(graph, shapes), reason, repro_dir, model_file)
+    err.args = (f"{err}\nA standalone reproduction of this op: {path} (run it with python after adding or fixing the lowering).",)

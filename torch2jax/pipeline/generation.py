@@ -1,0 +1,72 @@
+"""An `hf:DIR` generation target (a causal LM or an encoder-decoder) to an artifact checked against transformers'
+greedy generate: in memory, or with the weights streamed from the safetensors files (causal LMs)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..hf.causal_lm import convert_causal_lm, repeat_slice
+from ..hf.convert import causal_lm_from, seq2seq_lm_from
+from ..hf.directory import tokenizer_files
+from ..hf.seq2seq import convert_seq2seq
+from ..hf.streamed import streamed_causal_lm
+from ..hf.tasks import TEXT2TEXT_GENERATION
+from ..hf.verify import check_generation, verify_generation, verify_seq2seq
+from ..hf.verify_slice import verify_streamed
+from ..serve.generator_artifact import load_generator, save_generator
+from .conversion import BytesFn, Conversion, ProgressFn
+
+
+def export_generator(target: str, out: Path, *, task: str, stream: bool, platforms: Sequence[str], force: bool, verify: bool,
+                     dtype: str | None, seed: int, max_cache_len: int, max_batch: int, max_source_len: int,
+                     verify_tokens: int, verify_layers: int, repeat_layers: bool, progress: ProgressFn | None,
+                     on_bytes: BytesFn | None) -> Conversion:
+    """See pipeline.convert_target. A streamed model deeper than `verify_layers` is verified on a slice of its first
+    layers, converted the same way, so that verification never needs the whole model in memory."""
+    def report(stage: str, message: str) -> None:
+        if progress:
+            progress(stage, message)
+
+    checks: list[str] = []
+    if stream:
+        report("build model", f"build {target} with fake parameters, map its safetensors files")
+        lm, directory, weights = streamed_causal_lm(target)
+        gigabytes = weights.checkpoint.nbytes / 1e9
+        generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress,
+                                      weights=weights, repeat_layers=repeat_layers)
+
+        def check(tmp: Path) -> None:
+            checks.append(verify_streamed(directory, tmp, lm.config, layers=verify_layers, tokens=verify_tokens, dtype=dtype,
+                                          max_cache_len=max_cache_len, max_batch=max_batch, seed=seed, progress=progress,
+                                          repeat_slice=repeat_slice(lm) if repeat_layers else None))
+
+        saving = f"jax.export prefill and decode, stream {gigabytes:.2f} GB of weights into {out}"
+    else:
+        report("build model", f"load {target} with transformers")
+        if task == TEXT2TEXT_GENERATION:
+            lm, directory = seq2seq_lm_from(target)
+            generator = convert_seq2seq(lm, max_cache_len=max_cache_len, max_batch=max_batch, max_source_len=max_source_len,
+                                        dtype=dtype, progress=progress)
+            compare, entries = verify_seq2seq, "encode and decode"
+        else:
+            lm, directory = causal_lm_from(target)
+            generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype,
+                                          progress=progress, repeat_layers=repeat_layers)
+            compare, entries = verify_generation, "prefill and decode"
+
+        def check(tmp: Path) -> None:
+            report("verify", f"greedy-generate {verify_tokens} tokens with the saved artifact and with transformers")
+            result = compare(lm, load_generator(tmp), tokens=verify_tokens, seed=seed)
+            checks.append(f"verified against transformers:\n{result.summary()}")
+            check_generation(result)
+
+        saving = f"jax.export {entries}, write {out}"
+    generator.tokenizer_files = tokenizer_files(directory)
+    report("save", saving)
+    save_generator(generator, out, force=force, platforms=list(platforms), source=target, check=check if verify else None,
+                   on_bytes=on_bytes)
+    if stream and not verify:
+        checks.append("not verified (--no-verify)")
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    return Conversion(out, size, str(generator), stream, checks)

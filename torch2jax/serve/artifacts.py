@@ -1,0 +1,115 @@
+"""Any artifact, whatever it holds: `torch2jax.save` and `torch2jax.load` pick the model or the generator its
+manifest names, and `describe` says what an artifact is in a few lines (what `torch2jax inspect` prints)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from jax.sharding import Mesh
+
+from ..errors import ShardingError
+from ..runtime import artifact, stablehlo
+from ..runtime import sharding as sharding_rules
+from ..runtime.model import Model
+from .generator import Generator
+from .generator_artifact import load_generator, save_generator
+from .loop import TokenLoop
+from .seq2seq import Seq2SeqGenerator
+
+
+def save(model: Model | Generator | Seq2SeqGenerator, path: str | os.PathLike, *, force: bool = False,
+         platforms: Sequence[str] = stablehlo.DEFAULT_PLATFORMS, vjp_order: int = 1, source: str | None = None,
+         check: Callable[[Path], None] | None = None, on_bytes: Callable[[int, int], None] | None = None) -> Path:
+    """Write a model or a generator as an artifact directory, atomically (see torch2jax.save); a generator's
+    steps are exported without vjp (`vjp_order` applies to models)."""
+    options = dict(force=force, platforms=platforms, source=source, check=check, on_bytes=on_bytes)
+    if isinstance(model, TokenLoop):
+        return save_generator(model, path, **options)
+    return artifact.save(model, path, vjp_order=vjp_order, **options)
+
+
+def load(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bool = True, mesh: Mesh | None = None,
+         sharding: str | Mapping[str, Any] = "auto") -> Model | Generator | Seq2SeqGenerator:
+    """The model or generator an artifact holds, its params sharded on `mesh` when given (see torch2jax.load)."""
+    if mesh is None and not (isinstance(sharding, str) and sharding == "auto"):
+        raise ShardingError("sharding= needs mesh=: torch2jax.load(path, mesh=jax.make_mesh(...), sharding=...)")
+    root, manifest = artifact.open_artifact(path, verify_hashes=False)  # the loaders below check every hash
+    plan = None
+    if mesh is not None:
+        hints = manifest["params"].get("sharding_hints")
+        plan = sharding_rules.plan(artifact.param_tree(manifest), sharding_rules.auto_mesh(mesh), sharding,
+                                   hints if isinstance(hints, dict) else None)
+    if manifest.get("task") in (Generator.TASK, Seq2SeqGenerator.TASK):
+        return load_generator(root, from_graph=from_graph, verify_hashes=verify_hashes, plan=plan)
+    model = artifact.load(root, from_graph=from_graph, verify_hashes=verify_hashes,
+                          shardings=plan.shardings() if plan else None)
+    model.sharding = plan
+    return model
+
+
+def describe(manifest: dict, where: str | os.PathLike) -> list[str]:
+    """An artifact's manifest as lines a person reads: source, versions, platforms, the generation section (limits,
+    cache and cross-attention state), each entry point's signature, and the params."""
+    versions = manifest.get("versions", {})
+    params = manifest["params"]
+    lines = [
+        f"artifact  {where}  (format {manifest['format_version']}, created {manifest.get('created')})",
+        f"source    {manifest.get('source')}",
+        "versions  " + ", ".join(f"{k} {v}" for k, v in versions.items() if v),
+    ]
+    vjp = f"   vjp order {manifest['vjp_order']}" if "vjp_order" in manifest else ""
+    lines.append(f"platforms {', '.join(manifest.get('platforms', []))}{vjp}")
+    if manifest.get("task"):
+        lines.append(f"task      {manifest['task']}")
+    generation = manifest.get("generation")
+    if isinstance(generation, dict):
+        lines += _generation_lines(generation)
+    entries = manifest.get("entries") if isinstance(manifest.get("entries"), dict) else {"": manifest}
+    for name, entry in entries.items():
+        if name:
+            lines.append(f"entry     {name}")
+        lines += _signature_lines(entry, indent="  " if name else "")
+    if manifest.get("mutated_buffers"):
+        lines.append(f"mutates   {', '.join(manifest['mutated_buffers'])}")
+    lines.append(f"params    {params['count']:,} values, {params['bytes'] / 1e6:.2f} MB in {len(params['tree'])} tensors")
+    for name, spec in list(params["tree"].items())[:20]:
+        lines.append(f"  {name}: {spec['dtype']}{spec['shape']}")
+    if len(params["tree"]) > 20:
+        lines.append(f"  ... {len(params['tree']) - 20} more")
+    lines += [f"  {alias} -> tied to {kept}" for alias, kept in params.get("aliases", {}).items()]
+    return lines
+
+
+def _generation_lines(generation: dict) -> list[str]:
+    cache = generation.get("cache", {})
+    lines = [
+        f"generate  max_cache_len {generation.get('max_cache_len')}, max_batch {generation.get('max_batch')}, "
+        f"vocab {generation.get('vocab_size')}, end tokens {generation.get('eos_token_ids')}, pad {generation.get('pad_token_id')}",
+        f"kv cache  {len(cache.get('shapes', []))} {cache.get('dtype')} tensors of {cache.get('shapes', [[]])[0]} "
+        "(state: allocated at load, donated to each step, never saved)",
+    ]
+    cross = generation.get("cross")
+    if isinstance(cross, dict):
+        encoder = generation.get("encoder_input") or {}
+        lines.append(f"encoder   reads {encoder.get('name')} {encoder.get('shape')}, max_source_len "
+                     f"{generation.get('max_source_len')}; the decoder starts from {generation.get('decoder_start_token_id')}")
+        lines.append(f"cross     {len(cross.get('shapes', []))} {cross.get('dtype')} tensors of {cross.get('shapes', [[]])[0]} "
+                     "(state: computed by encode, read by each decode step, never saved)")
+    return lines
+
+
+def _signature_lines(entry: dict, indent: str) -> list[str]:
+    lines = [f"{indent}inputs"]
+    for item in entry.get("inputs", []):
+        lines.append(f"{indent}  {item['name']}: {item['dtype']}[{', '.join(map(str, item['shape']))}]")
+    for name, bounds in entry.get("symbols", {}).items():
+        hi = "inf" if bounds.get("max") is None else bounds["max"]
+        lines.append(f"{indent}  dim {name} in [{bounds.get('min')}, {hi}]")
+    lines.append(f"{indent}outputs")
+    for item in entry.get("outputs", []):
+        shape = "?" if item.get("shape") is None else ", ".join(map(str, item["shape"]))
+        lines.append(f"{indent}  {item.get('name')}: {item.get('dtype')}[{shape}]")
+    return lines
