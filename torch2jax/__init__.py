@@ -116,7 +116,14 @@ def load(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bo
 
 
 def load_into_torch(module: Any, model: Model, params: dict | None = None, strict: bool = True) -> Any:
-    """Copy a model's (fine-tuned) params back into the torch module (see capture.converter.load_into_torch)."""
+    """Copy a model's (fine-tuned) params back into the torch module (needs torch).
+
+    Args:
+      module: the torch module the model was converted from (or one with the same state_dict names).
+      model: the converted `Model`.
+      params: the params to copy (default: `model.params`), e.g. after fine-tuning in JAX.
+      strict: as torch's `load_state_dict`; its result (missing / unexpected keys) is returned.
+    """
     from .capture.converter import load_into_torch as _load_into_torch  # imports torch, only now
 
     return _load_into_torch(module, model, params, strict)

@@ -1,1 +1,2 @@
-"""Serving: text generation over a converted model's prefill/decode entry points, torch-free."""
+"""Serving, torch-free: text generation over a converted model's entry points (prefill/decode,
+encode/decode), a generator as an artifact, and any artifact saved, loaded and described."""
