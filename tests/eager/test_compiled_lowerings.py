@@ -2,7 +2,7 @@
 
 import torch
 
-from torch2jax.eager import compiled
+from torch2jax.eager import compiled_lowerings as compiled
 
 
 def _signatures(op_name: str) -> dict:

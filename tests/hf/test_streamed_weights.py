@@ -142,7 +142,7 @@ def test_trace_all_layers_reaches_the_step_capture(tmp_path, monkeypatch):
     from click.testing import CliRunner
     from torch2jax.cli.main import main
 
-    from torch2jax.capture import decoder
+    from torch2jax.hf import causal_lm as decoder
 
     seen = []
 
