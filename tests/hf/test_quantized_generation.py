@@ -53,3 +53,17 @@ def test_quantize_is_refused_for_encoder_decoders(tmp_path):
     source = write_seq2seq("t5", tmp_path)
     with pytest.raises(torch2jax.InputSpecError, match="quantize= is for causal LMs"):
         torch2jax.convert_hf(source, max_cache_len=16, max_batch=2, quantize="int8")
+
+
+def test_a_checkpoint_quantized_by_another_tool_is_refused_naming_the_method(llama, tmp_path):
+    import shutil
+
+    source = tmp_path / "gptq"
+    shutil.copytree(llama, source)
+    config = json.loads((source / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128}
+    (source / "config.json").write_text(json.dumps(config))
+    with pytest.raises(torch2jax.InputSpecError, match="quantized with gptq"):
+        torch2jax.convert_hf(source, max_cache_len=16, max_batch=2)
+    result = cli("convert", f"hf:{source}", "--out", str(tmp_path / "out"))
+    assert result.returncode == 2 and "quantized with gptq" in result.stderr and not (tmp_path / "out").exists()
