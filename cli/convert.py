@@ -50,11 +50,16 @@ from .common import Progress, handles_errors
               help="text-generation: torch.export every decoder layer. By default a stack of alike layers is traced at 3 and "
                    "4 layers and a middle layer's graph repeated for the rest (checked: 3 repeated to 4 must equal 4 traced, "
                    "else every layer is traced), which makes deep models several times faster to convert.")
+@click.option("--quantize", type=click.Choice(["int8", "int4"]),
+              help="Store the weights of the matrix products (nn.Linear's: a decoder's projections and LM head) quantized, "
+                   "weight-only: int8 with one scale per output row, int4 two per byte with one scale per --group-size "
+                   "input columns. Verification compares with torch running the same weights dequantized.")
+@click.option("--group-size", default=64, show_default=True, help="--quantize int4: input columns sharing one scale.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @handles_errors
 def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, report_file, repro_dir,
             task, max_cache_len, max_batch, max_source_len, verify_tokens, weights_in_memory, verify_layers, trace_all_layers,
-            quiet):
+            quantize, group_size, quiet):
     """Convert TARGET (model.py:Model, model.py:make_model, or hf:DIR) into an artifact directory.
 
     \b
@@ -63,6 +68,7 @@ def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train
       torch2jax convert model.py:Net --input x=float32[batch,3,32,32] --out out/net --report report.md
       torch2jax convert hf:path/to/llama --task text-generation --max-cache-len 512 --max-batch 8 --out out/llm
       torch2jax convert hf:path/to/t5 --task text2text-generation --max-source-len 512 --out out/t5
+      torch2jax convert hf:path/to/llama --dtype bfloat16 --quantize int8 --out out/llm-int8
 
     hf:DIR is a local model directory as save_pretrained writes it (config.json, *.safetensors,
     tokenizer files); nothing is downloaded.
@@ -81,7 +87,7 @@ def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train
             platforms=[p.strip() for p in platforms.split(",") if p.strip()], force=force, verify=not no_verify,
             train=train, dtype=dtype, seed=seed, stream=not weights_in_memory, max_cache_len=max_cache_len,
             max_batch=max_batch, max_source_len=max_source_len, verify_tokens=verify_tokens, verify_layers=verify_layers,
-            repeat_layers=not trace_all_layers, lowerings=lowerings, report=report_file, repro_dir=repro_dir,
+            repeat_layers=not trace_all_layers, quantize=quantize, group_size=group_size, lowerings=lowerings, report=report_file, repro_dir=repro_dir,
             progress=progress, on_bytes=progress.bytes_written,
         )
     finally:

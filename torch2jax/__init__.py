@@ -40,7 +40,7 @@ ProgressFn = Callable[[str, str], None]  # (stage, message), called as each conv
 
 
 def convert(module: Any, args: Any = (), kwargs: dict | None = None, dynamic_shapes: Any = None, *, strict: bool = False,
-            dtype: str | Any = None, progress: ProgressFn | None = None) -> Model:
+            dtype: str | Any = None, quantize: str | None = None, group_size: int = 64, progress: ProgressFn | None = None) -> Model:
     """Convert a torch.nn.Module to a JAX `Model`, tracing it on example inputs (needs torch).
 
     Args:
@@ -51,16 +51,20 @@ def convert(module: Any, args: Any = (), kwargs: dict | None = None, dynamic_sha
         symbol; a dict `{"name": "batch", "min": 1, "max": 64}` bounds one).
       strict: torch.export's strict mode (default: non-strict).
       dtype: e.g. "bfloat16": converts a copy of the module and its floating inputs first, as `module.to(dtype)`.
+      quantize: "int8" (one scale per output row) or "int4" (one per `group_size` input columns): the weights of the
+        matrix products (nn.Linear's) are held quantized and dequantized inside the function (docs/api.md).
+      group_size: int4's group of input columns sharing one scale.
       progress: called with (stage, message) as each stage starts.
     """
     from .capture.converter import convert as _convert  # imports torch, only now
 
-    return _convert(module, args, kwargs, dynamic_shapes, strict=strict, dtype=dtype, progress=progress)
+    return _convert(module, args, kwargs, dynamic_shapes, strict=strict, dtype=dtype, progress=progress, quantize=quantize,
+                    group_size=group_size)
 
 
 def convert_hf(source: Any, *, task: str | None = None, max_cache_len: int = 512, max_batch: int = 8,
                max_source_len: int = 512, dtype: str | None = None, stream_weights: bool = False, repeat_layers: bool = True,
-               progress: ProgressFn | None = None) -> Generator | Seq2SeqGenerator:
+               quantize: str | None = None, group_size: int = 64, progress: ProgressFn | None = None) -> Generator | Seq2SeqGenerator:
     """A Hugging Face model (a local `save_pretrained` directory, or the model object) -> a torch-free `Generator`
     (causal LM: prefill/decode) or `Seq2SeqGenerator` (encoder-decoder: encode/decode), each with `generate`.
 
@@ -73,12 +77,15 @@ def convert_hf(source: Any, *, task: str | None = None, max_cache_len: int = 512
       dtype: e.g. "bfloat16": params and computation in that precision.
       stream_weights: (a directory's causal LM) read each weight from the safetensors files only when saving.
       repeat_layers: False traces every decoder layer instead of repeating a middle one of an alike stack.
+      quantize: causal LMs: "int8" or "int4": the projections' and LM head's weights stored quantized.
+      group_size: int4's group of input columns sharing one scale.
       progress: called with (stage, message) as each stage starts.
     """
     from .hf.convert import convert_hf as _convert_hf  # imports torch and transformers, only now
 
     return _convert_hf(source, task=task, max_cache_len=max_cache_len, max_batch=max_batch, max_source_len=max_source_len,
-                       dtype=dtype, stream_weights=stream_weights, repeat_layers=repeat_layers, progress=progress)
+                       dtype=dtype, stream_weights=stream_weights, repeat_layers=repeat_layers, quantize=quantize,
+                       group_size=group_size, progress=progress)
 
 
 def save(model: Model | Generator | Seq2SeqGenerator, path: str | os.PathLike, *, force: bool = False,

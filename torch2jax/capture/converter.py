@@ -15,6 +15,7 @@ from ..errors import InputSpecError
 from ..lowering import interpreter, passes
 from ..runtime.checkpoint import is_deferred
 from ..runtime.model import Model
+from ..runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, dequantize_array, quantize_array, quantize_model
 from . import exporter
 from .fake_params import is_fake
 from .fx import Captured, capture
@@ -53,6 +54,8 @@ def convert(
     progress: ProgressFn | None = None,
     timer: StageTimer | None = None,
     weights: WeightSource | None = None,
+    quantize: str | None = None,
+    group_size: int = DEFAULT_GROUP_SIZE,
 ) -> Model:
     """Convert `module` to a JAX `Model`, tracing it on example `args`/`kwargs`.
 
@@ -62,6 +65,8 @@ def convert(
     `module.to(dtype)` would: params and computation in that precision.
     `weights` streams the params of a module built with fake parameters (capture/fake_params.py)
     from a safetensors checkpoint: the Model's params are then read only when it is saved.
+    `quantize` ("int8", or "int4" in groups of `group_size`) stores the weights of its matrix products quantized
+    (runtime/quantize.py).
     """
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"convert() takes a torch.nn.Module, got {type(module).__name__}")
@@ -70,8 +75,14 @@ def convert(
     if dtype is not None:
         module, args, kwargs = cast(module, tuple(args), kwargs or {}, dtype)
     timer = timer or StageTimer(progress)
+    if quantize is not None:
+        check_scheme(quantize, group_size)
     captured, _ = trace(module, tuple(args), kwargs, dynamic_shapes, timer, strict=strict)
-    return model_from(captured, timer, weights, hints_from=module)
+    model = model_from(captured, timer, weights, hints_from=module)
+    if quantize is not None:
+        with timer.stage("quantize", f"quantize the matmul weights to {quantize}"):
+            model = quantize_model(model, quantize, group_size)
+    return model
 
 
 def trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_shapes: Any, timer: StageTimer, *,
@@ -146,3 +157,17 @@ def load_into_torch(module: torch.nn.Module, model: Model, params: dict | None =
         tensor = to_torch(value)
         state[name] = tensor.to(current[name].dtype) if name in current else tensor
     return module.load_state_dict(state, strict=strict)
+
+
+def quantize_like(module: torch.nn.Module, quantization: dict) -> torch.nn.Module:
+    """Give `module` (in place) the weights a quantized conversion computes with: each quantized weight replaced by
+    its dequantized values, so torch runs what the artifact runs (the reference for verification)."""
+    if not quantization:
+        return module
+    scheme, group = quantization["scheme"], quantization.get("group_size", DEFAULT_GROUP_SIZE)
+    with torch.no_grad():
+        for name in quantization["params"]:
+            weight = module.get_parameter(name)
+            values, scale = quantize_array(weight.detach().float().numpy(), scheme, group)
+            weight.copy_(torch.from_numpy(dequantize_array(values, scale, scheme, group)).to(weight.dtype))
+    return module

@@ -30,6 +30,7 @@ from ..capture.converter import StageTimer, model_from, tp_plan_hints, trace
 from ..capture.fx import Captured, treespec_to_json
 from ..ir.graph import Graph
 from ..runtime.model import Model
+from ..runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_model
 from ..serve.generator import GenerationSpec, Generator
 from . import layer_repeat
 from .kv_cache import CacheLayout, cache_layout, check_limits, cut_layout, explicit_layer_class, generation_fields
@@ -121,13 +122,17 @@ def step_dynamic_shapes(layout: CacheLayout, max_batch: int) -> tuple:
 
 
 def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch: int = 8, dtype: Any = None, progress: Any = None,
-                      weights: Any = None, repeat_layers: bool | int = True) -> Generator:
+                      weights: Any = None, repeat_layers: bool | int = True, quantize: str | None = None,
+                      group_size: int = DEFAULT_GROUP_SIZE) -> Generator:
     """A transformers causal LM -> a `Generator` (torch-free prefill/decode over one params tree).
 
     `weights` (a capture.weight_source.WeightSource) streams the params of an LM built with fake parameters.
     `repeat_layers`: True traces a stack of REPEAT_FROM_UNITS alike units or more at 3 and 4 units and repeats the
-    middle one (capture_step); an int sets that many units instead; False traces every layer."""
+    middle one (capture_step); an int sets that many units instead; False traces every layer.
+    `quantize` ("int8", "int4" with `group_size`) stores the matmul weights quantized (runtime/quantize.py)."""
     check_limits(max_cache_len, max_batch)
+    if quantize is not None:
+        check_scheme(quantize, group_size)
     lm = lm.eval()
     if dtype is not None:
         lm = lm.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
@@ -136,9 +141,13 @@ def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batc
     layout = cache_layout(lm, max_cache_len)
     timer = StageTimer(progress)
     prefill = model_from(capture_step(lm, layout, max_batch, timer, repeat=repeat_layers), timer, weights)
+    if quantize is not None:
+        with timer.stage("quantize", f"quantize the matmul weights to {quantize}"):
+            prefill = quantize_model(prefill, quantize, group_size)
     # decode is the same traced step with one token per row: torch.export runs once, not twice (it is most of a
     # conversion's time, and grows with the number of layers); the pinned size is exported as a constant
     decode = Model(prefill._run, prefill.params, prefill.graph.with_fixed_dims({"tokens": 1}))
+    decode.quantization = prefill.quantization
     prefill.sharding_hints = decode.sharding_hints = tp_plan_hints(lm)  # the step module has no config of its own
     return Generator(prefill, decode, GenerationSpec(**generation_fields(lm, layout, max_batch)))
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputSpecError
+from ..runtime.quantize import DEFAULT_GROUP_SIZE
 from ..serve.generator import Generator
 from ..serve.seq2seq import Seq2SeqGenerator
 from .causal_lm import convert_causal_lm
@@ -33,6 +34,8 @@ def convert_hf(
     dtype: str | None = None,
     stream_weights: bool = False,
     repeat_layers: bool = True,
+    quantize: str | None = None,
+    group_size: int = DEFAULT_GROUP_SIZE,
     progress: Callable[[str, str], None] | None = None,
 ) -> Generator | Seq2SeqGenerator:
     """A Hugging Face model -> a torch-free `Generator` (causal LM: prefill/decode over a donated KV cache), or for
@@ -49,11 +52,16 @@ def convert_hf(
         files only when the generator is saved (memory stays flat in the model's size; it runs once saved and loaded).
       repeat_layers: False traces every decoder layer; by default a stack of alike layers is traced at 3 and 4 layers
         and a middle one repeated, after checking that this reproduces the 4-layer trace.
+      quantize: causal LMs: "int8" (per output row) or "int4" (in groups of `group_size` input columns): the
+        weights of the decoder's projections and the LM head are stored quantized (runtime/quantize.py).
+      group_size: int4's group of input columns sharing one scale.
       progress: called with (stage, message) as each conversion stage starts.
     """
     task = task_of(source, task)
     check_generation_task(task)
     if task == TEXT2TEXT_GENERATION:
+        if quantize is not None:
+            raise InputSpecError("quantize= is for causal LMs (text-generation); convert encoder-decoders without it")
         if stream_weights:
             raise InputSpecError("stream_weights=True is for causal LMs; text2text-generation models load in memory: "
                                  "pass stream_weights=False")
@@ -69,7 +77,7 @@ def convert_hf(
         else:
             lm, directory = causal_lm_from(source)
         generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress,
-                                      weights=weights, repeat_layers=repeat_layers)
+                                      weights=weights, repeat_layers=repeat_layers, quantize=quantize, group_size=group_size)
     if directory is not None:
         generator.tokenizer_files = tokenizer_files(directory)
     return generator

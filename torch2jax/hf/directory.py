@@ -43,7 +43,23 @@ def model_dir(target: str | os.PathLike) -> Path:
 
 
 def read_config(directory: Path) -> Any:
-    return transformers().AutoConfig.from_pretrained(directory, local_files_only=True)
+    """The directory's config; a checkpoint stored quantized by another tool is refused (see check_not_quantized)."""
+    config = transformers().AutoConfig.from_pretrained(directory, local_files_only=True)
+    check_not_quantized(config, directory)
+    return config
+
+
+def check_not_quantized(config: Any, directory: Path) -> None:
+    """A `quantization_config` means the safetensors hold another tool's quantized format (GPTQ, AWQ, bitsandbytes,
+    ...), whose tensors the converter cannot read as weights: say which, and what works instead."""
+    quantization = getattr(config, "quantization_config", None)
+    if not quantization:
+        return
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else getattr(quantization, "quant_method", None)
+    method = getattr(method, "value", method) or "an unnamed method"
+    raise InputSpecError(f"{directory} holds weights quantized with {method} (config.json's quantization_config), which "
+                         "torch2jax cannot read: convert the unquantized checkpoint, with --quantize int8 or int4 to store "
+                         "it quantized")
 
 
 def load_model(auto_class: Any, directory: Path) -> Any:

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from ..capture.converter import quantize_like
+from ..runtime.quantize import DEFAULT_GROUP_SIZE
 from ..serve.generator_artifact import load_generator, save_generator
 from .causal_lm import SLICE_UNITS, convert_causal_lm
 from .directory import load_quietly, transformers
@@ -25,26 +27,31 @@ from .verify import check_generation, verify_generation
 
 def verify_streamed(directory: Path, artifact_dir: Path, config: Any, *, layers: int = 2, tokens: int = 16,
                     dtype: str | None = None, max_cache_len: int = 512, max_batch: int = 8, seed: int = 0,
-                    progress: Any = None, repeat_slice: int | None = None) -> str:
+                    progress: Any = None, repeat_slice: int | None = None, quantization: dict | None = None) -> str:
     """Check a streamed text-generation artifact against transformers; returns what was checked (raises if it differs).
     `repeat_slice`: where the conversion repeated layers, the depth of a slice that converts that way too
-    (hf.causal_lm.repeat_slice); None if it traced every layer."""
+    (hf.causal_lm.repeat_slice); None if it traced every layer. `quantization` (the artifact's): transformers runs
+    with the same weights dequantized, and a slice is converted quantized alike."""
+    quantization = quantization or {}
     depth = num_layers(config)
     if repeat_slice is not None:
         layers = max(layers, repeat_slice)
     if depth is None or depth <= layers:
         if progress:
             progress("verify", f"greedy-generate {tokens} tokens with the saved artifact and with transformers (whole model)")
-        result = verify_generation(_cast(_reference(directory), dtype), load_generator(artifact_dir), tokens=tokens, seed=seed)
+        reference = quantize_like(_cast(_reference(directory), dtype), quantization)
+        result = verify_generation(reference, load_generator(artifact_dir), tokens=tokens, seed=seed)
         check_generation(result)
-        return f"verified against transformers (the whole model, {depth} layers):\n{result.summary()}"
+        how = f", its {quantization['scheme']} weights dequantized" if quantization else ""
+        return f"verified against transformers (the whole model, {depth} layers{how}):\n{result.summary()}"
     if progress:
         progress("verify", f"convert the first {layers} of {depth} layers the same way and generate {tokens} tokens with both")
     small = sliced_config(config, layers)
     with tempfile.TemporaryDirectory(prefix="torch2jax-verify-") as scratch:
         generator = _convert_slice(directory, small, Path(scratch) / "slice", dtype, max_cache_len, max_batch,
-                                   repeat_slice is not None)
-        result = verify_generation(_cast(_reference(directory, small), dtype), generator, tokens=tokens, seed=seed)
+                                   repeat_slice is not None, quantization)
+        reference = quantize_like(_cast(_reference(directory, small), dtype), generator.prefill_model.quantization)
+        result = verify_generation(reference, generator, tokens=tokens, seed=seed)
     check_generation(result)
     how = " (its middle layers repeated, as for the whole model)" if repeat_slice is not None else ""
     return (f"verified a slice against transformers: the first {layers} of {depth} layers (embeddings, norm and head "
@@ -53,10 +60,11 @@ def verify_streamed(directory: Path, artifact_dir: Path, config: Any, *, layers:
 
 
 def _convert_slice(directory: Path, config: Any, out: Path, dtype: str | None, max_cache_len: int, max_batch: int,
-                   repeat_layers: bool):
+                   repeat_layers: bool, quantization: dict):
     lm, _, weights = streamed_causal_lm(directory, config)
     generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, weights=weights,
-                                  repeat_layers=SLICE_UNITS if repeat_layers else False)
+                                  repeat_layers=SLICE_UNITS if repeat_layers else False, quantize=quantization.get("scheme"),
+                                  group_size=quantization.get("group_size", DEFAULT_GROUP_SIZE))
     save_generator(generator, out, platforms=("cpu",))
     return load_generator(out)
 

@@ -34,6 +34,7 @@ FAMILIES = (
     "normalization",
     "pooling",
     "python_values",
+    "quantized",
     "random",
     "reductions",
     "shape",

@@ -36,6 +36,8 @@ def convert_target(
     verify_tokens: int = 16,
     verify_layers: int = 2,
     repeat_layers: bool = True,
+    quantize: str | None = None,
+    group_size: int = 64,
     lowerings: Sequence[str | os.PathLike] = (),
     report: str | os.PathLike | None = None,
     repro_dir: str | os.PathLike | None = None,
@@ -66,6 +68,8 @@ def convert_target(
       verify_tokens: generators: greedy tokens compared with transformers (bfloat16: the first 8 must be equal).
       verify_layers: streamed causal LMs deeper than this are verified on a slice of their first layers.
       repeat_layers: causal LMs: trace a stack of alike layers at 3 and 4 layers and repeat a middle one.
+      quantize: "int8" or "int4": the weights of the matrix products stored quantized (weight-only; docs/api.md).
+      group_size: int4's group of input columns sharing one scale.
       lowerings: Python files that register lowerings for custom ops (torch2jax.register_lowering), imported first.
       report: also write a markdown report (stages, timings, op counts, per-output errors) here, pass or fail.
       repro_dir: where a standalone reproduction of a failing op is written (default: $TMPDIR/torch2jax-repro).
@@ -78,7 +82,7 @@ def convert_target(
     if out.exists() and not force:
         raise InputSpecError(f"{out} already exists; pass --force (force=True) to replace it")
     options = dict(platforms=tuple(platforms), force=force, verify=verify, dtype=dtype, seed=seed, progress=progress,
-                   on_bytes=on_bytes)
+                   on_bytes=on_bytes, quantize=quantize, group_size=group_size)
     if is_hf_target(target):
         kind = task_of(target, task)
         if kind in GENERATION_TASKS:

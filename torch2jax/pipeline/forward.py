@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch.utils._pytree as pytree
 
-from ..capture.converter import StageTimer, cast, convert
+from ..capture.converter import StageTimer, cast, convert, quantize_like
 from ..capture.target import Target
 from ..diagnose import repro
 from ..diagnose.report import ReportData, reporting
@@ -25,7 +25,8 @@ from .targets import resolve_target
 def export_forward(target: str, out: Path, *, inputs: Sequence[str], weights: str | None, task: str | None,
                    platforms: Sequence[str], force: bool, verify: bool, train: bool, dtype: str | None, seed: int,
                    stream: bool, report: str | os.PathLike | None, repro_dir: str | os.PathLike | None,
-                   progress: ProgressFn | None, on_bytes: BytesFn | None) -> Conversion:
+                   progress: ProgressFn | None, on_bytes: BytesFn | None, quantize: str | None = None,
+                   group_size: int = 64) -> Conversion:
     """See pipeline.convert_target; verification runs inside the save, before the rename."""
     timer = StageTimer(progress)
     data = ReportData(title="torch2jax conversion report", target=target, artifact=str(out), timings=timer.timings)
@@ -39,7 +40,7 @@ def export_forward(target: str, out: Path, *, inputs: Sequence[str], weights: st
         model = None
         try:
             model = convert(resolved.module, resolved.args, resolved.kwargs, resolved.dynamic_shapes, timer=timer,
-                            weights=resolved.weights)
+                            weights=resolved.weights, quantize=quantize, group_size=group_size)
             data.graph = model.graph
             with timer.stage("jax.export", "jax.export to StableHLO"):
                 exported = stablehlo.export(model, list(platforms))
@@ -53,6 +54,7 @@ def export_forward(target: str, out: Path, *, inputs: Sequence[str], weights: st
             with timer.stage("verify", "compare the saved artifact with PyTorch"):
                 loaded = artifact.load(tmp)
                 module = resolved.module if resolved.weights is None else resolved.weights.materialize(resolved.module)
+                quantize_like(module, model.quantization)  # torch computes with the weights the artifact holds
                 data.verification = compare_with_torch(module, loaded, resolved.args, resolved.kwargs, seed)
             check(data.verification)
 
@@ -68,7 +70,8 @@ def export_forward(target: str, out: Path, *, inputs: Sequence[str], weights: st
     checks = []
     if data.verification is not None:
         how = " (the whole model, its weights memory-mapped from the safetensors files)" if streamed else ""
-        checks.append(f"verified against PyTorch{how}:\n{data.verification.summary()}")
+        quantized = f" with the {model.quantization['scheme']} weights dequantized" if model.quantization else ""
+        checks.append(f"verified against PyTorch{how}{quantized}:\n{data.verification.summary()}")
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     return Conversion(out, size, str(model.signature), streamed, checks)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..capture.converter import quantize_like
+from ..errors import InputSpecError
 from ..hf.causal_lm import convert_causal_lm, repeat_slice
 from ..hf.convert import causal_lm_from, seq2seq_lm_from
 from ..hf.directory import tokenizer_files
@@ -21,7 +23,7 @@ from .conversion import BytesFn, Conversion, ProgressFn
 def export_generator(target: str, out: Path, *, task: str, stream: bool, platforms: Sequence[str], force: bool, verify: bool,
                      dtype: str | None, seed: int, max_cache_len: int, max_batch: int, max_source_len: int,
                      verify_tokens: int, verify_layers: int, repeat_layers: bool, progress: ProgressFn | None,
-                     on_bytes: BytesFn | None) -> Conversion:
+                     on_bytes: BytesFn | None, quantize: str | None = None, group_size: int = 64) -> Conversion:
     """See pipeline.convert_target. A streamed model deeper than `verify_layers` is verified on a slice of its first
     layers, converted the same way, so that verification never needs the whole model in memory."""
     def report(stage: str, message: str) -> None:
@@ -34,17 +36,20 @@ def export_generator(target: str, out: Path, *, task: str, stream: bool, platfor
         lm, directory, weights = streamed_causal_lm(target)
         gigabytes = weights.checkpoint.nbytes / 1e9
         generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress,
-                                      weights=weights, repeat_layers=repeat_layers)
+                                      weights=weights, repeat_layers=repeat_layers, quantize=quantize, group_size=group_size)
 
         def check(tmp: Path) -> None:
             checks.append(verify_streamed(directory, tmp, lm.config, layers=verify_layers, tokens=verify_tokens, dtype=dtype,
                                           max_cache_len=max_cache_len, max_batch=max_batch, seed=seed, progress=progress,
-                                          repeat_slice=repeat_slice(lm) if repeat_layers else None))
+                                          repeat_slice=repeat_slice(lm) if repeat_layers else None,
+                                          quantization=generator.prefill_model.quantization))
 
         saving = f"jax.export prefill and decode, stream {gigabytes:.2f} GB of weights into {out}"
     else:
         report("build model", f"load {target} with transformers")
         if task == TEXT2TEXT_GENERATION:
+            if quantize is not None:
+                raise InputSpecError("--quantize is for causal LMs (text-generation); convert encoder-decoders without it")
             lm, directory = seq2seq_lm_from(target)
             generator = convert_seq2seq(lm, max_cache_len=max_cache_len, max_batch=max_batch, max_source_len=max_source_len,
                                         dtype=dtype, progress=progress)
@@ -52,13 +57,16 @@ def export_generator(target: str, out: Path, *, task: str, stream: bool, platfor
         else:
             lm, directory = causal_lm_from(target)
             generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype,
-                                          progress=progress, repeat_layers=repeat_layers)
+                                          progress=progress, repeat_layers=repeat_layers, quantize=quantize,
+                                          group_size=group_size)
             compare, entries = verify_generation, "prefill and decode"
 
         def check(tmp: Path) -> None:
             report("verify", f"greedy-generate {verify_tokens} tokens with the saved artifact and with transformers")
-            result = compare(lm, load_generator(tmp), tokens=verify_tokens, seed=seed)
-            checks.append(f"verified against transformers:\n{result.summary()}")
+            quantization = generator.entries()[next(iter(generator.entries()))].quantization
+            result = compare(quantize_like(lm, quantization), load_generator(tmp), tokens=verify_tokens, seed=seed)
+            how = f" (its {quantization['scheme']} weights dequantized)" if quantization else ""
+            checks.append(f"verified against transformers{how}:\n{result.summary()}")
             check_generation(result)
 
         saving = f"jax.export {entries}, write {out}"

@@ -192,6 +192,13 @@ def open_artifact(path: str | os.PathLike, verify_hashes: bool = True) -> tuple[
 
 def _entry(root: Path, folder: Path, manifest: dict, params: dict, from_graph: bool) -> Model:
     """One function of the artifact: its graph, and its Exported unless rebuilding from the graph."""
+    model = _function(root, folder, manifest, params, from_graph)
+    quantization = manifest["params"].get("quantization")
+    model.quantization = dict(quantization) if isinstance(quantization, dict) else {}
+    return model
+
+
+def _function(root: Path, folder: Path, manifest: dict, params: dict, from_graph: bool) -> Model:
     try:
         graph = Graph.loads((folder / GRAPH).read_bytes())
     except GraphFormatError as err:
@@ -311,6 +318,7 @@ def _manifest(model: Model, exported: Any, vjp_order: int, source: str | None) -
             "aliases": graph.aliases,
             "tree": tree,
             **({"sharding_hints": dict(model.sharding_hints)} if model.sharding_hints else {}),
+            **({"quantization": dict(model.quantization)} if model.quantization else {}),
         },
     }
 

@@ -41,6 +41,8 @@ class Model:
         # the source model's own tensor-parallel plan ({module pattern: "colwise" | "rowwise" | ...}, transformers'
         # base_model_tp_plan), saved in the manifest to seed sharding="auto" at load time
         self.sharding_hints: dict[str, str] = {}
+        # weight-only quantization (runtime/quantize.py): scheme, which params, bytes before and after; {} if none
+        self.quantization: dict[str, Any] = {}
         self._jitted = jax.jit(self._checked_call)
 
     # -- public API -------------------------------------------------------------------------

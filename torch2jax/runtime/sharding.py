@@ -189,7 +189,25 @@ def plan(tree: Mapping[str, tuple[tuple[int, ...], str]], mesh: Mesh, sharding: 
         shape = tuple(shape)
         hinted = _hinted_rules(name, len(shape), hints or {}) if MODEL in mesh.axis_names else []
         placements[name] = _place(name, shape, dtype, user, hinted + auto, mesh)
+    for name, placement in placements.items():  # a quantized weight's scales go where its rows and groups go
+        base = placements.get(name.removesuffix(SCALE_SUFFIX)) if name.endswith(SCALE_SUFFIX) else None
+        if base is not None and not placement.rule.endswith("(yours)"):
+            placements[name] = _with_weight(placement, base, mesh)
     return ShardingPlan(mesh, placements)
+
+
+SCALE_SUFFIX = "_scale"  # runtime/quantize.py: `<weight>_scale` holds a quantized weight's scales
+
+
+def _with_weight(scale: ParamPlacement, weight: ParamPlacement, mesh: Mesh) -> ParamPlacement:
+    """The scales of a quantized [out, in] weight: [out] per row, or [out, in / group] per group, split as the weight is."""
+    spec = PartitionSpec(*(list(weight.spec) + [None] * len(scale.shape))[: len(scale.shape)])
+    if not any(spec):
+        return ParamPlacement(scale.name, scale.shape, scale.dtype, PartitionSpec(), "")
+    problem = _misfit(spec, scale.shape, mesh)
+    if problem:
+        return ParamPlacement(scale.name, scale.shape, scale.dtype, PartitionSpec(), "", f"replicated: {problem}")
+    return ParamPlacement(scale.name, scale.shape, scale.dtype, spec, f"with {weight.name}")
 
 
 # a tp-plan style -> the dim it splits over the model axis, by param rank (None: the param stays whole)

@@ -75,6 +75,12 @@ def describe(manifest: dict, where: str | os.PathLike) -> list[str]:
     if manifest.get("mutated_buffers"):
         lines.append(f"mutates   {', '.join(manifest['mutated_buffers'])}")
     lines.append(f"params    {params['count']:,} values, {params['bytes'] / 1e6:.2f} MB in {len(params['tree'])} tensors")
+    quantized = params.get("quantization")
+    if isinstance(quantized, dict):
+        group = f", groups of {quantized['group_size']} input columns" if quantized.get("group_size") else ", one scale per row"
+        lines.append(f"quantized {quantized.get('scheme')} weight-only{group}: {len(quantized.get('params', []))} matmul weights, "
+                     f"{quantized.get('bytes_before', 0) / 1e6:.2f} MB -> {quantized.get('bytes_after', 0) / 1e6:.2f} MB "
+                     "(each with a `<name>_scale` param; dequantized inside the function)")
     for name, spec in list(params["tree"].items())[:20]:
         lines.append(f"  {name}: {spec['dtype']}{spec['shape']}")
     if len(params["tree"]) > 20:

@@ -1,0 +1,91 @@
+"""Weight-only int8 / int4 quantization of a converted model's matmul weights (runtime/quantize.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import torch2jax
+from torch2jax.capture.converter import quantize_like
+from torch2jax.errors import InputSpecError
+from torch2jax.runtime.quantize import dequantize_array, quantize_array
+
+from ..helpers import torch_out
+
+
+@pytest.mark.parametrize("scheme, levels", [("int8", 127), ("int4", 7)])
+def test_quantized_weights_are_within_half_a_step_of_the_float_ones(scheme, levels):
+    w = np.random.default_rng(0).standard_normal((24, 128)).astype(np.float32)
+    w[3] = 0.0  # an all-zero row keeps a usable scale
+    values, scale = quantize_array(w, scheme, 32)
+    assert values.dtype == (np.int8 if scheme == "int8" else np.uint8)
+    assert values.shape == ((24, 128) if scheme == "int8" else (24, 64))
+    back = dequantize_array(values, scale, scheme, 32)
+    step = np.repeat(scale, 32, axis=1) if scheme == "int4" else scale[:, None]
+    assert np.all(np.abs(back - w) <= step / 2 + 1e-7)
+    assert np.all(back[3] == 0) and np.abs(w).max() <= levels * step.max() + 1e-6
+
+
+def test_int4_packs_two_columns_per_byte_low_nibble_first():
+    w = np.array([[-7, 6, 0, -1]], np.float32)  # one group of 4 whose scale is max|w| / 7 = 1
+    values, scale = quantize_array(w, "int4", 4)
+    assert scale.tolist() == [[1.0]]
+    assert values.tolist() == [[0x69, 0xF0]]  # (-7 & 0xF) | (6 << 4), 0 | ((-1 & 0xF) << 4): two's complement nibbles
+    assert dequantize_array(values, scale, "int4", 4).tolist() == w.tolist()
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 64)
+        self.up = torch.nn.Linear(64, 128)
+        self.down = torch.nn.Linear(128, 64, bias=False)
+        self.norm = torch.nn.LayerNorm(64)
+        self.head = torch.nn.Linear(64, 50, bias=False)
+        self.head.weight = self.embed.weight  # tied: the embedding reads it too, so it stays float
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        return self.head(self.norm(h + self.down(torch.relu(self.up(h)))))
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_a_quantized_model_computes_what_torch_does_with_the_weights_dequantized(scheme, tmp_path):
+    module = MLP().eval()
+    ids = torch.randint(0, 50, (2, 7))
+    jm = torch2jax.convert(module, (ids,), dynamic_shapes={"ids": {0: "batch", 1: "seq"}}, quantize=scheme, group_size=32)
+    assert jm.quantization["params"] == ["up.weight", "down.weight"]  # not the tied embedding/head, the norm, the biases
+    assert jm.params["up.weight"].dtype == (np.int8 if scheme == "int8" else np.uint8)
+    assert jm.params["up.bias"].dtype == np.float32 and jm.params["embed.weight"].dtype == np.float32
+    want = torch_out(quantize_like(module, jm.quantization), ids)
+    np.testing.assert_allclose(np.asarray(jm(ids.numpy())), want.numpy(), rtol=1e-5, atol=1e-5)
+    out = torch2jax.save(jm, tmp_path / scheme)
+    for loaded in (torch2jax.load(out), torch2jax.load(out, from_graph=True)):
+        assert loaded.quantization["scheme"] == scheme
+        np.testing.assert_allclose(np.asarray(loaded(ids.numpy())), want.numpy(), rtol=1e-5, atol=1e-5)
+    quantized = jm.quantization
+    assert quantized["bytes_after"] < quantized["bytes_before"]
+
+
+def test_quantize_asks_for_a_known_scheme():
+    with pytest.raises(InputSpecError, match="quantize must be one of int8, int4"):
+        torch2jax.convert(MLP().eval(), (torch.zeros(1, 3, dtype=torch.long),), quantize="int3")
+    with pytest.raises(InputSpecError, match="group_size must be an even integer"):
+        torch2jax.convert(MLP().eval(), (torch.zeros(1, 3, dtype=torch.long),), quantize="int4", group_size=5)
+
+
+def test_scales_are_sharded_with_their_weights():
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    from torch2jax.runtime import sharding
+
+    mesh = jax.make_mesh((1, 1), ("data", "model"))
+    tree = {"q_proj.weight": ((128, 32), "uint8"), "q_proj.weight_scale": ((128, 2), "float32"),
+            "o_proj.weight": ((64, 128), "int8"), "o_proj.weight_scale": ((64,), "float32"),
+            "norm.weight": ((64,), "float32")}
+    placed = sharding.plan(tree, sharding.auto_mesh(mesh), "auto", {"q_proj": "colwise", "o_proj": "rowwise"}).placements
+    assert placed["q_proj.weight"].spec == P("model", None) and placed["q_proj.weight_scale"].spec == P("model", None)
+    assert placed["o_proj.weight"].spec == P(None, "model") and placed["o_proj.weight_scale"].spec == P()  # one per row
+    assert placed["q_proj.weight_scale"].rule == "with q_proj.weight"

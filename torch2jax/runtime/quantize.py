@@ -1,0 +1,202 @@
+"""Weight-only quantization of a converted model: the weights of its matrix products held as int8 or int4.
+
+Decoding a language model at small batch reads every weight once per token, so its speed is bound by the
+bytes of weights. `quantize_model` rewrites the portable graph so that each such weight's placeholder
+becomes two params, the quantized values and their scales, and a node that turns them back into the
+weight (ops/quantized.py); every consumer reads that node as it read the placeholder, so the graph,
+its `graph.json` and the StableHLO all hold the quantized form, and the artifact stores int8 / int4.
+
+    int8   symmetric, one scale per output row: q = round(w / s), s = max|w_row| / 127
+    int4   symmetric, one scale per group of `group_size` input columns: s = max|w_group| / 7,
+           q in [-8, 7], two per byte (column 2j in the low nibble)
+
+Quantized are the 2-d params read only as the weight of a matrix product (how nn.Linear reaches the
+graph: `mm` / `addmm` of the weight transposed): a decoder's projections and its LM head. Embeddings,
+norms, biases and a head tied to the embedding keep the model's dtype. A param whose values are read
+later (a DeferredArray, streamed from safetensors) is quantized as it is read, once for both parts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputSpecError
+from ..ir import dtypes
+from ..ir.graph import Graph, GraphInput, Node, TensorMeta, iter_refs
+from ..lowering import interpreter, passes
+from .checkpoint import DeferredArray, is_deferred
+from .model import Model
+from .sharding import SCALE_SUFFIX
+
+SCHEMES = ("int8", "int4")
+DEFAULT_GROUP_SIZE = 64
+_DEQUANTIZE = {"int8": "torch2jax.dequantize_int8.default", "int4": "torch2jax.dequantize_int4.default"}
+_PERMUTE = "aten.permute.default"
+_PRODUCTS = {"aten.mm.default": 1, "aten.addmm.default": 2, "aten.bmm.default": 1}  # op -> its weight operand
+# a transposed weight broadcast over a batch on its way to a bmm (a Linear on a 3-d input with a symbolic batch)
+_BROADCASTS = ("aten.expand.default", "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
+
+
+def quantize_model(model: Model, scheme: str, group_size: int = DEFAULT_GROUP_SIZE) -> Model:
+    """`model` with the weights of its matrix products quantized (see the module docstring); the manifest's
+    params section says which, how, and the bytes before and after (`Model.quantization`)."""
+    check_scheme(scheme, group_size)
+    graph = model.graph
+    chosen = [inp for inp in matmul_weights(graph) if _fits(inp, scheme, group_size)]
+    if not chosen:
+        raise InputSpecError(f"{scheme} quantization found no matrix-product weights to quantize in this model "
+                             "(2-d params read only as the weight of a matmul, e.g. nn.Linear's)")
+    new_graph, params = _rewrite(graph, model.params, chosen, scheme, group_size)
+    quantized = Model(interpreter.build(passes.optimize(new_graph)), params, new_graph)
+    quantized.sharding_hints = dict(model.sharding_hints)
+    quantized.timings = getattr(model, "timings", {})
+    quantized.quantization = {
+        "scheme": scheme,
+        **({"group_size": group_size} if scheme == "int4" else {}),
+        "params": [inp.target for inp in chosen],
+        "bytes_before": _nbytes(model.params),
+        "bytes_after": _nbytes(params),
+    }
+    return quantized
+
+
+def check_scheme(scheme: str | None, group_size: int) -> None:
+    if scheme not in SCHEMES:
+        raise InputSpecError(f"quantize must be one of {', '.join(SCHEMES)}, got {scheme!r}")
+    if scheme == "int4" and (not isinstance(group_size, int) or group_size < 2 or group_size % 2):
+        raise InputSpecError(f"group_size must be an even integer >= 2 (got {group_size!r})")
+
+
+def matmul_weights(graph: Graph) -> list[GraphInput]:
+    """The floating 2-d params whose every use is a 2-d transpose read only as a matmul's weight operand."""
+    uses: dict[str, list[tuple[Node, int]]] = {}
+    for node in graph.nodes:
+        for position, arg in enumerate(node.args):
+            for ref in iter_refs(arg):
+                uses.setdefault(ref, []).append((node, position))
+    read_elsewhere = Counter(ref for out in graph.outputs for ref in iter_refs(out.value))
+    tied = set(graph.aliases.values())
+    found = []
+    for inp in graph.inputs:
+        meta = inp.meta
+        if (inp.kind != "parameter" or meta is None or len(meta.shape) != 2 or not meta.is_static
+                or not dtypes.is_floating(dtypes.numpy_dtype(meta.dtype)) or inp.target in tied or read_elsewhere[inp.name]):
+            continue
+        readers = uses.get(inp.name, [])
+        if readers and all(_transposed_into_product(node, position, uses, read_elsewhere) for node, position in readers):
+            found.append(inp)
+    return found
+
+
+def _transposed_into_product(node: Node, position: int, uses: dict, read_elsewhere: Counter) -> bool:
+    if node.op != _PERMUTE or position != 0 or [d % 2 for d in node.args[1]] != [1, 0]:
+        return False
+    return _into_product(node, uses, read_elsewhere)
+
+
+def _into_product(node: Node, uses: dict, read_elsewhere: Counter) -> bool:
+    """Every reader of `node` takes it as a matmul's weight operand, directly or broadcast over a batch first."""
+    readers = uses.get(node.name, [])
+    if not readers or read_elsewhere[node.name]:
+        return False
+    return all(_PRODUCTS.get(user.op) == where or (user.op in _BROADCASTS and where == 0 and _into_product(user, uses, read_elsewhere))
+               for user, where in readers)
+
+
+def _fits(inp: GraphInput, scheme: str, group_size: int) -> bool:
+    return scheme == "int8" or inp.meta.shape[1] % group_size == 0
+
+
+def _rewrite(graph: Graph, params: dict, chosen: list[GraphInput], scheme: str, group_size: int) -> tuple[Graph, dict]:
+    by_name = {inp.name: inp for inp in chosen}
+    inputs, nodes, new_params = [], [], {}
+    for inp in graph.inputs:
+        if inp.name not in by_name:
+            inputs.append(inp)
+            continue
+        rows, cols = inp.meta.shape
+        values = GraphInput(f"{inp.name}_q", "parameter", _values_meta(scheme, rows, cols), inp.target)
+        scale = GraphInput(f"{inp.name}{SCALE_SUFFIX}", "parameter", _scale_meta(scheme, rows, cols, group_size),
+                           inp.target + SCALE_SUFFIX)
+        inputs += [values, scale]
+        args = [{"ref": values.name}, {"ref": scale.name}] + ([group_size] if scheme == "int4" else [])
+        nodes.append(Node(inp.name, _DEQUANTIZE[scheme], [*args, {"dtype": inp.meta.dtype}], {}, inp.meta))
+    for name, value in params.items():
+        inp = next((i for i in chosen if i.target == name), None)
+        if inp is None:
+            new_params[name] = value
+            continue
+        new_params[name], new_params[name + SCALE_SUFFIX] = _quantized_pair(value, scheme, group_size, name)
+    return dataclasses.replace(graph, inputs=inputs, nodes=nodes + list(graph.nodes)), new_params
+
+
+def _values_meta(scheme: str, rows: int, cols: int) -> TensorMeta:
+    return TensorMeta("int8", [rows, cols]) if scheme == "int8" else TensorMeta("uint8", [rows, cols // 2])
+
+
+def _scale_meta(scheme: str, rows: int, cols: int, group_size: int) -> TensorMeta:
+    return TensorMeta("float32", [rows] if scheme == "int8" else [rows, cols // group_size])
+
+
+def quantize_array(weight: np.ndarray, scheme: str, group_size: int = DEFAULT_GROUP_SIZE) -> tuple[np.ndarray, np.ndarray]:
+    """(quantized values, float32 scales) of a [out, in] weight (see the module docstring)."""
+    w = np.asarray(weight, np.float32)
+    if scheme == "int8":
+        scale = np.abs(w).max(axis=1) / 127
+        scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+        return np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8), scale
+    rows, cols = w.shape
+    grouped = w.reshape(rows, cols // group_size, group_size)
+    scale = np.abs(grouped).max(axis=2) / 7
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    q = np.clip(np.rint(grouped / scale[:, :, None]), -8, 7).astype(np.int8).reshape(rows, cols)
+    packed = (q[:, 0::2] & 0xF) | ((q[:, 1::2] & 0xF) << 4)
+    return packed.astype(np.uint8), scale
+
+
+def dequantize_array(values: np.ndarray, scale: np.ndarray, scheme: str, group_size: int = DEFAULT_GROUP_SIZE) -> np.ndarray:
+    """The float32 weight quantized values stand for (what the artifact computes with), in NumPy."""
+    if scheme == "int8":
+        return values.astype(np.float32) * scale[:, None]
+    low, high = (values & 0xF).astype(np.int8), (values >> 4).astype(np.int8)
+    q = np.stack([np.where(low > 7, low - 16, low), np.where(high > 7, high - 16, high)], axis=-1).reshape(values.shape[0], -1)
+    rows = q.shape[0]
+    return (q.reshape(rows, -1, group_size).astype(np.float32) * scale[:, :, None]).reshape(rows, -1)
+
+
+def _quantized_pair(value: Any, scheme: str, group_size: int, name: str) -> tuple[Any, Any]:
+    if not is_deferred(value):
+        import jax.numpy as jnp
+
+        values, scale = quantize_array(np.asarray(value), scheme, group_size)
+        return jnp.asarray(values), jnp.asarray(scale)
+    rows, cols = value.shape
+    pair = _ReadOnce(value, scheme, group_size)
+    values_shape = (rows, cols) if scheme == "int8" else (rows, cols // 2)
+    scale_shape = (rows,) if scheme == "int8" else (rows, cols // group_size)
+    label = f"{value.source} ({scheme})"
+    return (DeferredArray(values_shape, np.int8 if scheme == "int8" else np.uint8, lambda: pair.take(0), label),
+            DeferredArray(scale_shape, np.float32, lambda: pair.take(1), f"{label} scales"))
+
+
+class _ReadOnce:
+    """A streamed weight quantized when either part is first read; each part is handed out once, then dropped, so
+    the weight is read from its file once and nothing stays in memory after both parts are written."""
+
+    def __init__(self, source: DeferredArray, scheme: str, group_size: int):
+        self.source, self.scheme, self.group_size = source, scheme, group_size
+        self.parts: dict[int, np.ndarray] = {}
+
+    def take(self, index: int) -> np.ndarray:
+        if index not in self.parts:  # the first read (or a second save): read and quantize the weight
+            values, scale = quantize_array(self.source.read(), self.scheme, self.group_size)
+            self.parts = {0: values, 1: scale}
+        return self.parts.pop(index)
+
+
+def _nbytes(params: dict) -> int:
+    return int(sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in params.values()))
