@@ -87,7 +87,8 @@ def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train
             platforms=[p.strip() for p in platforms.split(",") if p.strip()], force=force, verify=not no_verify,
             train=train, dtype=dtype, seed=seed, stream=not weights_in_memory, max_cache_len=max_cache_len,
             max_batch=max_batch, max_source_len=max_source_len, verify_tokens=verify_tokens, verify_layers=verify_layers,
-            repeat_layers=not trace_all_layers, quantize=quantize, group_size=group_size, lowerings=lowerings, report=report_file, repro_dir=repro_dir,
+            repeat_layers=not trace_all_layers, quantize=quantize, group_size=group_size, lowerings=lowerings,
+            report=report_file, repro_dir=repro_dir,
             progress=progress, on_bytes=progress.bytes_written,
         )
     finally:
