@@ -156,3 +156,19 @@ def test_trace_all_layers_reaches_the_step_capture(tmp_path, monkeypatch):
         result = CliRunner().invoke(main, ["convert", f"hf:{source}", "--max-cache-len", "16", "--out", str(tmp_path / "x"), *flags])
         assert result.exit_code == 2 and "stop here" in result.output
     assert seen == [True, False, False]
+
+
+def test_a_streamed_conversion_to_bfloat16_is_verified_against_transformers_in_bfloat16(tmp_path):
+    """--dtype with streamed weights: the fake-parameter model is cast without torch's `.to` (which cannot swap a fake
+    parameter) and the files' tensors are converted as they are read."""
+    source = write_lm("llama", tmp_path)
+    out = tmp_path / "bf16"
+    # --seed 1: seed 0's prompts meet a near-tie at the 4th token (float32 top-2 logits 0.3148 / 0.3143, equal in
+    # bfloat16), where our bfloat16 picks float32's token and transformers' bfloat16 the other one
+    result = cli("convert", f"hf:{source}", "--dtype", "bfloat16", "--max-cache-len", "32", "--max-batch", "2",
+                 "--platforms", "cpu", "--seed", "1", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "weights streamed from the safetensors files" in result.stdout
+    assert "row 1: 16 of 16 greedy tokens equal to transformers' generate (bfloat16: the first 8 must be)" in result.stdout
+    tree = json.loads((out / "manifest.json").read_text())["params"]["tree"]
+    assert {spec["dtype"] for spec in tree.values()} == {"bfloat16"}

@@ -17,7 +17,7 @@ from ..runtime.checkpoint import is_deferred
 from ..runtime.model import Model
 from ..runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, dequantize_array, quantize_array, quantize_model
 from . import exporter
-from .fake_params import is_fake
+from .fake_params import has_fake_parameters, is_fake, to_dtype
 from .fx import Captured, capture
 from .torch_arrays import to_jax, to_torch
 from .weight_source import WeightSource
@@ -140,7 +140,8 @@ def cast(module: torch.nn.Module, args: tuple, kwargs: dict, dtype: str | torch.
     def cast_value(value):
         return value.to(target) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
-    moved = copy.deepcopy(module).to(target)
+    # a module with fake params was built by the converter (streamed weights), not the user's: converted in place
+    moved = to_dtype(module, target) if has_fake_parameters(module) else copy.deepcopy(module).to(target)
     return moved, tuple(pytree.tree_map(cast_value, list(args))), pytree.tree_map(cast_value, dict(kwargs))
 
 

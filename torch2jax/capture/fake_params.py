@@ -43,3 +43,23 @@ def is_fake(tensor: torch.Tensor) -> bool:
 
 def has_fake_parameters(module: torch.nn.Module) -> bool:
     return any(is_fake(p) for p in module.parameters())
+
+
+def to_dtype(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """`module.to(dtype)` for a module with fake parameters, in place: torch's own `.to` swaps each parameter's
+    tensor, which a fake one refuses. Floating params become fake params of `dtype` (of the same fake mode, tied
+    ones still one Parameter), floating buffers real ones of `dtype`, as `.to` would make them."""
+    converted: dict[int, torch.nn.Parameter] = {}
+    for sub in module.modules():
+        for name, param in list(sub._parameters.items()):
+            if param is None or not param.is_floating_point() or param.dtype == dtype:
+                continue
+            if id(param) not in converted:
+                with param.data.fake_mode if isinstance(param.data, FakeTensor) else FakeTensorMode(allow_non_fake_inputs=True):
+                    fake = torch.empty_strided(param.shape, param.stride(), dtype=dtype, device="cpu")
+                converted[id(param)] = torch.nn.Parameter(fake, requires_grad=param.requires_grad)
+            sub._parameters[name] = converted[id(param)]
+        for name, buffer in list(sub._buffers.items()):
+            if buffer is not None and buffer.is_floating_point():
+                sub._buffers[name] = buffer.to(dtype)
+    return module

@@ -27,6 +27,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..capture.converter import StageTimer, model_from, tp_plan_hints, trace
+from ..capture.fake_params import has_fake_parameters, to_dtype
 from ..capture.fx import Captured, treespec_to_json
 from ..ir.graph import Graph
 from ..runtime.model import Model
@@ -135,7 +136,8 @@ def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batc
         check_scheme(quantize, group_size)
     lm = lm.eval()
     if dtype is not None:
-        lm = lm.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+        target = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        lm = to_dtype(lm, target) if has_fake_parameters(lm) else lm.to(target)
         if weights is not None:
             weights.cast = True  # the checkpoint's floating tensors are converted to `dtype` as they are read
     layout = cache_layout(lm, max_cache_len)
