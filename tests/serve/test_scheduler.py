@@ -16,18 +16,21 @@ from torch2jax.serve.text import ChatTemplate, TextStream
 
 from .lms import write_lm
 
-CACHE, ROWS, CHUNK = 80, 4, 16
+CACHE, ROWS, CHUNK = 64, 4, 16
 
 
 @pytest.fixture(scope="module")
-def generators(tmp_path_factory):
-    """llama (full attention) and mistral (a sliding window of 8, shorter than most replies), converted once."""
+def engines(tmp_path_factory):
+    """A 4-row batch over llama (full attention) or mistral (a sliding window of 8, shorter than most replies),
+    each converted once; the tests share it (its jitted steps compile once), each with a scheduler of its own."""
     root = tmp_path_factory.mktemp("sched")
     made = {}
 
-    def get(name: str):
+    def get(name: str) -> BatchEngine:
         if name not in made:
-            made[name] = torch2jax.convert_hf(f"hf:{write_lm(name, root)}", max_cache_len=CACHE, max_batch=ROWS)
+            g = torch2jax.convert_hf(f"hf:{write_lm(name, root)}", max_cache_len=CACHE, max_batch=ROWS)
+            made[name] = BatchEngine(g, ROWS, chunk=CHUNK)
+        assert not made[name].running.any(), "a test left rows running"
         return made[name]
 
     return get
@@ -48,7 +51,7 @@ def requests(count: int, seed: int, sampled: bool = False) -> list[Request]:
     rng = np.random.default_rng(seed)
     out = []
     for i in range(count):
-        length = int(rng.integers(1, 45))
+        length = int(rng.integers(1, 40))
         settings = Sampling(float(rng.uniform(0.5, 1.5)), int(rng.integers(0, 20)), float(rng.uniform(0.6, 1.0)), seed=i) \
             if sampled and i % 2 else Sampling()
         out.append(Request(rng.integers(3, 128, length).tolist(), int(rng.integers(1, CACHE - length + 1)), lambda e: None,
@@ -65,33 +68,33 @@ def alone(g, request: Request) -> list[int]:
 
 
 @pytest.mark.parametrize("name", ["llama", "mistral"])
-def test_each_request_gets_what_it_gets_alone(name, generators):
-    """12 requests (prompts 1-44 tokens, chunked by 16; replies up to the whole cache) arriving every 3 steps
-    into 4 rows: greedy ones equal generate's tokens, sampled ones equal generate's draws with the same key.
+def test_each_request_gets_what_it_gets_alone(name, engines):
+    """8 requests (prompts 1-39 tokens, chunked by 16; replies up to the whole cache) arriving every 3 steps
+    into 4 rows: greedy ones equal generate's tokens, sampled ones (llama) equal generate's draws with the same key.
     The pointer wraps (rebases), and never more than 4 rows are held."""
-    g = generators(name)
-    scheduler = Scheduler(BatchEngine(g, ROWS, chunk=CHUNK), max_queue=16)
-    batch = requests(12, seed=1, sampled=True)
+    scheduler = Scheduler(engines(name), max_queue=16)
+    g = scheduler.engine.g
+    batch = requests(8, seed=1, sampled=name == "llama")
     run(scheduler, {3 * i: [r] for i, r in enumerate(batch)})
     for r in batch:
         assert r.tokens == alone(g, r), (len(r.prompt), r.max_tokens, r.sampling)
-    assert scheduler.max_rows_held == ROWS and scheduler.engine.rebases > 0
+    assert scheduler.max_rows_held == ROWS and scheduler.engine.rebases > 0 and scheduler.engine.pointer == 0
     assert not scheduler.engine.running.any() and scheduler.rows_held == 0
 
 
-def test_a_short_request_finishes_while_a_long_one_runs(generators):
-    g = generators("llama")
-    scheduler = Scheduler(BatchEngine(g, ROWS, chunk=CHUNK), max_queue=4)
+def test_a_short_request_finishes_while_a_long_one_runs(engines):
+    scheduler = Scheduler(engines("llama"), max_queue=4)
+    g = scheduler.engine.g
     order = []
-    long = Request(list(range(3, 40)), 40, lambda e: e.finish_reason and order.append("long"), end_tokens=())
+    long = Request(list(range(3, 30)), 30, lambda e: e.finish_reason and order.append("long"), end_tokens=())
     short = Request([5, 6, 7], 4, lambda e: e.finish_reason and order.append("short"), end_tokens=())
     run(scheduler, {0: [long], 5: [short]})
     assert order == ["short", "long"] and short.tokens == alone(g, short) and long.tokens == alone(g, long)
 
 
-def test_end_token_and_cancel_free_the_row(generators):
-    g = generators("llama")
-    scheduler = Scheduler(BatchEngine(g, 1, chunk=CHUNK), max_queue=4)
+def test_end_token_and_cancel_free_the_row(engines):
+    scheduler = Scheduler(engines("llama"), max_queue=4)
+    g = scheduler.engine.g
     free = alone(g, Request([9, 8, 7], 12, None, end_tokens=()))
     events = []
     ended = Request([9, 8, 7], 12, events.append, end_tokens=(free[4],))
@@ -104,15 +107,18 @@ def test_end_token_and_cancel_free_the_row(generators):
     scheduler.submit(cancelled)
     for _ in range(3):
         scheduler.step()
+    assert scheduler.rows_held == 1 and len(cancelled.tokens) == 4  # the prefill's token, then one per decode step
     cancelled.cancel()
+    scheduler.step()
+    assert scheduler.rows_held == 0 and len(cancelled.tokens) == 4 and not scheduler.engine.running.any()
     run(scheduler, {0: [after]})
-    assert len(cancelled.tokens) <= 4 and after.tokens == alone(g, after)
+    assert after.tokens == alone(g, after)
 
 
-def test_bad_requests_and_a_full_queue_are_refused(generators):
-    scheduler = Scheduler(BatchEngine(generators("llama"), 2, chunk=CHUNK), max_queue=2)
-    with pytest.raises(InputSpecError, match=r"a prompt of 70 tokens plus max_tokens=20 needs 90 cache slots, more than .* \(80\)"):
-        scheduler.submit(Request([5] * 70, 20, None))
+def test_bad_requests_and_a_full_queue_are_refused(engines):
+    scheduler = Scheduler(engines("llama"), max_queue=2)
+    with pytest.raises(InputSpecError, match=r"a prompt of 50 tokens plus max_tokens=20 needs 70 cache slots, more than .* \(64\)"):
+        scheduler.submit(Request([5] * 50, 20, None))
     with pytest.raises(InputSpecError, match=r"outside the vocabulary \[0, 128\)"):
         scheduler.submit(Request([5, 128], 2, None))
     with pytest.raises(InputSpecError, match="temperature must be >= 0"):
@@ -120,11 +126,12 @@ def test_bad_requests_and_a_full_queue_are_refused(generators):
     with pytest.raises(torch2jax.Torch2JaxError, match=r"top_p must be in \(0, 1\]"):
         Sampling(temperature=1.0, top_p=1.5)
     with pytest.raises(InputSpecError, match="this artifact was converted for batches of 1 to 4"):
-        BatchEngine(generators("llama"), 5)
+        BatchEngine(scheduler.engine.g, 5)
     for _ in range(2):
         scheduler.submit(Request([5], 2, lambda e: None))
     with pytest.raises(QueueFull):
         scheduler.submit(Request([5], 2, lambda e: None))
+    scheduler.waiting.clear()
 
 
 class Words:

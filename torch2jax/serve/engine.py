@@ -112,9 +112,13 @@ class BatchEngine:
         """Run the group's next chunk; after the last one, the logits of each row's last prompt token."""
         lo, hi = group.bounds[group.chunk], group.bounds[group.chunk + 1]
         positions = np.maximum(np.cumsum(group.mask, axis=1) - 1, 0)
+        # the first chunk attends to itself, as generate's prefill does; later ones to a power-of-two span (few compiles)
+        span = hi if lo == 0 else attended_span(hi, self.max_len)
+        valid = np.zeros((group.mask.shape[0], span), bool)
+        valid[:, :hi] = group.mask[:, :hi]
         logits, group.scratch = self.g._prefill(
             self.g.params, group.scratch, jnp.asarray(group.ids[:, lo:hi], self._ids), jnp.asarray(positions[:, lo:hi], self._ids),
-            jnp.arange(lo, hi, dtype=self._ids), jnp.asarray(group.mask[:, :hi]))
+            jnp.arange(lo, hi, dtype=self._ids), jnp.asarray(valid))
         group.chunk += 1
         return logits if group.done else None
 
