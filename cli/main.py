@@ -690,5 +690,7 @@ def bisect(target, inputs, weights, lowerings, seed):
     _fail(str(divergence), EXIT_MISMATCH)
 
 
+from cli import serve as _serve  # noqa: E402, F401  (registers `torch2jax serve`)
+
 if __name__ == "__main__":
     main()

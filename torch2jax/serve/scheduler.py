@@ -178,7 +178,7 @@ class Scheduler:
             for row in running:
                 self._emit(self.slots[row], int(tokens[row]), row)
         if self.metrics is not None:
-            self.metrics.observe_batch(int(self.engine.running.sum()), self.queue_depth)
+            self.metrics.observe_batch(int(self.engine.running.sum()), self.queue_depth, self.max_rows_held)
 
     def _drop_cancelled(self) -> None:
         with self._cond:
