@@ -182,8 +182,9 @@ def create_app(service: Service, on_shutdown: Callable[[], None] | None = None) 
         except QueueFull as err:
             raise ApiError(429, f"the server is busy ({err}): retry after {RETRY_AFTER_S}s", None, "queue_full",
                            "rate_limit_error") from None
-        except InputSpecError as err:
-            raise ApiError(400, str(err), "max_tokens" if "max_tokens" in str(err) else "prompt") from None
+        except InputSpecError as err:  # the prompt's fault unless it would fit with fewer tokens asked for
+            fewer = "max_tokens=" in str(err) and len(prompt) < service.max_cache_len
+            raise ApiError(400, str(err), "max_tokens" if fewer else "prompt") from None
         return request, events
 
     async def complete(http: HttpRequest, endpoint: str, chat: bool) -> Response:
