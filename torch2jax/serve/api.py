@@ -175,8 +175,9 @@ def create_app(service: Service, on_shutdown: Callable[[], None] | None = None) 
 
     def submit(prompt: list[int], body: Body, stop: list[str], max_tokens: int) -> tuple[Request, asyncio.Queue]:
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        ignore_eos = body.get("ignore_eos", (bool,), False)  # an extension (as vLLM has it): run to max_tokens
         request = Request(prompt, max_tokens, lambda e: loop.call_soon_threadsafe(events.put_nowait, e), sampling_of(body),
-                          TextStream(service.tokenizer, stop))
+                          TextStream(service.tokenizer, stop), end_tokens=() if ignore_eos else None)
         try:
             service.scheduler.submit(request)
         except QueueFull as err:
