@@ -19,7 +19,7 @@ import pytest
 
 import torch2jax
 
-from ..helpers import CLI, ROOT
+from ..helpers import CLI, ROOT, cli
 from .lms import EOS, write_lm
 from .test_cli_generate import write_tokenizer
 
@@ -280,3 +280,15 @@ def test_full_queue_gets_429_and_sigterm_drains_then_exits_0(artifact, reference
     want = text_of(reference.g, reference([5, 6], 80))
     assert [results[i].json()["choices"][0]["text"] for i in range(2)] == [want, want]
     assert "draining" in s.log.read_text()
+
+
+def test_serve_refuses_what_it_cannot_serve_at_startup(artifact, tmp_path):
+    from .seq2seqs import write_seq2seq
+
+    t5 = torch2jax.save(torch2jax.convert_hf(f"hf:{write_seq2seq('t5', tmp_path)}", max_cache_len=16, max_batch=1,
+                                             max_source_len=16), tmp_path / "t5")
+    refused = cli("serve", str(t5), "--port", str(free_port()))
+    assert refused.returncode == 2 and "is an encoder-decoder (text2text-generation)" in refused.stderr
+    assert "docs/limitations.md" in refused.stderr and "Traceback" not in refused.stderr
+    too_wide = cli("serve", str(artifact), "--max-batch", "9", "--port", str(free_port()))
+    assert too_wide.returncode == 2 and "this artifact was converted for batches of 1 to 4" in too_wide.stderr
