@@ -286,7 +286,7 @@ def test_serve_refuses_what_it_cannot_serve_at_startup(artifact, tmp_path):
     from .seq2seqs import write_seq2seq
 
     t5 = torch2jax.save(torch2jax.convert_hf(f"hf:{write_seq2seq('t5', tmp_path)}", max_cache_len=16, max_batch=1,
-                                             max_source_len=16), tmp_path / "t5")
+                                             max_source_len=16), tmp_path / "t5-artifact")
     refused = cli("serve", str(t5), "--port", str(free_port()))
     assert refused.returncode == 2 and "is an encoder-decoder (text2text-generation)" in refused.stderr
     assert "docs/limitations.md" in refused.stderr and "Traceback" not in refused.stderr
