@@ -93,10 +93,10 @@ bench-eager: $(BENCH_STAMP)
 bench-compile: $(BENCH_STAMP)
 	$(PY) -m benchmarks.compile
 
-# `torch2jax serve` under a bounded load (64 requests, 8 clients) against static batches of the same artifact and
-# `transformers serve --continuous-batching` (~15 min on 2 cores): rewrites its section of docs/benchmarks.md.
+# `torch2jax serve` under a bounded load (32 requests, 8 clients, 2 timed rounds) against static batches of the same artifact and
+# `transformers serve --continuous-batching` (~15 min on 2 busy cores): rewrites its section of docs/benchmarks.md.
 bench-serve: install
-	$(PY) -m pip install -q fastapi  # transformers serve's own server
+	$(PY) -m pip install -q fastapi && $(PY) -m pip install -q --no-deps accelerate  # transformers serve: its server, device_map
 	$(PY) -m benchmarks.serve
 
 lint: install

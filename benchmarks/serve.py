@@ -2,15 +2,16 @@
 against `transformers serve --continuous-batching`, on loopback.
 
     python -m benchmarks.serve                 # measure, print, rewrite its section of docs/benchmarks.md
-    python -m benchmarks.serve --no-write --requests 16
+    python -m benchmarks.serve --no-write --requests 16 --rounds 1
 
 The model is benchmarks/generation.py's Llama-shaped 56M-parameter config (random weights, float32) with a
 word-level tokenizer over its 32000 ids. The load is a closed loop of `--concurrency` clients sending
 `--requests` streamed /v1/completions requests whose prompt (16-256 tokens) and output (16-128 tokens)
 lengths come from a seeded uniform draw; greedy, every request runs to its max_tokens (ignore_eos; the
-random model's end token is one id in 32000 anyway). Each server gets the whole load once untimed
-first (compilation, caches), then once timed. Output tok/s is every completion token over the timed
-wall time; TTFT is submission to the first streamed token; ITL the gaps between a request's tokens.
+random model's end token is one id in 32000 anyway). The servers run side by side; each gets the whole
+load once untimed (compilation, caches), then `--rounds` timed rounds, taking turns. Output tok/s is every
+completion token over the timed wall time; TTFT is submission to the first streamed token; ITL the gaps
+between a request's tokens.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -38,6 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- serve:begin -->", "<!-- serve:end -->"
 VOCAB, CACHE, ROWS = 32000, 512, 8
 START_S = 600
+OURS, STATIC = "torch2jax serve (continuous batching)", "same artifact, static batches of 8 (generate)"
+TRANSFORMERS = "transformers serve --continuous-batching"
 
 
 # -- the load -------------------------------------------------------------------------------------
@@ -48,8 +52,8 @@ def workload(requests: int, seed: int) -> list[tuple[str, int]]:
             for n, m in zip(rng.integers(16, 257, requests), rng.integers(16, 129, requests))]
 
 
-async def one(client, url: str, model: str, prompt: str, max_tokens: int, stats: dict) -> None:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}
+async def one(client, url: str, model: str, prompt: str, max_tokens: int, stats: dict, extra: dict) -> None:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, **extra}
     start = time.perf_counter()
     stamps = []
     async with client.stream("POST", f"{url}/v1/completions", json=body) as answer:
@@ -67,7 +71,7 @@ async def one(client, url: str, model: str, prompt: str, max_tokens: int, stats:
     stats["tokens"] += len(stamps)
 
 
-async def load(url: str, model: str, work: list[tuple[str, int]], concurrency: int) -> dict:
+async def load(url: str, model: str, work: list[tuple[str, int]], concurrency: int, extra: dict) -> dict:
     """Run the load with `concurrency` clients, each taking the next request when its last one ended."""
     import httpx
 
@@ -76,7 +80,7 @@ async def load(url: str, model: str, work: list[tuple[str, int]], concurrency: i
     async def client_loop(client) -> None:
         while queue:
             prompt, max_tokens = queue.popleft()
-            await one(client, url, model, prompt, max_tokens, stats)
+            await one(client, url, model, prompt, max_tokens, stats, extra)
 
     start = time.perf_counter()
     async with httpx.AsyncClient(timeout=600) as client:
@@ -85,12 +89,17 @@ async def load(url: str, model: str, work: list[tuple[str, int]], concurrency: i
     return stats
 
 
-def summary(stats: dict) -> dict:
+def summary(rounds: list[dict]) -> dict:
+    """Throughput over the timed rounds together; latency percentiles over every request and gap of them."""
+    ttft = [t for r in rounds for t in r["ttft"]]
+    itl = [t for r in rounds for t in r["itl"]]
+    tokens, wall = sum(r["tokens"] for r in rounds), sum(r["wall"] for r in rounds)
+
     def pct(values: list[float], q: float) -> float:
         return 1e3 * float(np.percentile(values, q))
 
-    return {"tok_s": stats["tokens"] / stats["wall"], "ttft_p50": pct(stats["ttft"], 50), "ttft_p99": pct(stats["ttft"], 99),
-            "itl_p50": pct(stats["itl"], 50), "itl_p99": pct(stats["itl"], 99), "wall": stats["wall"], "tokens": stats["tokens"]}
+    return {"tok_s": tokens / wall, "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99), "itl_p50": pct(itl, 50),
+            "itl_p99": pct(itl, 99), "wall": wall, "tokens": tokens, "rounds": [round(r["tokens"] / r["wall"], 1) for r in rounds]}
 
 
 # -- the servers ----------------------------------------------------------------------------------
@@ -220,24 +229,40 @@ def make_model(root: Path) -> tuple[Path, Path, float]:
     return source, torch2jax.save(g, root / "llm"), seconds
 
 
-def measure(name: str, server: Process, model: str, work, concurrency: int) -> dict:
-    if server.error:
-        return {"error": server.error}
-    try:
-        asyncio.run(load(server.url, model, work, concurrency))  # untimed: compilation, warm caches
-        result = summary(asyncio.run(load(server.url, model, work, concurrency)))
-        print(f"{name}: {result}", flush=True)
-        return result
-    except Exception as err:  # a server that fails under load is reported, not fatal
-        return {"error": f"{type(err).__name__}: {err}"[:300]}
-    finally:
-        server.stop()
+@dataclass
+class Contender:
+    name: str
+    server: Process
+    model: str
+    extra: dict  # request fields only this server takes
+    rounds: list = field(default_factory=list)
+    error: str | None = None
+
+
+def measure(contenders: list[Contender], work, concurrency: int, rounds: int) -> None:
+    """Warm every server with the whole load, then time `rounds` rounds, the servers taking turns in each (so a
+    change in the machine's other load hits them alike)."""
+    for turn in range(rounds + 1):
+        for c in contenders:
+            if c.error is None and c.server.error:
+                c.error = c.server.error
+            if c.error:
+                continue
+            try:
+                stats = asyncio.run(load(c.server.url, c.model, work, concurrency, c.extra))
+            except Exception as err:  # a server that fails under load is reported, not fatal
+                c.error = f"{type(err).__name__}: {err}"[:300]
+                continue
+            if turn:
+                c.rounds.append(stats)
+            print(f"{c.name} {'round ' + str(turn) if turn else 'warm-up'}: {stats['tokens'] / stats['wall']:.1f} tok/s", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--no-write", action="store_true")
@@ -249,61 +274,67 @@ def main() -> None:
         return
     work = workload(args.requests, args.seed)
     root = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    contenders: list[Contender] = []
     try:
         source, artifact, convert_s = make_model(root)
-        results = {}
         port = free_port()
-        cli = [sys.executable, "-c", "from cli.main import main; main()", "serve", str(artifact), "--port", str(port),
-               "--max-batch", str(ROWS), "--max-queue", str(args.requests)]
-        results["torch2jax serve (continuous batching)"] = measure("ours", Process(cli, port, root / "ours.log"), "llm", work,
-                                                                   args.concurrency)
+        ours = [sys.executable, "-c", "from cli.main import main; main()", "serve", str(artifact), "--port", str(port),
+                "--max-batch", str(ROWS), "--max-queue", str(args.requests)]
+        contenders.append(Contender(OURS, Process(ours, port, root / "ours.log"), "llm", {"ignore_eos": True}))
         port = free_port()
         naive = [sys.executable, "-m", "benchmarks.serve", "--naive-server", str(artifact), str(port)]
-        results["same artifact, static batches of 8 (generate)"] = measure(
-            "static", Process(naive, port, root / "naive.log", "/v1/models"), "llm", work, args.concurrency)
-        if not args.skip_transformers:
+        contenders.append(Contender(STATIC, Process(naive, port, root / "naive.log", "/v1/models"), "llm", {"ignore_eos": True}))
+        if not args.skip_transformers:  # it takes no ignore_eos; the random model's end token is 1 id in 32000
             port = free_port()
             hf = [shutil.which("transformers") or str(Path(sys.executable).parent / "transformers"), "serve", str(source),
                   "--continuous-batching", "--device", "cpu", "--dtype", "float32", "--port", str(port), "--host", "127.0.0.1"]
-            results["transformers serve --continuous-batching"] = measure(
-                "transformers", Process(hf, port, root / "transformers.log"), str(source), work, args.concurrency)
-        text = report(results, args, convert_s)
+            contenders.append(Contender(TRANSFORMERS, Process(hf, port, root / "transformers.log"), str(source), {}))
+        measure(contenders, work, args.concurrency, args.rounds)
+        text = report(contenders, args, convert_s)
         print(text)
         if not args.no_write:
             write_section(args.out, text, BEGIN, END)
             print(f"wrote the serve section of {args.out}")
     finally:
+        for c in contenders:
+            c.server.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 
-def report(results: dict, args, convert_s: float) -> str:
-    ours = results["torch2jax serve (continuous batching)"]
-    lines = ["| server | output tok/s | vs static | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | ITL p99 (ms) |",
-             "|---|---|---|---|---|---|---|"]
-    static = results["same artifact, static batches of 8 (generate)"].get("tok_s")
+def report(contenders: list[Contender], args, convert_s: float) -> str:
+    results = {c.name: {"error": c.error} if c.error or not c.rounds else summary(c.rounds) for c in contenders}
+    static = results.get(STATIC, {}).get("tok_s")
+    lines = ["| server | output tok/s | vs static | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | ITL p99 (ms) | tok/s per round |",
+             "|---|---|---|---|---|---|---|---|"]
     notes = []
     for name, r in results.items():
         if "error" in r:
-            notes.append(f"{name}: did not run: {r['error']}")
-            lines.append(f"| {name} | did not run [{len(notes)}] | | | | | |")
+            notes.append(f"{name} did not run: {r['error']}")
+            lines.append(f"| {name} | did not run [{len(notes)}] | | | | | | |")
             continue
         versus = f"{r['tok_s'] / static:.2f}x" if static else "—"
         lines.append(f"| {name} | {r['tok_s']:.1f} | {versus} | {r['ttft_p50']:.0f} | {r['ttft_p99']:.0f} | {r['itl_p50']:.1f} | "
-                     f"{r['itl_p99']:.1f} |")
+                     f"{r['itl_p99']:.1f} | {', '.join(map(str, r['rounds']))} |")
     footnotes = "\n".join(f"[{i}] {n}".replace("\n", " ") for i, n in enumerate(notes, 1))
-    stamp = time.strftime("%Y-%m-%d")
+    load = os.getloadavg()[1]
     return f"""{BEGIN}
 ## Serving (`torch2jax serve`)
 
 {args.requests} streamed /v1/completions requests, {args.concurrency} clients in a closed loop on loopback, prompts of
-16-256 tokens and outputs of 16-128 tokens (seed {args.seed}), greedy, every request runs to its max_tokens. The model is
-the Llama-shaped 56M-parameter config of the text-generation section (float32, random weights, word-level tokenizer),
-converted with `--max-cache-len {CACHE} --max-batch {ROWS}` ({convert_s:.0f} s). Each server gets the load once untimed,
-then once timed; 2 shared CPU cores, {stamp}. Written by `make bench-serve` (`python -m benchmarks.serve`).
-The static baseline is the same artifact behind the same HTTP layer, serving up to 8 queued requests per
-`generate(stream=True)` call that runs until its longest request ends. Ours: {ours.get('tok_s', 0):.1f} tok/s.
+16-256 tokens and outputs of 16-128 tokens (seed {args.seed}), greedy. The model is the Llama-shaped
+56M-parameter config of the text-generation section (float32, random weights, a word-level tokenizer over its
+32000 ids), converted with `--max-cache-len {CACHE} --max-batch {ROWS}` ({convert_s:.0f} s). All servers run at
+once; each gets the load once untimed (compilation), then {args.rounds} timed rounds, the servers taking turns.
+Ours and the static baseline run every request to its max_tokens (`ignore_eos`); transformers serve does not
+take that field (its requests may end at the end token, one id in 32000). TTFT is from sending a request to its
+first streamed token, ITL the gaps between a request's tokens. The static baseline is the same artifact behind
+the same HTTP layer, serving up to 8 queued requests per `Generator.generate(stream=True)` call, which runs until
+its longest request ends. 2 CPU cores shared with other work (5-minute load average {load:.1f} at the end), so
+absolute numbers are low and noisy; the ratios compare servers measured in turn.
+Written by `make bench-serve` (`python -m benchmarks.serve`).
 
 {chr(10).join(lines)}
+
 {footnotes}
 {END}"""
 
