@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-ops-full test-ops-eager test-ops-compile test-models-full demo runtime-check lint docs bench bench-calls bench-eager bench-compile bench-large clean
+.PHONY: install test test-ops-full test-ops-eager test-ops-compile test-models-full demo runtime-check lint docs bench bench-calls bench-eager bench-compile bench-large bench-serve clean
 
 install: $(STAMP)
 
@@ -92,6 +92,12 @@ bench-eager: $(BENCH_STAMP)
 # torch.compile(backend="torch2jax") against inductor and the exported artifact (~5 min): rewrites its section.
 bench-compile: $(BENCH_STAMP)
 	$(PY) -m benchmarks.compile
+
+# `torch2jax serve` under a bounded load (32 requests, 8 clients, 2 timed rounds) against static batches of the same artifact and
+# `transformers serve --continuous-batching` (~15 min on 2 busy cores): rewrites its section of docs/benchmarks.md.
+bench-serve: install
+	$(PY) -m pip install -q fastapi && $(PY) -m pip install -q --no-deps accelerate  # transformers serve: its server, device_map
+	$(PY) -m benchmarks.serve
 
 lint: install
 	$(VENV)/bin/ruff check torch2jax cli tests scripts sample_models benchmarks

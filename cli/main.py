@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from . import bisect, convert, generate, inspect, run, verify
+from . import bisect, convert, generate, inspect, run, serve, verify
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -23,6 +23,6 @@ def main() -> None:
     """
 
 
-for command in (convert.convert, inspect.inspect, run.run, generate.generate, verify.verify, bisect.bisect):
+for command in (convert.convert, inspect.inspect, run.run, generate.generate, serve.serve, verify.verify, bisect.bisect):
     main.add_command(command)
 

@@ -1,0 +1,343 @@
+"""Serving under load: `torch2jax serve` (continuous batching) against static batches of the same artifact and
+against `transformers serve --continuous-batching`, on loopback.
+
+    python -m benchmarks.serve                 # measure, print, rewrite its section of docs/benchmarks.md
+    python -m benchmarks.serve --no-write --requests 16 --rounds 1
+
+The model is benchmarks/generation.py's Llama-shaped 56M-parameter config (random weights, float32) with a
+word-level tokenizer over its 32000 ids. The load is a closed loop of `--concurrency` clients sending
+`--requests` streamed /v1/completions requests whose prompt (16-256 tokens) and output (16-128 tokens)
+lengths come from a seeded uniform draw; greedy, every request runs to its max_tokens (ignore_eos; the
+random model's end token is one id in 32000 anyway). The servers run side by side; each gets the whole
+load once untimed (compilation, caches), then `--rounds` timed rounds, taking turns. Output tok/s is every
+completion token over the timed wall time; TTFT is submission to the first streamed token; ITL the gaps
+between a request's tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from benchmarks.report import write_section
+
+ROOT = Path(__file__).resolve().parent.parent
+BEGIN, END = "<!-- serve:begin -->", "<!-- serve:end -->"
+VOCAB, CACHE, ROWS = 32000, 512, 8
+START_S = 600
+OURS, STATIC = "torch2jax serve (continuous batching)", "same artifact, static batches of 8 (generate)"
+TRANSFORMERS = "transformers serve --continuous-batching"
+
+
+# -- the load -------------------------------------------------------------------------------------
+def workload(requests: int, seed: int) -> list[tuple[str, int]]:
+    """(prompt text, max_tokens) per request: prompts of 16-256 words w3..w31999, outputs of 16-128 tokens."""
+    rng = np.random.default_rng(seed)
+    return [(" ".join(f"w{t}" for t in rng.integers(3, VOCAB, int(n))), int(m))
+            for n, m in zip(rng.integers(16, 257, requests), rng.integers(16, 129, requests))]
+
+
+async def one(client, url: str, model: str, prompt: str, max_tokens: int, stats: dict, extra: dict) -> None:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, **extra}
+    start = time.perf_counter()
+    stamps = []
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as answer:
+        if answer.status_code != 200:
+            raise RuntimeError(f"HTTP {answer.status_code}: {(await answer.aread())[:300]!r}")
+        async for line in answer.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            text = chunk["choices"][0].get("text", "") if chunk.get("choices") else ""
+            if text:  # one chunk per token here (word-level tokens, no stop strings)
+                stamps.append(time.perf_counter())
+    stats["ttft"].append(stamps[0] - start)
+    stats["itl"] += [b - a for a, b in zip(stamps, stamps[1:])]
+    stats["tokens"] += len(stamps)
+
+
+async def load(url: str, model: str, work: list[tuple[str, int]], concurrency: int, extra: dict) -> dict:
+    """Run the load with `concurrency` clients, each taking the next request when its last one ended."""
+    import httpx
+
+    queue, stats = deque(work), {"ttft": [], "itl": [], "tokens": 0}
+
+    async def client_loop(client) -> None:
+        while queue:
+            prompt, max_tokens = queue.popleft()
+            await one(client, url, model, prompt, max_tokens, stats, extra)
+
+    start = time.perf_counter()
+    async with httpx.AsyncClient(timeout=600) as client:
+        await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
+    stats["wall"] = time.perf_counter() - start
+    return stats
+
+
+def summary(rounds: list[dict]) -> dict:
+    """Throughput over the timed rounds together; latency percentiles over every request and gap of them."""
+    ttft = [t for r in rounds for t in r["ttft"]]
+    itl = [t for r in rounds for t in r["itl"]]
+    tokens, wall = sum(r["tokens"] for r in rounds), sum(r["wall"] for r in rounds)
+
+    def pct(values: list[float], q: float) -> float:
+        return 1e3 * float(np.percentile(values, q))
+
+    return {"tok_s": tokens / wall, "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99), "itl_p50": pct(itl, 50),
+            "itl_p99": pct(itl, 99), "wall": wall, "tokens": tokens, "rounds": [round(r["tokens"] / r["wall"], 1) for r in rounds]}
+
+
+# -- the servers ----------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Process:
+    """A server subprocess on a free loopback port; ready once /health answers (or it exits: then `error`)."""
+
+    def __init__(self, command: list[str], port: int, log: Path, health: str = "/health"):
+        import httpx
+
+        self.url, self.log = f"http://127.0.0.1:{port}", log
+        self.process = subprocess.Popen(command, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                                        env=dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
+        self.error = None
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.error = f"exited with status {self.process.returncode}: {log.read_text()[-600:]}"
+                return
+            try:
+                if httpx.get(self.url + health, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        self.error = f"no answer on {health} within {START_S}s"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+class StaticBatcher:
+    """The naive server's loop, behind the same HTTP layer as ours: up to 8 queued requests at a time go through one
+    `Generator.generate(stream=True)` call, which runs until its longest request is done; nothing joins meanwhile."""
+
+    def __init__(self, g, rows: int):
+        self.g, self.rows, self.waiting = g, rows, deque()
+        self.engine = SimpleNamespace(max_len=g.spec.max_cache_len)
+        self._cond, self._stop = threading.Condition(), False
+        self.batches = 0
+
+    def submit(self, request) -> None:
+        with self._cond:
+            self.waiting.append(request)
+            self._cond.notify()
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+
+    def stats(self) -> dict:
+        return {"batches": self.batches, "queue_depth": len(self.waiting)}
+
+    def _run(self) -> None:
+        from torch2jax.serve.generator import left_pad
+        from torch2jax.serve.scheduler import Event
+
+        while True:
+            with self._cond:
+                while not self.waiting and not self._stop:
+                    self._cond.wait()
+                if self._stop:
+                    return
+                batch = [self.waiting.popleft() for _ in range(min(self.rows, len(self.waiting)))]
+            self.batches += 1
+            ids, mask = left_pad([r.prompt for r in batch], self.g.spec.pad_token_id)
+            steps = self.g.generate(ids, attention_mask=mask, max_new_tokens=max(r.max_tokens for r in batch), eos_token_id=[],
+                                    stream=True)
+            for tokens in steps:
+                for r, request in enumerate(batch):
+                    if len(request.tokens) < request.max_tokens:
+                        request.tokens.append(int(tokens[r]))
+                        text, _ = request.text.push(int(tokens[r]))
+                        ended = len(request.tokens) == request.max_tokens
+                        request.on_event(Event([int(tokens[r])], text, "length" if ended else None, len(request.prompt),
+                                               len(request.tokens)))
+
+
+def naive_server(artifact: str, port: int) -> None:
+    """Serve `artifact` with StaticBatcher through torch2jax's own HTTP layer (run as a subprocess)."""
+    import uvicorn
+
+    import torch2jax
+    from torch2jax.serve.api import Service, create_app
+    from torch2jax.serve.metrics import Metrics
+
+    g = torch2jax.load(artifact)
+    service = Service(Path(artifact).name, StaticBatcher(g, ROWS), g.tokenizer, None, Metrics(ROWS))
+    uvicorn.run(create_app(service), host="127.0.0.1", port=port, log_level="warning")
+
+
+def make_model(root: Path) -> tuple[Path, Path, float]:
+    """The HF directory (weights, word-level tokenizer) and its converted artifact; conversion seconds."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    import torch2jax
+    from benchmarks.generation import llama
+
+    source = root / "hf"
+    llama(source)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    from tokenizers import decoders
+
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.save(str(source / "tokenizer.json"))
+    (source / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "model_max_length": CACHE, "chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}"}))
+    start = time.perf_counter()
+    g = torch2jax.convert_hf(f"hf:{source}", max_cache_len=CACHE, max_batch=ROWS)
+    seconds = time.perf_counter() - start
+    return source, torch2jax.save(g, root / "llm"), seconds
+
+
+@dataclass
+class Contender:
+    name: str
+    server: Process
+    model: str
+    extra: dict  # request fields only this server takes
+    rounds: list = field(default_factory=list)
+    error: str | None = None
+
+
+def measure(contenders: list[Contender], work, concurrency: int, rounds: int) -> None:
+    """Warm every server with the whole load, then time `rounds` rounds, the servers taking turns in each (so a
+    change in the machine's other load hits them alike)."""
+    for turn in range(rounds + 1):
+        for c in contenders:
+            if c.error is None and c.server.error:
+                c.error = c.server.error
+            if c.error:
+                continue
+            try:
+                stats = asyncio.run(load(c.server.url, c.model, work, concurrency, c.extra))
+            except Exception as err:  # a server that fails under load is reported, not fatal
+                c.error = f"{type(err).__name__}: {err}"[:300]
+                continue
+            if turn:
+                c.rounds.append(stats)
+            print(f"{c.name} {'round ' + str(turn) if turn else 'warm-up'}: {stats['tokens'] / stats['wall']:.1f} tok/s", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--naive-server", nargs=2, metavar=("ARTIFACT", "PORT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.naive_server:
+        naive_server(args.naive_server[0], int(args.naive_server[1]))
+        return
+    work = workload(args.requests, args.seed)
+    root = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    contenders: list[Contender] = []
+    try:
+        source, artifact, convert_s = make_model(root)
+        port = free_port()
+        ours = [sys.executable, "-c", "from torch2jax.cli.main import main; main()", "serve", str(artifact), "--port", str(port),
+                "--max-batch", str(ROWS), "--max-queue", str(args.requests)]
+        contenders.append(Contender(OURS, Process(ours, port, root / "ours.log"), "llm", {"ignore_eos": True}))
+        port = free_port()
+        naive = [sys.executable, "-m", "benchmarks.serve", "--naive-server", str(artifact), str(port)]
+        contenders.append(Contender(STATIC, Process(naive, port, root / "naive.log", "/v1/models"), "llm", {"ignore_eos": True}))
+        if not args.skip_transformers:  # it takes no ignore_eos; the random model's end token is 1 id in 32000
+            port = free_port()
+            hf = [shutil.which("transformers") or str(Path(sys.executable).parent / "transformers"), "serve", str(source),
+                  "--continuous-batching", "--device", "cpu", "--dtype", "float32", "--port", str(port), "--host", "127.0.0.1"]
+            contenders.append(Contender(TRANSFORMERS, Process(hf, port, root / "transformers.log"), str(source), {}))
+        measure(contenders, work, args.concurrency, args.rounds)
+        text = report(contenders, args, convert_s)
+        print(text)
+        if not args.no_write:
+            write_section(args.out, text, BEGIN, END)
+            print(f"wrote the serve section of {args.out}")
+    finally:
+        for c in contenders:
+            c.server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def report(contenders: list[Contender], args, convert_s: float) -> str:
+    results = {c.name: {"error": c.error} if c.error or not c.rounds else summary(c.rounds) for c in contenders}
+    static = results.get(STATIC, {}).get("tok_s")
+    lines = ["| server | output tok/s | vs static | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | ITL p99 (ms) | tok/s per round |",
+             "|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for name, r in results.items():
+        if "error" in r:
+            notes.append(f"{name} did not run: {r['error']}")
+            lines.append(f"| {name} | did not run [{len(notes)}] | | | | | | |")
+            continue
+        versus = f"{r['tok_s'] / static:.2f}x" if static else "—"
+        lines.append(f"| {name} | {r['tok_s']:.1f} | {versus} | {r['ttft_p50']:.0f} | {r['ttft_p99']:.0f} | {r['itl_p50']:.1f} | "
+                     f"{r['itl_p99']:.1f} | {', '.join(map(str, r['rounds']))} |")
+    footnotes = "\n".join(f"[{i}] {n}".replace("\n", " ") for i, n in enumerate(notes, 1))
+    load = os.getloadavg()[1]
+    return f"""{BEGIN}
+## Serving (`torch2jax serve`)
+
+{args.requests} streamed /v1/completions requests, {args.concurrency} clients in a closed loop on loopback, prompts of
+16-256 tokens and outputs of 16-128 tokens (seed {args.seed}), greedy. The model is the Llama-shaped
+56M-parameter config of the text-generation section (float32, random weights, a word-level tokenizer over its
+32000 ids), converted with `--max-cache-len {CACHE} --max-batch {ROWS}` ({convert_s:.0f} s). All servers run at
+once; each gets the load once untimed (compilation), then {args.rounds} timed rounds, the servers taking turns.
+Ours and the static baseline run every request to its max_tokens (`ignore_eos`); transformers serve does not
+take that field (its requests may end at the end token, one id in 32000). TTFT is from sending a request to its
+first streamed token, ITL the gaps between a request's tokens. The static baseline is the same artifact behind
+the same HTTP layer, serving up to 8 queued requests per `Generator.generate(stream=True)` call, which runs until
+its longest request ends. 2 CPU cores shared with other work (5-minute load average {load:.1f} at the end), so
+absolute numbers are low and noisy; the ratios compare servers measured in turn.
+Written by `make bench-serve` (`python -m benchmarks.serve`).
+
+{chr(10).join(lines)}
+
+{footnotes}
+{END}"""
+
+
+if __name__ == "__main__":
+    main()

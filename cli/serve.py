@@ -1,0 +1,67 @@
+"""`torch2jax serve`: an OpenAI-compatible HTTP server with continuous batching over a text-generation artifact.
+
+Torch-free: it imports the runtime and serve halves only (tests/serve/test_server.py runs it where importing
+torch fails). The service itself is torch2jax.serve.api.build_service.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+
+import click
+
+from .common import handles_errors
+
+
+@click.command()
+@click.argument("artifact_dir", type=click.Path(file_okay=False))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, help="Port to listen on.")
+@click.option("--max-batch", type=int, help="Rows decoded together (default: the artifact's --max-batch).")
+@click.option("--max-queue", default=64, show_default=True, help="Requests that may wait for a row; beyond it, HTTP 429.")
+@click.option("--chunk", default=256, show_default=True, help="Prefill chunk in tokens (a power of two): longer prompts are "
+              "prefilled one chunk per step, between decode steps of the running requests.")
+@click.option("--model-name", help="The model id clients name (default: the artifact directory's name).")
+@click.option("--chat-template", type=click.Path(dir_okay=False, exists=True),
+              help="A Jinja chat template file (default: tokenizer_config.json's chat_template).")
+@click.option("--drain-timeout", default=30.0, show_default=True,
+              help="On SIGTERM/SIGINT: seconds to let requests in flight finish before exiting.")
+@click.option("--log-level", default="warning", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
+@handles_errors
+def serve(artifact_dir, host, port, max_batch, max_queue, chunk, model_name, chat_template, drain_timeout, log_level):
+    """Serve a text-generation artifact over HTTP, OpenAI-style: /v1/completions, /v1/chat/completions
+    (streaming with stream=true), /v1/models, /health and /metrics (Prometheus). Needs no torch.
+
+    \b
+    Example:
+      torch2jax serve out/llm --port 8000 --max-batch 8
+      curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
+           -d '{"model": "llm", "prompt": "Hello", "max_tokens": 16, "temperature": 0}'
+    """
+    import uvicorn
+
+    from torch2jax.serve.api import build_service, create_app
+
+    started = time.perf_counter()
+    service = build_service(artifact_dir, max_batch=max_batch, max_queue=max_queue, chunk=chunk, model_name=model_name,
+                            chat_template=chat_template)
+    click.echo(f"[serve] loaded and warmed up in {time.perf_counter() - started:.1f}s", err=True)
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, except that a drained shutdown on SIGTERM exits 0 rather than re-raising the signal."""
+
+        def handle_exit(self, sig, frame) -> None:
+            if sig == signal.SIGTERM and not self.should_exit:
+                click.echo(f"[serve] SIGTERM: draining requests in flight (at most {drain_timeout:g}s)", err=True)
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()
+
+    config = uvicorn.Config(create_app(service), host=host, port=port, log_level=log_level, access_log=log_level == "debug",
+                            timeout_graceful_shutdown=drain_timeout, lifespan="on")
+    click.echo(f"[serve] {service.model_name} on http://{host}:{port} ({service.scheduler.engine.rows} rows, "
+               f"max_cache_len {service.max_cache_len})", err=True)
+    Server(config).run()
+    click.echo("[serve] stopped", err=True)

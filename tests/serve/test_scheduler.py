@@ -1,0 +1,174 @@
+"""Continuous batching (serve/engine.py, serve/scheduler.py) against Generator.generate: every request's tokens
+equal that request generated alone, whatever joins or leaves the batch around it; and the text rules
+(stop strings, chat templates) against transformers' own."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import torch2jax
+from torch2jax.errors import InputSpecError
+from torch2jax.serve.engine import BatchEngine, Sampling
+from torch2jax.serve.scheduler import QueueFull, Request, Scheduler
+from torch2jax.serve.text import ChatTemplate, TextStream
+
+from .lms import write_lm
+
+CACHE, ROWS, CHUNK = 64, 4, 16
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    """A 4-row batch over llama (full attention) or mistral (a sliding window of 8, shorter than most replies),
+    each converted once; the tests share it (its jitted steps compile once), each with a scheduler of its own."""
+    root = tmp_path_factory.mktemp("sched")
+    made = {}
+
+    def get(name: str) -> BatchEngine:
+        if name not in made:
+            g = torch2jax.convert_hf(f"hf:{write_lm(name, root)}", max_cache_len=CACHE, max_batch=ROWS)
+            made[name] = BatchEngine(g, ROWS, chunk=CHUNK)
+        assert not made[name].running.any(), "a test left rows running"
+        return made[name]
+
+    return get
+
+
+def run(scheduler: Scheduler, arrivals: dict[int, list[Request]], limit: int = 600) -> None:
+    """Step the loop on this thread, submitting each request at its step, until everything has ended."""
+    for step in range(limit):
+        for request in arrivals.pop(step, []):
+            scheduler.submit(request)
+        if not arrivals and not scheduler._busy():
+            return
+        scheduler.step()
+    raise AssertionError(f"not done after {limit} steps: {scheduler.stats()}")
+
+
+def requests(count: int, seed: int, sampled: bool = False) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(count):
+        length = int(rng.integers(1, 40))
+        settings = Sampling(float(rng.uniform(0.5, 1.5)), int(rng.integers(0, 20)), float(rng.uniform(0.6, 1.0)), seed=i) \
+            if sampled and i % 2 else Sampling()
+        out.append(Request(rng.integers(3, 128, length).tolist(), int(rng.integers(1, CACHE - length + 1)), lambda e: None,
+                           settings, end_tokens=()))
+    return out
+
+
+def alone(g, request: Request) -> list[int]:
+    s = request.sampling
+    options = dict(do_sample=True, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, rng=jax.random.key(s.seed)) \
+        if s.temperature > 0 else {}
+    out = g.generate(np.array([request.prompt]), max_new_tokens=request.max_tokens, eos_token_id=[], **options)
+    return out[0, len(request.prompt):].tolist()
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_each_request_gets_what_it_gets_alone(name, engines):
+    """8 requests (prompts 1-39 tokens, chunked by 16; replies up to the whole cache) arriving every 3 steps
+    into 4 rows: greedy ones equal generate's tokens, sampled ones (llama) equal generate's draws with the same key.
+    The pointer wraps (rebases), and never more than 4 rows are held."""
+    scheduler = Scheduler(engines(name), max_queue=16)
+    g = scheduler.engine.g
+    batch = requests(8, seed=1, sampled=name == "llama")
+    run(scheduler, {3 * i: [r] for i, r in enumerate(batch)})
+    for r in batch:
+        assert r.tokens == alone(g, r), (len(r.prompt), r.max_tokens, r.sampling)
+    assert scheduler.max_rows_held == ROWS and scheduler.engine.rebases > 0 and scheduler.engine.pointer == 0
+    assert not scheduler.engine.running.any() and scheduler.rows_held == 0
+
+
+def test_a_short_request_finishes_while_a_long_one_runs(engines):
+    scheduler = Scheduler(engines("llama"), max_queue=4)
+    g = scheduler.engine.g
+    order = []
+    long = Request(list(range(3, 30)), 30, lambda e: e.finish_reason and order.append("long"), end_tokens=())
+    short = Request([5, 6, 7], 4, lambda e: e.finish_reason and order.append("short"), end_tokens=())
+    run(scheduler, {0: [long], 5: [short]})
+    assert order == ["short", "long"] and short.tokens == alone(g, short) and long.tokens == alone(g, long)
+
+
+def test_end_token_and_cancel_free_the_row(engines):
+    scheduler = Scheduler(engines("llama"), max_queue=4)
+    g = scheduler.engine.g
+    free = alone(g, Request([9, 8, 7], 12, None, end_tokens=()))
+    events = []
+    ended = Request([9, 8, 7], 12, events.append, end_tokens=(free[4],))
+    cancelled = Request([4, 5], 30, lambda e: None, end_tokens=())
+    after = Request([11, 12], 5, lambda e: None, end_tokens=())
+    run(scheduler, {0: [ended]})
+    first_end = free.index(free[4])
+    assert ended.tokens == free[: first_end + 1] and events[-1].finish_reason == "stop"
+    assert events[-1].completion_tokens == first_end + 1 and events[-1].prompt_tokens == 3
+    scheduler.submit(cancelled)
+    for _ in range(3):
+        scheduler.step()
+    assert scheduler.rows_held == 1 and len(cancelled.tokens) == 4  # the prefill's token, then one per decode step
+    cancelled.cancel()
+    scheduler.step()
+    assert scheduler.rows_held == 0 and len(cancelled.tokens) == 4 and not scheduler.engine.running.any()
+    run(scheduler, {0: [after]})
+    assert after.tokens == alone(g, after)
+
+
+def test_bad_requests_and_a_full_queue_are_refused(engines):
+    scheduler = Scheduler(engines("llama"), max_queue=2)
+    with pytest.raises(InputSpecError, match=r"a prompt of 50 tokens plus max_tokens=20 needs 70 cache slots, more than .* \(64\)"):
+        scheduler.submit(Request([5] * 50, 20, None))
+    with pytest.raises(InputSpecError, match=r"outside the vocabulary \[0, 128\)"):
+        scheduler.submit(Request([5, 128], 2, None))
+    with pytest.raises(InputSpecError, match="temperature must be >= 0"):
+        Sampling(temperature=-1.0)
+    with pytest.raises(torch2jax.Torch2JaxError, match=r"top_p must be in \(0, 1\]"):
+        Sampling(temperature=1.0, top_p=1.5)
+    with pytest.raises(InputSpecError, match="this artifact was converted for batches of 1 to 4"):
+        BatchEngine(scheduler.engine.g, 5)
+    for _ in range(2):
+        scheduler.submit(Request([5], 2, lambda e: None))
+    with pytest.raises(QueueFull):
+        scheduler.submit(Request([5], 2, lambda e: None))
+    scheduler.waiting.clear()
+
+
+class Words:
+    """A stand-in tokenizer: token i decodes to the i-th word, joined without spaces."""
+
+    def __init__(self, words):
+        self.words = words
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.words[i] for i in ids)
+
+
+def test_stop_strings_are_held_back_and_never_sent():
+    stream = TextStream(Words(["Hel", "lo", " ST", "OP", " more"]), stop=["STOP"])
+    sent = [stream.push(t) for t in range(4)]
+    assert sent == [("Hel", False), ("lo", False), (" ", False), ("", True)]
+    assert stream.text == "Hello " and stream.flush() == ""
+    partial = TextStream(Words(["a", "S", "T", "b"]), stop=["STOP", "Tb!"])
+    assert [partial.push(t)[0] for t in range(4)] + [partial.flush()] == ["a", "", "", "S", "Tb"]
+    earliest = TextStream(Words(["xAB", "C"]), stop=["BC", "ABC"])
+    assert earliest.push(0) == ("x", False) and earliest.push(1) == ("", True) and earliest.text == "x"
+
+
+def test_chat_template_renders_as_transformers_does():
+    from jinja2.exceptions import TemplateError
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    source = ("{{ bos_token }}{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+              "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}\n  {{ m['role'] }}: {{ m['content'] | trim }}"
+              "{% if not loop.last %}{{ eos_token }}{% endif %}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+              "{{ messages | tojson }}")
+    messages = [{"role": "system", "content": "be <brief>"}, {"role": "user", "content": " hi "}]
+    template = ChatTemplate(source, {"bos_token": "<s>", "eos_token": "</s>"})
+    want, _ = render_jinja_template([messages], chat_template=source, add_generation_prompt=True, bos_token="<s>",
+                                    eos_token="</s>")
+    assert template.render(messages) == want[0]
+    with pytest.raises(TemplateError, match="unknown role tool"):
+        render_jinja_template([[{"role": "tool", "content": "x"}]], chat_template=source)
+    with pytest.raises(InputSpecError, match="unknown role tool"):
+        template.render([{"role": "tool", "content": "x"}])

@@ -1,0 +1,219 @@
+"""The device side of continuous batching: one KV cache of `rows` rows that requests join and leave.
+
+The artifact's step writes the T new tokens of every row at the same cache slots (`write_at [T]`, shared
+by all rows), while positions and `kv_valid` are per row. So the batch shares one write pointer `w`:
+
+* a running row r holds its tokens in the contiguous slots [start_r, w), position p of the row at slot
+  start_r + p, and every decode step writes each row's next token at slot w, then advances w;
+* a new request is prefilled (in chunks, left-padded with the others that start with it) into a scratch
+  cache of its own, then its row is copied into the batch cache rolled so that its prompt ends at w;
+  it joins the next decode step with its own positions, which start at 0;
+* when w reaches the end of the cache (or the oldest running row has ended and the attended span can
+  shrink), the whole cache is rolled left so that the oldest running row starts at slot 0 ("rebase").
+  Keys are stored after RoPE with their own positions and a row's slots stay contiguous, so moving slots
+  changes nothing a row attends to: causality is slot order, and a sliding window (slot > w - window) is
+  the same window in positions, because slot distance equals position distance within a row.
+
+A row that runs alone never needs more than prompt + max_tokens - 1 slots, so the span from the oldest
+running row to w always fits the cache: every rebase succeeds, whatever the mix of requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import InputSpecError
+from . import sampling
+from .generator import Generator, _call
+from .loop import MIN_BUCKET, attended_span, bucket
+
+SEED_LIMIT = 2**31  # seeds are taken modulo this (jax.random.key of a non-negative int32)
+
+
+@dataclass
+class Sampling:
+    """One request's token choice: greedy at temperature 0, else transformers' sampling with its own seed."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature > 0:  # the same checks and messages as Generator.generate
+            sampling.sampling_params(1, self.temperature, self.top_k, self.top_p)
+        elif self.temperature < 0:
+            raise InputSpecError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        self.seed = int(self.seed) % SEED_LIMIT
+
+
+@dataclass
+class Group:
+    """Requests prefilled together: their left-padded prompts, the scratch cache and the chunk to run next."""
+
+    rows: list[int]  # batch rows the members will take
+    lengths: list[int]  # prompt lengths
+    ids: np.ndarray  # [k, P] left-padded (k a power of two, pad rows beyond the members)
+    mask: np.ndarray  # [k, P] bool
+    bounds: list[int]  # chunk edges 0 = b0 < b1 < ... = P
+    scratch: list[jax.Array]
+    chunk: int = 0  # chunks done
+
+    @property
+    def done(self) -> bool:
+        return self.chunk == len(self.bounds) - 1
+
+
+class BatchEngine:
+    """The batch cache and its jitted steps (decode, prefill chunk, join, rebase); host bookkeeping of the slots."""
+
+    def __init__(self, generator: Generator, rows: int, chunk: int = 256):
+        spec = generator.spec
+        if not 1 <= rows <= spec.max_batch:
+            raise InputSpecError(f"--max-batch {rows}: this artifact was converted for batches of 1 to {spec.max_batch} "
+                                 "(convert again with a larger --max-batch)")
+        if chunk < MIN_BUCKET or chunk & (chunk - 1):
+            raise InputSpecError(f"the prefill chunk must be a power of two >= {MIN_BUCKET}, got {chunk}")
+        self.g, self.rows, self.chunk = generator, rows, chunk
+        self.max_len = spec.max_cache_len
+        self.cache = generator.new_cache(rows)
+        self.pointer = 0  # the slot the next decode step writes
+        self.starts = np.zeros(rows, np.int64)  # each running row's first slot
+        self.running = np.zeros(rows, bool)
+        self.rebases = 0
+        self._ids = generator._id_dtype
+        self._decode = jax.jit(self._decode_step, donate_argnums=(1,), static_argnames=("span", "any_sample"))
+        self._pick_jit = jax.jit(self._pick, static_argnames=("any_sample",))
+        self._join = jax.jit(self._join_rows, donate_argnums=(0,))
+        self._roll = jax.jit(lambda cache, shift: [jnp.roll(c, shift, axis=2) for c in cache], donate_argnums=(0,))
+
+    # -- prefill --------------------------------------------------------------------------------
+    def start_group(self, rows: list[int], prompts: list[list[int]], max_tokens: list[int]) -> Group:
+        """Lay out the prompts of the requests that start together: left-padded to a common width made of
+        chunks of at most `chunk` tokens, the first one a power of two (so few widths are compiled)."""
+        k = min(1 << (len(rows) - 1).bit_length(), self.g.spec.max_batch)
+        longest = max(len(p) for p in prompts)
+        limit = self.max_len - max(max_tokens)  # what generate would allow the padded prompt (the same widths)
+        full = (longest - 1) // self.chunk  # whole chunks after the first
+        first = bucket(longest - full * self.chunk, max(limit - full * self.chunk, 1), MIN_BUCKET)
+        width = first + full * self.chunk
+        ids = np.full((k, width), self.g.spec.pad_token_id, np.int64)
+        mask = np.zeros((k, width), bool)
+        for r, prompt in enumerate(prompts):
+            ids[r, width - len(prompt):], mask[r, width - len(prompt):] = prompt, True
+        bounds = [0, *range(first, width + 1, self.chunk)]
+        return Group(rows, [len(p) for p in prompts], ids, mask, bounds, self.g.new_cache(k))
+
+    def prefill_chunk(self, group: Group) -> jax.Array | None:
+        """Run the group's next chunk; after the last one, the logits of each row's last prompt token."""
+        lo, hi = group.bounds[group.chunk], group.bounds[group.chunk + 1]
+        positions = np.maximum(np.cumsum(group.mask, axis=1) - 1, 0)
+        # the first chunk attends to itself, as generate's prefill does; later ones to a power-of-two span (few compiles)
+        span = hi if lo == 0 else attended_span(hi, self.max_len)
+        valid = np.zeros((group.mask.shape[0], span), bool)
+        valid[:, :hi] = group.mask[:, :hi]
+        logits, group.scratch = self.g._prefill(
+            self.g.params, group.scratch, jnp.asarray(group.ids[:, lo:hi], self._ids), jnp.asarray(positions[:, lo:hi], self._ids),
+            jnp.arange(lo, hi, dtype=self._ids), jnp.asarray(valid))
+        group.chunk += 1
+        return logits if group.done else None
+
+    def first_tokens(self, logits: jax.Array, settings: list[Sampling]) -> np.ndarray:
+        """Each member's first new token from its prompt's logits (pad rows of the group get greedy picks)."""
+        k = logits.shape[0]
+        return np.asarray(self._pick_jit(logits, *self._sampling_arrays(settings, k), np.zeros(k, np.int32),
+                                          any_sample=any(s.temperature > 0 for s in settings)))
+
+    def join(self, group: Group, members: list[int]) -> None:
+        """Copy these members' rows of the scratch cache into the batch cache, each prompt ending at the pointer."""
+        if not members:
+            return
+        longest = max(group.lengths[m] for m in members)
+        if not self.running.any():
+            self.pointer = longest
+        elif self.pointer < longest:  # too close to slot 0 for this prompt: move everyone right
+            self.rebase(longest)
+        width = group.ids.shape[1]
+        rows = np.full(group.ids.shape[0], self.rows, np.int32)  # pad rows land out of range and are dropped
+        rows[members] = [group.rows[m] for m in members]
+        self.cache = self._join(self.cache, group.scratch, jnp.asarray(rows), jnp.asarray(self.pointer - width, jnp.int32))
+        for m in members:
+            self.starts[group.rows[m]], self.running[group.rows[m]] = self.pointer - group.lengths[m], True
+
+    # -- decode ---------------------------------------------------------------------------------
+    def decode(self, tokens: np.ndarray, settings: list[Sampling | None], counts: np.ndarray) -> np.ndarray:
+        """One step for every row: the running rows' next tokens ([rows]; free rows' entries are garbage)."""
+        self.make_room()
+        positions = np.where(self.running, self.pointer - self.starts, 0)
+        starts = np.where(self.running, self.starts, self.pointer)  # a free row attends to its own slot only
+        span = attended_span(self.pointer + 1, self.max_len)
+        token, self.cache = self._decode(
+            self.g.params, self.cache, jnp.asarray(tokens, self._ids), jnp.asarray(positions, self._ids),
+            jnp.asarray(self.pointer, self._ids), jnp.asarray(starts, self._ids), *self._sampling_arrays(settings, self.rows),
+            jnp.asarray(counts, jnp.int32), span=span, any_sample=any(s is not None and s.temperature > 0 for s in settings))
+        self.pointer += 1
+        return np.asarray(token)
+
+    def reset(self) -> None:
+        """Start over with an empty batch (after a failed step, whose cache may have been donated)."""
+        self.cache = self.g.new_cache(self.rows)
+        self.pointer, self.running[:] = 0, False
+
+    def free(self, row: int) -> None:
+        self.running[row] = False
+        if not self.running.any():
+            self.pointer = 0
+
+    def window(self) -> int:
+        """Slots from the oldest running row's first slot to the pointer."""
+        return int(self.pointer - self.starts[self.running].min()) if self.running.any() else 0
+
+    def make_room(self) -> None:
+        """Rebase before a decode step when the pointer is at the end of the cache, or when moving the oldest
+        running row to slot 0 would let the step attend to a smaller span."""
+        window = self.window()
+        if self.pointer >= self.max_len or attended_span(window + 1, self.max_len) < attended_span(self.pointer + 1, self.max_len):
+            self.rebase(window)
+
+    def rebase(self, pointer: int) -> None:
+        """Roll every row's slots so that the pointer becomes `pointer`; running rows keep their tokens in order."""
+        shift = pointer - self.pointer
+        if shift:
+            self.cache = self._roll(self.cache, jnp.asarray(shift, jnp.int32))
+            self.starts += shift
+            self.pointer = pointer
+            self.rebases += 1
+
+    # -- jitted bodies --------------------------------------------------------------------------
+    def _sampling_arrays(self, settings: list[Sampling | None], rows: int) -> tuple:
+        greedy = Sampling()
+        full = [s or greedy for s in settings] + [greedy] * (rows - len(settings))
+        return (jnp.asarray([s.temperature if s.temperature > 0 else 1.0 for s in full], jnp.float32),
+                jnp.asarray([s.top_k for s in full], jnp.int32), jnp.asarray([s.top_p for s in full], jnp.float32),
+                jnp.asarray([s.temperature <= 0 for s in full]), jnp.asarray([s.seed for s in full], jnp.int32))
+
+    def _pick(self, logits, temperature, top_k, top_p, greedy, seeds, counts, *, any_sample):
+        """Per row: greedy, or a draw with the row's own key folded with its token count, exactly as
+        Generator.generate(rng=jax.random.key(seed)) draws for that row alone."""
+        best = sampling.greedy(logits)
+        if not any_sample:
+            return best
+        keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counts)
+        filtered = sampling.filter_logits(logits, temperature, top_k, top_p)
+        drawn = jax.vmap(lambda key, row: jax.random.categorical(key, row[None], axis=-1)[0])(keys, filtered)
+        return jnp.where(greedy, best, drawn.astype(best.dtype))
+
+    def _decode_step(self, params, cache, tokens, positions, slot, starts, temperature, top_k, top_p, greedy, seeds, counts, *,
+                     span, any_sample):
+        slots = jnp.arange(span)
+        valid = (slots[None, :] >= starts[:, None]) & (slots[None, :] <= slot)
+        logits, cache = _call(self.g.decode_model, params, tokens[:, None], positions[:, None], slot[None], valid, cache)
+        return self._pick(logits, temperature, top_k, top_p, greedy, seeds, counts, any_sample=any_sample), cache
+
+    @staticmethod
+    def _join_rows(cache, scratch, rows, shift):
+        return [c.at[rows].set(jnp.roll(s, shift, axis=2).astype(c.dtype), mode="drop") for c, s in zip(cache, scratch)]

@@ -1,0 +1,272 @@
+"""Continuous batching, torch-free and independent of any web layer: requests join a running batch at the
+next step and leave it the moment they end.
+
+    scheduler = Scheduler(BatchEngine(generator, rows=8), max_queue=64)
+    scheduler.start()                                    # the device loop, on its own thread
+    scheduler.submit(Request(prompt_ids, max_tokens=32, on_event=print))
+
+Each iteration of the loop (one thread owns the device state, serve/engine.py):
+  1. drops cancelled requests (a client that went away), from the queue or from their row;
+  2. when rows are free and nothing is being prefilled, takes the queued requests that fit (first come,
+     first served) as one prefill group, holding a row for each;
+  3. runs one prefill chunk of that group; after its last chunk each member gets its first token and
+     joins the batch (or ends at once);
+  4. runs one decode step for the running rows, and frees each row whose request ended: its length, an end
+     token, a stop string, or cancellation.
+So a long prompt is prefilled one chunk per step while the running rows keep decoding, and `submit`
+refuses (QueueFull) rather than queueing without bound.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputSpecError, Torch2JaxError
+from .engine import BatchEngine, Group, Sampling
+from .text import TextStream
+
+log = logging.getLogger("torch2jax.serve")
+_ids = itertools.count()
+
+
+class QueueFull(Torch2JaxError):
+    """Every row is busy and the queue is at its bound: come back later."""
+
+
+@dataclass
+class Event:
+    """What a request hears from the loop: new tokens with the text they complete, then once `finish_reason`
+    ("stop", "length", or "error" with `error` set)."""
+
+    tokens: list[int]
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation request: prompt ids, limits, token choice, and where its events go (called on the loop's
+    thread, so hand them over to your own thread there)."""
+
+    prompt: list[int]
+    max_tokens: int
+    on_event: Callable[[Event], None]
+    sampling: Sampling = field(default_factory=Sampling)
+    text: TextStream | None = None  # detokenizes and applies stop strings
+    end_tokens: tuple[int, ...] | None = None  # None: the artifact's end tokens
+    id: int = field(default_factory=lambda: next(_ids))
+    tokens: list[int] = field(default_factory=list)
+    cancelled: bool = False
+    submitted: float = field(default_factory=time.perf_counter)
+    last_token_at: float | None = None
+
+    def cancel(self) -> None:
+        """Give up on this request (its client left): its row is freed at the loop's next iteration."""
+        self.cancelled = True
+
+
+class Scheduler:
+    """The request queue and the batch's rows, over a BatchEngine; see the module docstring for the loop."""
+
+    def __init__(self, engine: BatchEngine, *, max_queue: int = 64, metrics: Any = None):
+        self.engine, self.max_queue, self.metrics = engine, max_queue, metrics
+        self.waiting: deque[Request] = deque()
+        self.slots: list[Request | None] = [None] * engine.rows  # the request holding each row (prefilling or running)
+        self.group: Group | None = None
+        self.group_members: list[Request] = []
+        self.last = np.zeros(engine.rows, np.int64)  # each running row's last token (the next step's input)
+        self.max_rows_held = 0
+        self.steps = 0
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # -- the caller's side ----------------------------------------------------------------------
+    def validate(self, request: Request) -> None:
+        """Refuse what cannot run, before it queues (the same limits as Generator.generate)."""
+        spec = self.engine.g.spec
+        if not request.prompt:
+            raise InputSpecError("the prompt has no tokens")
+        if min(request.prompt) < 0 or max(request.prompt) >= spec.vocab_size:
+            raise InputSpecError(f"the prompt holds token ids outside the vocabulary [0, {spec.vocab_size})")
+        if not isinstance(request.max_tokens, int) or request.max_tokens < 1:
+            raise InputSpecError(f"max_tokens must be an integer >= 1 (got {request.max_tokens!r})")
+        need = len(request.prompt) + request.max_tokens
+        if need > spec.max_cache_len:
+            raise InputSpecError(f"a prompt of {len(request.prompt)} tokens plus max_tokens={request.max_tokens} needs {need} "
+                                 f"cache slots, more than this model's max_cache_len ({spec.max_cache_len}): shorten the "
+                                 "prompt or ask for fewer tokens")
+
+    def submit(self, request: Request) -> None:
+        """Queue a request (raises InputSpecError for one that cannot run, QueueFull when the queue is full)."""
+        self.validate(request)
+        with self._cond:
+            if self._stop:
+                raise QueueFull("the server is shutting down")
+            if len(self.waiting) >= self.max_queue:
+                raise QueueFull(f"all {self.engine.rows} rows are busy and {len(self.waiting)} requests are queued")
+            self.waiting.append(request)
+            self._cond.notify()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="torch2jax-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End the loop; requests still in it hear an error."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def rows_held(self) -> int:
+        return sum(s is not None for s in self.slots)
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self.waiting)
+
+    def stats(self) -> dict:
+        return {"rows": self.engine.rows, "rows_held": self.rows_held, "max_rows_held": self.max_rows_held,
+                "queue_depth": self.queue_depth, "steps": self.steps, "rebases": self.engine.rebases}
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self._busy():
+                    self._cond.wait(0.5)
+                if self._stop:
+                    break
+            try:
+                self.step()
+            except Exception as err:  # a failed step must not end the loop: fail what was in it, start clean
+                log.exception("a step of the batch failed")
+                self._fail_all(f"{type(err).__name__}: {err}")
+        self._fail_all("the server is shutting down")
+
+    def _busy(self) -> bool:
+        return bool(self.waiting) or self.group is not None or self.engine.running.any()
+
+    def step(self) -> None:
+        """One iteration: cancellations, admission, one prefill chunk, one decode step."""
+        self.steps += 1
+        self._drop_cancelled()
+        if self.group is None:
+            self._admit()
+        if self.group is not None:
+            self._prefill()
+        running = np.flatnonzero(self.engine.running)
+        if running.size:
+            settings = [s.sampling if s is not None and self.engine.running[r] else None for r, s in enumerate(self.slots)]
+            counts = np.array([len(s.tokens) if s is not None else 0 for s in self.slots], np.int32)
+            tokens = self.engine.decode(self.last, settings, counts)
+            for row in running:
+                self._emit(self.slots[row], int(tokens[row]), row)
+        if self.metrics is not None:
+            self.metrics.observe_batch(int(self.engine.running.sum()), self.queue_depth, self.max_rows_held)
+
+    def _drop_cancelled(self) -> None:
+        with self._cond:
+            for request in [r for r in self.waiting if r.cancelled]:
+                self.waiting.remove(request)
+        for row, request in enumerate(self.slots):
+            if request is not None and request.cancelled and self.engine.running[row]:
+                self._release(row)
+
+    def _admit(self) -> None:
+        free = [row for row, s in enumerate(self.slots) if s is None]
+        with self._cond:
+            members = [self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))]
+        if not members:
+            return
+        rows = free[: len(members)]
+        for row, request in zip(rows, members):
+            self.slots[row] = request
+        self.max_rows_held = max(self.max_rows_held, self.rows_held)
+        self.group_members = members
+        self.group = self.engine.start_group(rows, [r.prompt for r in members], [r.max_tokens for r in members])
+        if self.metrics is not None:
+            self.metrics.observe_admitted(sum(len(r.prompt) for r in members))
+
+    def _prefill(self) -> None:
+        group, members = self.group, self.group_members
+        logits = self.engine.prefill_chunk(group)
+        if logits is None:
+            return
+        first = self.engine.first_tokens(logits, [r.sampling for r in members])
+        self.group, self.group_members = None, []
+        joining = []
+        for m, (row, request) in enumerate(zip(group.rows, members)):
+            if request.cancelled:
+                self.slots[row] = None
+            elif not self._emit(request, int(first[m]), row, running=False):
+                joining.append(m)
+                self.last[row] = int(first[m])
+        self.engine.join(group, joining)
+
+    def _emit(self, request: Request, token: int, row: int, running: bool = True) -> bool:
+        """Hand one new token to its request; True when the request ended (its row is then free)."""
+        now = time.perf_counter()
+        if self.metrics is not None:
+            self.metrics.observe_token(now - (request.last_token_at or request.submitted), first=not request.tokens)
+        request.last_token_at = now
+        request.tokens.append(token)
+        self.last[row] = token
+        ends = self.engine.g.spec.eos_token_ids if request.end_tokens is None else request.end_tokens
+        reason, text = None, ""
+        if token in ends:
+            reason = "stop"
+        else:
+            if request.text is not None:
+                text, stopped = request.text.push(token)
+                reason = "stop" if stopped else None
+            if reason is None and len(request.tokens) >= request.max_tokens:
+                reason = "length"
+        if reason is not None and request.text is not None:
+            text += request.text.flush()  # the tail held back for a stop string that never came
+        if reason is None:
+            self._deliver(request, Event([token], text))
+            return False
+        self._deliver(request, Event([token], text, reason, len(request.prompt), len(request.tokens)))
+        if running:
+            self._release(row)
+        else:
+            self.slots[row] = None
+        return True
+
+    def _release(self, row: int) -> None:
+        self.slots[row] = None
+        self.engine.free(row)
+
+    def _deliver(self, request: Request, event: Event) -> None:
+        if event.finish_reason is not None and self.metrics is not None:
+            self.metrics.observe_finished(event.finish_reason, event.completion_tokens)
+        try:
+            request.on_event(event)
+        except Exception:  # a listener's failure is its own; the batch goes on
+            log.exception("a request's event handler failed")
+
+    def _fail_all(self, message: str) -> None:
+        with self._cond:
+            waiting, self.waiting = list(self.waiting), deque()
+        held = [r for r in self.slots if r is not None]
+        self.slots = [None] * self.engine.rows
+        self.group, self.group_members = None, []
+        self.engine.reset()
+        for request in waiting + held:
+            self._deliver(request, Event([], "", "error", len(request.prompt), len(request.tokens), error=message))
