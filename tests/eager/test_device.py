@@ -77,9 +77,10 @@ def test_an_op_without_lowering_or_decomposition_names_itself():
     from torch2jax.eager.kernels import UnsupportedOnJaxDevice
     from torch2jax.ops import lookup
 
-    assert lookup("aten.bincount.default") is None and torch.ops.aten.bincount.default not in torch._decomp.decomposition_table
-    with pytest.raises(UnsupportedOnJaxDevice, match="aten::bincount"):
-        torch.bincount(torch.tensor([1, 2, 2]).to("jax"))
+    op = torch.ops.aten._logcumsumexp.default
+    assert lookup(str(op)) is None and op not in torch._decomp.decomposition_table
+    with pytest.raises(UnsupportedOnJaxDevice, match="aten::_logcumsumexp"):
+        torch.logcumsumexp(torch.tensor([1.0, 2.0]).to("jax"), 0)
 
 
 def test_data_dependent_shapes_run_eagerly():
@@ -91,6 +92,88 @@ def test_data_dependent_shapes_run_eagerly():
     for got, want in zip(torch.unique(on_jax, return_counts=True, return_inverse=True),
                          torch.unique(x, return_counts=True, return_inverse=True)):
         torch.testing.assert_close(got.cpu(), want)
+
+
+REPEATS = torch.tensor([2, 0, 3, 1])
+LABELS = torch.tensor([3, 0, 3, 5, 1, 3])
+SIZED_FROM_VALUES = {
+    # Qwen2-VL's cu_seqlens: each grid's h*w repeated t times, then a cumulative sum
+    "repeats only": lambda: torch.repeat_interleave(REPEATS),
+    "repeats int32": lambda: torch.repeat_interleave(REPEATS.int()),
+    "repeats with output_size": lambda: torch.repeat_interleave(REPEATS, output_size=6),
+    "repeats empty": lambda: torch.repeat_interleave(REPEATS[:0]),
+    "rows": lambda: torch.repeat_interleave(torch.arange(12.0).view(4, 3), REPEATS, dim=0),
+    "columns, output_size": lambda: torch.repeat_interleave(torch.arange(12).view(3, 4), REPEATS, dim=1, output_size=6),
+    "flattened": lambda: torch.repeat_interleave(torch.arange(4.0).view(2, 2), REPEATS),
+    "cu_seqlens": lambda: torch.repeat_interleave(torch.tensor([[1, 4, 6], [2, 2, 2]]).prod(-1)[:, None].mul(1) * 1,
+                                                   torch.tensor([1, 2])).cumsum(0, dtype=torch.int32),
+    # MoE routing: tokens per expert
+    "bincount": lambda: torch.bincount(LABELS),
+    "bincount uint8": lambda: torch.bincount(LABELS.to(torch.uint8)),
+    "bincount minlength": lambda: torch.bincount(LABELS, minlength=9),
+    "bincount minlength below max": lambda: torch.bincount(LABELS, minlength=2),
+    "bincount empty": lambda: torch.bincount(LABELS[:0], minlength=3),
+    "bincount empty weighted": lambda: torch.bincount(LABELS[:0], torch.ones(0), minlength=2),
+    "bincount float32 weights": lambda: torch.bincount(LABELS, torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, 0.7])),
+    "bincount float64 weights": lambda: torch.bincount(LABELS, torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, 0.7], dtype=torch.float64), 7),
+    "bincount int weights": lambda: torch.bincount(LABELS, torch.tensor([1, 2, 3, 4, 5, 6])),
+    "bincount bfloat16 weights": lambda: torch.bincount(LABELS, torch.full((6,), 0.3, dtype=torch.bfloat16)),
+}
+
+
+@pytest.mark.parametrize("case", SIZED_FROM_VALUES)
+def test_repeat_interleave_and_bincount_are_sized_from_the_values(case):
+    """The result's size is read from the values (no output_size needed), its dtype and values torch's CPU ones."""
+    build = SIZED_FROM_VALUES[case]
+    want = build()
+    with _all_tensors_on("jax"):
+        got = build()
+    assert got.device.type == "jax"
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+BAD_VALUES = {
+    "negative repeats": (lambda t: torch.repeat_interleave(t(torch.tensor([1, -1]))), RuntimeError, "can not be negative"),
+    "2-d repeats": (lambda t: torch.repeat_interleave(t(torch.tensor([[1]]))), RuntimeError, "only accept 1D"),
+    "float repeats": (lambda t: torch.repeat_interleave(t(torch.tensor([1.0]))), NotImplementedError, "repeat_interleave"),
+    "wrong output_size": (lambda t: torch.repeat_interleave(t(torch.tensor([1, 2])), output_size=4), RuntimeError,
+                          "allocated size does not match"),
+    "negative value": (lambda t: torch.bincount(t(torch.tensor([0, -1]))), RuntimeError, "non-negative"),
+    "2-d input": (lambda t: torch.bincount(t(torch.tensor([[0]]))), RuntimeError, "1-d non-negative"),
+    "float input": (lambda t: torch.bincount(t(torch.tensor([0.0]))), NotImplementedError, "bincount"),
+    "weights too short": (lambda t: torch.bincount(t(torch.tensor([0, 1])), t(torch.ones(1))), RuntimeError,
+                          "same length"),
+    "negative minlength": (lambda t: torch.bincount(t(torch.tensor([0])), minlength=-1), RuntimeError, "minlength"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_VALUES)
+def test_repeat_interleave_and_bincount_check_the_values_as_torch_does(case):
+    build, error, message = BAD_VALUES[case]
+    with pytest.raises(error, match=message):
+        build(lambda t: t)
+    with pytest.raises(error, match=message):
+        build(lambda t: t.to("jax"))
+
+
+class _all_tensors_on:
+    """Every tensor the SIZED_FROM_VALUES cases build (from REPEATS, LABELS, factories) on `device`."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def __enter__(self):
+        global REPEATS, LABELS
+        self.saved = REPEATS, LABELS
+        REPEATS, LABELS = REPEATS.to(self.device), LABELS.to(self.device)
+        self.mode = torch.device(self.device)
+        self.mode.__enter__()
+
+    def __exit__(self, *exc):
+        global REPEATS, LABELS
+        self.mode.__exit__(*exc)
+        REPEATS, LABELS = self.saved
 
 
 def test_importing_changes_nothing_and_enable_keeps_inductor_and_accelerator_healthy():

@@ -25,7 +25,8 @@ EVERY_OP = os.environ.get("T2J_EAGER_OPINFO") == "all"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int32": torch.int32, "bool": torch.bool}
 CHOSEN = os.environ.get("T2J_EAGER_OPINFO_DTYPES", "float32").split(",")  # a sweep names others
 EAGER_STRIDE = 24
-DATA_DEPENDENT = {"nonzero", "unique", "unique_consecutive", "masked_select", "__getitem__", "argwhere"}
+DATA_DEPENDENT = {"nonzero", "unique", "unique_consecutive", "masked_select", "__getitem__", "argwhere", "bincount",
+                  "repeat_interleave"}
 # Cases expected to fail on the eager device, one reason each; shrinking this is progress.
 KNOWN_FAILURES = {
     "nn.functional.rrelu": "aten::rrelu_with_noise has no lowering (a random op torch does not decompose)",
@@ -39,7 +40,6 @@ KNOWN_FAILURES = {
     "nn.functional.pad.replicate_negative": "replication_pad2d's lowering cannot pad an axis cropped to empty",
     "tensor_split": "torch wants the indices tensor on the CPU; the harness moves every input to the jax device",
     "to": "a sample asks for pinned memory, which the jax device does not have",
-    "bincount": "aten::bincount has no lowering (its output size depends on the values; export refuses it)",
 }
 
 

@@ -164,6 +164,95 @@ def test_grouped_taps_are_summed_once_before_a_norm():
     assert " conditional(" in compiled, "the sum runs in a computation of its own"
 
 
+def _op_counts(text: str) -> dict[str, int]:
+    import collections
+    import re
+
+    return collections.Counter(re.findall(r"stablehlo\.(\w+)", text))
+
+
+def test_grouped_taps_are_in_the_program_once_and_not_in_its_derivative():
+    """A 7x7 depthwise conv's 49 taps, unrolled for XLA CPU, appear once in the exported program (the
+    conditional's other branch is the plain conv), and its VJP, which jax.export serializes with every
+    artifact, differentiates the plain conv: no pad per tap (the transpose of each tap's slice). Before,
+    the taps were there twice and their derivative made a tiny ConvNeXt's vjp export take most of a minute."""
+    def depthwise(x, w):
+        return convolution(x, w, None, [1, 1], [3, 3], [1, 1], False, [0, 0], 8)
+
+    batch = jax.export.symbolic_shape("batch")[0]
+    specs = (jax.ShapeDtypeStruct((batch, 8, 12, 12), jnp.float32), jax.ShapeDtypeStruct((8, 1, 7, 7), jnp.float32))
+    exported = jax.export.export(jax.jit(depthwise), platforms=("cpu", "cuda"))(*specs)
+    forward = _op_counts(exported.mlir_module())
+    assert 49 <= forward["real_dynamic_slice"] < 2 * 49, forward  # one per tap (the batch is symbolic)
+    backward = _op_counts(exported.vjp().mlir_module())
+    assert backward["pad"] + backward["dynamic_pad"] < 49, backward
+    x, w = torch.randn(3, 8, 12, 12, requires_grad=True), torch.randn(8, 1, 7, 7, requires_grad=True)
+    assert_conv_and_grads_match(exported.call, x, w, torch.nn.functional.conv2d(x, w, padding=3, groups=8))
+
+
+def test_grouped_conv_derivatives_in_both_modes():
+    """The taps' derivative is the plain conv's (custom_jvp): forward mode works too and agrees with reverse."""
+    x, w = jax.random.normal(jax.random.key(0), (2, 8, 9, 9)), jax.random.normal(jax.random.key(1), (8, 1, 3, 3))
+    tx, tw = jax.random.normal(jax.random.key(2), x.shape), jax.random.normal(jax.random.key(3), w.shape)
+
+    def depthwise(x, w):
+        return convolution(x, w, None, [2, 2], [1, 1], [1, 1], False, [0, 0], 8)
+
+    _, forward_mode = jax.jvp(depthwise, (x, w), (tx, tw))
+    out, pullback = jax.vjp(depthwise, x, w)
+    cotangent = jax.random.normal(jax.random.key(4), out.shape)
+    gx, gw = pullback(cotangent)
+    # <J t, c> == <t, J^T c>
+    np.testing.assert_allclose(float(jnp.vdot(forward_mode, cotangent)), float(jnp.vdot(tx, gx) + jnp.vdot(tw, gw)), rtol=1e-5)
+
+
+def _convnext(depths, hidden_sizes):
+    from transformers import ConvNextConfig, ConvNextForImageClassification
+
+    config = ConvNextConfig(num_channels=3, hidden_sizes=hidden_sizes, depths=depths, num_stages=len(depths), image_size=32,
+                            num_labels=10)
+    return ConvNextForImageClassification(config), torch.randn(2, 3, 32, 32)
+
+
+def _cvt(depth):
+    from transformers import CvtConfig, CvtForImageClassification
+
+    # transformers' CvtModelTester sizes (tests/models/cvt/test_modeling_cvt.py)
+    config = CvtConfig(num_channels=3, embed_dim=[16, 32, 48], num_heads=[1, 2, 3], depth=depth, patch_sizes=[7, 3, 3],
+                       patch_stride=[4, 2, 2], patch_padding=[2, 1, 1], stride_kv=[2, 2, 2], cls_token=[False, False, True],
+                       attention_drop_rate=[0.0, 0.0, 0.0], layer_norm_eps=1e-12, num_labels=2)
+    return CvtForImageClassification(config), torch.randn(2, 3, 64, 64)
+
+
+DEPTHWISE_MODELS = {  # models whose depthwise convs take the taps route; saved for every default platform
+    "convnext": lambda: _convnext([1, 1], [10, 20]),
+    # stage i needs more than i layers (transformers indexes its drop-path rates so); 40 s on 2 busy cores
+    "cvt": pytest.param(lambda: _cvt([1, 2, 3]), marks=pytest.mark.slow),
+    # transformers' ConvNextModelTester and CvtModelTester configs, whose save took minutes before
+    "convnext-tester": pytest.param(lambda: _convnext([2, 2, 3, 2], [10, 20, 30, 40]), marks=pytest.mark.slow),
+    "cvt-tester": pytest.param(lambda: _cvt([1, 2, 10]), marks=pytest.mark.slow),
+}
+
+
+@pytest.mark.parametrize("build", DEPTHWISE_MODELS.values(), ids=DEPTHWISE_MODELS.keys())
+def test_depthwise_conv_models_match_torch_after_save_and_load(build, tmp_path):
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.manual_seed(0)
+    module, x = build()
+    module.eval()
+    model = torch2jax.convert(module, (x,), dynamic_shapes={"pixel_values": {0: "batch"}})
+    torch2jax.save(model, tmp_path / "art")
+    loaded = torch2jax.load(tmp_path / "art")
+    for batch in (x, torch.randn(3, *x.shape[1:])):
+        with torch.no_grad():
+            want = module(batch).logits
+        out = loaded(batch.numpy())
+        got = out["logits"] if isinstance(out, dict) else out.logits
+        assert max_err(got, want) < 1e-5 * max(1.0, float(want.abs().max()))
+
+
 def test_grouped_conv_with_symbolic_spatial_dims_round_trips(tmp_path):
     module = nn.Conv2d(8, 8, 7, padding=3, groups=8).eval()
     model = torch2jax.convert(module, (torch.randn(2, 8, 12, 12),), dynamic_shapes={"input": {0: "batch", 2: "h", 3: "w"}})

@@ -77,6 +77,8 @@ DATA_DEPENDENT_SHAPES: dict[str, str] = {
                              "(e.g. sort + torch.where) or give the op a lowering with a static size",
     "aten.unique_dim.default": "as torch.unique: no bounded form; restructure with a fixed-size result",
     "aten.unique_consecutive.default": "as torch.unique: no bounded form; restructure with a fixed-size result",
+    "aten.repeat_interleave.Tensor": "pass output_size=N (torch.repeat_interleave(x, repeats, dim, output_size=N)): the size "
+                                     "is then static and the op converts",
     "aten.masked_select.default": "use torch.where(mask, x, fill) to keep the shape static",
     "aten.bincount.default": "its length is max(x) + 1: use torch.zeros(N).index_add_(0, x, weights) with a "
                              "declared length N",

@@ -25,6 +25,7 @@ FAMILIES = (
     "conv",
     "elementwise",
     "fft",
+    "foreach",
     "fusion_barrier",
     "histogram",
     "indexing",

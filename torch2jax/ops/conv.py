@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -71,11 +72,14 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
 
             def grouped(x, weight):
                 if route == "taps":
-                    return _grouped_taps(x, weight, stride, padding, dilation, groups, acc)
+                    return _grouped_taps(x, weight, stride, padding, dilation, groups, acc, lambda: conv(x, weight))
                 parts = zip(jnp.split(x, groups, axis=1), jnp.split(weight, groups, axis=0))
                 return jnp.concatenate([conv(a, b, groups=1) for a, b in parts], axis=1)
 
-            out = lax.platform_dependent(x, weight, cpu=grouped, default=conv)
+            if route == "taps":
+                out = _cpu_detour(grouped, conv, x, weight)
+            else:
+                out = lax.platform_dependent(x, weight, cpu=grouped, default=conv)
         else:
             out = conv(x, weight)
     else:
@@ -84,6 +88,28 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
         out = out + bias.astype(out.dtype).reshape((1, -1) + (1,) * n)
     out = out.astype(dtype)
     return out[0] if unbatched else out
+
+
+def _cpu_detour(cpu, plain, x, weight):
+    """`cpu(x, weight)` on CPU and `plain(x, weight)` elsewhere, whose derivative is plain's on every
+    platform: the conv's own transpose rules (two convs), not the derivative of the detour.
+
+    The taps route unrolls one slice, product and sum per kernel tap (49 for a 7x7 depthwise conv),
+    each a handful of shape ops when the batch is symbolic; differentiated, every tap grows a pad, a
+    product and a reduction more, so the VJP jax.export serializes with an artifact grew about 3x the
+    forward and took most of a ConvNeXt's save (a 50-s vjp export for a tiny one). The plain conv's
+    derivative is also the faster one on XLA CPU for these convs (see docs/architecture.md).
+    """
+
+    @jax.custom_jvp
+    def detour(x, weight):
+        return lax.platform_dependent(x, weight, cpu=cpu, default=plain)
+
+    @detour.defjvp
+    def detour_jvp(primals, tangents):
+        return detour(*primals), jax.jvp(plain, primals, tangents)[1]
+
+    return detour(x, weight)
 
 
 def _cpu_pointwise(x, weight, stride, padding, groups: int) -> bool:
@@ -154,7 +180,7 @@ def _cpu_grouped_route(weight, groups: int) -> str | None:
     return None
 
 
-def _grouped_taps(x, weight, stride, padding, dilation, groups: int, acc):
+def _grouped_taps(x, weight, stride, padding, dilation, groups: int, acc, plain):
     """A grouped conv as a sum, over kernel taps and each group's input channels, of a shifted and
     strided slice of the input channel times that tap's weight for every output channel.
 
@@ -163,6 +189,9 @@ def _grouped_taps(x, weight, stride, padding, dilation, groups: int, acc):
     LayerNorm after: depthwise 7x7 on 8x32x16x16 2.7 ms as a loop over kernel rows, 0.76 computed
     apart (torch 0.77); 3x3 on 8x64x32x32 6.7 ms fused, 1.5 apart. Fused wins only before a cheap
     elementwise op (ReLU after that 3x3: 0.88 against 1.11 ms), which a lowering cannot see.
+
+    The conditional's other branch, taken only when the input holds a NaN, is `plain()` (the grouped
+    conv as XLA runs it, equal up to rounding): one copy of the unrolled taps in the program, not two.
     """
     n = weight.ndim - 2
     out_ch, per_group = weight.shape[0], weight.shape[1]
@@ -187,7 +216,7 @@ def _grouped_taps(x, weight, stride, padding, dilation, groups: int, acc):
                 out = term if out is None else out + term
         return out
 
-    return apart(taps_sum, [x, weight])
+    return apart(taps_sum, [x, weight], instead=plain)
 
 
 def _conv_transpose(x, weight, stride, padding, dilation, output_padding, groups, acc):

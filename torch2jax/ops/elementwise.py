@@ -458,6 +458,86 @@ def lerp(ctx, start, end, weight):
     return jnp.where(jnp.abs(weight) < 0.5, start + weight * diff, end - diff * (1 - weight))
 
 
+@lowers("prims.fma.default", ctx=True)
+def fma(ctx, a, b, c):
+    """a * b + c rounded once (torch's fused multiply-add prim, which dynamo writes for `addcmul_`,
+    `addcdiv_` and `add_(alpha=tensor)`, as in torch.optim's steps; inductor computes it with fma).
+
+    float32 is computed exactly in float64 (the product of two float32 is exact there) and rounded to
+    odd, which makes the final rounding to float32 a single correct one; without x64, and for float64,
+    by Dekker's exact product and Boldo and Melquiond's emulated fma (exact unless the product
+    underflows). Half and bfloat16 compute a float32 fma and
+    round once more, as torch's kernels compute them in float32. Integers, bool and complex: a * b + c.
+    """
+    a, b, c = computed_in(ctx, a, b, c)
+    dtype = a.dtype
+    if is_bool(dtype):
+        return (a & b) | c
+    if not is_floating(dtype) or jnp.iscomplexobj(a):
+        return a * b + c
+    naive = a * b + c
+    if dtype == np.dtype(jnp.float32) and jax.dtypes.canonicalize_dtype(jnp.float64) == np.dtype(jnp.float64):
+        wide = [v.astype(jnp.float64) for v in (a, b, c)]
+        total, error = _two_sum(wide[0] * wide[1], wide[2])  # the product is exact in float64
+        result = _round_to_odd(total, error).astype(dtype)
+    else:
+        result = _emulated_fma(a, b, c, naive)
+        # a product beyond the largest float that c brings back: a quarter of everything, then times 4
+        finite = jnp.isfinite(a) & jnp.isfinite(b) & jnp.isfinite(c)
+        quarter = _emulated_fma(a * 0.25, b, c * 0.25, a * 0.25 * b + c * 0.25) * 4
+        result = jnp.where(finite & jnp.isinf(a * b), quarter, result)
+        result = jnp.where(jnp.isinf(c) & jnp.isfinite(a) & jnp.isfinite(b), c, result)  # not inf - inf
+    return jnp.where(result == 0, naive, result)  # an exact zero: the plain sum has IEEE's sign of zero
+
+
+def _emulated_fma(a, b, c, naive):
+    """Boldo and Melquiond's fma from an exact product and sum: RN(top + RO(tail)); `naive` where a term
+    is infinite or NaN (those are IEEE's results there, but for a product that overflows)."""
+    high, low = _two_product(a, b)
+    top, rest = _two_sum(c, high)
+    tail, tail_error = _two_sum(rest, low)
+    result = top + _round_to_odd(tail, tail_error)
+    return jnp.where(jnp.isfinite(high) & jnp.isfinite(top), result, naive)
+
+
+def _two_sum(a, b):
+    """(s, e) with s = a + b rounded and s + e == a + b exactly (Knuth)."""
+    s = a + b
+    b_part = s - a
+    return s, (a - (s - b_part)) + (b - b_part)
+
+
+def _two_product(a, b):
+    """(p, e) with p = a * b rounded and p + e == a * b exactly (Dekker, Veltkamp's split; an operand
+    so large that the split would overflow is split scaled down by a power of two, which is exact)."""
+    info = jnp.finfo(a.dtype)
+    bits = (info.nmant + 2) // 2
+    split = float(2**bits + 1)
+    scale = float(2 ** (bits + 1))
+    largest = float(info.max) / split
+
+    def halves(x):
+        big = jnp.abs(x) > largest
+        x = jnp.where(big, x / scale, x)
+        scaled = x * split
+        high = scaled - (scaled - x)
+        back = jnp.where(big, scale, 1.0).astype(x.dtype)
+        return high * back, (x - high) * back
+
+    (a_high, a_low), (b_high, b_low) = halves(a), halves(b)
+    p = a * b
+    return p, ((a_high * b_high - p) + a_high * b_low + a_low * b_high) + a_low * b_low
+
+
+def _round_to_odd(value, error):
+    """`value + error` (value the nearest float to it) rounded to odd: kept where exact or where its
+    last mantissa bit is 1, else the neighbour towards the error, whose last bit is 1."""
+    bits = lax.bitcast_convert_type(value, jnp.int64 if value.dtype == np.dtype(jnp.float64) else jnp.int32)
+    move = (error != 0) & ((bits & 1) == 0) & jnp.isfinite(value)
+    toward = jnp.where(error > 0, jnp.inf, -jnp.inf).astype(value.dtype)
+    return jnp.where(move, jnp.nextafter(value, toward), value)
+
+
 @lowers("aten.heaviside.default", ctx=True)
 def heaviside(ctx, x, values):
     x, values = computed_in(ctx, x, values)

@@ -35,13 +35,15 @@ def computed_once(op: str, *args, **kwargs):
     return lax.platform_dependent(cpu=lambda: apart(compute, arrays), default=compute)
 
 
-def apart(compute, arrays: list):
+def apart(compute, arrays: list, instead=None):
     """compute(), in a computation of its own that XLA neither fuses into the consumers nor
     fuses the consumers into: a conditional whose two branches both compute it. Its predicate reads
-    the smallest of `arrays` (compute's inputs), so it is unknown until run time."""
+    the smallest of `arrays` (compute's inputs), so it is unknown until run time; it is true only
+    when that input holds a NaN. `instead`, when given, is that branch: the same result computed
+    another way (up to rounding), so that a large `compute` is not in the program twice."""
     probe = min(arrays, key=_size_hint)
     runtime = jnp.isnan(jnp.sum(probe.astype(jnp.float32)))
-    return lax.cond(runtime, compute, compute)
+    return lax.cond(runtime, instead or compute, compute)
 
 
 def _arrays(args) -> list:

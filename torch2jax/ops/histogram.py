@@ -4,8 +4,10 @@ Bin assignment follows torch's CPU kernel exactly, since an element on a bin edg
 same bin: histc divides (x - left) * bins / (right - left) in the input dtype and truncates;
 histogram and histogramdd with a bin count do the same, then correct the bin by comparing with the
 neighbouring edges; explicit bin edges use a binary search. Edges from a bin count are torch's
-linspace in the input dtype. Outputs have static shapes (bin counts are python ints); bincount,
-whose length is max(input) + 1, does not and has no lowering.
+linspace in the input dtype. Outputs have static shapes (bin counts are python ints); bincount's
+length, max(input) + 1, is read from the values: its lowering takes the length torch recorded for
+the node, which the `jax` device counts from the values (eager/data_dependent.py); torch.export
+cannot express it, and capture refuses it with the bounded form to use instead.
 """
 
 from __future__ import annotations
@@ -149,6 +151,20 @@ def histogramdd_from_bin_tensors(x, bins, weight=None, density=False):
 # --- segment_reduce ----------------------------------------------------------------------------
 
 _IDENTITY = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "max": -np.inf, "min": np.inf}
+
+
+@lowers("aten.bincount.default", ctx=True)
+def bincount(ctx, x, weights=None, minlength=0):
+    """Occurrences of each value 0 .. length - 1 in the 1-d integer `x`, or the sum of `weights` at them.
+
+    The length (max(x) + 1, at least minlength) is the node's, as torch recorded it. torch's CPU
+    kernel adds in the output dtype, in input order: float32 weights in float32, other weights in
+    float64 (the node's dtype), no weights (or an empty input) as int64 counts.
+    """
+    (length,) = ctx.out_shape
+    dtype = ctx.out_dtype
+    values = jnp.ones(x.shape, dtype) if weights is None or x.shape[0] == 0 else weights.astype(dtype)
+    return jnp.zeros((length,), dtype).at[x].add(values, mode="drop")
 
 
 @lowers("aten.segment_reduce.default")
