@@ -226,6 +226,8 @@ def scan_tests(root: Path, model_types: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def _shrink(d: dict[str, Any]) -> dict[str, Any]:
+    """GENERIC_SIZES applied to a config dict and its sub-configs; per-layer lists (layer_types and the
+    like, as long as the old layer count) cut to the new count."""
     out = {}
     for key, value in d.items():
         if isinstance(value, dict) and "model_type" in value:
@@ -234,6 +236,11 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
             out[key] = GENERIC_SIZES[key]
         else:
             out[key] = value
+    layers = d.get("num_hidden_layers")
+    if isinstance(layers, int) and layers != out["num_hidden_layers"]:
+        for key, value in out.items():
+            if isinstance(value, list) and len(value) == layers:
+                out[key] = value[: out["num_hidden_layers"]]
     if "num_attention_heads" in out and "num_key_value_heads" in out and isinstance(out["num_key_value_heads"], int):
         out["num_key_value_heads"] = min(out["num_key_value_heads"], out["num_attention_heads"])
     return out
@@ -284,6 +291,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=CONFIGS)
     parser.add_argument("--label", default="transformers tests/", help="how configs.json names the checkout")
     parser.add_argument("--only", nargs="*", help="model types to extract (default: all registered)")
+    parser.add_argument("--merge", action="store_true", help="update these model types in the existing --out file")
     ns = parser.parse_args()
 
     import transformers
@@ -304,9 +312,13 @@ def main() -> None:
                                    "model_classes": [], "note": f"default config fails: {type(err).__name__}: {err}"[:200]}
         if model_type in import_failures:
             entries[model_type]["tester_failure"] = import_failures[model_type]
+    if ns.merge and ns.out.exists():
+        entries = {**json.loads(ns.out.read_text())["configs"], **entries}
     data = {"transformers": transformers.__version__, "tests_source": ns.label,
             "generic_sizes": GENERIC_SIZES, "configs": entries}
-    ns.out.write_text(dump(data))
+    tmp = ns.out.with_name(ns.out.name + ".tmp")
+    tmp.write_text(dump(data))
+    os.replace(tmp, ns.out)  # a sweep running meanwhile reads the old file or the new one
     by_source = {s: sum(e["source"] == s for e in entries.values()) for s in ("tester", "generic")}
     print(f"{len(entries)} model types: {by_source}")
 
