@@ -31,9 +31,10 @@ def cause(row: dict[str, Any]) -> str:
     """A failure's cause with the row-specific parts (numbers, names in quotes, shapes) blanked, so rows
     that fail for one reason group together."""
     error = row.get("error") or ""
-    if row["status"] == "fails in our lowering" and "no JAX lowering" in error:
-        ops = sorted(set(re.findall(r"aten\.[\w.]+", error)))
-        return f"{row['status']}: missing lowering {', '.join(ops) if ops else ''}".strip()
+    if row.get("ops"):
+        what = "no JAX lowering" if "no JAX lowering" in error else "shape depends on input values"
+        ops = sorted(set(row["ops"]))
+        return f"{row['status']}: {what}: {', '.join(ops[:4])}{', …' if len(ops) > 4 else ''}"
     if row["status"] == "mismatch":
         return "mismatch" + (" after load" if error.startswith("after load") else "")
     text = re.sub(r"0x[0-9a-f]+", "0x…", error)
@@ -127,6 +128,11 @@ def render(results: dict[str, Any], configs: dict[str, Any]) -> str:
               "| count | cause | examples |", "|---|---|---|"]
     for text, count in sorted(failures.items(), key=lambda kv: (-kv[1], kv[0])):
         lines.append(f"| {count} | {_cell(text, 160)} | {', '.join(sorted(set(examples[text]))[:5])} |")
+    by_op = Counter(op for r in rows if r["status"] != OK for op in set(r.get("ops", [])))
+    if by_op:
+        lines += ["", "Ops named by those failures (no lowering, or a value-dependent shape), by the rows they stop:", "",
+                  "| op | rows |", "|---|---|"]
+        lines += [f"| `{op}` | {n} |" for op, n in sorted(by_op.items(), key=lambda kv: (-kv[1], kv[0]))]
     lines += [
         "",
         "## Where the configs come from",

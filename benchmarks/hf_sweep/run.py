@@ -177,7 +177,8 @@ def run_torch2jax(module: Any, inputs: dict[str, Any], workdir: Path) -> dict[st
     except ExportError as err:
         return {**row, "status": EXPORT, "error": _first_line(err), "stage": stage["name"]}
     except Exception as err:  # anything after torch.export is ours: capture, lowering, weights
-        return {**row, "status": LOWERING, "error": _first_line(err), "stage": stage["name"]}
+        ops = {"ops": list(err.ops)} if getattr(err, "ops", None) else {}  # UnsupportedOpsError names them
+        return {**row, "status": LOWERING, "error": _first_line(err), "stage": stage["name"], **ops}
     row["seconds"]["convert"] = time.perf_counter() - start
     start = time.perf_counter()
     try:
