@@ -35,13 +35,14 @@ TIMEOUT_S = 300
 
 OK = "ok"
 NO_INPUTS = "no config or inputs"
+BUILD = "model build fails"  # the class cannot be built from the config: transformers' or the config's, not run
 EAGER = "torch eager fails"
 EXPORT = "fails in torch.export"
 LOWERING = "fails in our lowering"
 MISMATCH = "mismatch"
 SAVE_LOAD = "fails at save or load"
 TIMEOUT = "timeout"
-STATUSES = [OK, EAGER, EXPORT, LOWERING, MISMATCH, SAVE_LOAD, TIMEOUT, NO_INPUTS]
+STATUSES = [OK, BUILD, EAGER, EXPORT, LOWERING, MISMATCH, SAVE_LOAD, TIMEOUT, NO_INPUTS]
 ONNX_EXPORT = "fails in torch.onnx.export"
 ONNX_RUN = "fails in onnxruntime"
 
@@ -279,6 +280,9 @@ def run_row(entry: dict[str, Any], class_name: str, *, onnx: bool = True, workdi
         workdir = workdir or Path(tmp)
         try:
             module = build(entry, class_name)
+        except Exception as err:
+            return done(status=BUILD, error=_first_line(err))
+        try:
             inputs = _accepted(module, make_inputs(entry["inputs"]))
             start = time.perf_counter()
             with torch.no_grad():
