@@ -226,8 +226,11 @@ def run_onnx(module: Any, inputs: dict[str, Any], expected: Any, workdir: Path) 
             warnings.simplefilter("ignore")
             program = torch.onnx.export(module, (), kwargs=inputs, dynamo=True, verbose=False)
         program.save(str(workdir / "model.onnx"))
-    except Exception as err:
-        return {**row, "status": ONNX_EXPORT, "error": _first_line(err)}
+    except Exception as err:  # torch.onnx's own first line names only the step; its cause says why
+        root = err
+        while root.__cause__ is not None:
+            root = root.__cause__
+        return {**row, "status": ONNX_EXPORT, "error": _first_line(root)}
     try:
         import onnxruntime as ort
 
