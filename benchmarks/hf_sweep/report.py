@@ -134,6 +134,15 @@ def render(results: dict[str, Any], configs: dict[str, Any]) -> str:
         lines += ["", "Ops named by those failures (no lowering, or a value-dependent shape), by the rows they stop:", "",
                   "| op | rows |", "|---|---|"]
         lines += [f"| `{op}` | {n} |" for op, n in sorted(by_op.items(), key=lambda kv: (-kv[1], kv[0]))]
+    onnx_failures = Counter(cause(r["onnx"]) for r in rows if r.get("onnx", {}).get("status") not in (None, OK))
+    onnx_examples: dict[str, set[str]] = {}
+    for r in rows:
+        if r.get("onnx", {}).get("status") not in (None, OK):
+            onnx_examples.setdefault(cause(r["onnx"]), set()).add(r["model_type"])
+    lines += ["", "The anchor's failures (torch.onnx + onnxruntime), for comparison:", "",
+              "| count | cause | examples |", "|---|---|---|"]
+    for text, count in sorted(onnx_failures.items(), key=lambda kv: (-kv[1], kv[0])):
+        lines.append(f"| {count} | {_cell(text, 160)} | {', '.join(sorted(onnx_examples[text])[:5])} |")
     lines += [
         "",
         "## Where the configs come from",
