@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-ops-full test-ops-eager test-ops-compile test-models-full demo runtime-check lint docs bench bench-calls bench-eager bench-compile bench-large bench-serve clean
+.PHONY: install test test-ops-full test-ops-eager test-ops-compile test-models-full test-models-hf models-doc demo runtime-check lint docs bench bench-calls bench-eager bench-compile bench-large bench-serve clean
 
 install: $(STAMP)
 
@@ -98,6 +98,19 @@ bench-compile: $(BENCH_STAMP)
 bench-serve: install
 	$(PY) -m pip install -q fastapi && $(PY) -m pip install -q --no-deps accelerate  # transformers serve: its server, device_map
 	$(PY) -m benchmarks.serve
+
+# The architecture sweep (hours on 2 cores; resumable: rows already in benchmarks/hf_sweep/results.json are
+# skipped): every transformers model type, base model and main task head, each in its own process with a time
+# limit, against torch.onnx + onnxruntime; then docs/models.md. HF_SWEEP_ARGS="--only bert gpt2", "--limit 20",
+# "--shard 0/2". configs.json comes from `python -m benchmarks.hf_sweep.extract_configs <transformers checkout>`.
+HF_SWEEP_ARGS ?=
+test-models-hf: $(BENCH_STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.hf_sweep.run $(HF_SWEEP_ARGS)
+	$(PY) -m benchmarks.hf_sweep.report
+
+# docs/models.md from the committed sweep results.
+models-doc: install
+	$(PY) -m benchmarks.hf_sweep.report
 
 lint: install
 	$(VENV)/bin/ruff check torch2jax cli tests scripts sample_models benchmarks

@@ -1,0 +1,327 @@
+"""Record a tiny config and example-input specs for every model type transformers registers.
+
+    python -m benchmarks.hf_sweep.extract_configs /path/to/transformers-checkout [--out configs.json]
+
+The checkout is a transformers source tree (its tests/ and utils/ folders). transformers' test suite
+builds a tiny config and inputs per architecture in its `*Tester` classes; this script imports each
+test module, instantiates every tester with a stub parent and records what it produced, as data: the
+config (`config.to_dict()`), each input as a spec (name, shape, dtype, kind, range; small integer
+inputs with their values, since token ids such as image placeholders must sit where the tester put
+them), and the model classes its test class lists. Nothing of the tests' code is kept.
+
+Model types without a tester that runs on the installed transformers get a generic config: the
+default config with its sizes shrunk (GENERIC_SIZES, applied to every nested sub-config) and inputs
+guessed from the base model's main input name. Such entries say `"source": "generic"`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import importlib.machinery
+import io
+import json
+import os
+import re
+import sys
+import types
+import unittest
+import warnings
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+HERE = Path(__file__).resolve().parent
+CONFIGS = HERE / "configs.json"
+
+# Fields a generic config shrinks to, wherever a (sub-)config has them.
+GENERIC_SIZES = {
+    "num_hidden_layers": 2, "num_layers": 2, "n_layer": 2, "n_layers": 2, "encoder_layers": 2, "decoder_layers": 2,
+    "num_decoder_layers": 2, "depth": 2,
+    "hidden_size": 32, "d_model": 32, "n_embd": 32, "dim": 32, "embed_dim": 32,
+    "num_attention_heads": 4, "n_head": 4, "n_heads": 4, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+    "num_heads": 4, "num_key_value_heads": 2,
+    "intermediate_size": 64, "ffn_dim": 64, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "d_ff": 64, "n_inner": 64,
+    "head_dim": 8, "vocab_size": 1000, "max_position_embeddings": 128, "n_positions": 128,
+    "image_size": 32, "num_experts": 4, "num_local_experts": 4, "moe_intermediate_size": 32,
+}
+INT_VALUES_MAX = 10_000  # integer/bool inputs up to this many elements are recorded with their values
+
+
+class _Parent(unittest.TestCase):
+    """The stub a tester is built with: testers call only unittest's assert methods on it."""
+
+    def runTest(self) -> None:  # noqa: N802 - unittest's name
+        pass
+
+
+def _tolerant_import(name: str, tries: int = 30) -> types.ModuleType:
+    """Import a test module written for another transformers version: a name it imports that the
+    installed transformers lacks is stubbed (testers only need configs and tensor helpers)."""
+    for _ in range(tries):
+        try:
+            return importlib.import_module(name)
+        except ImportError as err:
+            missing = re.match(r"cannot import name '(\w+)' from '([\w.]+)'", str(err))
+            if missing:
+                owner = importlib.import_module(missing.group(2))
+                setattr(owner, missing.group(1), _stub(missing.group(1)))
+            elif err.name and err.name not in sys.modules and not err.name.startswith(("tests", "transformers")) \
+                    and "Could not import module" not in str(err):
+                sys.modules[err.name] = _stub_module(err.name)
+            else:
+                raise
+            for mod in [m for m in sys.modules if m == name]:
+                del sys.modules[mod]
+    raise ImportError(f"{name}: too many missing names")
+
+
+def _lenient_lazy_modules(root: Path) -> None:
+    """transformers' lazy modules answer a test module's import of a name the installed version lacks
+    with a stub, not an error (transformers' own lookups keep their errors)."""
+    from transformers.utils import import_utils
+
+    strict = import_utils._LazyModule.__getattr__
+    tests = str(root / "tests")
+
+    def lenient(self: Any, name: str) -> Any:
+        try:
+            return strict(self, name)
+        except (ImportError, AttributeError):
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_filename.startswith("<frozen"):
+                frame = frame.f_back
+            if name.startswith("__") or frame is None or not frame.f_code.co_filename.startswith(tests):
+                raise
+            return _stub(name)
+
+    import_utils._LazyModule.__getattr__ = lenient
+
+
+def _stub(name: str) -> Any:
+    return type(name, (), {"__init__": lambda self, *a, **k: None, "__call__": lambda self, *a, **k: None})
+
+
+def _stub_module(name: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+
+    def attribute(attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _stub(attr)
+
+    module.__getattr__ = attribute  # type: ignore[method-assign]
+    return module
+
+
+def input_spec(name: str, value: Any) -> dict[str, Any]:
+    """One input as data: a tensor's shape, dtype and value kind; a plain value as itself."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        spec: dict[str, Any] = {"name": name, "shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+        if value.numel() == 0:
+            spec["kind"] = "empty"
+        elif value.dtype == torch.bool or not value.is_floating_point():
+            v = value.to(torch.int64)
+            low, high = int(v.min()), int(v.max())
+            spec.update(kind="ones" if low == high == 1 else "int", low=low, high=high + 1)
+            if value.numel() <= INT_VALUES_MAX and spec["kind"] != "ones":
+                spec["values"] = v.flatten().tolist()
+        else:
+            v = value.detach().to(torch.float64)
+            lo, hi = float(v.min()), float(v.max())
+            spec.update(kind="uniform" if lo >= 0.0 and hi <= 1.0 else "randn", min=lo, max=hi)
+        return spec
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return {"name": name, "kind": "value", "value": value}
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float)) for v in value):
+        return {"name": name, "kind": "value", "value": list(value)}
+    return {"name": name, "kind": "unsupported", "type": type(value).__name__}
+
+
+def _config_dict(config: Any) -> dict[str, Any]:
+    return json.loads(json.dumps(config.to_dict(), default=str))
+
+
+def from_tester(tester_cls: type) -> tuple[Any, dict[str, Any]]:
+    """The tester's config and common inputs dict."""
+    tester = tester_cls(_Parent())
+    if hasattr(tester, "prepare_config_and_inputs_for_common"):
+        config, inputs = tester.prepare_config_and_inputs_for_common()
+    else:
+        out = tester.prepare_config_and_inputs()
+        config, inputs = out[0], out[1] if len(out) == 2 and isinstance(out[1], dict) else None
+    if not isinstance(inputs, dict):
+        raise TypeError("the tester's inputs are not a dict")
+    return config, inputs
+
+
+def _test_classes(module: types.ModuleType) -> list[tuple[str, ...]]:
+    found = []
+    for obj in vars(module).values():
+        try:
+            classes = getattr(obj, "all_model_classes", None) if isinstance(obj, type) else None
+        except Exception:  # a class attribute that needs a library the machine lacks
+            continue
+        if isinstance(classes, (tuple, list)) and classes:
+            found.append(tuple(classes))
+    return found
+
+
+def scan_tests(root: Path, model_types: list[str]) -> dict[str, dict[str, Any]]:
+    """Every tester in tests/models, keyed by the model type of the config it builds (first one wins,
+    the directory named after the model type first)."""
+    import torch
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    sys.path[:0] = [str(root), str(root / "utils")]
+    _lenient_lazy_modules(root)
+    # the pipeline mixin reads a transformers source tree (src/); testers never need it
+    sys.modules["tests.test_pipeline_mixin"] = _stub_module("tests.test_pipeline_mixin")
+    found: dict[str, dict[str, Any]] = {}
+    failures: dict[str, str] = {}
+    dirs = sorted({model_type_to_module_name(t) for t in model_types})
+    for folder in dirs:
+        for path in sorted((root / "tests" / "models" / folder).glob("test_modeling_*.py")):
+            if "_tf_" in path.name or "_flax_" in path.name:
+                continue
+            module_name = f"tests.models.{folder}.{path.stem}"
+            try:
+                with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    module = _tolerant_import(module_name)
+            except Exception as err:  # a tester for another transformers version
+                failures[folder] = f"import: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:200]
+                continue
+            tests = _test_classes(module)
+            for name, obj in sorted(vars(module).items(), key=lambda kv: not kv[0].endswith("ModelTester")):
+                if not (isinstance(obj, type) and name.endswith("Tester") and obj.__module__ == module.__name__):
+                    continue
+                try:
+                    torch.manual_seed(0)
+                    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        config, inputs = from_tester(obj)
+                    model_type = config.model_type
+                    if model_type in found:
+                        continue
+                    classes = sorted({c.__name__ for group in tests for c in group
+                                      if getattr(c, "config_class", None) is type(config)})
+                    found[model_type] = {
+                        "model_type": model_type, "source": "tester", "tester": f"{module_name}.{name}",
+                        "config": _config_dict(config),
+                        "inputs": [input_spec(k, v) for k, v in inputs.items()],
+                        "model_classes": classes,
+                    }
+                except Exception as err:
+                    failures.setdefault(folder, f"{name}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:200])
+    for model_type in model_types:
+        folder = model_type_to_module_name(model_type)
+        if model_type not in found and folder in failures:
+            found.setdefault("__failures__", {})[model_type] = failures[folder]
+    return found
+
+
+def _shrink(d: dict[str, Any]) -> dict[str, Any]:
+    """GENERIC_SIZES applied to a config dict and its sub-configs; per-layer lists (layer_types and the
+    like, as long as the old layer count) cut to the new count."""
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict) and "model_type" in value:
+            out[key] = _shrink(value)
+        elif key in GENERIC_SIZES and isinstance(value, int) and not isinstance(value, bool) and value > GENERIC_SIZES[key]:
+            out[key] = GENERIC_SIZES[key]
+        else:
+            out[key] = value
+    layers = d.get("num_hidden_layers")
+    if isinstance(layers, int) and layers != out["num_hidden_layers"]:
+        for key, value in out.items():
+            if isinstance(value, list) and len(value) == layers:
+                out[key] = value[: out["num_hidden_layers"]]
+    if "num_attention_heads" in out and "num_key_value_heads" in out and isinstance(out["num_key_value_heads"], int):
+        out["num_key_value_heads"] = min(out["num_key_value_heads"], out["num_attention_heads"])
+    return out
+
+
+def generic(model_type: str) -> dict[str, Any]:
+    """The default config shrunk to GENERIC_SIZES, with inputs guessed from the base model's main input."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto import modeling_auto
+
+    config_cls = CONFIG_MAPPING[model_type]
+    config = config_cls.from_dict(_shrink(config_cls().to_dict()))
+    entry: dict[str, Any] = {"model_type": model_type, "source": "generic", "config": _config_dict(config),
+                             "inputs": [], "model_classes": []}
+    base = modeling_auto.MODEL_MAPPING_NAMES.get(model_type)
+    main = "input_ids"
+    if base:
+        import transformers
+
+        cls = getattr(transformers, base if isinstance(base, str) else base[0], None)
+        main = getattr(cls, "main_input_name", "input_ids") if cls is not None else main
+    if main == "input_ids":
+        vocab = getattr(config, "vocab_size", None) or getattr(getattr(config, "text_config", None), "vocab_size", None) or 100
+        entry["inputs"] = [{"name": "input_ids", "shape": [2, 8], "dtype": "int64", "kind": "int", "low": 0, "high": int(vocab)}]
+    elif main == "pixel_values":
+        vision = getattr(config, "vision_config", None) or config
+        size = getattr(vision, "image_size", 32)
+        size = size[0] if isinstance(size, (list, tuple)) else size
+        channels = getattr(vision, "num_channels", 3)
+        entry["inputs"] = [{"name": "pixel_values", "shape": [2, channels, size, size], "dtype": "float32", "kind": "randn"}]
+    else:
+        entry["note"] = f"no generic inputs for main input {main!r}"
+    return entry
+
+
+def dump(data: dict[str, Any]) -> str:
+    """JSON with one line per model type, so that a re-extraction's diff shows which ones changed."""
+    head = {k: v for k, v in data.items() if k != "configs"}
+    lines = [json.dumps(head)[:-1] + ', "configs": {']
+    items = list(data["configs"].items())
+    lines += [f" {json.dumps(k)}: {json.dumps(v)}" + ("," if i < len(items) - 1 else "") for i, (k, v) in enumerate(items)]
+    return "\n".join(lines) + "\n}}\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkout", type=Path, help="a transformers source tree with tests/ and utils/")
+    parser.add_argument("--out", type=Path, default=CONFIGS)
+    parser.add_argument("--label", default="transformers tests/", help="how configs.json names the checkout")
+    parser.add_argument("--only", nargs="*", help="model types to extract (default: all registered)")
+    parser.add_argument("--merge", action="store_true", help="update these model types in the existing --out file")
+    ns = parser.parse_args()
+
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    model_types = ns.only or sorted(CONFIG_MAPPING_NAMES)
+    found = scan_tests(ns.checkout.resolve(), model_types)
+    import_failures = found.pop("__failures__", {})
+    entries = {}
+    for model_type in model_types:
+        if model_type in found:
+            entries[model_type] = found[model_type]
+            continue
+        try:
+            entries[model_type] = generic(model_type)
+        except Exception as err:
+            entries[model_type] = {"model_type": model_type, "source": "generic", "config": None, "inputs": [],
+                                   "model_classes": [], "note": f"default config fails: {type(err).__name__}: {err}"[:200]}
+        if model_type in import_failures:
+            entries[model_type]["tester_failure"] = import_failures[model_type]
+    if ns.merge and ns.out.exists():
+        entries = {**json.loads(ns.out.read_text())["configs"], **entries}
+    data = {"transformers": transformers.__version__, "tests_source": ns.label,
+            "generic_sizes": GENERIC_SIZES, "configs": entries}
+    tmp = ns.out.with_name(ns.out.name + ".tmp")
+    tmp.write_text(dump(data))
+    os.replace(tmp, ns.out)  # a sweep running meanwhile reads the old file or the new one
+    by_source = {s: sum(e["source"] == s for e in entries.values()) for s in ("tester", "generic")}
+    print(f"{len(entries)} model types: {by_source}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,381 @@
+"""The architecture sweep: every transformers model type, its base model and main task head, converted,
+compared with torch, saved and loaded; torch.onnx + onnxruntime on the same model as the anchor.
+
+    python -m benchmarks.hf_sweep.run [--only TYPE ...] [--shard I/N] [--limit N] [--timeout S]
+    make test-models-hf
+
+Each row (model type, class) runs in its own process with a time limit, so one hang or crash costs one
+row. Rows already in results.json are skipped (resumable); the file is rewritten atomically after each
+row. Configs and inputs come from configs.json (extract_configs.py). docs/models.md is generated from
+the results by report.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+CONFIGS = HERE / "configs.json"
+RESULTS = HERE / "results.json"
+TIMEOUT_S = 300
+
+OK = "ok"
+NO_INPUTS = "no config or inputs"
+BUILD = "model build fails"  # the class cannot be built from the config: transformers' or the config's, not run
+EAGER = "torch eager fails"
+EXPORT = "fails in torch.export"
+LOWERING = "fails in our lowering"
+MISMATCH = "mismatch"
+SAVE_LOAD = "fails at save or load"
+TIMEOUT = "timeout"
+STATUSES = [OK, BUILD, EAGER, EXPORT, LOWERING, MISMATCH, SAVE_LOAD, TIMEOUT, NO_INPUTS]
+ONNX_EXPORT = "fails in torch.onnx.export"
+ONNX_RUN = "fails in onnxruntime"
+
+# The main task head, by the first auto mapping that lists the model type.
+HEAD_MAPPINGS = [
+    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_FOR_CTC_MAPPING_NAMES",
+]
+
+
+def load_configs(path: Path = CONFIGS) -> dict[str, dict[str, Any]]:
+    return json.loads(path.read_text())["configs"]
+
+
+def _first(name: Any) -> str | None:
+    if isinstance(name, (list, tuple)):
+        return name[0] if name else None
+    return name
+
+
+def rows_of(configs: dict[str, dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(model_type, class name, role) for every architecture: its base model and main task head.
+    Tester configs first, then the generic ones; within each, in a fixed pseudo-random order (by a hash of
+    the name), so that a partial sweep is a fair sample rather than the first letters of the alphabet."""
+    from transformers.models.auto import modeling_auto
+
+    rows = []
+    for model_type, entry in sorted(configs.items(), key=lambda kv: (kv[1]["source"] != "tester", _spread(kv[0]))):
+        base = _first(modeling_auto.MODEL_MAPPING_NAMES.get(model_type))
+        if base is None:
+            base = next((c for c in entry.get("model_classes", []) if c.endswith("Model")), None)
+        if base is not None:
+            rows.append((model_type, base, "base"))
+        for mapping in HEAD_MAPPINGS:
+            head = _first(getattr(modeling_auto, mapping).get(model_type))
+            if head is not None:
+                rows.append((model_type, head, "head"))
+                break
+    return rows
+
+
+def _spread(name: str) -> str:
+    return hashlib.sha1(name.encode()).hexdigest()
+
+
+def row_key(model_type: str, class_name: str) -> str:
+    return f"{model_type}:{class_name}"
+
+
+def make_inputs(specs: list[dict[str, Any]], seed: int = 0) -> dict[str, Any]:
+    """The inputs a spec list describes, drawn with a fixed seed (recorded integer values as recorded)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    inputs: dict[str, Any] = {}
+    for spec in specs:
+        kind = spec["kind"]
+        if kind == "unsupported":
+            continue
+        if kind == "value":
+            inputs[spec["name"]] = spec["value"]
+            continue
+        shape, dtype = tuple(spec["shape"]), getattr(torch, spec["dtype"])
+        if kind == "empty":
+            value = torch.empty(shape, dtype=dtype)
+        elif kind == "ones":
+            value = torch.ones(shape, dtype=dtype)
+        elif "values" in spec:
+            value = torch.tensor(spec["values"], dtype=torch.int64).reshape(shape).to(dtype)
+        elif kind == "int":
+            value = torch.randint(spec["low"], max(spec["high"], spec["low"] + 1), shape, generator=gen).to(dtype)
+        elif kind == "uniform":
+            value = torch.rand(shape, generator=gen).to(dtype)
+        else:
+            value = torch.randn(shape, generator=gen).to(dtype)
+        inputs[spec["name"]] = value
+    return inputs
+
+
+def build(entry: dict[str, Any], class_name: str) -> Any:
+    """The model from the recorded config, random weights (seeded), eval mode, no KV cache returned."""
+    import torch
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    config = CONFIG_MAPPING[entry["model_type"]].from_dict(entry["config"])
+    for sub in [config] + [getattr(config, k) for k in ("text_config", "decoder", "language_config") if hasattr(config, k)]:
+        if hasattr(sub, "use_cache"):
+            sub.use_cache = False
+    torch.manual_seed(0)
+    return getattr(transformers, class_name)(config).eval()
+
+
+def _accepted(module: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The inputs the module's forward takes (a head may take fewer than the tester's common set)."""
+    params = inspect.signature(module.forward).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return inputs
+    return {k: v for k, v in inputs.items() if k in params}
+
+
+def _first_line(err: BaseException) -> str:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip()
+    line = text.splitlines()[0] if text else ""
+    return f"{type(err).__name__}: {line}"[:300]
+
+
+def _tensor_leaves(value: Any) -> list[Any]:
+    import torch
+    import torch.utils._pytree as pytree
+
+    return [leaf for leaf in pytree.tree_flatten(value)[0] if isinstance(leaf, torch.Tensor)]
+
+
+def run_torch2jax(module: Any, inputs: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """Convert, compare, save, load, compare again: the row's status, error, worst error and times."""
+    import torch
+
+    import torch2jax
+    from torch2jax.capture.converter import StageTimer, convert
+    from torch2jax.diagnose.verify import verify
+    from torch2jax.errors import ExportError
+
+    row: dict[str, Any] = {"status": None, "error": None, "max_abs": None, "seconds": {}}
+    stage = {"name": "export"}
+    timer = StageTimer(lambda name, _message: stage.update(name=name))
+    start = time.perf_counter()
+    try:
+        model = convert(module, (), inputs, timer=timer)  # torch2jax.convert, with its stages seen
+    except ExportError as err:
+        return {**row, "status": EXPORT, "error": _first_line(err), "stage": stage["name"]}
+    except Exception as err:  # anything after torch.export is ours: capture, lowering, weights
+        ops = {"ops": list(err.ops)} if getattr(err, "ops", None) else {}  # UnsupportedOpsError names them
+        return {**row, "status": LOWERING, "error": _first_line(err), "stage": stage["name"], **ops}
+    row["seconds"]["convert"] = time.perf_counter() - start
+    start = time.perf_counter()
+    try:
+        report = verify(module, model, (), inputs)
+    except Exception as err:  # a lowering that fails when traced or compiled
+        return {**row, "status": LOWERING, "error": _first_line(err), "stage": "run"}
+    row["seconds"]["run"] = time.perf_counter() - start
+    row["max_abs"] = report.max_abs
+    if not report.passed:
+        failed = [f"{o.path} max abs {o.max_abs:.3g}" for r in report.runs for o in r.outputs if not o.passed]
+        return {**row, "status": MISMATCH, "error": "; ".join(failed)[:300], "stage": "compare"}
+    try:
+        start = time.perf_counter()
+        torch2jax.save(model, workdir / "artifact", platforms=("cpu",))
+        row["seconds"]["save"] = time.perf_counter() - start
+        start = time.perf_counter()
+        loaded = torch2jax.load(workdir / "artifact")
+        row["seconds"]["load"] = time.perf_counter() - start
+        with torch.no_grad():
+            again = verify(module, loaded, (), inputs)
+    except Exception as err:
+        return {**row, "status": SAVE_LOAD, "error": _first_line(err), "stage": "save/load"}
+    row["max_abs"] = max(row["max_abs"], again.max_abs)
+    if not again.passed:
+        failed = [f"{o.path} max abs {o.max_abs:.3g}" for r in again.runs for o in r.outputs if not o.passed]
+        return {**row, "status": MISMATCH, "error": ("after load: " + "; ".join(failed))[:300], "stage": "compare after load"}
+    row["seconds"]["total"] = sum(row["seconds"].values())
+    return {**row, "status": OK}
+
+
+def run_onnx(module: Any, inputs: dict[str, Any], expected: Any, workdir: Path) -> dict[str, Any]:
+    """torch.onnx.export(dynamo=True) + an onnxruntime session on the same inputs, compared the same way."""
+    import numpy as np
+    import torch
+
+    from torch2jax.diagnose.verify import TOLERANCES
+
+    row: dict[str, Any] = {"status": None, "error": None, "max_abs": None, "seconds": None}
+    start = time.perf_counter()
+    try:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(module, (), kwargs=inputs, dynamo=True, verbose=False)
+        program.save(str(workdir / "model.onnx"))
+    except Exception as err:  # torch.onnx's own first line names only the step; its cause says why
+        root = err
+        while root.__cause__ is not None:
+            root = root.__cause__
+        return {**row, "status": ONNX_EXPORT, "error": _first_line(root)}
+    try:
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(str(workdir / "model.onnx"), providers=["CPUExecutionProvider"])
+        tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+        names = [i.name for i in session.get_inputs()]
+        feed = {n: tensors[n].numpy() for n in names if n in tensors}
+        if len(feed) != len(names):  # inputs renamed: by order
+            feed = {n: t.numpy() for n, t in zip(names, tensors.values())}
+        got = session.run(None, feed)
+    except Exception as err:
+        return {**row, "status": ONNX_RUN, "error": _first_line(err)}
+    row["seconds"] = time.perf_counter() - start
+    want = _tensor_leaves(expected)
+    if len(want) != len(got):
+        return {**row, "status": MISMATCH, "error": f"{len(got)} outputs, torch has {len(want)}"}
+    worst, passed = 0.0, True
+    for w, g in zip(want, got):
+        w = w.detach().numpy()
+        if w.shape != g.shape:
+            return {**row, "status": MISMATCH, "error": f"shape {list(g.shape)}, torch {list(w.shape)}"}
+        rtol, atol = TOLERANCES.get(str(w.dtype), (0.0, 0.0))
+        if w.size and np.issubdtype(w.dtype, np.number):
+            diff = np.abs(w.astype(np.float64) - g.astype(np.float64))
+            finite = np.isfinite(diff)
+            worst = max(worst, float(diff[finite].max()) if finite.any() else 0.0)
+            passed &= bool((diff[finite] <= atol + rtol * np.abs(w.astype(np.float64))[finite]).all())
+            passed &= bool((np.isnan(w) == np.isnan(g)).all()) if np.issubdtype(w.dtype, np.floating) else True
+    row["max_abs"] = worst
+    return {**row, "status": OK if passed else MISMATCH, "error": None if passed else f"max abs {worst:.3g}"}
+
+
+def run_row(entry: dict[str, Any], class_name: str, *, onnx: bool = True, workdir: Path | None = None,
+            partial: Path | None = None) -> dict[str, Any]:
+    """One row in this process: build, torch eager, torch2jax (and the ONNX anchor). `partial` is
+    rewritten after each part, so that a parent that kills this process on timeout keeps what finished."""
+    import torch
+
+    row: dict[str, Any] = {"model_type": entry["model_type"], "class": class_name, "source": entry["source"]}
+
+    def done(**more: Any) -> dict[str, Any]:
+        row.update(more)
+        if partial is not None:
+            _write_atomic(partial, row)
+        return row
+
+    if entry.get("config") is None or not entry.get("inputs"):
+        return done(status=NO_INPUTS, error=entry.get("note", "no inputs recorded"))
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = workdir or Path(tmp)
+        try:
+            module = build(entry, class_name)
+        except Exception as err:
+            return done(status=BUILD, error=_first_line(err))
+        try:
+            inputs = _accepted(module, make_inputs(entry["inputs"]))
+            start = time.perf_counter()
+            with torch.no_grad():
+                expected = module(**inputs)
+            row["torch_seconds"] = time.perf_counter() - start
+        except Exception as err:
+            return done(status=EAGER, error=_first_line(err))
+        try:
+            done(**run_torch2jax(module, inputs, workdir))
+        except Exception as err:  # noqa: BLE001 - the harness records, it does not stop
+            done(status=LOWERING, error=_first_line(err), stage="harness", trace=traceback.format_exc()[-1000:])
+        if onnx:
+            done(onnx=run_onnx(module, inputs, expected, workdir))
+    return row
+
+
+def _write_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def run_in_subprocess(model_type: str, class_name: str, timeout_s: float) -> dict[str, Any]:
+    """One row in a fresh process, killed after timeout_s; what it finished before is kept."""
+    with tempfile.TemporaryDirectory() as tmp:
+        partial = Path(tmp) / "row.json"
+        cmd = [sys.executable, "-m", "benchmarks.hf_sweep.run", "--row", row_key(model_type, class_name), "--partial", str(partial)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+            crashed = proc.returncode != 0 and f"process exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:] or ''}"
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            crashed, timed_out = False, True
+        row = json.loads(partial.read_text()) if partial.exists() else {}
+        row.setdefault("model_type", model_type)
+        row.setdefault("class", class_name)
+        row["wall_seconds"] = time.perf_counter() - start
+        if timed_out:
+            row.setdefault("status", TIMEOUT)
+            row.setdefault("error", f"no result within {timeout_s:.0f} s")
+            if row["status"] != TIMEOUT and "onnx" not in row:
+                row["onnx"] = {"status": TIMEOUT, "error": f"no result within {timeout_s:.0f} s"}
+        elif "status" not in row or row.get("status") is None:
+            row["status"], row["error"] = LOWERING, str(crashed)[:300]
+        return row
+
+
+def load_results(path: Path = RESULTS) -> dict[str, Any]:
+    if path.exists():
+        return json.loads(path.read_text())
+    return {"rows": {}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="*", help="model types to run")
+    parser.add_argument("--shard", default="0/1", help="I/N: every N-th row starting at I")
+    parser.add_argument("--limit", type=int, default=None, help="at most this many new rows")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per row")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--rerun", action="store_true", help="run rows already in the results again")
+    parser.add_argument("--row", help=argparse.SUPPRESS)  # child mode: TYPE:CLASS
+    parser.add_argument("--partial", type=Path, help=argparse.SUPPRESS)
+    ns = parser.parse_args()
+    configs = load_configs()
+    if ns.row:
+        model_type, class_name = ns.row.split(":", 1)
+        run_row(configs[model_type], class_name, partial=ns.partial)
+        return
+    index, count = (int(x) for x in ns.shard.split("/"))
+    rows = [r for i, r in enumerate(rows_of(configs)) if i % count == index]
+    if ns.only:
+        rows = [r for r in rows if r[0] in ns.only]
+    results = load_results(ns.results)
+    results["registered"] = len(configs)
+    todo = [r for r in rows if ns.rerun or row_key(r[0], r[1]) not in results["rows"]]
+    if ns.limit is not None:
+        todo = todo[: ns.limit]
+    print(f"{len(todo)} rows to run ({len(results['rows'])} in {ns.results.name})", flush=True)
+    for n, (model_type, class_name, role) in enumerate(todo, 1):
+        row = run_in_subprocess(model_type, class_name, ns.timeout)
+        row["role"] = role
+        results["rows"][row_key(model_type, class_name)] = row
+        _write_atomic(ns.results, results)
+        onnx = row.get("onnx", {}).get("status", "-")
+        print(f"[{n}/{len(todo)}] {model_type} {class_name}: {row['status']} ({row.get('error') or ''})"[:200]
+              + f" | onnx: {onnx} | {row['wall_seconds']:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

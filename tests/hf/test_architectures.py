@@ -1,0 +1,35 @@
+"""A representative slice of the architecture sweep (benchmarks/hf_sweep), one model per family, through
+the sweep's own per-row function: converts, matches torch, and round-trips through save and load."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.hf_sweep import run
+
+# (model type, class): an encoder, GPT-like and Llama-like decoders, an encoder-decoder, a vision
+# transformer, a ConvNet, an audio encoder-decoder, and XLM (zero-size lifted constants in its params)
+FAMILIES = [
+    ("bert", "BertModel"),
+    ("gpt2", "GPT2LMHeadModel"),
+    ("llama", "LlamaForCausalLM"),
+    ("t5", "T5ForConditionalGeneration"),
+    ("vit", "ViTForImageClassification"),
+    ("resnet", "ResNetModel"),
+    ("whisper", "WhisperModel"),
+    ("xlm", "XLMModel"),
+]
+
+
+@pytest.fixture(scope="module")
+def configs():
+    return run.load_configs()
+
+
+@pytest.mark.parametrize("model_type,class_name", FAMILIES, ids=[f[0] for f in FAMILIES])
+def test_architecture_converts_matches_and_round_trips(model_type, class_name, configs, tmp_path):
+    entry = configs[model_type]
+    assert entry["source"] == "tester", f"{model_type}: expected the test suite's tiny config in configs.json"
+    row = run.run_row(entry, class_name, onnx=False, workdir=tmp_path)
+    assert row["status"] == run.OK, f"{model_type} {class_name}: {row['status']}: {row.get('error')}"
+    assert {"convert", "save", "load"} <= set(row["seconds"]) and row["max_abs"] < 1e-3
