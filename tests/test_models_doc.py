@@ -17,3 +17,4 @@ def test_failure_causes_group_rows_that_fail_alike():
             {"status": "fails in torch.export", "error": "Error: shape [4, 1] at 0x9a0 failed 12 times"}]
     assert report.cause(rows[0]) == report.cause(rows[1])
     assert report.cause({"status": "mismatch", "error": "after load: logits max abs 0.1"}) == "mismatch after load"
+    assert "Torch2JaxError" in report.cause({"status": "fails at save or load", "error": "Torch2JaxError: input 3"})

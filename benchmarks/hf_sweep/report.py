@@ -38,7 +38,7 @@ def cause(row: dict[str, Any]) -> str:
     if row["status"] == "mismatch":
         return "mismatch" + (" after load" if error.startswith("after load") else "")
     text = re.sub(r"0x[0-9a-f]+", "0x…", error)
-    text = re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", text)
+    text = re.sub(r"(?<![A-Za-z_])\d+(\.\d+)?(e-?\d+)?", "N", text)  # not the 2 of Torch2JaxError
     text = re.sub(r"\[[^\]]{0,80}\]", "[…]", text)
     return f"{row['status']}: {text[:140]}"
 
