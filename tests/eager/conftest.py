@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 import torch2jax.eager as te
 from tests.models.conftest import pytest_collection_modifyitems  # noqa: F401 - a plain run leaves out the slow tier
 from tests.ops.conftest import _case, _load, _write, failure_reason, merge_report
@@ -64,3 +66,15 @@ def _samples(case: str, report) -> dict:
     """The case's sample counts, as the test recorded them (record_property("samples", ...))."""
     recorded = [value for name, value in report.user_properties if name == "samples"]
     return {case: recorded[-1]} if recorded else {}
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Each torch.compile test starts and ends with dynamo's caches and counters empty."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()

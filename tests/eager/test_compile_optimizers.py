@@ -33,12 +33,7 @@ OPTIMIZERS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _train(optimizer: str, foreach: bool, loss_kind: str, compiled: bool, schedule: bool = False) -> torch.nn.Module:
