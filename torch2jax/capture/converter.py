@@ -92,8 +92,9 @@ def trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_sha
     with timer.stage("export", f"torch.export{what}"):
         ep, names = exporter.export(module, args, kwargs, dynamic_shapes, strict=strict)
     with timer.stage("decompose", "decompose to core ATen"):
+        renames = exporter.subclass_param_names(ep)
         ep = exporter.decompose(ep)
-        return capture(ep, names), ep
+        return capture(ep, names, renames), ep
 
 
 def model_from(captured: Captured, timer: StageTimer, weights: WeightSource | None = None,

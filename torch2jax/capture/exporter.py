@@ -45,6 +45,25 @@ def decompose(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
         raise ExportError(f"torch could not decompose the exported program to core ATen: {_first_paragraph(err)}") from err
 
 
+def subclass_param_names(ep: torch.export.ExportedProgram) -> dict[str, str]:
+    """Readable names for the inner tensors of tensor-subclass params (torchao's quantized weights): decomposition
+    unwraps `lin.weight` into `lin.parametrizations.weight.original0..N`; these become `lin.weight.qdata`,
+    `lin.weight.scale`, ... after the subclass's own `__tensor_flatten__` attribute names."""
+    renames = {}
+    for name, value in ep.state_dict.items():
+        flatten = getattr(value, "__tensor_flatten__", None)
+        if flatten is None or type(value) in (torch.Tensor, torch.nn.Parameter):
+            continue
+        inner = flatten()[0]
+        if any(hasattr(getattr(value, attr), "__tensor_flatten__") and type(getattr(value, attr)) is not torch.Tensor
+               for attr in inner):
+            continue  # nested subclasses flatten further; torch's numbering is kept for them
+        prefix, _, leaf = name.rpartition(".")
+        base = f"{prefix}.parametrizations.{leaf}" if prefix else f"parametrizations.{leaf}"
+        renames.update({f"{base}.original{i}": f"{name}.{attr}" for i, attr in enumerate(inner)})
+    return renames
+
+
 def decompositions():
     """torch's core ATen decomposition table less KEEP_WHOLE: what export and the compile backend decompose."""
     table = torch.export.default_decompositions()

@@ -41,8 +41,10 @@ class Captured:
         self.schemas = schemas
 
 
-def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str]) -> Captured:
-    """Build the portable graph of `ep`; `symbol_names` renames torch symbols (s0) to dim names."""
+def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str],
+            param_renames: dict[str, str] | None = None) -> Captured:
+    """Build the portable graph of `ep`; `symbol_names` renames torch symbols (s0) to dim names, `param_renames`
+    state_dict names (exporter.subclass_param_names)."""
     _refuse_data_dependent_shapes(ep.graph_module)
     capturer = _Capturer(symbol_names)
     graph = capturer.graph(ep.graph_module, ep.graph_signature)
@@ -52,6 +54,11 @@ def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str]) -> C
     graph.out_spec = treespec_to_json(call_spec.out_spec)
     graph.symbols = _symbol_ranges(ep, symbol_names)
     tensors, graph.aliases = state_tensors(graph, ep.state_dict, ep.constants)
+    if param_renames:
+        for inp in graph.inputs:
+            inp.target = param_renames.get(inp.target, inp.target)
+        tensors = {param_renames.get(name, name): t for name, t in tensors.items()}
+        graph.aliases = {param_renames.get(k, k): param_renames.get(v, v) for k, v in graph.aliases.items()}
     return Captured(graph, tensors, capturer.schemas)
 
 

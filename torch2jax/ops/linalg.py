@@ -63,6 +63,13 @@ def mm(a, b):
     return _product(a, b).astype(jnp.result_type(a, b))
 
 
+@lowers("aten._int_mm.default")
+def int_mm(a, b):
+    """int8 @ int8 -> int32, accumulated in int32 (torchao's dynamically quantized linear): the product x86 and
+    GPU units run natively, so the operands stay int8 into the dot."""
+    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
+
+
 @lowers("torch2jax.expert_bmm.default")
 def expert_bmm(weights, ids, other, weights_first):
     """bmm(weights[ids], other) if weights_first else bmm(other, weights[ids]), from every expert's
