@@ -23,7 +23,7 @@ from benchmarks.report import write_section
 
 BEGIN, END = "<!-- quantized:begin -->", "<!-- quantized:end -->"
 VARIANTS = {"float32": {}, "bfloat16": {"dtype": "bfloat16"}, "int8": {"quantize": "int8"},
-            "int4 (group 64)": {"quantize": "int4", "group_size": 64}}
+            "int8-dynamic": {"quantize": "int8-dynamic"}, "int4 (group 64)": {"quantize": "int4", "group_size": 64}}
 
 
 def main() -> None:
@@ -65,8 +65,9 @@ def main() -> None:
 ## Quantized text generation
 
 The text-generation model above (Llama-shaped, random weights; prompt {PROMPT}, {NEW} new tokens, one core and one thread,
-medians of {args.rounds} runs after a warm-up), converted with `--dtype bfloat16`, `--quantize int8` and `--quantize int4`
-(weight-only: the projections and the LM head; embeddings and norms stay float32), streamed, saved and loaded. Each
+medians of {args.rounds} runs after a warm-up), converted with `--dtype bfloat16`, `--quantize int8`, `int8-dynamic` and `int4`
+(the projections and the LM head; embeddings and norms stay float32; int8-dynamic also rounds each Linear's input
+rows to int8), streamed, saved and loaded. Each
 memory bound counts the bytes that artifact's decode step reads, at {bandwidth / 1e9:.1f} GB/s. Written by
 `python -m benchmarks.quantized`.
 

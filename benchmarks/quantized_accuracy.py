@@ -25,7 +25,8 @@ from benchmarks.report import write_section
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- quantized-accuracy:begin -->", "<!-- quantized-accuracy:end -->"
 SEQ = 128
-VARIANTS = {"bfloat16": {"dtype": "bfloat16"}, "int8": {"quantize": "int8"}, "int4 (group 64)": {"quantize": "int4", "group_size": 64}}
+VARIANTS = {"bfloat16": {"dtype": "bfloat16"}, "int8": {"quantize": "int8"}, "int8-dynamic": {"quantize": "int8-dynamic"},
+            "int4 (group 64)": {"quantize": "int4", "group_size": 64}}
 
 
 def corpus() -> tuple[np.ndarray, np.ndarray]:

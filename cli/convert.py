@@ -50,10 +50,12 @@ from .common import Progress, handles_errors
               help="text-generation: torch.export every decoder layer. By default a stack of alike layers is traced at 3 and "
                    "4 layers and a middle layer's graph repeated for the rest (checked: 3 repeated to 4 must equal 4 traced, "
                    "else every layer is traced), which makes deep models several times faster to convert.")
-@click.option("--quantize", type=click.Choice(["int8", "int4"]),
+@click.option("--quantize", type=click.Choice(["int8", "int4", "int8-dynamic"]),
               help="Store the weights of the matrix products (nn.Linear's: a decoder's projections and LM head) quantized, "
                    "weight-only: int8 with one scale per output row, int4 two per byte with one scale per --group-size "
-                   "input columns. Verification compares with torch running the same weights dequantized.")
+                   "input columns; int8-dynamic stores int8 and also rounds each Linear's input rows to int8 as it "
+                   "multiplies (int8 x int8 products: no float copy of a weight on CPU). Verification compares with torch "
+                   "running the same weights dequantized (and, for int8-dynamic, the same rounded inputs).")
 @click.option("--group-size", default=64, show_default=True, help="--quantize int4: input columns sharing one scale.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @handles_errors

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -50,13 +51,13 @@ class MLP(torch.nn.Module):
         return self.head(self.norm(h + self.down(torch.relu(self.up(h)))))
 
 
-@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize("scheme", ["int8", "int4", "int8-dynamic"])
 def test_a_quantized_model_computes_what_torch_does_with_the_weights_dequantized(scheme, tmp_path):
     module = MLP().eval()
     ids = torch.randint(0, 50, (2, 7))
     jm = torch2jax.convert(module, (ids,), dynamic_shapes={"ids": {0: "batch", 1: "seq"}}, quantize=scheme, group_size=32)
     assert jm.quantization["params"] == ["up.weight", "down.weight"]  # not the tied embedding/head, the norm, the biases
-    assert jm.params["up.weight"].dtype == (np.int8 if scheme == "int8" else np.uint8)
+    assert jm.params["up.weight"].dtype == (np.uint8 if scheme == "int4" else np.int8)
     assert jm.params["up.bias"].dtype == np.float32 and jm.params["embed.weight"].dtype == np.float32
     want = torch_out(quantize_like(module, jm.quantization), ids)
     np.testing.assert_allclose(np.asarray(jm(ids.numpy())), want.numpy(), rtol=1e-5, atol=1e-5)
@@ -89,3 +90,25 @@ def test_scales_are_sharded_with_their_weights():
     assert placed["q_proj.weight"].spec == P("model", None) and placed["q_proj.weight_scale"].spec == P("model", None)
     assert placed["o_proj.weight"].spec == P(None, "model") and placed["o_proj.weight_scale"].spec == P()  # one per row
     assert placed["q_proj.weight_scale"].rule == "with q_proj.weight"
+
+
+def test_int8_dynamic_multiplies_int8_by_int8_without_a_float_weight():
+    module = MLP().eval()
+    ids = torch.randint(0, 50, (1, 5))
+    jm = torch2jax.convert(module, (ids,), quantize="int8-dynamic")
+    jaxpr = jax.make_jaxpr(lambda p, x: jm.apply(p, x))(jm.params, ids.numpy())
+    dots = [eqn for eqn in _eqns(jaxpr.jaxpr) if eqn.primitive.name == "dot_general"]
+    int8_dots = [eqn for eqn in dots if all(v.aval.dtype == np.int8 for v in eqn.invars)]
+    weights = {jm.params[name].shape for name in ("up.weight", "down.weight")}
+    assert {tuple(v.aval.shape) for eqn in int8_dots for v in eqn.invars} >= weights  # each platform's branch has one
+    assert all(eqn.outvars[0].aval.dtype == np.int32 for eqn in int8_dots)
+    converts = [eqn for eqn in _eqns(jaxpr.jaxpr) if eqn.primitive.name == "convert_element_type"
+                and eqn.invars[0].aval.dtype == np.int8 and tuple(eqn.invars[0].aval.shape) in weights]
+    assert not converts, "an int8-dynamic weight was widened to float"
+
+
+def _eqns(jaxpr):
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in jax.core.jaxprs_in_params(eqn.params):
+            yield from _eqns(sub)

@@ -15,7 +15,7 @@ from ..errors import InputSpecError
 from ..lowering import interpreter, passes
 from ..runtime.checkpoint import is_deferred
 from ..runtime.model import Model
-from ..runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, dequantize_array, quantize_array, quantize_model
+from ..runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, dequantize_array, quantize_array, quantize_model, weight_format
 from . import exporter
 from .fake_params import has_fake_parameters, is_fake, to_dtype
 from .fx import Captured, capture
@@ -163,13 +163,25 @@ def load_into_torch(module: torch.nn.Module, model: Model, params: dict | None =
 
 def quantize_like(module: torch.nn.Module, quantization: dict) -> torch.nn.Module:
     """Give `module` (in place) the weights a quantized conversion computes with: each quantized weight replaced by
-    its dequantized values, so torch runs what the artifact runs (the reference for verification)."""
+    its dequantized values, so torch runs what the artifact runs (the reference for verification). For
+    int8-dynamic, each such nn.Linear also rounds its input rows to int8 steps, as the artifact's product does."""
     if not quantization:
         return module
     scheme, group = quantization["scheme"], quantization.get("group_size", DEFAULT_GROUP_SIZE)
     with torch.no_grad():
         for name in quantization["params"]:
             weight = module.get_parameter(name)
-            values, scale = quantize_array(weight.detach().float().numpy(), scheme, group)
-            weight.copy_(torch.from_numpy(dequantize_array(values, scale, scheme, group)).to(weight.dtype))
+            values, scale = quantize_array(weight.detach().float().numpy(), weight_format(scheme), group)
+            weight.copy_(torch.from_numpy(dequantize_array(values, scale, weight_format(scheme), group)).to(weight.dtype))
+            owner = module.get_submodule(name.rpartition(".")[0])
+            if scheme == "int8-dynamic" and isinstance(owner, torch.nn.Linear):
+                owner.register_forward_pre_hook(_round_rows_to_int8)
     return module
+
+
+def _round_rows_to_int8(_module: torch.nn.Module, args: tuple) -> tuple:
+    """A Linear's input as int8-dynamic multiplies it: each row at max|row| / 127 steps (ops/quantized.py)."""
+    x = args[0].float()
+    step = x.abs().amax(dim=-1, keepdim=True) / 127
+    step = torch.where(step > 0, step, torch.ones_like(step))
+    return ((x / step).round().clamp(-127, 127) * step).to(args[0].dtype), *args[1:]

@@ -130,7 +130,7 @@ def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batc
     `weights` (a capture.weight_source.WeightSource) streams the params of an LM built with fake parameters.
     `repeat_layers`: True traces a stack of REPEAT_FROM_UNITS alike units or more at 3 and 4 units and repeats the
     middle one (capture_step); an int sets that many units instead; False traces every layer.
-    `quantize` ("int8", "int4" with `group_size`) stores the matmul weights quantized (runtime/quantize.py)."""
+    `quantize` ("int8", "int4" with `group_size`, "int8-dynamic") stores the matmul weights quantized (runtime/quantize.py)."""
     check_limits(max_cache_len, max_batch)
     if quantize is not None:
         check_scheme(quantize, group_size)

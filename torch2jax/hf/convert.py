@@ -52,7 +52,8 @@ def convert_hf(
         files only when the generator is saved (memory stays flat in the model's size; it runs once saved and loaded).
       repeat_layers: False traces every decoder layer; by default a stack of alike layers is traced at 3 and 4 layers
         and a middle one repeated, after checking that this reproduces the 4-layer trace.
-      quantize: causal LMs: "int8" (per output row) or "int4" (in groups of `group_size` input columns): the
+      quantize: causal LMs: "int8" (per output row), "int4" (in groups of `group_size` input columns) or
+        "int8-dynamic" (int8 weights, inputs rounded to int8 rows at each product): the
         weights of the decoder's projections and the LM head are stored quantized (runtime/quantize.py).
       group_size: int4's group of input columns sharing one scale.
       progress: called with (stage, message) as each conversion stage starts.

@@ -39,6 +39,7 @@ _CARRIES = frozenset({*VIEWS, "aten.unsqueeze.default", "aten.squeeze.dims", "at
                       "aten.clone.default", "aten.alias.default", "aten.neg.default"})
 PERMUTE, MM, ADDMM = "aten.permute.default", "aten.mm.default", "aten.addmm.default"
 LINEAR = "torch2jax.linear.default"
+DYNAMIC_INT8_WEIGHT, DYNAMIC_INT8_LINEAR = "torch2jax.dynamic_int8_weight.default", "torch2jax.dynamic_int8_linear.default"
 _BINARY = frozenset({"aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.div.Tensor", "aten.where.self",
                      "aten.maximum.default", "aten.minimum.default"})
 
@@ -306,6 +307,28 @@ def _is_transpose_2d(node: Node) -> bool:
             and [d % 2 for d in node.args[1]] == [1, 0] and len(getattr(node.meta, "shape", ())) == 2)
 
 
+def dynamic_int8_products(graph: Graph) -> Graph:
+    """torch2jax.linear(x, dynamic_int8_weight(q, scale)[, bias]) becomes torch2jax.dynamic_int8_linear(x, q, scale
+    [, bias]): the product of an int8-dynamic weight (runtime/quantize.py) made in int8 (ops/quantized.py). A weight
+    node left with no reader is dropped."""
+    by_name = {node.name: node for node in graph.nodes}
+    uses = _uses(graph)
+    replaced: dict[str, Node] = {}
+    rewritten: Counter = Counter()
+    for node in graph.nodes:
+        if node.op != LINEAR or not isinstance(node.args[1], dict):
+            continue
+        weight = by_name.get(node.args[1].get("ref"))
+        if weight is None or weight.op != DYNAMIC_INT8_WEIGHT:
+            continue
+        q, scale = weight.args[:2]
+        replaced[node.name] = Node(node.name, DYNAMIC_INT8_LINEAR, [node.args[0], q, scale, *node.args[2:]], {},
+                                   node.meta, node.source)
+        rewritten[weight.name] += 1
+    dropped = {name for name, count in rewritten.items() if count == uses[name]}
+    return _rewritten(graph, replaced, dropped)
+
+
 # Each pass with the ops it replaces by nodes of its own (computed_once wraps the registered lowering itself).
 _PASSES = [
     (fold_conv_batch_norm, (CONV, BATCH_NORM)),
@@ -313,4 +336,5 @@ _PASSES = [
     (expert_matmul, (BMM, INDEX, EXPAND, *VIEWS)),
     (computed_once, ()),
     (linear_products, (MM, ADDMM, PERMUTE)),
+    (dynamic_int8_products, (LINEAR, DYNAMIC_INT8_WEIGHT)),
 ]

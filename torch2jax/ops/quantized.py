@@ -10,7 +10,9 @@ few-row matmul rather than writing the float weight out).
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax import lax
 
+from .linalg import LINEAR_WEIGHT_FIRST_ROWS
 from .registry import lowers
 
 
@@ -30,3 +32,43 @@ def dequantize_int4(packed, scale, group_size, dtype):
     rows = packed.shape[0]
     grouped = values.reshape(rows, -1, group_size).astype(jnp.float32) * scale[:, :, None]
     return grouped.reshape(rows, -1).astype(dtype)
+
+
+@lowers("torch2jax.dynamic_int8_weight.default")
+def dynamic_int8_weight(q, scale, dtype):
+    """An int8-dynamic weight read by something other than a Linear (passes.dynamic_int8_products fuses those):
+    the float weight, as dequantize_int8 gives it."""
+    return dequantize_int8(q, scale, dtype)
+
+
+@lowers("torch2jax.dynamic_int8_linear.default")
+def dynamic_int8_linear(x, q, scale, bias=None):
+    """x @ (q * scale).T (+ bias) with each row of x quantized to int8 as it is multiplied: x_row ~ xq_row * step_row,
+    step_row = max|x_row| / 127, so x @ w.T ~ (xq @ q.T) * step * scale, an int8 x int8 product accumulated in int32.
+    The weight stays int8 from the checkpoint to the multiply unit; rounding the activations is the cost (about
+    half a step per element, the same order as the weight's own rounding)."""
+    xf = x.astype(jnp.float32)
+    step = jnp.max(jnp.abs(xf), axis=-1, keepdims=True) / 127
+    step = jnp.where(step > 0, step, 1.0)
+    xq = jnp.clip(jnp.round(xf / step), -127, 127).astype(jnp.int8).reshape(-1, x.shape[-1])
+    acc = lax.platform_dependent(xq, q, cpu=_int8_product_cpu, default=_int8_product)
+    out = acc.reshape(*x.shape[:-1], q.shape[0]).astype(jnp.float32) * step * scale
+    if bias is not None:
+        out = out + bias.astype(jnp.float32)
+    return out.astype(x.dtype)
+
+
+def _int8_product(xq, q):
+    return lax.dot_general(xq, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
+
+
+def _int8_product_cpu(xq, q):
+    """At few rows XLA:CPU multiplies faster with the weight first (as linalg.linear does for float weights)."""
+
+    def first():
+        return lax.optimization_barrier(lax.dot_general(q, xq, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)).T
+
+    rows = xq.shape[0]
+    if isinstance(rows, int):
+        return first() if rows <= LINEAR_WEIGHT_FIRST_ROWS else _int8_product(xq, q)
+    return lax.cond(jnp.asarray(rows) <= LINEAR_WEIGHT_FIRST_ROWS, first, lambda: _int8_product(xq, q))

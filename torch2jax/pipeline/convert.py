@@ -68,7 +68,7 @@ def convert_target(
       verify_tokens: generators: greedy tokens compared with transformers (bfloat16: the first 8 must be equal).
       verify_layers: streamed causal LMs deeper than this are verified on a slice of their first layers.
       repeat_layers: causal LMs: trace a stack of alike layers at 3 and 4 layers and repeat a middle one.
-      quantize: "int8" or "int4": the weights of the matrix products stored quantized (weight-only; docs/api.md).
+      quantize: "int8", "int4" or "int8-dynamic": the weights of the matrix products stored quantized (docs/api.md).
       group_size: int4's group of input columns sharing one scale.
       lowerings: Python files that register lowerings for custom ops (torch2jax.register_lowering), imported first.
       report: also write a markdown report (stages, timings, op counts, per-output errors) here, pass or fail.

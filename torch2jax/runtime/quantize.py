@@ -9,6 +9,9 @@ its `graph.json` and the StableHLO all hold the quantized form, and the artifact
     int8   symmetric, one scale per output row: q = round(w / s), s = max|w_row| / 127
     int4   symmetric, one scale per group of `group_size` input columns: s = max|w_group| / 7,
            q in [-8, 7], two per byte (column 2j in the low nibble)
+    int8-dynamic  the int8 weights, and each row of a Linear's input quantized the same way when it is
+           multiplied (one scale per row, max|x_row| / 127): int8 x int8 products accumulated in int32, which
+           x86 and GPU units run natively, so no float copy of the weight is made (ops/quantized.py)
 
 Quantized are the 2-d params read only as the weight of a matrix product (how nn.Linear reaches the
 graph: `mm` / `addmm` of the weight transposed): a decoder's projections and its LM head. Embeddings,
@@ -32,9 +35,10 @@ from .checkpoint import DeferredArray, is_deferred
 from .model import Model
 from .sharding import SCALE_SUFFIX
 
-SCHEMES = ("int8", "int4")
+SCHEMES = ("int8", "int4", "int8-dynamic")
 DEFAULT_GROUP_SIZE = 64
-_DEQUANTIZE = {"int8": "torch2jax.dequantize_int8.default", "int4": "torch2jax.dequantize_int4.default"}
+_DEQUANTIZE = {"int8": "torch2jax.dequantize_int8.default", "int4": "torch2jax.dequantize_int4.default",
+               "int8-dynamic": "torch2jax.dynamic_int8_weight.default"}
 _PERMUTE = "aten.permute.default"
 _PRODUCTS = {"aten.mm.default": 1, "aten.addmm.default": 2, "aten.bmm.default": 1}  # op -> its weight operand
 # a transposed weight broadcast over a batch on its way to a bmm (a Linear on a 3-d input with a symbolic batch)
@@ -108,7 +112,12 @@ def _into_product(node: Node, uses: dict, read_elsewhere: Counter) -> bool:
 
 
 def _fits(inp: GraphInput, scheme: str, group_size: int) -> bool:
-    return scheme == "int8" or inp.meta.shape[1] % group_size == 0
+    return scheme != "int4" or inp.meta.shape[1] % group_size == 0
+
+
+def weight_format(scheme: str) -> str:
+    """How the weights of `scheme` are stored: int8-dynamic keeps int8's (only the product differs)."""
+    return "int8" if scheme == "int8-dynamic" else scheme
 
 
 def _rewrite(graph: Graph, params: dict, chosen: list[GraphInput], scheme: str, group_size: int) -> tuple[Graph, dict]:
@@ -130,16 +139,16 @@ def _rewrite(graph: Graph, params: dict, chosen: list[GraphInput], scheme: str, 
         if inp is None:
             new_params[name] = value
             continue
-        new_params[name], new_params[name + SCALE_SUFFIX] = _quantized_pair(value, scheme, group_size, name)
+        new_params[name], new_params[name + SCALE_SUFFIX] = _quantized_pair(value, weight_format(scheme), group_size, name)
     return dataclasses.replace(graph, inputs=inputs, nodes=nodes + list(graph.nodes)), new_params
 
 
 def _values_meta(scheme: str, rows: int, cols: int) -> TensorMeta:
-    return TensorMeta("int8", [rows, cols]) if scheme == "int8" else TensorMeta("uint8", [rows, cols // 2])
+    return TensorMeta("uint8", [rows, cols // 2]) if scheme == "int4" else TensorMeta("int8", [rows, cols])
 
 
 def _scale_meta(scheme: str, rows: int, cols: int, group_size: int) -> TensorMeta:
-    return TensorMeta("float32", [rows] if scheme == "int8" else [rows, cols // group_size])
+    return TensorMeta("float32", [rows, cols // group_size] if scheme == "int4" else [rows])
 
 
 def quantize_array(weight: np.ndarray, scheme: str, group_size: int = DEFAULT_GROUP_SIZE) -> tuple[np.ndarray, np.ndarray]:

@@ -78,7 +78,9 @@ def describe(manifest: dict, where: str | os.PathLike) -> list[str]:
     quantized = params.get("quantization")
     if isinstance(quantized, dict):
         group = f", groups of {quantized['group_size']} input columns" if quantized.get("group_size") else ", one scale per row"
-        lines.append(f"quantized {quantized.get('scheme')} weight-only{group}: {len(quantized.get('params', []))} matmul weights, "
+        how = ("int8 weights and int8-rounded input rows, int8 x int8 products" if quantized.get("scheme") == "int8-dynamic"
+               else f"{quantized.get('scheme')} weight-only")
+        lines.append(f"quantized {how}{group}: {len(quantized.get('params', []))} matmul weights, "
                      f"{quantized.get('bytes_before', 0) / 1e6:.2f} MB -> {quantized.get('bytes_after', 0) / 1e6:.2f} MB "
                      "(each with a `<name>_scale` param; dequantized inside the function)")
     for name, spec in list(params["tree"].items())[:20]:
