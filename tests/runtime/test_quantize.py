@@ -92,19 +92,35 @@ def test_scales_are_sharded_with_their_weights():
     assert placed["q_proj.weight_scale"].rule == "with q_proj.weight"
 
 
-def test_int8_dynamic_multiplies_int8_by_int8_without_a_float_weight():
-    module = MLP().eval()
-    ids = torch.randint(0, 50, (1, 5))
-    jm = torch2jax.convert(module, (ids,), quantize="int8-dynamic")
+@pytest.mark.parametrize("dynamic", [None, {"ids": {0: "batch", 1: "seq"}}], ids=["static", "symbolic-batch"])
+def test_int8_dynamic_multiplies_int8_by_int8_without_a_float_weight(dynamic):
+    # static shapes reach the Linears as mm of a flattened input; a symbolic batch as a matmul of the 3-d input
+    module = LastPositionHead().eval()
+    ids = torch.randint(0, 50, (2, 5))
+    jm = torch2jax.convert(module, (ids,), dynamic_shapes=dynamic, quantize="int8-dynamic")
     jaxpr = jax.make_jaxpr(lambda p, x: jm.apply(p, x))(jm.params, ids.numpy())
     dots = [eqn for eqn in _eqns(jaxpr.jaxpr) if eqn.primitive.name == "dot_general"]
     int8_dots = [eqn for eqn in dots if all(v.aval.dtype == np.int8 for v in eqn.invars)]
-    weights = {jm.params[name].shape for name in ("up.weight", "down.weight")}
+    weights = {jm.params[name].shape for name in ("up.weight", "down.weight", "head.weight")}
     assert {tuple(v.aval.shape) for eqn in int8_dots for v in eqn.invars} >= weights  # each platform's branch has one
     assert all(eqn.outvars[0].aval.dtype == np.int32 for eqn in int8_dots)
     converts = [eqn for eqn in _eqns(jaxpr.jaxpr) if eqn.primitive.name == "convert_element_type"
                 and eqn.invars[0].aval.dtype == np.int8 and tuple(eqn.invars[0].aval.shape) in weights]
     assert not converts, "an int8-dynamic weight was widened to float"
+
+
+class LastPositionHead(MLP):
+    """An untied head on the last position only, as a causal LM's: with a symbolic batch torch.export writes it as a
+    bmm of the weight broadcast over the batch (passes.shared_matmul_operand makes that a matmul)."""
+
+    def __init__(self):
+        super().__init__()
+        self.head.weight = torch.nn.Parameter(self.embed.weight.detach().clone())
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        h = self.norm(h + self.down(torch.relu(self.up(h))))
+        return self.head(h[:, -1:, :])
 
 
 def _eqns(jaxpr):

@@ -308,19 +308,25 @@ def _is_transpose_2d(node: Node) -> bool:
 
 
 def dynamic_int8_products(graph: Graph) -> Graph:
-    """torch2jax.linear(x, dynamic_int8_weight(q, scale)[, bias]) becomes torch2jax.dynamic_int8_linear(x, q, scale
-    [, bias]): the product of an int8-dynamic weight (runtime/quantize.py) made in int8 (ops/quantized.py). A weight
-    node left with no reader is dropped."""
+    """torch2jax.linear(x, dynamic_int8_weight(q, scale)[, bias]) and matmul(x, permute(dynamic_int8_weight(q, scale)))
+    become torch2jax.dynamic_int8_linear(x, q, scale[, bias]): the product of an int8-dynamic weight
+    (runtime/quantize.py) made in int8 (ops/quantized.py). A weight or transpose node left with no reader is dropped."""
     by_name = {node.name: node for node in graph.nodes}
     uses = _uses(graph)
     replaced: dict[str, Node] = {}
     rewritten: Counter = Counter()
     for node in graph.nodes:
-        if node.op != LINEAR or not isinstance(node.args[1], dict):
+        if node.op not in (LINEAR, MATMUL) or len(node.args) < 2 or not isinstance(node.args[1], dict):
             continue
-        weight = by_name.get(node.args[1].get("ref"))
+        weight = transpose = by_name.get(node.args[1].get("ref"))
+        if node.op == MATMUL:  # x @ permute(w) with x of any rank: a Linear on a batch of sequences (the LM head)
+            if transpose is None or len(node.args) != 2 or not _is_transpose_2d(transpose):
+                continue
+            weight = by_name.get(transpose.args[0]["ref"])
         if weight is None or weight.op != DYNAMIC_INT8_WEIGHT:
             continue
+        if node.op == MATMUL:
+            rewritten[transpose.name] += 1
         q, scale = weight.args[:2]
         replaced[node.name] = Node(node.name, DYNAMIC_INT8_LINEAR, [node.args[0], q, scale, *node.args[2:]], {},
                                    node.meta, node.source)
@@ -336,5 +342,5 @@ _PASSES = [
     (expert_matmul, (BMM, INDEX, EXPAND, *VIEWS)),
     (computed_once, ()),
     (linear_products, (MM, ADDMM, PERMUTE)),
-    (dynamic_int8_products, (LINEAR, DYNAMIC_INT8_WEIGHT)),
+    (dynamic_int8_products, (LINEAR, MATMUL, PERMUTE, DYNAMIC_INT8_WEIGHT)),
 ]
