@@ -196,8 +196,8 @@ def text_image_inputs(example: Example) -> Inputs:
 
 
 def audio_inputs(example: Example) -> Inputs:
-    """The model's main audio input: a waveform input_values [batch, samples] (samples dynamic, at least the feature
-    encoder's receptive field), or spectrogram frames at the sizes the config (or preprocessor_config.json) fixes:
+    """The model's main audio input: a waveform input_values [batch, samples] (samples dynamic, from the shortest
+    waveform the feature encoder makes two frames of), or spectrogram frames at the sizes the config (or preprocessor_config.json) fixes:
     input_values [batch, frames, mel bins] (AST-like) or input_features [batch, mel bins, frames] (Whisper-like)."""
     import torch
 
@@ -212,8 +212,9 @@ def audio_inputs(example: Example) -> Inputs:
         field, step = 1, 1
         for kernel, stride in zip(kernels, strides):
             field, step = field + (kernel - 1) * step, step * stride
-        shape = (EXAMPLE_BATCH, max(EXAMPLE_SAMPLES, field))
-        dims = {0: _BATCH, 1: {"name": "samples", "min": field}}
+        shortest = field + step  # two frames: torch.export specializes a size of 1
+        shape = (EXAMPLE_BATCH, max(EXAMPLE_SAMPLES, shortest))
+        dims = {0: _BATCH, 1: {"name": "samples", "min": shortest}}
     elif name == "input_features" and mels and getattr(config, "max_source_positions", None):
         frames = features.get("nb_max_frames") or 2 * config.max_source_positions  # two stride-2 convolutions
         shape, dims = (EXAMPLE_BATCH, mels, frames), {0: _BATCH}
