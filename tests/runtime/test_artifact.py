@@ -265,5 +265,8 @@ def test_python_keyword_inputs_are_baked_in_so_the_model_saves(tmp_path):
         assert max_err(loaded.apply(loaded.params, x.numpy(), use_cache=False, scale=2), want) < 1e-6  # 2 == 2.0
         with pytest.raises(torch2jax.SignatureError, match="'use_cache' was False when the model was converted.*use_cache=True"):
             loaded(x.numpy(), use_cache=True, scale=2.0)
-    manifest_inputs = json.loads((tmp_path / "flagged" / "graph.json").read_text())["inputs"]
-    assert [i.get("value") for i in manifest_inputs if i["name"] in ("use_cache", "scale")] == [False, 2.0]
+    graph_inputs = json.loads((tmp_path / "flagged" / "graph.json").read_text())["inputs"]
+    assert [i.get("value") for i in graph_inputs if i["name"] in ("use_cache", "scale")] == [False, 2.0]
+    loaded = torch2jax.load(tmp_path / "flagged")
+    assert [i["name"] for i in loaded.manifest["inputs"]] == ["x"]  # the StableHLO's inputs: tensors only
+    assert max_err(loaded.call_flat([x.numpy()]), want) < 1e-6

@@ -74,7 +74,11 @@ class Model:
 
     def call_flat(self, leaves: list, rng: jax.Array | None = None) -> Any:
         """Call on flat inputs in graph order (the order manifest["inputs"] lists them)."""
-        args, kwargs = structure.unflatten(self.graph.in_spec, list(leaves))
+        leaves, inputs = list(leaves), self.graph.user_inputs
+        if len(leaves) == sum(not inp.baked for inp in inputs) < len(inputs):  # the baked python values go back in place
+            tensors = iter(leaves)
+            leaves = [inp.value if inp.baked else next(tensors) for inp in inputs]
+        args, kwargs = structure.unflatten(self.graph.in_spec, leaves)
         return self(*args, rng=rng, **kwargs)
 
     def state_dict(self, params: dict | None = None) -> dict[str, np.ndarray]:
