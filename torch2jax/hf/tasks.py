@@ -180,8 +180,11 @@ def pixel_inputs(example: Example, config: Any = None, batch: dict | None = None
 
 
 def encoder_inputs(example: Example) -> Inputs:
-    """Feature extraction: pixels for a model that takes pixel_values, else token ids."""
-    return pixel_inputs(example) if example.takes("pixel_values") else token_inputs(example)
+    """Feature extraction: tokens and pixels for a dual encoder, pixels for a model that takes pixel_values, else
+    token ids."""
+    if example.takes("pixel_values"):
+        return text_image_inputs(example) if example.takes("input_ids") else pixel_inputs(example)
+    return token_inputs(example)
 
 
 def text_image_inputs(example: Example) -> Inputs:
