@@ -61,6 +61,13 @@ def _heads():
                                                              reassemble_factors=[2, 1], fusion_hidden_size=32, head_hidden_size=16)),
         "wav2vec2-cls": lambda: tf.Wav2Vec2ForSequenceClassification(tf.Wav2Vec2Config(**_WAV2VEC2, num_labels=3)),
         "wav2vec2-ctc": lambda: tf.Wav2Vec2ForCTC(tf.Wav2Vec2Config(**_WAV2VEC2, vocab_size=12)),
+        "ast": lambda: tf.ASTForAudioClassification(tf.ASTConfig(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, max_length=24, num_mel_bins=16,
+            patch_size=2, frequency_stride=2, time_stride=2, num_labels=3)),
+        "whisper-cls": lambda: tf.WhisperForAudioClassification(tf.WhisperConfig(
+            d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
+            encoder_ffn_dim=37, decoder_ffn_dim=37, num_mel_bins=16, max_source_positions=30, vocab_size=100,
+            pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1, num_labels=3)),
         "clip": lambda: tf.CLIPModel(tf.CLIPConfig(
             text_config=dict(vocab_size=100, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
                              max_position_embeddings=32, bos_token_id=0, eos_token_id=2),
@@ -91,6 +98,9 @@ HEADS = {
     "wav2vec2-cls": ("audio-classification", "Wav2Vec2ForSequenceClassification",
                      {"input_values": ((2, 4000), ("batch", "samples"))}),
     "wav2vec2-ctc": ("automatic-speech-recognition", "Wav2Vec2ForCTC", {"input_values": ((2, 4000), ("batch", "samples"))}),
+    # spectrograms: AST's patches [batch, max_length, mel bins]; Whisper's encoder [batch, mel bins, 2 * positions]
+    "ast": ("audio-classification", "ASTForAudioClassification", {"input_values": ((2, 24, 16), ("batch",))}),
+    "whisper-cls": ("audio-classification", "WhisperForAudioClassification", {"input_features": ((2, 16, 60), ("batch",))}),
     "clip": ("zero-shot-image-classification", "CLIPModel",
              {"input_ids": ((2, 16), ("texts", "seq")), "attention_mask": ((2, 16), ("texts", "seq")),
               "pixel_values": ((2, 3, 32, 32), ("images",))}),
@@ -121,12 +131,12 @@ def _convert_and_verify(directory, out):
     "bert-qa", "bert-choice", "wav2vec2-ctc", "clip",  # text, audio, text and image (image alone: the ViT test above)
     pytest.param("yolos", marks=pytest.mark.slow), pytest.param("segformer", marks=pytest.mark.slow),
     pytest.param("dpt", marks=pytest.mark.slow), pytest.param("wav2vec2-cls", marks=pytest.mark.slow),
+    pytest.param("ast", marks=pytest.mark.slow), pytest.param("whisper-cls", marks=pytest.mark.slow),
 ])
 def test_head_converts_matches_torch_on_every_output_and_loads(head_dirs, name, tmp_path):
     checks = _convert_and_verify(head_dirs[name], tmp_path / name)
-    names = {"bert-qa": ["start_logits", "end_logits"], "bert-choice": ["logits"], "yolos": ["logits", "pred_boxes"],
-             "segformer": ["logits"], "dpt": ["predicted_depth"], "wav2vec2-cls": ["logits"], "wav2vec2-ctc": ["logits"],
-             "clip": ["logits_per_image", "logits_per_text", "text_embeds", "image_embeds"]}[name]
+    names = {"bert-qa": ["start_logits", "end_logits"], "yolos": ["logits", "pred_boxes"], "dpt": ["predicted_depth"],
+             "clip": ["logits_per_image", "logits_per_text", "text_embeds", "image_embeds"]}.get(name, ["logits"])
     for output in names:
         assert "second size" in checks and f" {output} " in checks, (output, checks)
     assert " FAIL " not in checks
