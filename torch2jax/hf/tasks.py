@@ -60,7 +60,8 @@ def default_task(config: Any) -> str:
 
 def _auto_class_names(auto_class: str) -> set[str]:
     """The model class names transformers' `auto_class` maps configs to (its own auto mapping)."""
-    mapping = getattr(transformers(), auto_class)._model_mapping._model_mapping  # model type -> class name(s)
+    lazy = getattr(getattr(transformers(), auto_class), "_model_mapping", None)
+    mapping = getattr(lazy, "_model_mapping", {})  # model type -> class name(s); {} if transformers changes it
     return {name for names in mapping.values() for name in ([names] if isinstance(names, str) else names)}
 
 
