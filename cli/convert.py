@@ -32,7 +32,10 @@ from .common import Progress, handles_errors
               help="Where to write the standalone reproduction when one op fails (default: $TMPDIR/torch2jax-repro).")
 @click.option("--task", help="hf: targets: what to build (default: from config.json's architectures). text-generation: "
                              "prefill/decode entry points with a KV cache; text2text-generation (encoder-decoders): encode/decode; "
-                             "both for `torch2jax generate`.")
+                             "both for `torch2jax generate`. The others are one forward pass through the task's auto class: "
+                             "feature-extraction, text-/token-/image-/audio-classification, fill-mask, question-answering, "
+                             "multiple-choice, object-detection, semantic-segmentation, depth-estimation, "
+                             "zero-shot-image-classification, automatic-speech-recognition (CTC).")
 @click.option("--max-cache-len", default=512, show_default=True,
               help="text-generation: KV cache slots (prompt + new tokens); text2text-generation: the most new tokens.")
 @click.option("--max-batch", default=8, show_default=True, help="text-generation: most prompts per generate call.")

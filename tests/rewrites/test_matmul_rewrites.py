@@ -308,3 +308,37 @@ def test_gathered_expert_bmm_bfloat16_rounds_as_torch():
         want = module(x).float()
     got = np.asarray(model(jnp.asarray(x.float().numpy(), jnp.bfloat16)), np.float32)
     assert max_err(got, want) <= 2 ** -7 * float(want.abs().max())
+
+
+class GroupedExperts(torch.nn.Module):
+    """Rows sorted by expert times each expert's matrix, as transformers' grouped_mm experts compute them: its
+    `transformers::grouped_mm_fallback` custom op (float32 on CPU under export), or torch's `_grouped_mm` (bfloat16)."""
+
+    def __init__(self, fallback: bool):
+        super().__init__()
+        self.fallback = fallback
+        self.w = torch.nn.Parameter(torch.randn(3, 8, 8))
+
+    def forward(self, x, offs):
+        if self.fallback:
+            return torch.ops.transformers.grouped_mm_fallback(x, self.w, offs=offs)
+        return torch._grouped_mm(x, self.w, offs=offs)
+
+
+@pytest.mark.parametrize("fallback", [True, False], ids=["transformers-fallback", "aten-bfloat16"])
+def test_grouped_mm_is_a_ragged_dot_over_the_selected_experts(fallback):
+    import transformers.integrations.moe  # noqa: F401  registers transformers::grouped_mm_fallback
+
+    torch.manual_seed(0)
+    dtype = torch.float32 if fallback else torch.bfloat16
+    module = GroupedExperts(fallback).to(dtype)
+    x, offs = torch.randn(10, 8, dtype=dtype), torch.tensor([2, 2, 7], dtype=torch.int32)  # expert 1 gets no rows
+    model = torch2jax.convert(module, (x, offs))
+    assert {node.op for node in model.graph.nodes} == {"transformers.grouped_mm_fallback.default" if fallback
+                                                       else "aten._grouped_mm.default"}
+    got = np.asarray(model(jnp.asarray(x.float().numpy(), jnp.bfloat16 if not fallback else jnp.float32), offs.numpy()),
+                     np.float32)
+    with torch.no_grad():
+        want = module(x, offs).float()
+    assert max_err(got[:7], want[:7]) <= (1e-5 if fallback else 0.0)  # bfloat16: one rounding of a float32 sum, as torch
+    assert not got[7:].any()  # rows past the last offset: zeros (transformers' fallback; torch's kernel leaves them unset)

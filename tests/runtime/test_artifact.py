@@ -237,3 +237,36 @@ def test_a_zero_size_param_round_trips(tmp_path):
     for loaded in (torch2jax.load(out), torch2jax.load(out, from_graph=True)):
         assert loaded.params["nothing"].shape == (0, 3) and loaded.params["nothing"].dtype == jnp.float32
         assert max_err(loaded(x.numpy()), torch_out(module, x)) < 1e-6
+
+
+class _Flagged(torch.nn.Module):
+    """forward() with python keyword inputs, as transformers models take use_cache=False."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, use_cache: bool = True, scale: float = 1.0):
+        y = self.lin(x) * scale
+        return (y, y + 1) if use_cache else y
+
+
+def test_python_keyword_inputs_are_baked_in_so_the_model_saves(tmp_path):
+    module = _Flagged()
+    x = torch.randn(2, 4)
+    model = torch2jax.convert(module, (x,), {"use_cache": False, "scale": 2.0}, {"x": {0: "batch"}, "use_cache": None, "scale": None})
+    assert model.signature == "(x: float32[batch, 4], use_cache: False (fixed at conversion), scale: 2.0 (fixed at conversion))"
+    torch2jax.save(model, tmp_path / "flagged")  # refused before: "input 'use_cache' is not a tensor"
+    x = torch.randn(3, 4)
+    want = torch_out(module, x, use_cache=False, scale=2.0)
+    for loaded in (model, torch2jax.load(tmp_path / "flagged"), torch2jax.load(tmp_path / "flagged", from_graph=True)):
+        assert max_err(loaded(x.numpy(), use_cache=False, scale=2.0), want) < 1e-6
+        assert max_err(loaded(x.numpy()), want) < 1e-6  # left out: the baked values
+        assert max_err(loaded.apply(loaded.params, x.numpy(), use_cache=False, scale=2), want) < 1e-6  # 2 == 2.0
+        with pytest.raises(torch2jax.SignatureError, match="'use_cache' was False when the model was converted.*use_cache=True"):
+            loaded(x.numpy(), use_cache=True, scale=2.0)
+    graph_inputs = json.loads((tmp_path / "flagged" / "graph.json").read_text())["inputs"]
+    assert [i.get("value") for i in graph_inputs if i["name"] in ("use_cache", "scale")] == [False, 2.0]
+    loaded = torch2jax.load(tmp_path / "flagged")
+    assert [i["name"] for i in loaded.manifest["inputs"]] == ["x"]  # the StableHLO's inputs: tensors only
+    assert max_err(loaded.call_flat([x.numpy()]), want) < 1e-6

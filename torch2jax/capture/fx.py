@@ -15,7 +15,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..errors import ExportError, UnsupportedOpsError
-from ..ir.graph import Graph, GraphInput, GraphOutput, Node, TensorMeta, encode_float
+from ..ir.graph import BAKED_TYPES, Graph, GraphInput, GraphOutput, Node, TensorMeta, encode_float
 
 _INPUT_KIND = {
     "PARAMETER": "parameter",
@@ -53,6 +53,7 @@ def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str],
     graph.in_spec = treespec_to_json(call_spec.in_spec)
     graph.out_spec = treespec_to_json(call_spec.out_spec)
     graph.symbols = _symbol_ranges(ep, symbol_names)
+    _bake_python_inputs(graph, ep.graph_module)
     tensors, graph.aliases = state_tensors(graph, ep.state_dict, ep.constants)
     if param_renames:
         for inp in graph.inputs:
@@ -60,6 +61,16 @@ def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str],
         tensors = {param_renames.get(name, name): t for name, t in tensors.items()}
         graph.aliases = {param_renames.get(k, k): param_renames.get(v, v) for k, v in graph.aliases.items()}
     return Captured(graph, tensors, capturer.schemas)
+
+
+def _bake_python_inputs(graph: Graph, graph_module: torch.fx.GraphModule) -> None:
+    """torch.export specializes the graph on python values passed as inputs (a `use_cache=False` kwarg): record each
+    value on its input, so that it is baked in (not an input of the StableHLO) and a call passing another is refused."""
+    values = {node.name: node.meta.get("val") for node in graph_module.graph.nodes if node.op == "placeholder"}
+    for inp in graph.user_inputs:
+        value = values.get(inp.name)
+        if inp.meta is None and isinstance(value, BAKED_TYPES):
+            inp.baked, inp.value = True, value
 
 
 def capture_graph_module(gm: torch.fx.GraphModule) -> Captured:

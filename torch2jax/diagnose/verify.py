@@ -202,7 +202,8 @@ def second_size_inputs(graph: Graph, args: tuple, kwargs: dict, seed: int) -> tu
 
 def _user_tensors(graph: Graph, args: tuple, kwargs: dict) -> list | None:
     tensors = [x for x in pytree.tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
-    return list(zip(graph.user_inputs, tensors)) if len(tensors) == len(graph.user_inputs) else None
+    inputs = [inp for inp in graph.user_inputs if not inp.baked]  # python values stay as they are
+    return list(zip(inputs, tensors)) if len(tensors) == len(inputs) else None
 
 
 def _resampled(graph: Graph, args: tuple, kwargs: dict, new_sizes: dict[str, int], seed: int, label: str):

@@ -6,6 +6,7 @@ become stacked `gate_up_proj`/`down_proj`); streaming the weights must apply the
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..capture.weight_source import Fuse, Rename
@@ -28,7 +29,7 @@ def transformers_rules(model: Any) -> tuple[tuple[Rename, ...], tuple[Fuse, ...]
         sources = list(getattr(rule, "_original_source_patterns", rule.source_patterns))
         targets = list(getattr(rule, "_original_target_patterns", rule.target_patterns))
         if isinstance(rule, WeightRenaming):
-            renames += [Rename(source, targets[0]) for source in sources]
+            renames += [_scoped(Rename(source, targets[0]), getattr(rule, "scope_prefix", None)) for source in sources]
         elif isinstance(rule, WeightConverter):
             stack = concat = None
             for op in rule.operations:
@@ -46,3 +47,11 @@ def transformers_rules(model: Any) -> tuple[tuple[Rename, ...], tuple[Fuse, ...]
                                      "which streamed weights do not reproduce: convert with --weights-in-memory")
             fuses.append(Fuse(tuple(sources), targets[0], stack, concat))
     return tuple(renames), tuple(fuses)
+
+
+def _scoped(rename: Rename, scope: str | None) -> Rename:
+    """A sub-model's rename applies under its prefix only (transformers' `scope_prefix`): CLIPModel holds
+    CLIPTextModel's `^text_model\\.(.+)` -> `\\1`, meant for `text_model.text_model.*` keys, not for `text_model.*`."""
+    if not scope or not rename.pattern.startswith("^"):
+        return rename  # unanchored renames (LayerNorm.gamma -> LayerNorm.weight) match anywhere, as before
+    return Rename("^" + re.escape(scope + ".") + rename.pattern[1:], f"{scope}.{rename.replacement}")

@@ -8,7 +8,11 @@ task's auto class, converted like any module, on example inputs made from the co
 from __future__ import annotations
 
 import inspect
+import json
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..capture.target import Target, from_specs, load_weights
@@ -28,26 +32,37 @@ _TASK_BY_SUFFIX = (
     ("ForTokenClassification", "token-classification"),
     ("ForImageClassification", "image-classification"),
     ("ForMaskedLM", "fill-mask"),
+    ("ForQuestionAnswering", "question-answering"),
+    ("ForMultipleChoice", "multiple-choice"),
+    ("ForObjectDetection", "object-detection"),
+    ("ForSemanticSegmentation", "semantic-segmentation"),
+    ("ForDepthEstimation", "depth-estimation"),
+    ("ForAudioClassification", "audio-classification"),
+    ("ForCTC", "automatic-speech-recognition"),
 )
-# forward-pass tasks: the transformers auto class to load, converted as one function
-FORWARD_TASKS = {
-    "feature-extraction": "AutoModel",
-    "text-classification": "AutoModelForSequenceClassification",
-    "token-classification": "AutoModelForTokenClassification",
-    "fill-mask": "AutoModelForMaskedLM",
-    "image-classification": "AutoModelForImageClassification",
-}
-EXAMPLE_BATCH, EXAMPLE_SEQ = 2, 16
+# tasks found by the auto class listing the architecture, before the suffix: speech classifiers are named
+# *ForSequenceClassification (Wav2Vec2ForSequenceClassification), CLIP-like dual encoders *Model (CLIPModel)
+_TASK_BY_LISTING = ("audio-classification", "zero-shot-image-classification")
 
 
 def default_task(config: Any) -> str:
     """The task the config's `architectures` entry implies (feature-extraction when it names none we know)."""
     architectures = getattr(config, "architectures", None) or []
     for arch in architectures:
+        listed = next((task for task in _TASK_BY_LISTING if arch in _auto_class_names(FORWARD_TASKS[task].auto_class)), None)
+        if listed:
+            return listed
         for suffix, task in _TASK_BY_SUFFIX:
             if arch.endswith(suffix):
                 return task
     return "feature-extraction"
+
+
+def _auto_class_names(auto_class: str) -> set[str]:
+    """The model class names transformers' `auto_class` maps configs to (its own auto mapping)."""
+    lazy = getattr(getattr(transformers(), auto_class), "_model_mapping", None)
+    mapping = getattr(lazy, "_model_mapping", {})  # model type -> class name(s); {} if transformers changes it
+    return {name for names in mapping.values() for name in ([names] if isinstance(names, str) else names)}
 
 
 def task_of(source: Any, task: str | None = None) -> str:
@@ -70,8 +85,8 @@ def check_generation_task(task: str) -> None:
 
 def forward_target(target: str, task: str | None = None, inputs: list[str] | None = None, weights: str | None = None,
                    train: bool = False, seed: int = 0, stream: bool = False) -> Target:
-    """An `hf:DIR` target for a forward-pass task: the model from its auto class, and example inputs from `inputs`
-    (--input specs) or from its config (token ids [batch, seq] and a mask, or pixel values [batch, C, H, W]).
+    """An `hf:DIR` target for a forward-pass task: the model from the task's auto class, and example inputs from
+    `inputs` (--input specs) or made from its config by the task's input maker (FORWARD_TASKS).
     With `stream` (and no `weights` file) the model has fake params and `Target.weights` maps its safetensors files."""
     import torch
 
@@ -81,7 +96,8 @@ def forward_target(target: str, task: str | None = None, inputs: list[str] | Non
     if task not in FORWARD_TASKS:
         known = ", ".join([*FORWARD_TASKS, TEXT_GENERATION, TEXT2TEXT_GENERATION])
         raise InputSpecError(f"task {task!r} is not supported for hf: targets (supported: {known})")
-    auto_class = getattr(transformers(), FORWARD_TASKS[task])
+    entry = FORWARD_TASKS[task]
+    auto_class = getattr(transformers(), entry.auto_class)
     source = None
     if stream and not weights:
         from .streamed import fake_model
@@ -96,20 +112,140 @@ def forward_target(target: str, task: str | None = None, inputs: list[str] | Non
     if inputs:
         args, kwargs, dynamic = from_specs(module, [input_specs.parse(text) for text in inputs], seed)
         return Target(module, args, kwargs, dynamic, target, None, source)
-    generator = torch.Generator().manual_seed(seed)
-    batch = {"name": "batch", "min": 1}
-    if task == "image-classification" or "pixel_values" in inspect.signature(module.forward).parameters:
-        size = getattr(config, "image_size", 224)
-        size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
-        pixels = torch.randn((EXAMPLE_BATCH, getattr(config, "num_channels", 3), *size), generator=generator)
-        return Target(module, (), {"pixel_values": pixels}, {"pixel_values": {0: batch}}, target, None, source)
+    made = entry.inputs(Example(directory, module.config, module, torch.Generator().manual_seed(seed)))
+    return Target(module, (), {name: tensor for name, (tensor, _) in made.items()},
+                  {name: dims for name, (_, dims) in made.items()}, target, None, source)
+
+
+# ---- example inputs made from the config, one maker per kind of input ----
+
+EXAMPLE_BATCH, EXAMPLE_SEQ, EXAMPLE_CHOICES, EXAMPLE_SAMPLES = 2, 16, 3, 4000
+DEFAULT_IMAGE_SIZE = 224
+Inputs = dict  # input name -> (example tensor, its dynamic dims {axis: dim})
+_BATCH = {"name": "batch", "min": 1}
+
+
+@dataclass
+class Example:
+    """What an input maker reads: the model directory (its preprocessor_config.json), config, module, and a seeded
+    generator for the values."""
+
+    directory: Path
+    config: Any
+    module: Any
+    generator: Any
+
+    def cannot(self, what: str) -> InputSpecError:
+        return InputSpecError(
+            f"{self.directory}: {what}, so example inputs cannot be made from the config; pass --input specs "
+            f"(e.g. --input input_ids=int64[batch,seq]), or convert the model object with torch2jax.convert(model, args)")
+
+    def preprocessor(self) -> dict:
+        path = self.directory / "preprocessor_config.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    def takes(self, name: str) -> bool:
+        return name in inspect.signature(self.module.forward).parameters
+
+
+def token_inputs(example: Example, config: Any = None, batch: dict | None = None, choices: int = 0) -> Inputs:
+    """input_ids and attention_mask [batch, seq] ([batch, choices, seq] with `choices`), from the vocab size."""
+    import torch
+
+    config = config or example.config
     vocab = getattr(config, "vocab_size", None)
     if not vocab:
-        raise InputSpecError(f"{directory}: config.json has no vocab_size, so example token ids cannot be made; "
-                             "convert the model object with torch2jax.convert(model, args) instead")
+        raise example.cannot("config.json has no vocab_size")
     seq = {"name": "seq", "min": 1, "max": getattr(config, "max_position_embeddings", None)}
-    ids = torch.randint(0, vocab, (EXAMPLE_BATCH, EXAMPLE_SEQ), generator=generator)
-    mask = torch.ones_like(ids)
-    dims = {0: batch, 1: seq}
-    return Target(module, (), {"input_ids": ids, "attention_mask": mask}, {"input_ids": dims, "attention_mask": dims},
-                  target, None, source)
+    lead = [(EXAMPLE_BATCH, batch or _BATCH)] + ([(choices, {"name": "choices", "min": 1})] if choices else [])
+    shape = [size for size, _ in lead] + [EXAMPLE_SEQ]
+    dims = {axis: dim for axis, (_, dim) in enumerate(lead)} | {len(lead): seq}
+    ids = torch.randint(0, vocab, shape, generator=example.generator)
+    return {"input_ids": (ids, dims), "attention_mask": (torch.ones_like(ids), dims)}
+
+
+def choice_inputs(example: Example) -> Inputs:
+    """Multiple choice: token ids and mask [batch, choices, seq]."""
+    return token_inputs(example, choices=EXAMPLE_CHOICES)
+
+
+def pixel_inputs(example: Example, config: Any = None, batch: dict | None = None) -> Inputs:
+    """pixel_values [batch, channels, height, width] at the config's image_size (else 224)."""
+    import torch
+
+    config = config or example.config
+    size = getattr(config, "image_size", None) or DEFAULT_IMAGE_SIZE
+    size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+    pixels = torch.randn((EXAMPLE_BATCH, getattr(config, "num_channels", 3), *size), generator=example.generator)
+    return {"pixel_values": (pixels, {0: batch or _BATCH})}
+
+
+def encoder_inputs(example: Example) -> Inputs:
+    """Feature extraction: tokens and pixels for a dual encoder, pixels for a model that takes pixel_values, else
+    token ids."""
+    if example.takes("pixel_values"):
+        return text_image_inputs(example) if example.takes("input_ids") else pixel_inputs(example)
+    return token_inputs(example)
+
+
+def text_image_inputs(example: Example) -> Inputs:
+    """CLIP-like dual encoders: token ids [texts, seq] from the text config and pixels [images, ...] from the
+    vision config, their counts independent."""
+    config = example.config
+    text, vision = getattr(config, "text_config", None), getattr(config, "vision_config", None)
+    if text is None or vision is None:
+        raise example.cannot("config.json has no text_config and vision_config")
+    return {**token_inputs(example, text, {"name": "texts", "min": 1}),
+            **pixel_inputs(example, vision, {"name": "images", "min": 1})}
+
+
+def audio_inputs(example: Example) -> Inputs:
+    """The model's main audio input: a waveform input_values [batch, samples] (samples dynamic, from the shortest
+    waveform the feature encoder makes two frames of), or spectrogram frames at the sizes the config (or preprocessor_config.json) fixes:
+    input_values [batch, frames, mel bins] (AST-like) or input_features [batch, mel bins, frames] (Whisper-like)."""
+    import torch
+
+    config, name = example.config, getattr(example.module, "main_input_name", "input_values")
+    features = example.preprocessor()
+    mels = getattr(config, "num_mel_bins", None) or features.get("num_mel_bins") or features.get("feature_size")
+    if name == "input_values" and getattr(config, "max_length", None) and getattr(config, "num_mel_bins", None):
+        shape = (EXAMPLE_BATCH, config.max_length, config.num_mel_bins)  # spectrogram patches: fixed frames
+        dims = {0: _BATCH}
+    elif name == "input_values":
+        kernels, strides = getattr(config, "conv_kernel", None) or [1], getattr(config, "conv_stride", None) or [1]
+        field, step = 1, 1
+        for kernel, stride in zip(kernels, strides):
+            field, step = field + (kernel - 1) * step, step * stride
+        shortest = field + step  # two frames: torch.export specializes a size of 1
+        shape = (EXAMPLE_BATCH, max(EXAMPLE_SAMPLES, shortest))
+        dims = {0: _BATCH, 1: {"name": "samples", "min": shortest}}
+    elif name == "input_features" and mels and getattr(config, "max_source_positions", None):
+        frames = features.get("nb_max_frames") or 2 * config.max_source_positions  # two stride-2 convolutions
+        shape, dims = (EXAMPLE_BATCH, mels, frames), {0: _BATCH}
+    else:
+        raise example.cannot(f"its main input {name!r} has no audio sizes in config.json")
+    return {name: (torch.randn(shape, generator=example.generator), dims)}
+
+
+@dataclass(frozen=True)
+class ForwardTask:
+    auto_class: str  # the transformers auto class the model is loaded with
+    inputs: Callable[[Example], Inputs]  # its example inputs, made from the config
+
+
+# forward-pass tasks: one function through the task's auto class, on inputs its maker builds
+FORWARD_TASKS: dict[str, ForwardTask] = {
+    "feature-extraction": ForwardTask("AutoModel", encoder_inputs),
+    "text-classification": ForwardTask("AutoModelForSequenceClassification", token_inputs),
+    "token-classification": ForwardTask("AutoModelForTokenClassification", token_inputs),
+    "fill-mask": ForwardTask("AutoModelForMaskedLM", token_inputs),
+    "question-answering": ForwardTask("AutoModelForQuestionAnswering", token_inputs),
+    "multiple-choice": ForwardTask("AutoModelForMultipleChoice", choice_inputs),
+    "image-classification": ForwardTask("AutoModelForImageClassification", pixel_inputs),
+    "object-detection": ForwardTask("AutoModelForObjectDetection", pixel_inputs),
+    "semantic-segmentation": ForwardTask("AutoModelForSemanticSegmentation", pixel_inputs),
+    "depth-estimation": ForwardTask("AutoModelForDepthEstimation", pixel_inputs),
+    "zero-shot-image-classification": ForwardTask("AutoModelForZeroShotImageClassification", text_image_inputs),
+    "audio-classification": ForwardTask("AutoModelForAudioClassification", audio_inputs),
+    "automatic-speech-recognition": ForwardTask("AutoModelForCTC", audio_inputs),
+}

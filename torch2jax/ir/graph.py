@@ -29,6 +29,7 @@ from ..errors import GraphFormatError
 GRAPH_FORMAT_VERSION = 1
 
 INPUT_KINDS = ("parameter", "buffer", "constant", "user_input", "token")
+BAKED_TYPES = (bool, int, float, str, type(None))  # python input values baked into a graph (GraphInput.baked)
 OUTPUT_KINDS = ("user_output", "buffer_mutation", "user_input_mutation", "token")
 PARAM_KINDS = ("parameter", "buffer", "constant")
 
@@ -93,9 +94,16 @@ class GraphInput:
     kind: str
     meta: TensorMeta | None
     target: str | None = None
+    # a python value torch.export specialized the graph on (use_cache=False): baked in, not an input of the
+    # StableHLO; a call must pass the same value (or leave it out)
+    baked: bool = False
+    value: Any = None
 
     def to_json(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "target": self.target, "meta": _meta_to_json(self.meta)}
+        out = {"name": self.name, "kind": self.kind, "target": self.target, "meta": _meta_to_json(self.meta)}
+        if self.baked:
+            out["value"] = self.value
+        return out
 
     @staticmethod
     def from_json(data: Any) -> GraphInput:
@@ -105,7 +113,9 @@ class GraphInput:
         _expect(target is None or isinstance(target, str), "input target must be a string", data)
         meta = _meta_from_json(data.get("meta"))
         _expect(meta is None or isinstance(meta, TensorMeta), "input meta must describe one tensor", data)
-        return GraphInput(data["name"], data["kind"], meta, target)
+        baked = "value" in data
+        _expect(not baked or isinstance(data["value"], BAKED_TYPES), "a baked input's value must be a python constant", data)
+        return GraphInput(data["name"], data["kind"], meta, target, baked, data.get("value"))
 
 
 @dataclass

@@ -86,6 +86,28 @@ def expert_bmm(weights, ids, other, weights_first):
     return picked[:, 0].astype(dtype)
 
 
+@lowers("transformers.grouped_mm_fallback.default", "aten._grouped_mm.default")
+def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
+    """Mixture-of-experts products: rows of `a` [S, K] sorted by expert, expert g's rows ending at offs[g], each
+    times its expert's matrix b[g] [K, N] (`lax.ragged_dot`); rows past offs[-1] are zero, as transformers'
+    fallback leaves them. Without offs, a and b are 3-D: a batched matmul. (transformers registers
+    `transformers::grouped_mm_fallback` for its experts; torch's `_grouped_mm` is the same product.)"""
+    if bias is not None:
+        raise NotImplementedError("grouped_mm with a bias is not supported")
+    if offs is None:
+        out = _product(a, b)
+    else:
+        if a.ndim != 2 or b.ndim != 3:
+            raise NotImplementedError(f"grouped_mm with offs lowers [S, K] x [groups, K, N]; got {a.shape} x {b.shape}")
+        sizes = jnp.diff(offs.astype(jnp.int32), prepend=0)
+
+        def ragged(x, y, **kw):
+            return lax.ragged_dot(x, y, sizes, **kw)
+
+        out = _product(a, b, ragged)
+    return out.astype(out_dtype or jnp.result_type(a, b))
+
+
 @lowers("aten.mv.default")
 def mv(a, v):
     return _product(a, v).astype(jnp.result_type(a, v))

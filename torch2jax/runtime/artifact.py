@@ -214,7 +214,7 @@ def _function(root: Path, folder: Path, manifest: dict, params: dict, from_graph
             stacklevel=3,
         )
         return Model(interpreter.build(passes.optimize(graph)), params, graph, manifest, backend="graph")
-    return Model(stablehlo.exported_runner(exported), params, graph, manifest, backend="exported")
+    return Model(stablehlo.exported_runner(exported, graph), params, graph, manifest, backend="exported")
 
 
 def _serialize(exported: Any, vjp_order: int) -> tuple[bytes, int]:

@@ -58,6 +58,9 @@ class Model:
 
     def __call__(self, *args: Any, rng: jax.Array | None = None, **kwargs: Any) -> Any:
         """Run on `self.params` (compiled once per input shape); mutated buffers update `self.params`."""
+        if any(inp.baked for inp in self.graph.user_inputs):  # python values are checked here, where they are not traced
+            check_inputs(self.graph, flatten_inputs(self.graph, args, kwargs), baked_only=True)
+            kwargs = with_baked_defaults(self.graph, kwargs)
         try:
             outputs, updates = self._jitted(self.params, args, kwargs, rng)
         except TypeError:
@@ -71,7 +74,11 @@ class Model:
 
     def call_flat(self, leaves: list, rng: jax.Array | None = None) -> Any:
         """Call on flat inputs in graph order (the order manifest["inputs"] lists them)."""
-        args, kwargs = structure.unflatten(self.graph.in_spec, list(leaves))
+        leaves, inputs = list(leaves), self.graph.user_inputs
+        if len(leaves) == sum(not inp.baked for inp in inputs) < len(inputs):  # the baked python values go back in place
+            tensors = iter(leaves)
+            leaves = [inp.value if inp.baked else next(tensors) for inp in inputs]
+        args, kwargs = structure.unflatten(self.graph.in_spec, leaves)
         return self(*args, rng=rng, **kwargs)
 
     def state_dict(self, params: dict | None = None) -> dict[str, np.ndarray]:
@@ -134,9 +141,20 @@ class Model:
 def flatten_inputs(graph: Graph, args: tuple, kwargs: dict) -> list:
     """The call's leaves in graph order; a missing or unexpected input is named with its signature."""
     spec = graph.in_spec
+    kwargs = with_baked_defaults(graph, kwargs)
     if spec.get("type") == "tuple" and len(spec.get("children", [])) == 2:
         _check_arity(graph, tuple(args), dict(kwargs))
     return structure.flatten((tuple(args), dict(kwargs)), spec, "inputs")
+
+
+def with_baked_defaults(graph: Graph, kwargs: dict) -> dict:
+    """`kwargs` with the baked python keyword inputs the call leaves out set to their baked values."""
+    spec = graph.in_spec
+    if spec.get("type") != "tuple" or len(spec.get("children", [])) != 2 or spec["children"][1].get("type") != "dict":
+        return kwargs
+    keys = spec["children"][1].get("keys", [])
+    missing = {inp.name: inp.value for inp in graph.user_inputs if inp.baked and inp.name in keys and inp.name not in kwargs}
+    return {**kwargs, **missing} if missing else kwargs
 
 
 def _check_arity(graph: Graph, args: tuple, kwargs: dict) -> None:
@@ -161,7 +179,7 @@ def _check_arity(graph: Graph, args: tuple, kwargs: dict) -> None:
 
 
 def _describe_inputs(graph: Graph) -> list[str]:
-    return [f"{inp.name!r} ({_describe_meta(inp.meta)})" for inp in graph.user_inputs]
+    return [f"{inp.name!r} ({_describe_input(inp)})" for inp in graph.user_inputs]
 
 
 def _take(described, count: int) -> str:
@@ -169,11 +187,16 @@ def _take(described, count: int) -> str:
 
 
 def _signature_of(graph: Graph) -> str:
-    return "(" + ", ".join(f"{inp.name}: {_describe_meta(inp.meta)}" for inp in graph.user_inputs) + ")"
+    return "(" + ", ".join(f"{inp.name}: {_describe_input(inp)}" for inp in graph.user_inputs) + ")"
 
 
-def check_inputs(graph: Graph, leaves: list) -> list:
-    """Convert leaves to arrays and check them against the graph's input metadata."""
+def _describe_input(inp: Any) -> str:
+    return f"{inp.value!r} (fixed at conversion)" if inp.baked else _describe_meta(inp.meta)
+
+
+def check_inputs(graph: Graph, leaves: list, baked_only: bool = False) -> list:
+    """Convert leaves to arrays and check them against the graph's input metadata (with `baked_only`, only the
+    python values the graph was specialized on)."""
     inputs = graph.user_inputs
     if len(leaves) != len(inputs):
         names = ", ".join(i.name for i in inputs)
@@ -182,7 +205,11 @@ def check_inputs(graph: Graph, leaves: list) -> list:
     checked = []
     for inp, value in zip(inputs, leaves):
         meta = inp.meta
-        if meta is None:
+        if inp.baked and not isinstance(value, jax.core.Tracer) and not _same_constant(value, inp.value):
+            raise SignatureError(
+                f"input {inp.name!r} was {inp.value!r} when the model was converted, and torch.export fixed the graph "
+                f"to that value; got {value!r}: convert again with {inp.name}={value!r} for that behaviour")
+        if meta is None or baked_only:
             checked.append(value)
             continue
         if not hasattr(value, "shape") or not hasattr(value, "dtype"):
@@ -226,6 +253,17 @@ def _check_shape(name: str, meta: TensorMeta, shape: tuple, bound: dict, ranges:
                     f"input {name!r} axis {axis} is dim {dim!r} = {actual}, outside its declared range "
                     f"[{lo}, {'inf' if hi is None else hi}]"
                 )
+
+
+def _same_constant(value: Any, baked: Any) -> bool:
+    """Whether a call's python value is the one baked in: bools, strings and None by type and value, numbers by value."""
+    if isinstance(value, (np.generic, np.ndarray, jax.Array)):
+        if np.ndim(value) != 0:
+            return False
+        value = value.item()
+    if any(isinstance(v, (bool, str)) or v is None for v in (value, baked)):
+        return type(value) is type(baked) and value == baked
+    return isinstance(value, (int, float)) and value == baked
 
 
 def _describe_meta(meta: TensorMeta | None) -> str:

@@ -35,6 +35,8 @@ def input_specs(graph: Graph) -> list:
     scope = jax_export.SymbolicScope(constraints)
     specs = []
     for inp in graph.user_inputs:
+        if inp.baked:
+            continue  # a python value the graph was specialized on: baked in (see with_baked / without_baked)
         if inp.meta is None:
             raise Torch2JaxError(f"input {inp.name!r} is not a tensor; only tensor inputs can be exported")
         dtype = dtypes.jax_dtype(inp.meta.dtype)
@@ -56,7 +58,7 @@ def export(model: Model, platforms: Sequence[str] = DEFAULT_PLATFORMS) -> jax_ex
 
     def exported_fn(params, leaves, key_data=None):
         rng = None if key_data is None else jax.random.wrap_key_data(key_data)
-        return run(params, list(leaves), rng)
+        return run(params, with_baked(model.graph, leaves), rng)
 
     try:
         return jax_export.export(jax.jit(exported_fn), platforms=tuple(platforms))(*specs)
@@ -70,12 +72,26 @@ def serialize(exported: jax_export.Exported, vjp_order: int = 1) -> bytes:
     return bytes(exported.serialize(vjp_order=vjp_order))
 
 
-def exported_runner(exported: jax_export.Exported):
-    """A run function (see model.RunFn) that calls the deserialized StableHLO."""
+def with_baked(graph: Graph, leaves: Sequence) -> list:
+    """The StableHLO's tensor leaves -> every user input's leaf, the baked python values put back in place."""
+    tensors = iter(leaves)
+    return [inp.value if inp.baked else next(tensors) for inp in graph.user_inputs]
+
+
+def without_baked(graph: Graph, leaves: Sequence) -> list:
+    """Every user input's leaf -> the StableHLO's inputs: the baked python values left out."""
+    return [leaf for inp, leaf in zip(graph.user_inputs, leaves) if not inp.baked]
+
+
+def exported_runner(exported: jax_export.Exported, graph: Graph | None = None):
+    """A run function (see model.RunFn) that calls the deserialized StableHLO (of `graph`, whose baked python
+    inputs it leaves out)."""
 
     takes_key = _positional_count(exported) == 3
+    baked = graph is not None and any(inp.baked for inp in graph.user_inputs)
 
     def run(params: dict, leaves: list, rng: Any = None):
+        leaves = without_baked(graph, leaves) if baked else leaves
         if not takes_key:
             return exported.call(params, list(leaves))
         if rng is None:
