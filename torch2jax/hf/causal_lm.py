@@ -52,22 +52,28 @@ class DecoderStep(torch.nn.Module):
             self.add_module(name, child)
         object.__setattr__(self, "lm", lm)  # called, not registered (it would prefix every name with "lm.")
         self.layout = layout
-        config = lm.config
+        config = lm.config.get_text_config()  # a vision-language model's language part (the config itself for an LM)
         self.layer_types = sorted(set(getattr(config, "layer_types", None) or ())) or None
         window = getattr(config, "sliding_window", None)
         if getattr(config, "use_sliding_window", True) is False:
             window = None
         self.window = int(window) if window else None
-        self.additive_mask = getattr(config, "_attn_implementation", None) == "eager"
+        self.additive_mask = getattr(config, "_attn_implementation", None) == "eager" or \
+            getattr(lm.config, "_attn_implementation", None) == "eager"
         self._layer = explicit_layer_class()
 
     def forward(self, input_ids, position_ids, write_at, kv_valid, cache):
+        return self.step({"input_ids": input_ids}, position_ids, write_at, kv_valid, cache)
+
+    def step(self, tokens: dict, position_ids, write_at, kv_valid, cache, **extra):
+        """The step over `tokens` ({"input_ids": ...} or {"inputs_embeds": ...}); `extra` goes to the model as is."""
         from transformers.cache_utils import Cache
 
         span = kv_valid.shape[1]
         layers = [self._layer(cache[2 * i], cache[2 * i + 1], write_at, span) for i in range(self.layout.layers)]
         out = self.lm(
-            input_ids=input_ids,
+            **tokens,
+            **extra,
             position_ids=position_ids,
             attention_mask=self._masks(write_at, kv_valid),
             past_key_values=Cache(layers=layers),

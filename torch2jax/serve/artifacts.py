@@ -15,7 +15,7 @@ from ..runtime import artifact, stablehlo
 from ..runtime import sharding as sharding_rules
 from ..runtime.model import Model
 from .generator import Generator
-from .generator_artifact import load_generator, save_generator
+from .generator_artifact import GENERATORS, load_generator, save_generator
 from .loop import TokenLoop
 from .seq2seq import Seq2SeqGenerator
 
@@ -42,7 +42,7 @@ def load(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bo
         hints = manifest["params"].get("sharding_hints")
         plan = sharding_rules.plan(artifact.param_tree(manifest), sharding_rules.auto_mesh(mesh), sharding,
                                    hints if isinstance(hints, dict) else None)
-    if manifest.get("task") in (Generator.TASK, Seq2SeqGenerator.TASK):
+    if manifest.get("task") in GENERATORS:
         return load_generator(root, from_graph=from_graph, verify_hashes=verify_hashes, plan=plan)
     model = artifact.load(root, from_graph=from_graph, verify_hashes=verify_hashes,
                           shardings=plan.shardings() if plan else None)
