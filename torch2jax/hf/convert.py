@@ -22,6 +22,7 @@ from .directory import load_model, model_dir, prepare_for_export, read_config, t
 from .seq2seq import convert_seq2seq
 from .streamed import streamed_causal_lm
 from .tasks import IMAGE_TEXT_TO_TEXT, TEXT2TEXT_GENERATION, check_generation_task, task_of
+from .vision_language import convert_vision_language, processor_files, vision_language_from
 
 
 def convert_hf(
@@ -60,8 +61,6 @@ def convert_hf(
     task = task_of(source, task)
     check_generation_task(task)
     if task == IMAGE_TEXT_TO_TEXT:
-        from .vision_language import convert_vision_language, processor_files, vision_language_from
-
         if quantize is not None or stream_weights:
             raise InputSpecError("quantize= and stream_weights=True are for causal LMs; convert image-text-to-text models "
                                  "without them")
