@@ -1,0 +1,167 @@
+"""Vision-language models (image-text-to-text): converted from tiny random-weight models with their processor,
+compared with transformers' own generate on the same images (greedy, float32), the torch-free prompt building
+and image preprocessing compared with the model's processor, and the artifact loaded where torch cannot be imported."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import torch2jax
+from torch2jax.errors import InputSpecError
+from torch2jax.hf.tasks import IMAGE_TEXT_TO_TEXT, default_task
+from torch2jax.hf.verify import transformers_greedy
+from torch2jax.serve.generator import left_pad
+from torch2jax.serve.vision_language import image_index
+
+from ..helpers import cli, run_without_torch
+from . import vlms
+
+NEW = 32
+
+
+@pytest.fixture(scope="module", params=vlms.ARCHITECTURES)
+def vlm(request, tmp_path_factory):
+    """(name, model directory, the transformers model, the saved artifact), converted once per architecture."""
+    import transformers
+
+    root = tmp_path_factory.mktemp(f"vlm-{request.param}")
+    source = vlms.write(request.param, root)
+    generator = torch2jax.convert_hf(f"hf:{source}", max_cache_len=96, max_batch=2)
+    out = torch2jax.save(generator, root / "out")
+    model = transformers.AutoModelForImageTextToText.from_pretrained(source, local_files_only=True).eval()
+    return request.param, source, model, out
+
+
+def prompts(g, lengths=(6, 2), seed=0):
+    """Prompts of random text around one image's expanded image tokens, as a processor writes them."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for length in lengths:
+        words = rng.integers(4, vlms.VOCAB, length).tolist()
+        rows.append(words[:1] + [g.vision.image_token_id] * g.vision.tokens_per_image + words[1:])
+    return rows
+
+
+def test_the_task_comes_from_the_config(vlm):
+    _, source, model, _ = vlm
+    assert default_task(model.config) == IMAGE_TEXT_TO_TEXT
+    assert torch2jax.load(vlm[3]).manifest["task"] == IMAGE_TEXT_TO_TEXT
+    assert "ForConditionalGeneration" in json.loads((source / "config.json").read_text())["architectures"][0]
+
+
+def test_greedy_equals_transformers_and_a_batch_equals_each_alone(vlm):
+    _, _, model, out = vlm
+    g = torch2jax.load(out)
+    rows = prompts(g)
+    ids, mask = left_pad(rows, g.spec.pad_token_id)
+    pixels = np.random.default_rng(1).standard_normal((2, *g.vision.pixel_shape)).astype(np.float32)
+    ours = g.generate(ids, attention_mask=mask, pixel_values=pixels, max_new_tokens=NEW, eos_token_id=[])
+    theirs = transformers_greedy(model, ids, NEW, g.spec.pad_token_id, mask, pixel_values=torch.from_numpy(pixels))
+    np.testing.assert_array_equal(ours, theirs)
+    for r, row in enumerate(rows):
+        alone = g.generate(np.asarray([row]), pixel_values=pixels[r:r + 1], max_new_tokens=NEW, eos_token_id=[])
+        np.testing.assert_array_equal(alone[0, len(row):], ours[r, ids.shape[1]:])
+
+
+def test_image_positions_equal_transformers_placeholder_mask(vlm):
+    _, _, model, out = vlm
+    g = torch2jax.load(out)
+    ids, _ = left_pad(prompts(g, (3, 7)), g.spec.pad_token_id)
+    index = image_index(ids, g.vision.image_token_id)
+    features = torch.zeros((2, g.vision.tokens_per_image, g.vision.feature_size))
+    embeds = model.get_input_embeddings()(torch.from_numpy(ids))
+    mask = model.model.get_placeholder_mask(torch.from_numpy(ids), embeds, features)[..., 0].numpy()
+    np.testing.assert_array_equal(index >= 0, mask)
+    # masked_scatter's order: the image tokens in row-major order take the feature rows in order
+    np.testing.assert_array_equal(index[mask], np.arange(mask.sum()))
+
+
+def test_prompt_and_pixels_equal_the_processor(vlm):
+    """processor_inputs builds one user turn (chat template, the image's tokens expanded) and preprocesses the image
+    as transformers' processor does, for images of different sizes and aspect ratios."""
+    import transformers
+
+    _, source, _, out = vlm
+    g = torch2jax.load(out)
+    processor = transformers.AutoProcessor.from_pretrained(source, local_files_only=True)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "w5 w9 w33"}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    for image in vlms.images():
+        want = processor(images=image, text=text, return_tensors="np")
+        ids, pixels = g.processor_inputs("w5 w9 w33", image)
+        np.testing.assert_array_equal(ids, want["input_ids"])
+        np.testing.assert_array_equal(pixels, want["pixel_values"])
+
+
+def test_loads_and_generates_without_torch(vlm, tmp_path):
+    _, _, model, out = vlm
+    g = torch2jax.load(out)
+    ids, mask = left_pad(prompts(g), g.spec.pad_token_id)
+    pixels = np.random.default_rng(2).standard_normal((2, *g.vision.pixel_shape)).astype(np.float32)
+    np.savez(tmp_path / "inputs.npz", ids=ids, mask=mask, pixels=pixels)
+    code = f"""
+import numpy as np, sys
+import torch2jax
+g = torch2jax.load({str(out)!r})
+assert type(g).__name__ == "VisionLanguageGenerator" and "torch" not in sys.modules
+x = np.load({str(tmp_path / "inputs.npz")!r})
+out = g.generate(x["ids"], attention_mask=x["mask"], pixel_values=x["pixels"], max_new_tokens=8, eos_token_id=[])
+np.save({str(tmp_path / "out.npy")!r}, out)
+"""
+    result = run_without_torch(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    theirs = transformers_greedy(model, ids, 8, g.spec.pad_token_id, mask, pixel_values=torch.from_numpy(pixels))
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), theirs)
+
+
+def test_refuses_what_it_cannot_do(vlm):
+    g = torch2jax.load(vlm[3])
+    row = prompts(g, (2,))[0]
+    pixels = np.zeros((1, *g.vision.pixel_shape), np.float32)
+    with pytest.raises(InputSpecError, match="video inputs are not supported"):
+        g.generate(np.asarray([row]), pixel_values=pixels, pixel_values_videos=pixels)
+    with pytest.raises(InputSpecError, match="image_grid_thw is for variable-resolution models"):
+        g.generate(np.asarray([row]), pixel_values=pixels, image_grid_thw=np.asarray([[1, 2, 2]]))
+    with pytest.raises(InputSpecError, match="image features and image tokens do not match"):
+        g.generate(np.asarray([row[:-3] + row[-2:]]), pixel_values=pixels)
+    with pytest.raises(InputSpecError, match="no pixel_values were given"):
+        g.generate(np.asarray([row]))
+    with pytest.raises(InputSpecError, match=r"pixel_values must be \[images, 3, "):
+        g.generate(np.asarray([row]), pixel_values=np.zeros((1, 3, 8, 8), np.float32))
+
+
+def test_text_only_prompt_equals_transformers(vlm):
+    _, _, model, out = vlm
+    g = torch2jax.load(out)
+    ids = np.asarray([[5, 9, 33, 7]])
+    ours = g.generate(ids, max_new_tokens=8, eos_token_id=[])
+    np.testing.assert_array_equal(ours, transformers_greedy(model, ids, 8, g.spec.pad_token_id))
+
+
+@pytest.mark.slow(reason="converts again through the console script (torch.export of the encoder and the step, and "
+                         "verification against transformers): about a minute of CPU")
+def test_cli_convert_and_generate_with_an_image(vlm, tmp_path):
+    import transformers
+
+    _, source, model, _ = vlm
+    out = tmp_path / "cli"
+    result = cli("convert", f"hf:{source}", "--max-cache-len", "96", "--max-batch", "2", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "row 1: 16 of 16 greedy tokens equal to transformers' generate" in result.stdout
+    image = tmp_path / "picture.png"
+    vlms.images()[0].save(image)
+    shown = cli("generate", str(out), "--image", str(image), "--prompt", "w5 w9", "--max-new-tokens", "8")
+    assert shown.returncode == 0, shown.stderr
+    processor = transformers.AutoProcessor.from_pretrained(source, local_files_only=True)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "w5 w9"}]}]
+    inputs = processor(images=vlms.images()[0], text=processor.apply_chat_template(messages, add_generation_prompt=True),
+                       return_tensors="pt")
+    with torch.no_grad():
+        want = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    assert shown.stdout.strip() == processor.tokenizer.decode(want[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    text = cli("generate", str(out), "--image", str(image), "--prompt", "a", "--prompt", "b")
+    assert text.returncode == 2 and "one --prompt" in text.stderr
