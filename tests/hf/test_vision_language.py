@@ -25,7 +25,8 @@ NEW = 32
 
 @pytest.fixture(scope="module", params=vlms.ARCHITECTURES)
 def vlm(request, tmp_path_factory):
-    """(name, model directory, the transformers model, the saved artifact), converted once per architecture."""
+    """(name, model directory, the transformers model, the saved artifact, the artifact loaded), converted once per
+    architecture (each load compiles its steps anew, so the tests share one)."""
     import transformers
 
     root = tmp_path_factory.mktemp(f"vlm-{request.param}")
@@ -33,7 +34,7 @@ def vlm(request, tmp_path_factory):
     generator = torch2jax.convert_hf(f"hf:{source}", max_cache_len=96, max_batch=2)
     out = torch2jax.save(generator, root / "out")
     model = transformers.AutoModelForImageTextToText.from_pretrained(source, local_files_only=True).eval()
-    return request.param, source, model, out
+    return request.param, source, model, out, torch2jax.load(out)
 
 
 def prompts(g, lengths=(6, 2), seed=0):
@@ -47,15 +48,14 @@ def prompts(g, lengths=(6, 2), seed=0):
 
 
 def test_the_task_comes_from_the_config(vlm):
-    _, source, model, _ = vlm
+    _, source, model, _, g = vlm
     assert default_task(model.config) == IMAGE_TEXT_TO_TEXT
-    assert torch2jax.load(vlm[3]).manifest["task"] == IMAGE_TEXT_TO_TEXT
+    assert g.manifest["task"] == IMAGE_TEXT_TO_TEXT
     assert "ForConditionalGeneration" in json.loads((source / "config.json").read_text())["architectures"][0]
 
 
 def test_greedy_equals_transformers_and_a_batch_equals_each_alone(vlm):
-    _, _, model, out = vlm
-    g = torch2jax.load(out)
+    _, _, model, out, g = vlm
     rows = prompts(g)
     ids, mask = left_pad(rows, g.spec.pad_token_id)
     pixels = np.random.default_rng(1).standard_normal((2, *g.vision.pixel_shape)).astype(np.float32)
@@ -68,8 +68,7 @@ def test_greedy_equals_transformers_and_a_batch_equals_each_alone(vlm):
 
 
 def test_image_positions_equal_transformers_placeholder_mask(vlm):
-    _, _, model, out = vlm
-    g = torch2jax.load(out)
+    _, _, model, out, g = vlm
     ids, _ = left_pad(prompts(g, (3, 7)), g.spec.pad_token_id)
     index = image_index(ids, g.vision.image_token_id)
     features = torch.zeros((2, g.vision.tokens_per_image, g.vision.feature_size))
@@ -85,8 +84,7 @@ def test_prompt_and_pixels_equal_the_processor(vlm):
     as transformers' processor does, for images of different sizes and aspect ratios."""
     import transformers
 
-    _, source, _, out = vlm
-    g = torch2jax.load(out)
+    _, source, _, _, g = vlm
     processor = transformers.AutoProcessor.from_pretrained(source, local_files_only=True)
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "w5 w9 w33"}]}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
@@ -98,8 +96,7 @@ def test_prompt_and_pixels_equal_the_processor(vlm):
 
 
 def test_loads_and_generates_without_torch(vlm, tmp_path):
-    _, _, model, out = vlm
-    g = torch2jax.load(out)
+    _, _, model, out, g = vlm
     ids, mask = left_pad(prompts(g), g.spec.pad_token_id)
     pixels = np.random.default_rng(2).standard_normal((2, *g.vision.pixel_shape)).astype(np.float32)
     np.savez(tmp_path / "inputs.npz", ids=ids, mask=mask, pixels=pixels)
@@ -119,7 +116,7 @@ np.save({str(tmp_path / "out.npy")!r}, out)
 
 
 def test_refuses_what_it_cannot_do(vlm):
-    g = torch2jax.load(vlm[3])
+    g = vlm[4]
     row = prompts(g, (2,))[0]
     pixels = np.zeros((1, *g.vision.pixel_shape), np.float32)
     with pytest.raises(InputSpecError, match="video inputs are not supported"):
@@ -135,8 +132,7 @@ def test_refuses_what_it_cannot_do(vlm):
 
 
 def test_text_only_prompt_equals_transformers(vlm):
-    _, _, model, out = vlm
-    g = torch2jax.load(out)
+    _, _, model, out, g = vlm
     ids = np.asarray([[5, 9, 33, 7]])
     ours = g.generate(ids, max_new_tokens=8, eos_token_id=[])
     np.testing.assert_array_equal(ours, transformers_greedy(model, ids, 8, g.spec.pad_token_id))
@@ -147,7 +143,7 @@ def test_text_only_prompt_equals_transformers(vlm):
 def test_cli_convert_and_generate_with_an_image(vlm, tmp_path):
     import transformers
 
-    _, source, model, _ = vlm
+    _, source, model, _, _ = vlm
     out = tmp_path / "cli"
     result = cli("convert", f"hf:{source}", "--max-cache-len", "96", "--max-batch", "2", "--out", str(out))
     assert result.returncode == 0, result.stderr
