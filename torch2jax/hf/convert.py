@@ -22,7 +22,7 @@ from .directory import load_model, model_dir, prepare_for_export, read_config, t
 from .seq2seq import convert_seq2seq
 from .streamed import streamed_causal_lm
 from .tasks import IMAGE_TEXT_TO_TEXT, TEXT2TEXT_GENERATION, check_generation_task, task_of
-from .vision_language import convert_vision_language, processor_files, vision_language_from
+from .vision_language import convert_vision_language, processor_files, vision_language_from, with_processor_text
 
 
 def convert_hf(
@@ -69,6 +69,7 @@ def convert_hf(
                                             progress=progress)
         if directory is not None:
             generator.tokenizer_files = {**tokenizer_files(directory), **processor_files(directory)}
+            generator.vision = with_processor_text(generator.vision, directory)
         return generator
     if task == TEXT2TEXT_GENERATION:
         if quantize is not None:

@@ -9,6 +9,7 @@ A bfloat16 conversion is compared with transformers in bfloat16 on its first tok
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,8 +97,11 @@ def verify_vision_language(vlm: torch.nn.Module, generator, tokens: int = 16, se
     ids, mask = left_pad(prompts, generator.spec.pad_token_id)
     pixels = rng.standard_normal((batch, *vision.pixel_shape)).astype(np.float32)
     ours = generator.generate(ids, attention_mask=mask, pixel_values=pixels, max_new_tokens=tokens, eos_token_id=[])
+    extra = {}
+    if "token_type_ids" in inspect.signature(vlm.forward).parameters:  # Gemma 3's bidirectional image blocks
+        extra["token_type_ids"] = torch.from_numpy((ids == vision.image_token_id).astype(np.int64))
     theirs = transformers_greedy(vlm, ids, tokens, generator.spec.pad_token_id, mask,
-                                 pixel_values=torch.from_numpy(pixels).to(next(vlm.parameters()).dtype))
+                                 pixel_values=torch.from_numpy(pixels).to(next(vlm.parameters()).dtype), **extra)
     width = ids.shape[1]
     rows = [(ours[r, width:].tolist(), theirs[r, width:].tolist()) for r in range(batch)]
     compared = tokens if generator.spec.cache_dtype != "bfloat16" else min(tokens, BFLOAT16_TOKENS)

@@ -16,6 +16,7 @@ outside the text vocabulary is safe.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,9 @@ from .kv_cache import cache_layout, check_limits, generation_fields
 
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "chat_template.jinja", "chat_template.json")
 IMAGES_PER_PROMPT = 4  # the encoder's symbolic image count goes up to this many images per prompt of the batch
-SUPPORTED = ("LlavaForConditionalGeneration",)
+SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration")
+# models whose image tokens attend to each other both ways within one image (transformers' token_type_ids blocks)
+BIDIRECTIONAL_IMAGES = ("Gemma3ForConditionalGeneration",)
 
 
 class ImageEncoder(torch.nn.Module):
@@ -48,7 +51,10 @@ class ImageEncoder(torch.nn.Module):
         object.__setattr__(self, "vlm", vlm)
 
     def forward(self, pixel_values):
-        return llava_image_features(self.vlm, pixel_values)
+        if type(self.vlm).__name__ == "LlavaForConditionalGeneration":
+            return llava_image_features(self.vlm, pixel_values)
+        out = self.vlm.get_image_features(pixel_values=pixel_values)
+        return out if isinstance(out, torch.Tensor) else out.pooler_output
 
 
 def llava_image_features(vlm: torch.nn.Module, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -66,14 +72,25 @@ def llava_image_features(vlm: torch.nn.Module, pixel_values: torch.Tensor) -> to
 
 class MultimodalStep(DecoderStep):
     """forward(input_ids, position_ids, write_at, kv_valid, cache, image_features, image_index) -> (last logits, cache):
-    the causal-LM step over the token embeddings, each image-token position's embedding replaced by its feature row."""
+    the causal-LM step over the token embeddings, each image-token position's embedding replaced by its feature row.
+    With `image_blocks` (tokens per image; Gemma 3) the tokens of one image also attend to each other both ways, as
+    transformers' token_type_ids blocks do: image token i belongs to image i // image_blocks."""
+
+    def __init__(self, lm: torch.nn.Module, layout: Any, image_blocks: int | None = None):
+        super().__init__(lm, layout)
+        self.image_blocks = image_blocks
 
     def forward(self, input_ids, position_ids, write_at, kv_valid, cache, image_features, image_index):
         is_image = image_index >= 0
         embeds = self.lm.get_input_embeddings()(torch.where(is_image, torch.zeros_like(input_ids), input_ids))
         rows = image_features.to(embeds.dtype).index_select(0, image_index.clamp(min=0).reshape(-1))
         embeds = torch.where(is_image[..., None], rows.reshape(*input_ids.shape, -1), embeds)
-        return self.step({"inputs_embeds": embeds}, position_ids, write_at, kv_valid, cache)
+        also = None
+        if self.image_blocks:
+            block = torch.where(is_image, torch.div(image_index, self.image_blocks, rounding_mode="floor"), -1)  # [B, T]
+            keys = torch.full((input_ids.shape[0], kv_valid.shape[1]), -1, dtype=block.dtype).index_copy(1, write_at, block)
+            also = (block[:, :, None] >= 0) & (block[:, :, None] == keys[:, None, :])  # [B, T, L]
+        return self.step({"inputs_embeds": embeds}, position_ids, write_at, kv_valid, cache, also)
 
 
 def check_supported(vlm: torch.nn.Module) -> None:
@@ -114,7 +131,8 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
     features = torch.zeros((rows, feature_size), dtype=probe.dtype)
     feature_rows = {"name": "image_rows", "min": 1, "max": max_images * tokens_per_image}
     shapes = step_dynamic_shapes(layout, max_batch)
-    captured, _ = trace(MultimodalStep(vlm, layout).eval(), (*step_args, features, index), None,
+    blocks = tokens_per_image if type(vlm).__name__ in BIDIRECTIONAL_IMAGES else None
+    captured, _ = trace(MultimodalStep(vlm, layout, blocks).eval(), (*step_args, features, index), None,
                         (*shapes, {0: feature_rows}, shapes[0]), timer, what=" of the multimodal step")
     _drop_unused_symbols(captured.graph)
     prefill = model_from(captured, timer)
@@ -130,7 +148,8 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
     if image_token is None:
         raise ExportError(f"{type(vlm).__name__}'s config names no image_token_id")
     spec_vision = VisionSpec(image_token_id=int(image_token), tokens_per_image=tokens_per_image, feature_size=feature_size,
-                             feature_dtype=dtype_name(probe.dtype), pixel_shape=pixel_shape, max_images=max_images)
+                             feature_dtype=dtype_name(probe.dtype), pixel_shape=pixel_shape, max_images=max_images,
+                             bidirectional_images=blocks is not None)
     return VisionLanguageGenerator(encode, prefill, decode, spec, spec_vision)
 
 
@@ -154,6 +173,24 @@ def vision_language_from(source: Any) -> tuple[Any, Path | None]:
         vlm = source
     prepare_for_export(vlm)
     return vlm.eval(), directory
+
+
+def with_processor_text(vision: VisionSpec, directory: Path) -> VisionSpec:
+    """The spec with what the model's processor writes for one image: the chat template's placeholder and what the
+    processor expands it to (LLaVA: the image token once -> tokens_per_image times; Gemma 3: its begin-of-image token
+    -> the full image sequence). Unchanged where the directory has no processor transformers can load."""
+    if not (directory / "processor_config.json").is_file() and not (directory / "preprocessor_config.json").is_file():
+        return vision
+    try:
+        processor = transformers().AutoProcessor.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError):
+        return vision
+    full = getattr(processor, "full_image_sequence", None)
+    placeholder = getattr(processor, "boi_token", None) if full else getattr(processor, "image_token", None)
+    if not isinstance(placeholder, str):
+        return vision
+    expansion = full if isinstance(full, str) else placeholder * vision.tokens_per_image
+    return dataclasses.replace(vision, image_placeholder=placeholder, image_expansion=expansion)
 
 
 def processor_files(directory: Path) -> dict[str, Path]:

@@ -16,7 +16,7 @@ from ..hf.streamed import streamed_causal_lm
 from ..hf.tasks import IMAGE_TEXT_TO_TEXT, TEXT2TEXT_GENERATION
 from ..hf.verify import check_generation, verify_generation, verify_seq2seq, verify_vision_language
 from ..hf.verify_slice import verify_streamed
-from ..hf.vision_language import convert_vision_language, processor_files, vision_language_from
+from ..hf.vision_language import convert_vision_language, processor_files, vision_language_from, with_processor_text
 from ..serve.generator_artifact import load_generator, save_generator
 from .conversion import BytesFn, Conversion, ProgressFn
 
@@ -81,6 +81,7 @@ def export_generator(target: str, out: Path, *, task: str, stream: bool, platfor
     generator.tokenizer_files = tokenizer_files(directory)
     if task == IMAGE_TEXT_TO_TEXT:
         generator.tokenizer_files.update(processor_files(directory))
+        generator.vision = with_processor_text(generator.vision, directory)
     report("save", saving)
     save_generator(generator, out, force=force, platforms=list(platforms), source=target, check=check if verify else None,
                    on_bytes=on_bytes)

@@ -41,17 +41,24 @@ class VisionSpec:
     feature_dtype: str
     pixel_shape: tuple[int, ...]  # one image's pixel values, [C, H, W]
     max_images: int
+    bidirectional_images: bool = False  # an image's tokens attend to each other both ways (Gemma 3)
+    image_placeholder: str | None = None  # what the chat template writes for an image (default: the image token)
+    image_expansion: str | None = None  # what the processor puts there (default: the image token, tokens_per_image times)
 
     def to_json(self) -> dict:
         return {"image_token_id": self.image_token_id, "tokens_per_image": self.tokens_per_image,
                 "feature_size": self.feature_size, "feature_dtype": self.feature_dtype,
-                "pixel_shape": list(self.pixel_shape), "max_images": self.max_images}
+                "pixel_shape": list(self.pixel_shape), "max_images": self.max_images,
+                "bidirectional_images": self.bidirectional_images, "image_placeholder": self.image_placeholder,
+                "image_expansion": self.image_expansion}
 
     @staticmethod
     def from_json(data: Any) -> VisionSpec:
         try:
+            text = [data.get(k) if isinstance(data.get(k), str) else None for k in ("image_placeholder", "image_expansion")]
             return VisionSpec(int(data["image_token_id"]), int(data["tokens_per_image"]), int(data["feature_size"]),
-                              str(data["feature_dtype"]), tuple(int(d) for d in data["pixel_shape"]), int(data["max_images"]))
+                              str(data["feature_dtype"]), tuple(int(d) for d in data["pixel_shape"]), int(data["max_images"]),
+                              bool(data.get("bidirectional_images", False)), *text)
         except (KeyError, TypeError, ValueError) as err:
             raise Torch2JaxError(f"the manifest's vision section is malformed ({type(err).__name__}: {err})") from None
 
@@ -92,11 +99,13 @@ class VisionLanguageGenerator(Generator):
         return self._encode(self.params, jnp.asarray(pixels, dtypes.jax_dtype(self.vision.feature_dtype)))
 
     def generate(self, input_ids: Any, attention_mask: Any = None, *, pixel_values: Any = None, image_grid_thw: Any = None,
-                 pixel_values_videos: Any = None, max_new_tokens: int = 32, do_sample: bool = False, temperature: Any = 1.0,
+                 pixel_values_videos: Any = None, token_type_ids: Any = None, max_new_tokens: int = 32, do_sample: bool = False,
+                 temperature: Any = 1.0,
                  top_k: Any = 0, top_p: Any = 1.0, rng: jax.Array | None = None, eos_token_id: int | list[int] | None = None,
                  pad_token_id: int | None = None, stream: bool = False) -> np.ndarray | Iterator[np.ndarray]:
         """As transformers' generate: [B, L] ids (left-padded, with `attention_mask`) holding the image tokens the
-        processor expanded, and `pixel_values` [images, C, H, W] for them in order -> [B, L + new] ids."""
+        processor expanded, and `pixel_values` [images, C, H, W] for them in order -> [B, L + new] ids.
+        `token_type_ids` (Gemma 3's processor output) is accepted and not needed: the image tokens are found in the ids."""
         if pixel_values_videos is not None:
             raise InputSpecError("video inputs are not supported: give images (pixel_values)")
         if image_grid_thw is not None:
@@ -167,9 +176,11 @@ class VisionLanguageGenerator(Generator):
                                            add_generation_prompt=True)
         tokenizer = self.tokenizer
         image_token = tokenizer.id_to_token(self.vision.image_token_id)
-        if image_token is None or text.count(image_token) != 1:
-            raise Torch2JaxError(f"the chat template did not place one image token ({image_token!r}) for the image")
-        ids = tokenizer.encode(text.replace(image_token, image_token * self.vision.tokens_per_image)).ids
+        placeholder = self.vision.image_placeholder or image_token
+        if placeholder is None or text.count(placeholder) != 1:
+            raise Torch2JaxError(f"the chat template did not place one image placeholder ({placeholder!r}) for the image")
+        expansion = self.vision.image_expansion or image_token * self.vision.tokens_per_image
+        ids = tokenizer.encode(text.replace(placeholder, expansion)).ids
         if ids.count(self.vision.image_token_id) != self.vision.tokens_per_image:
             raise Torch2JaxError("the tokenizer did not keep the image tokens whole")
         return np.asarray([ids], np.int64), self.image_processor([image])
