@@ -165,6 +165,10 @@ def test_refuses_what_it_cannot_do(vlm):
         g.generate(np.asarray([row]))
     with pytest.raises(InputSpecError, match=r"pixel_values must be \[images, 3, "):
         g.generate(np.asarray([row]), pixel_values=np.zeros((1, 3, 8, 8), np.float32))
+    from torch2jax.serve.api import build_service
+
+    with pytest.raises(InputSpecError, match="does not take images yet"):
+        build_service(vlm[3])
 
 
 def test_text_only_prompt_equals_transformers(vlm):
