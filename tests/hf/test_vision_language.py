@@ -16,6 +16,7 @@ import torch2jax
 from torch2jax.errors import InputSpecError
 from torch2jax.hf.tasks import IMAGE_TEXT_TO_TEXT, default_task
 from torch2jax.hf.verify import transformers_greedy
+from torch2jax.serve.artifacts import describe
 from torch2jax.serve.generator import left_pad
 from torch2jax.serve.vision_language import image_index
 
@@ -59,6 +60,8 @@ def test_the_task_comes_from_the_config(vlm):
     _, source, model, _, g = vlm
     assert default_task(model.config) == IMAGE_TEXT_TO_TEXT
     assert g.manifest["task"] == IMAGE_TEXT_TO_TEXT
+    shown = "\n".join(describe(g.manifest, vlm[3]))
+    assert "entry     encode_image" in shown and f"features of {g.vision.feature_size} per image" in shown
     assert "ForConditionalGeneration" in json.loads((source / "config.json").read_text())["architectures"][0]
 
 

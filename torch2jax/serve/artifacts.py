@@ -66,7 +66,7 @@ def describe(manifest: dict, where: str | os.PathLike) -> list[str]:
         lines.append(f"task      {manifest['task']}")
     generation = manifest.get("generation")
     if isinstance(generation, dict):
-        lines += _generation_lines(generation)
+        lines += _generation_lines({**generation, "vision": manifest.get("vision")})
     entries = manifest.get("entries") if isinstance(manifest.get("entries"), dict) else {"": manifest}
     for name, entry in entries.items():
         if name:
@@ -97,6 +97,10 @@ def _generation_lines(generation: dict) -> list[str]:
         f"kv cache  {len(cache.get('shapes', []))} {cache.get('dtype')} tensors of {cache.get('shapes', [[]])[0]} "
         "(state: allocated at load, donated to each step, never saved)",
     ]
+    vision = generation.get("vision")
+    if isinstance(vision, dict):
+        lines.append(f"images    {vision.get('pixel_shape')} pixel values -> {vision.get('tokens_per_image')} features of "
+                     f"{vision.get('feature_size')} per image, at image token {vision.get('image_token_id')}")
     cross = generation.get("cross")
     if isinstance(cross, dict):
         encoder = generation.get("encoder_input") or {}
