@@ -4,7 +4,6 @@ and image preprocessing compared with the model's processor, and the artifact lo
 
 from __future__ import annotations
 
-import inspect
 import json
 
 import jax.numpy as jnp
@@ -15,7 +14,7 @@ import torch
 import torch2jax
 from torch2jax.errors import InputSpecError
 from torch2jax.hf.tasks import IMAGE_TEXT_TO_TEXT, default_task
-from torch2jax.hf.verify import transformers_greedy
+from torch2jax.hf.verify import processor_token_types, transformers_greedy
 from torch2jax.serve.artifacts import describe
 from torch2jax.serve.generator import left_pad
 from torch2jax.serve.vision_language import image_index
@@ -80,16 +79,14 @@ def test_greedy_equals_transformers_and_a_batch_equals_each_alone(vlm):
 
 
 def processor_extras(model, ids, g) -> dict:
-    """What the processor adds for models that read it: Gemma 3's token_type_ids (1 at image tokens)."""
-    if "token_type_ids" not in inspect.signature(model.forward).parameters:
-        return {}
-    return {"token_type_ids": torch.from_numpy((ids == g.vision.image_token_id).astype(np.int64))}
+    """What the processor adds for models that read it: token_type_ids (Gemma 3: 1 at image tokens; PaliGemma: 0)."""
+    return processor_token_types(model, g.vision, ids)
 
 
 def test_prefill_logits_equal_transformers_forward(vlm):
     """The prefill step's last logits against transformers' forward pass with the same image, to float32 rounding;
-    for Gemma 3 that includes the image tokens attending to each other both ways (transformers' token_type_ids),
-    which a causal mask alone would miss by far more than the tolerance."""
+    for Gemma 3 that includes the image tokens attending to each other both ways, for PaliGemma the whole prompt
+    (transformers' token_type_ids), which a causal mask alone would miss by far more than the tolerance."""
     _, _, model, _, g = vlm
     ids = np.asarray([prompts(g, (9,))[0]])
     pixels = np.random.default_rng(3).standard_normal((1, *g.vision.pixel_shape)).astype(np.float32)
@@ -100,10 +97,13 @@ def test_prefill_logits_equal_transformers_forward(vlm):
     with torch.no_grad():
         want = model(input_ids=torch.from_numpy(ids), pixel_values=torch.from_numpy(pixels),
                      **processor_extras(model, ids, g)).logits[0, -1].numpy()
-        causal = model(input_ids=torch.from_numpy(ids), pixel_values=torch.from_numpy(pixels)).logits[0, -1].numpy()
+        # causal attention alone: no token types (Gemma 3), or every token typed 1, the causal suffix (PaliGemma)
+        suffix = {"token_type_ids": torch.ones(ids.shape, dtype=torch.long)} if g.vision.prefix_lm else {}
+        causal = model(input_ids=torch.from_numpy(ids), pixel_values=torch.from_numpy(pixels), **suffix).logits[0, -1].numpy()
     error = np.abs(np.asarray(logits[0]) - want).max()
     assert error < 1e-5
-    assert g.vision.bidirectional_images == (np.abs(causal - want).max() > 10 * error + 1e-5)
+    bidirectional = g.vision.bidirectional_images or g.vision.prefix_lm  # then a causal mask alone would be caught
+    assert bidirectional == (np.abs(causal - want).max() > 10 * error + 1e-5)
 
 
 def test_image_positions_equal_transformers_placeholder_mask(vlm):
@@ -118,6 +118,15 @@ def test_image_positions_equal_transformers_placeholder_mask(vlm):
     np.testing.assert_array_equal(index[mask], np.arange(mask.sum()))
 
 
+def processor_text(processor, prompt: str) -> str:
+    """One user turn of one image and `prompt` as the processor takes it: through its chat template, or (PaliGemma,
+    which has none) the prompt alone, the processor adding the image tokens."""
+    if processor.chat_template is None:
+        return prompt
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    return processor.apply_chat_template(messages, add_generation_prompt=True)
+
+
 def test_prompt_and_pixels_equal_the_processor(vlm):
     """processor_inputs builds one user turn (chat template, the image's tokens expanded) and preprocesses the image
     as transformers' processor does, for images of different sizes and aspect ratios."""
@@ -125,11 +134,10 @@ def test_prompt_and_pixels_equal_the_processor(vlm):
 
     _, source, _, _, g = vlm
     processor = transformers.AutoProcessor.from_pretrained(source, local_files_only=True)
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "w5 w9 w33"}]}]
-    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    text = processor_text(processor, "w8 w9 w33")
     for image in vlms.images():
         want = processor(images=image, text=text, return_tensors="np")
-        ids, pixels = g.processor_inputs("w5 w9 w33", image)
+        ids, pixels = g.processor_inputs("w8 w9 w33", image)
         np.testing.assert_array_equal(ids, want["input_ids"])
         np.testing.assert_array_equal(pixels, want["pixel_values"])
 
@@ -193,12 +201,10 @@ def test_cli_convert_and_generate_with_an_image(vlm, tmp_path):
     assert "row 1: 16 of 16 greedy tokens equal to transformers' generate" in result.stdout
     image = tmp_path / "picture.png"
     vlms.images()[0].save(image)
-    shown = cli("generate", str(out), "--image", str(image), "--prompt", "w5 w9", "--max-new-tokens", "8")
+    shown = cli("generate", str(out), "--image", str(image), "--prompt", "w8 w9", "--max-new-tokens", "8")
     assert shown.returncode == 0, shown.stderr
     processor = transformers.AutoProcessor.from_pretrained(source, local_files_only=True)
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "w5 w9"}]}]
-    inputs = processor(images=vlms.images()[0], text=processor.apply_chat_template(messages, add_generation_prompt=True),
-                       return_tensors="pt")
+    inputs = processor(images=vlms.images()[0], text=processor_text(processor, "w8 w9"), return_tensors="pt")
     with torch.no_grad():
         want = model.generate(**inputs, max_new_tokens=8, do_sample=False)
     assert shown.stdout.strip() == processor.tokenizer.decode(want[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)

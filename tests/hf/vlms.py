@@ -19,7 +19,7 @@ def chat_template(image: str) -> str:
             "{% if add_generation_prompt %}assistant: {% endif %}")
 
 
-ARCHITECTURES = ("llava", "gemma3")
+ARCHITECTURES = ("llava", "gemma3", "paligemma")
 
 
 def tokenizer():
@@ -69,6 +69,15 @@ def build(name: str):
         processor = tf.Gemma3Processor(image_processor=tf.Gemma3ImageProcessorPil(size={"height": 32, "width": 32}),
                                        tokenizer=words, chat_template=chat_template("<start_of_image>"), image_seq_length=4)
         return model.eval(), processor
+    if name == "paligemma":  # SigLIP tower, 16 image tokens; the prompt attends both ways, positions from 1
+        vision = tf.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       image_size=32, patch_size=8)
+        config = tf.PaliGemmaConfig(vision_config=vision, text_config=tf.GemmaConfig(**text, head_dim=16),
+                                    image_token_index=IMAGE, projection_dim=64, hidden_size=64)
+        model = tf.PaliGemmaForConditionalGeneration(config)
+        images = tf.SiglipImageProcessorPil(size={"height": 32, "width": 32})
+        images.image_seq_length = 16
+        return model.eval(), tf.PaliGemmaProcessor(image_processor=images, tokenizer=tokenizer())
     raise KeyError(name)
 
 

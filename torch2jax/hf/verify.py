@@ -97,15 +97,22 @@ def verify_vision_language(vlm: torch.nn.Module, generator, tokens: int = 16, se
     ids, mask = left_pad(prompts, generator.spec.pad_token_id)
     pixels = rng.standard_normal((batch, *vision.pixel_shape)).astype(np.float32)
     ours = generator.generate(ids, attention_mask=mask, pixel_values=pixels, max_new_tokens=tokens, eos_token_id=[])
-    extra = {}
-    if "token_type_ids" in inspect.signature(vlm.forward).parameters:  # Gemma 3's bidirectional image blocks
-        extra["token_type_ids"] = torch.from_numpy((ids == vision.image_token_id).astype(np.int64))
+    extra = processor_token_types(vlm, vision, ids)
     theirs = transformers_greedy(vlm, ids, tokens, generator.spec.pad_token_id, mask,
                                  pixel_values=torch.from_numpy(pixels).to(next(vlm.parameters()).dtype), **extra)
     width = ids.shape[1]
     rows = [(ours[r, width:].tolist(), theirs[r, width:].tolist()) for r in range(batch)]
     compared = tokens if generator.spec.cache_dtype != "bfloat16" else min(tokens, BFLOAT16_TOKENS)
     return GenerationCheck(compared, rows)
+
+
+def processor_token_types(vlm: torch.nn.Module, vision, ids: np.ndarray) -> dict:
+    """The token_type_ids the model's processor adds, for models that read them: Gemma 3's 1 at image tokens (an
+    image's tokens attend both ways), PaliGemma's 0 over the whole prompt (the prefix attends both ways)."""
+    if "token_type_ids" not in inspect.signature(vlm.forward).parameters:
+        return {}
+    types = np.zeros(ids.shape, np.int64) if vision.prefix_lm else (ids == vision.image_token_id).astype(np.int64)
+    return {"token_type_ids": torch.from_numpy(types)}
 
 
 def transformers_greedy(lm: torch.nn.Module, ids: np.ndarray, tokens: int, pad_token_id: int,

@@ -36,9 +36,12 @@ from .kv_cache import cache_layout, check_limits, generation_fields
 
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "chat_template.jinja", "chat_template.json")
 IMAGES_PER_PROMPT = 4  # the encoder's symbolic image count goes up to this many images per prompt of the batch
-SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration")
+SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", "PaliGemmaForConditionalGeneration")
 # models whose image tokens attend to each other both ways within one image (transformers' token_type_ids blocks)
 BIDIRECTIONAL_IMAGES = ("Gemma3ForConditionalGeneration",)
+# prefix-LMs: the whole prompt (image and text, token type 0) attends both ways; generated tokens causally
+PREFIX_LM = ("PaliGemmaForConditionalGeneration",)
+POSITION_OFFSET = {"PaliGemmaForConditionalGeneration": 1}  # PaliGemma's positions count from 1
 
 
 class ImageEncoder(torch.nn.Module):
@@ -76,9 +79,10 @@ class MultimodalStep(DecoderStep):
     With `image_blocks` (tokens per image; Gemma 3) the tokens of one image also attend to each other both ways, as
     transformers' token_type_ids blocks do: image token i belongs to image i // image_blocks."""
 
-    def __init__(self, lm: torch.nn.Module, layout: Any, image_blocks: int | None = None):
+    def __init__(self, lm: torch.nn.Module, layout: Any, image_blocks: int | None = None, prefix_lm: bool = False,
+                 position_offset: int = 0):
         super().__init__(lm, layout)
-        self.image_blocks = image_blocks
+        self.image_blocks, self.prefix_lm, self.position_offset = image_blocks, prefix_lm, position_offset
 
     def forward(self, input_ids, position_ids, write_at, kv_valid, cache, image_features, image_index):
         is_image = image_index >= 0
@@ -90,7 +94,12 @@ class MultimodalStep(DecoderStep):
             block = torch.where(is_image, torch.div(image_index, self.image_blocks, rounding_mode="floor"), -1)  # [B, T]
             keys = torch.full((input_ids.shape[0], kv_valid.shape[1]), -1, dtype=block.dtype).index_copy(1, write_at, block)
             also = (block[:, :, None] >= 0) & (block[:, :, None] == keys[:, None, :])  # [B, T, L]
-        return self.step({"inputs_embeds": embeds}, position_ids, write_at, kv_valid, cache, also)
+        if self.prefix_lm:  # every token of the prompt (this step's tokens) sees every other one; decode sees its own
+            written = torch.zeros(kv_valid.shape, dtype=torch.bool).index_copy(
+                1, write_at, torch.ones(input_ids.shape, dtype=torch.bool))
+            also = written[:, None, :].expand(-1, input_ids.shape[1], -1)
+        positions = position_ids + self.position_offset if self.position_offset else position_ids
+        return self.step({"inputs_embeds": embeds}, positions, write_at, kv_valid, cache, also)
 
 
 def check_supported(vlm: torch.nn.Module) -> None:
@@ -132,7 +141,9 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
     feature_rows = {"name": "image_rows", "min": 1, "max": max_images * tokens_per_image}
     shapes = step_dynamic_shapes(layout, max_batch)
     blocks = tokens_per_image if type(vlm).__name__ in BIDIRECTIONAL_IMAGES else None
-    captured, _ = trace(MultimodalStep(vlm, layout, blocks).eval(), (*step_args, features, index), None,
+    kind = type(vlm).__name__
+    step = MultimodalStep(vlm, layout, blocks, prefix_lm=kind in PREFIX_LM, position_offset=POSITION_OFFSET.get(kind, 0))
+    captured, _ = trace(step.eval(), (*step_args, features, index), None,
                         (*shapes, {0: feature_rows}, shapes[0]), timer, what=" of the multimodal step")
     _drop_unused_symbols(captured.graph)
     prefill = model_from(captured, timer)
@@ -149,7 +160,7 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
         raise ExportError(f"{type(vlm).__name__}'s config names no image_token_id")
     spec_vision = VisionSpec(image_token_id=int(image_token), tokens_per_image=tokens_per_image, feature_size=feature_size,
                              feature_dtype=dtype_name(probe.dtype), pixel_shape=pixel_shape, max_images=max_images,
-                             bidirectional_images=blocks is not None)
+                             bidirectional_images=blocks is not None, prefix_lm=kind in PREFIX_LM)
     return VisionLanguageGenerator(encode, prefill, decode, spec, spec_vision)
 
 
@@ -190,7 +201,10 @@ def with_processor_text(vision: VisionSpec, directory: Path) -> VisionSpec:
     if not isinstance(placeholder, str):
         return vision
     expansion = full if isinstance(full, str) else placeholder * vision.tokens_per_image
-    return dataclasses.replace(vision, image_placeholder=placeholder, image_expansion=expansion)
+    prompt = None
+    if type(processor).__name__ == "PaliGemmaProcessor":  # no chat template: the image tokens, BOS, the prompt, a newline
+        prompt = f"{placeholder}{processor.tokenizer.bos_token}{{prompt}}\n"
+    return dataclasses.replace(vision, image_placeholder=placeholder, image_expansion=expansion, prompt_format=prompt)
 
 
 def processor_files(directory: Path) -> dict[str, Path]:

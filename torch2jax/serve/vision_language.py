@@ -44,21 +44,24 @@ class VisionSpec:
     bidirectional_images: bool = False  # an image's tokens attend to each other both ways (Gemma 3)
     image_placeholder: str | None = None  # what the chat template writes for an image (default: the image token)
     image_expansion: str | None = None  # what the processor puts there (default: the image token, tokens_per_image times)
+    prefix_lm: bool = False  # the prompt attends both ways (PaliGemma)
+    prompt_format: str | None = None  # a processor without a chat template: its text, "{prompt}" the user's (PaliGemma)
 
     def to_json(self) -> dict:
         return {"image_token_id": self.image_token_id, "tokens_per_image": self.tokens_per_image,
                 "feature_size": self.feature_size, "feature_dtype": self.feature_dtype,
                 "pixel_shape": list(self.pixel_shape), "max_images": self.max_images,
                 "bidirectional_images": self.bidirectional_images, "image_placeholder": self.image_placeholder,
-                "image_expansion": self.image_expansion}
+                "image_expansion": self.image_expansion, "prefix_lm": self.prefix_lm, "prompt_format": self.prompt_format}
 
     @staticmethod
     def from_json(data: Any) -> VisionSpec:
         try:
             text = [data.get(k) if isinstance(data.get(k), str) else None for k in ("image_placeholder", "image_expansion")]
+            prompt = data.get("prompt_format") if isinstance(data.get("prompt_format"), str) else None
             return VisionSpec(int(data["image_token_id"]), int(data["tokens_per_image"]), int(data["feature_size"]),
                               str(data["feature_dtype"]), tuple(int(d) for d in data["pixel_shape"]), int(data["max_images"]),
-                              bool(data.get("bidirectional_images", False)), *text)
+                              bool(data.get("bidirectional_images", False)), *text, bool(data.get("prefix_lm", False)), prompt)
         except (KeyError, TypeError, ValueError) as err:
             raise Torch2JaxError(f"the manifest's vision section is malformed ({type(err).__name__}: {err})") from None
 
@@ -172,8 +175,12 @@ class VisionLanguageGenerator(Generator):
         """(input_ids [1, L], pixel_values [1, C, H, W]) for one user turn of one image and `prompt`, as the model's
         processor makes them: the chat template (image, text, generation prompt), the image token repeated
         `tokens_per_image` times, tokenized; the image preprocessed as the model's image processor does."""
-        text = self.chat_template().render([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}],
-                                           add_generation_prompt=True)
+        if self.vision.prompt_format is not None:  # the processor's own format, no chat template (PaliGemma)
+            text = self.vision.prompt_format.replace("{prompt}", prompt)
+        else:
+            text = self.chat_template().render([{"role": "user", "content": [{"type": "image"}, {"type": "text",
+                                                                                              "text": prompt}]}],
+                                               add_generation_prompt=True)
         tokenizer = self.tokenizer
         image_token = tokenizer.id_to_token(self.vision.image_token_id)
         placeholder = self.vision.image_placeholder or image_token
