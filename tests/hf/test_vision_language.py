@@ -13,7 +13,7 @@ import torch
 
 import torch2jax
 from torch2jax.errors import InputSpecError
-from torch2jax.hf.tasks import IMAGE_TEXT_TO_TEXT, default_task
+from torch2jax.hf.tasks import IMAGE_TEXT_TO_TEXT, default_task, task_of
 from torch2jax.hf.verify import processor_token_types, transformers_greedy
 from torch2jax.serve.artifacts import describe
 from torch2jax.serve.generator import left_pad
@@ -210,3 +210,17 @@ def test_cli_convert_and_generate_with_an_image(vlm, tmp_path):
     assert shown.stdout.strip() == processor.tokenizer.decode(want[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
     text = cli("generate", str(out), "--image", str(image), "--prompt", "a", "--prompt", "b")
     assert text.returncode == 2 and "one --prompt" in text.stderr
+
+
+def test_unsupported_architectures_are_refused_by_name():
+    """Qwen2-VL (variable resolution: patches and image_grid_thw, multimodal rotary positions) is not converted yet:
+    the conversion says so before tracing anything."""
+    import transformers as tf
+
+    text = tf.Qwen2VLTextConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                num_attention_heads=4, num_key_value_heads=2, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+    vision = tf.Qwen2VLVisionConfig(depth=1, embed_dim=32, hidden_size=64, num_heads=4, patch_size=8)
+    model = tf.Qwen2VLForConditionalGeneration(tf.Qwen2VLConfig(text_config=text.to_dict(), vision_config=vision.to_dict()))
+    assert task_of(model) == IMAGE_TEXT_TO_TEXT  # a vision part and a text part: not text2text-generation
+    with pytest.raises(InputSpecError, match="Qwen2VLForConditionalGeneration is not supported yet"):
+        torch2jax.convert_hf(model, max_cache_len=32, max_batch=1)
