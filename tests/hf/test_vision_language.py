@@ -224,3 +224,27 @@ def test_unsupported_architectures_are_refused_by_name():
     assert task_of(model) == IMAGE_TEXT_TO_TEXT  # a vision part and a text part: not text2text-generation
     with pytest.raises(InputSpecError, match="Qwen2VLForConditionalGeneration is not supported yet"):
         torch2jax.convert_hf(model, max_cache_len=32, max_batch=1)
+
+
+def test_prompt_from_the_parts_equals_the_processor_files(vlm, tmp_path):
+    """Without a processor_config.json: preprocessor_config.json and a tokenizer_config.json carrying the chat template
+    give the same ids and pixels."""
+    import copy
+
+    import transformers
+
+    _, source, _, _, g = vlm
+    processor = transformers.AutoProcessor.from_pretrained(source, local_files_only=True)
+    if processor.chat_template is None:
+        pytest.skip("this processor builds its prompt without a chat template")
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(processor.image_processor.to_dict()))
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": processor.chat_template}))
+    parts = copy.copy(g)
+    parts.tokenizer_files = {"tokenizer.json": g.tokenizer_files["tokenizer.json"],
+                             "preprocessor_config.json": tmp_path / "preprocessor_config.json",
+                             "tokenizer_config.json": tmp_path / "tokenizer_config.json"}
+    assert "processor_config.json" in g.tokenizer_files
+    for image in vlms.images():
+        for ours, want in zip(parts.processor_inputs("w8 w9", image), g.processor_inputs("w8 w9", image)):
+            np.testing.assert_array_equal(ours, want)
