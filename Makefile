@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-ops-full test-ops-eager test-ops-compile test-models-full test-models-hf models-doc demo runtime-check lint docs bench bench-calls bench-eager bench-compile bench-large bench-serve clean
+.PHONY: install test test-ops-full test-ops-eager test-ops-compile test-models-full test-models-hf models-doc demo runtime-check lint docs bench bench-calls bench-eager bench-compile bench-large bench-serve bench-vlm clean
 
 install: $(STAMP)
 
@@ -88,6 +88,11 @@ bench-large: install
 # The eager jax device, per op and a small Llama forward (~2 min): rewrites its section of docs/benchmarks.md.
 bench-eager: $(BENCH_STAMP)
 	$(PY) -m benchmarks.eager
+
+# Vision-language generation (a LLaVA-shaped model, one image, batch 1) against transformers eager (~3 min):
+# rewrites its section of docs/benchmarks.md.
+bench-vlm: $(BENCH_STAMP)
+	$(PY) -m benchmarks.vlm
 
 # torch.compile(backend="torch2jax") against inductor and the exported artifact (~5 min): rewrites its section.
 bench-compile: $(BENCH_STAMP)

@@ -13,6 +13,8 @@ from .common import handles_errors
 @click.argument("artifact_dir", type=click.Path(file_okay=False))
 @click.option("--prompt", "prompts", multiple=True, help="Prompt text (repeatable: a batch); needs the model's tokenizer.")
 @click.option("--ids", "id_lists", multiple=True, help="Prompt token ids, comma-separated (repeatable: a batch), e.g. 1,450,7483.")
+@click.option("--image", type=click.Path(dir_okay=False, exists=True),
+              help="image-text-to-text: a PNG/JPEG for the prompt (one user turn: the image, then --prompt).")
 @click.option("--max-new-tokens", default=32, show_default=True)
 @click.option("--temperature", type=float, help="Sample with this temperature (default: greedy decoding).")
 @click.option("--top-k", type=int, help="Sample from the k most likely tokens.")
@@ -20,7 +22,7 @@ from .common import handles_errors
 @click.option("--seed", default=0, show_default=True, help="PRNG seed for sampling.")
 @click.option("--from-graph", is_flag=True, help="Rebuild the functions from their graphs instead of the StableHLO.")
 @handles_errors
-def generate(artifact_dir, prompts, id_lists, max_new_tokens, temperature, top_k, top_p, seed, from_graph):
+def generate(artifact_dir, prompts, id_lists, image, max_new_tokens, temperature, top_k, top_p, seed, from_graph):
     """Generate text (or token ids) with a text-generation or text2text-generation artifact; needs no torch.
 
     A causal LM continues each prompt (printed with it); an encoder-decoder reads each prompt as its source
@@ -31,6 +33,10 @@ def generate(artifact_dir, prompts, id_lists, max_new_tokens, temperature, top_k
       torch2jax generate out/llm --prompt "The capital of France is" --max-new-tokens 32
       torch2jax generate out/llm --ids 1,450,7483 --temperature 0.8 --top-p 0.9 --seed 0
       torch2jax generate out/t5 --prompt "translate English to German: Hello" --max-new-tokens 32
+      torch2jax generate out/vlm --image cat.png --prompt "What is in the picture?" --max-new-tokens 32
+
+    With --image (an image-text-to-text artifact) the prompt is built as the model's processor builds one user
+    turn (chat template, the image's tokens, the generation prompt) and the reply is printed.
     """
 
     import torch2jax
@@ -44,6 +50,27 @@ def generate(artifact_dir, prompts, id_lists, max_new_tokens, temperature, top_k
     if not isinstance(g, (torch2jax.Generator, torch2jax.Seq2SeqGenerator)):
         raise InputSpecError(f"{artifact_dir} is not a text-generation artifact (convert hf:DIR --task text-generation, "
                              "or --task text2text-generation for an encoder-decoder)")
+    sampling = {k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)) if v is not None}
+    options = {}
+    if sampling:
+        import jax
+
+        options = {"do_sample": True, "rng": jax.random.key(seed), **sampling}
+    if image is not None or isinstance(g, torch2jax.VisionLanguageGenerator):
+        if image is not None and not isinstance(g, torch2jax.VisionLanguageGenerator):
+            raise InputSpecError(f"{artifact_dir} is a {g.TASK} artifact: --image needs an image-text-to-text artifact "
+                                 "(convert hf:DIR --task image-text-to-text)")
+        if image is not None:
+            if len(prompts) != 1:
+                raise InputSpecError("--image takes one --prompt (one image per prompt, one prompt per call)")
+            ids, pixels = g.processor_inputs(prompts[0], image)
+            start = time.perf_counter()
+            out = g.generate(ids, pixel_values=pixels, max_new_tokens=max_new_tokens, **options)
+            elapsed = time.perf_counter() - start
+            new = [int(t) for t in out[0, ids.shape[1]:]]
+            click.echo(g.tokenizer.decode(new, skip_special_tokens=True))
+            click.echo(f"{len(new)} new tokens in {elapsed:.2f}s (first call includes compilation)", err=True)
+            return
     seq2seq = isinstance(g, torch2jax.Seq2SeqGenerator)
     if seq2seq and g.spec.takes_features:
         raise InputSpecError(f"{artifact_dir} reads audio features (input_features), not token ids: call "
@@ -64,12 +91,6 @@ def generate(artifact_dir, prompts, id_lists, max_new_tokens, temperature, top_k
         raise InputSpecError("a prompt has no tokens")
     ids, mask = (right_pad if seq2seq else left_pad)(rows, g.spec.pad_token_id)
     width = 1 if seq2seq else ids.shape[1]  # where the new tokens start: after the start token, or the prompt
-    sampling = {k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)) if v is not None}
-    options = {}
-    if sampling:
-        import jax
-
-        options = {"do_sample": True, "rng": jax.random.key(seed), **sampling}
     start = time.perf_counter()
     out = g.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, **options)
     elapsed = time.perf_counter() - start

@@ -33,6 +33,7 @@ from .runtime.stablehlo import DEFAULT_PLATFORMS
 from .serve import artifacts as _artifacts
 from .serve.generator import Generator
 from .serve.seq2seq import Seq2SeqGenerator
+from .serve.vision_language import VisionLanguageGenerator
 
 __version__ = "0.1.0"
 
@@ -66,11 +67,12 @@ def convert_hf(source: Any, *, task: str | None = None, max_cache_len: int = 512
                max_source_len: int = 512, dtype: str | None = None, stream_weights: bool = False, repeat_layers: bool = True,
                quantize: str | None = None, group_size: int = 64, progress: ProgressFn | None = None) -> Generator | Seq2SeqGenerator:
     """A Hugging Face model (a local `save_pretrained` directory, or the model object) -> a torch-free `Generator`
-    (causal LM: prefill/decode) or `Seq2SeqGenerator` (encoder-decoder: encode/decode), each with `generate`.
+    (causal LM: prefill/decode), `Seq2SeqGenerator` (encoder-decoder: encode/decode) or `VisionLanguageGenerator`
+    (image-text-to-text, LLaVA: encode_image/prefill/decode), each with `generate`.
 
     Args:
       source: a model directory (a path, or "hf:DIR"; nothing is downloaded), or a transformers model.
-      task: "text-generation" or "text2text-generation"; default: what the config's `architectures` implies.
+      task: "text-generation", "text2text-generation" or "image-text-to-text"; default: what the config's `architectures` implies.
       max_cache_len: KV cache slots (prompt + new tokens); for an encoder-decoder, the most new tokens.
       max_batch: the most prompts per `generate` call.
       max_source_len: encoder-decoders: the longest source, in tokens.
@@ -149,6 +151,7 @@ __all__ = [
     "Torch2JaxError",
     "UnsupportedOpsError",
     "VerificationError",
+    "VisionLanguageGenerator",
     "convert",
     "convert_hf",
     "load",

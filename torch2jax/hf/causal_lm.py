@@ -52,24 +52,30 @@ class DecoderStep(torch.nn.Module):
             self.add_module(name, child)
         object.__setattr__(self, "lm", lm)  # called, not registered (it would prefix every name with "lm.")
         self.layout = layout
-        config = lm.config
+        config = lm.config.get_text_config()  # a vision-language model's language part (the config itself for an LM)
         self.layer_types = sorted(set(getattr(config, "layer_types", None) or ())) or None
         window = getattr(config, "sliding_window", None)
         if getattr(config, "use_sliding_window", True) is False:
             window = None
         self.window = int(window) if window else None
-        self.additive_mask = getattr(config, "_attn_implementation", None) == "eager"
+        self.additive_mask = getattr(config, "_attn_implementation", None) == "eager" or \
+            getattr(lm.config, "_attn_implementation", None) == "eager"
         self._layer = explicit_layer_class()
 
     def forward(self, input_ids, position_ids, write_at, kv_valid, cache):
+        return self.step({"input_ids": input_ids}, position_ids, write_at, kv_valid, cache)
+
+    def step(self, tokens: dict, position_ids, write_at, kv_valid, cache, also=None):
+        """The step over `tokens` ({"input_ids": ...} or {"inputs_embeds": ...}); `also` [B, T, L] marks further keys
+        each query may attend to besides the causal ones (a vision-language model's bidirectional image blocks)."""
         from transformers.cache_utils import Cache
 
         span = kv_valid.shape[1]
         layers = [self._layer(cache[2 * i], cache[2 * i + 1], write_at, span) for i in range(self.layout.layers)]
         out = self.lm(
-            input_ids=input_ids,
+            **tokens,
             position_ids=position_ids,
-            attention_mask=self._masks(write_at, kv_valid),
+            attention_mask=self._masks(write_at, kv_valid, also),
             past_key_values=Cache(layers=layers),
             cache_position=write_at,
             use_cache=True,
@@ -78,14 +84,16 @@ class DecoderStep(torch.nn.Module):
         logits = out.logits[:, -1].float()
         return logits, [t for layer in layers for t in (layer.keys, layer.values)]
 
-    def _masks(self, write_at: torch.Tensor, kv_valid: torch.Tensor) -> Any:
+    def _masks(self, write_at: torch.Tensor, kv_valid: torch.Tensor, also: torch.Tensor | None = None) -> Any:
         slot = torch.arange(kv_valid.shape[1], device=kv_valid.device)
-        causal = slot[None, :] <= write_at[:, None]  # [T, S]
+        causal = (slot[None, :] <= write_at[:, None])[None]  # [1, T, S]
+        if also is not None:
+            causal = causal | also  # [B, T, S]
         own = slot[None, :] == write_at[:, None]
 
         def mask(window: int | None) -> torch.Tensor:
-            allowed = causal if window is None else causal & (slot[None, :] > write_at[:, None] - window)
-            keep = ((kv_valid[:, None, :] & allowed[None]) | own[None])[:, None]  # [B, 1, T, S]
+            allowed = causal if window is None else causal & (slot[None, :] > write_at[:, None] - window)[None]
+            keep = ((kv_valid[:, None, :] & allowed) | own[None])[:, None]  # [B, 1, T, S]
             if self.additive_mask:  # eager attention adds the mask to the scores
                 zero = torch.zeros((), dtype=self.layout.dtype)
                 return torch.where(keep, zero, torch.finfo(self.layout.dtype).min)

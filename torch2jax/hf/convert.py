@@ -21,7 +21,8 @@ from .causal_lm import convert_causal_lm
 from .directory import load_model, model_dir, prepare_for_export, read_config, tokenizer_files, transformers
 from .seq2seq import convert_seq2seq
 from .streamed import streamed_causal_lm
-from .tasks import TEXT2TEXT_GENERATION, check_generation_task, task_of
+from .tasks import IMAGE_TEXT_TO_TEXT, TEXT2TEXT_GENERATION, check_generation_task, task_of
+from .vision_language import convert_vision_language, processor_files, vision_language_from, with_processor_text
 
 
 def convert_hf(
@@ -60,6 +61,17 @@ def convert_hf(
     """
     task = task_of(source, task)
     check_generation_task(task)
+    if task == IMAGE_TEXT_TO_TEXT:
+        if quantize is not None or stream_weights:
+            raise InputSpecError("quantize= and stream_weights=True are for causal LMs; convert image-text-to-text models "
+                                 "without them")
+        vlm, directory = vision_language_from(source)
+        generator = convert_vision_language(vlm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype,
+                                            progress=progress)
+        if directory is not None:
+            generator.tokenizer_files = {**tokenizer_files(directory), **processor_files(directory)}
+            generator.vision = with_processor_text(generator.vision, directory)
+        return generator
     if task == TEXT2TEXT_GENERATION:
         if quantize is not None:
             raise InputSpecError("quantize= is for causal LMs (text-generation); convert encoder-decoders without it")

@@ -22,7 +22,9 @@ from .directory import load_model, model_dir, prepare_for_export, read_config, t
 
 TEXT_GENERATION = "text-generation"
 TEXT2TEXT_GENERATION = "text2text-generation"
-GENERATION_TASKS = (TEXT_GENERATION, TEXT2TEXT_GENERATION)  # what convert_hf builds (a Generator, a Seq2SeqGenerator)
+IMAGE_TEXT_TO_TEXT = "image-text-to-text"  # vision-language models (hf/vision_language.py)
+# what convert_hf builds (a Generator, a Seq2SeqGenerator, a VisionLanguageGenerator)
+GENERATION_TASKS = (TEXT_GENERATION, TEXT2TEXT_GENERATION, IMAGE_TEXT_TO_TEXT)
 # the architecture name's suffix -> its task (transformers' naming)
 _TASK_BY_SUFFIX = (
     ("ForCausalLM", TEXT_GENERATION),
@@ -48,6 +50,8 @@ _TASK_BY_LISTING = ("audio-classification", "zero-shot-image-classification")
 def default_task(config: Any) -> str:
     """The task the config's `architectures` entry implies (feature-extraction when it names none we know)."""
     architectures = getattr(config, "architectures", None) or []
+    if is_vision_language(config) and any(a.endswith("ForConditionalGeneration") for a in architectures):
+        return IMAGE_TEXT_TO_TEXT
     for arch in architectures:
         listed = next((task for task in _TASK_BY_LISTING if arch in _auto_class_names(FORWARD_TASKS[task].auto_class)), None)
         if listed:
@@ -65,6 +69,11 @@ def _auto_class_names(auto_class: str) -> set[str]:
     return {name for names in mapping.values() for name in ([names] if isinstance(names, str) else names)}
 
 
+def is_vision_language(config: Any) -> bool:
+    """A config with a vision part and a text (language-model) part: a vision-language model, not an encoder-decoder."""
+    return getattr(config, "vision_config", None) is not None and getattr(config, "text_config", None) is not None
+
+
 def task_of(source: Any, task: str | None = None) -> str:
     """`task`, else what the config of `source` (an `hf:DIR` / path, or a transformers model) implies."""
     if task:
@@ -72,13 +81,16 @@ def task_of(source: Any, task: str | None = None) -> str:
     if isinstance(source, (str, os.PathLike)):
         return default_task(read_config(model_dir(source)))
     name = type(source).__name__  # a model built from a config has no `architectures` until it is saved
+    if is_vision_language(getattr(source, "config", None)) and name.endswith("ForConditionalGeneration"):
+        return IMAGE_TEXT_TO_TEXT
     return next((task for suffix, task in _TASK_BY_SUFFIX if name.endswith(suffix)), TEXT_GENERATION)
 
 
 def check_generation_task(task: str) -> None:
     if task not in GENERATION_TASKS:
         raise Torch2JaxError(
-            f"convert_hf builds text-generation and text2text-generation models; task {task!r} is a forward pass: convert it with "
+            f"convert_hf builds text-generation, text2text-generation and image-text-to-text models; task {task!r} is a "
+            "forward pass: convert it with "
             f"`torch2jax convert hf:DIR --task {task}` or torch2jax.convert(model, args)"
         )
 

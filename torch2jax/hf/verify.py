@@ -9,6 +9,7 @@ A bfloat16 conversion is compared with transformers in bfloat16 on its first tok
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,10 +80,46 @@ def verify_seq2seq(lm: torch.nn.Module, generator, tokens: int = 16, seed: int =
     return GenerationCheck(compared, rows)
 
 
+def verify_vision_language(vlm: torch.nn.Module, generator, tokens: int = 16, seed: int = 0) -> GenerationCheck:
+    """Greedy-generate `tokens` tokens for two prompts, each of random text around one image's expanded image tokens,
+    one left-padded, with random pixel values, with both; no end token stops either."""
+    vision = generator.vision
+    lengths = (5, 2)  # text tokens besides the image's
+    if vision.tokens_per_image + max(lengths) + tokens > generator.spec.max_cache_len:
+        tokens = generator.spec.max_cache_len - vision.tokens_per_image - max(lengths)
+    rng = np.random.default_rng(seed)
+    batch = min(2, generator.spec.max_batch)
+    text = [t for t in range(generator.spec.vocab_size) if t != vision.image_token_id]
+    prompts = []
+    for length in lengths[:batch]:
+        words = rng.choice(text, length).tolist()
+        prompts.append(words[:1] + [vision.image_token_id] * vision.tokens_per_image + words[1:])
+    ids, mask = left_pad(prompts, generator.spec.pad_token_id)
+    pixels = rng.standard_normal((batch, *vision.pixel_shape)).astype(np.float32)
+    ours = generator.generate(ids, attention_mask=mask, pixel_values=pixels, max_new_tokens=tokens, eos_token_id=[])
+    extra = processor_token_types(vlm, vision, ids)
+    theirs = transformers_greedy(vlm, ids, tokens, generator.spec.pad_token_id, mask,
+                                 pixel_values=torch.from_numpy(pixels).to(next(vlm.parameters()).dtype), **extra)
+    width = ids.shape[1]
+    rows = [(ours[r, width:].tolist(), theirs[r, width:].tolist()) for r in range(batch)]
+    compared = tokens if generator.spec.cache_dtype != "bfloat16" else min(tokens, BFLOAT16_TOKENS)
+    return GenerationCheck(compared, rows)
+
+
+def processor_token_types(vlm: torch.nn.Module, vision, ids: np.ndarray) -> dict:
+    """The token_type_ids the model's processor adds, for models that read them: Gemma 3's 1 at image tokens (an
+    image's tokens attend both ways), PaliGemma's 0 over the whole prompt (the prefix attends both ways)."""
+    if "token_type_ids" not in inspect.signature(vlm.forward).parameters:
+        return {}
+    types = np.zeros(ids.shape, np.int64) if vision.prefix_lm else (ids == vision.image_token_id).astype(np.int64)
+    return {"token_type_ids": torch.from_numpy(types)}
+
+
 def transformers_greedy(lm: torch.nn.Module, ids: np.ndarray, tokens: int, pad_token_id: int,
-                        mask: np.ndarray | None = None, eos_token_id: int | None = None, dtype: torch.dtype | None = None) -> np.ndarray:
+                        mask: np.ndarray | None = None, eos_token_id: int | None = None, dtype: torch.dtype | None = None,
+                        **inputs: torch.Tensor) -> np.ndarray:
     """transformers' own greedy generate, the reference; eos_token_id=None makes exactly `tokens` new tokens.
-    `ids` may be float features (Whisper), cast to `dtype`."""
+    `ids` may be float features (Whisper), cast to `dtype`; `inputs` go to generate as they are (pixel_values)."""
     saved = lm.generation_config.eos_token_id
     lm.generation_config.eos_token_id = eos_token_id
     try:
@@ -90,7 +127,7 @@ def transformers_greedy(lm: torch.nn.Module, ids: np.ndarray, tokens: int, pad_t
             source = torch.from_numpy(np.asarray(ids))
             out = lm.generate(source if dtype is None else source.to(dtype), max_new_tokens=tokens, do_sample=False,
                               pad_token_id=pad_token_id,
-                              attention_mask=None if mask is None else torch.from_numpy(np.asarray(mask)).long())
+                              attention_mask=None if mask is None else torch.from_numpy(np.asarray(mask)).long(), **inputs)
         return out.numpy()
     finally:
         lm.generation_config.eos_token_id = saved

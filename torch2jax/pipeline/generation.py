@@ -13,9 +13,10 @@ from ..hf.convert import causal_lm_from, seq2seq_lm_from
 from ..hf.directory import tokenizer_files
 from ..hf.seq2seq import convert_seq2seq
 from ..hf.streamed import streamed_causal_lm
-from ..hf.tasks import TEXT2TEXT_GENERATION
-from ..hf.verify import check_generation, verify_generation, verify_seq2seq
+from ..hf.tasks import IMAGE_TEXT_TO_TEXT, TEXT2TEXT_GENERATION
+from ..hf.verify import check_generation, verify_generation, verify_seq2seq, verify_vision_language
 from ..hf.verify_slice import verify_streamed
+from ..hf.vision_language import convert_vision_language, processor_files, vision_language_from, with_processor_text
 from ..serve.generator_artifact import load_generator, save_generator
 from .conversion import BytesFn, Conversion, ProgressFn
 
@@ -47,7 +48,14 @@ def export_generator(target: str, out: Path, *, task: str, stream: bool, platfor
         saving = f"jax.export prefill and decode, stream {gigabytes:.2f} GB of weights into {out}"
     else:
         report("build model", f"load {target} with transformers")
-        if task == TEXT2TEXT_GENERATION:
+        if task == IMAGE_TEXT_TO_TEXT:
+            if quantize is not None:
+                raise InputSpecError("--quantize is for causal LMs (text-generation); convert image-text-to-text models without it")
+            lm, directory = vision_language_from(target)
+            generator = convert_vision_language(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype,
+                                                progress=progress)
+            compare, entries = verify_vision_language, "encode_image, prefill and decode"
+        elif task == TEXT2TEXT_GENERATION:
             if quantize is not None:
                 raise InputSpecError("--quantize is for causal LMs (text-generation); convert encoder-decoders without it")
             lm, directory = seq2seq_lm_from(target)
@@ -71,6 +79,9 @@ def export_generator(target: str, out: Path, *, task: str, stream: bool, platfor
 
         saving = f"jax.export {entries}, write {out}"
     generator.tokenizer_files = tokenizer_files(directory)
+    if task == IMAGE_TEXT_TO_TEXT:
+        generator.tokenizer_files.update(processor_files(directory))
+        generator.vision = with_processor_text(generator.vision, directory)
     report("save", saving)
     save_generator(generator, out, force=force, platforms=list(platforms), source=target, check=check if verify else None,
                    on_bytes=on_bytes)

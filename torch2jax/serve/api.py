@@ -376,12 +376,17 @@ def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = No
     from .engine import BatchEngine
     from .generator import Generator
     from .seq2seq import Seq2SeqGenerator
+    from .vision_language import VisionLanguageGenerator
 
     g = load(artifact_dir)
     if isinstance(g, Seq2SeqGenerator):
         raise InputSpecError(f"{artifact_dir} is an encoder-decoder (text2text-generation): `torch2jax serve` batches causal "
                              "LMs only, whose steps share one KV cache layout (see docs/limitations.md); use "
                              "Seq2SeqGenerator.generate in Python")
+    if isinstance(g, VisionLanguageGenerator):
+        raise InputSpecError(f"{artifact_dir} is a vision-language model (image-text-to-text): `torch2jax serve` does not "
+                             "take images yet (see docs/limitations.md); use `torch2jax generate --image` or "
+                             "VisionLanguageGenerator.generate in Python")
     if not isinstance(g, Generator):
         raise InputSpecError(f"{artifact_dir} is not a text-generation artifact (convert hf:DIR --task text-generation)")
     if "tokenizer.json" not in g.tokenizer_files:

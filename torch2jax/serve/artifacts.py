@@ -15,7 +15,7 @@ from ..runtime import artifact, stablehlo
 from ..runtime import sharding as sharding_rules
 from ..runtime.model import Model
 from .generator import Generator
-from .generator_artifact import load_generator, save_generator
+from .generator_artifact import GENERATORS, load_generator, save_generator
 from .loop import TokenLoop
 from .seq2seq import Seq2SeqGenerator
 
@@ -42,7 +42,7 @@ def load(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bo
         hints = manifest["params"].get("sharding_hints")
         plan = sharding_rules.plan(artifact.param_tree(manifest), sharding_rules.auto_mesh(mesh), sharding,
                                    hints if isinstance(hints, dict) else None)
-    if manifest.get("task") in (Generator.TASK, Seq2SeqGenerator.TASK):
+    if manifest.get("task") in GENERATORS:
         return load_generator(root, from_graph=from_graph, verify_hashes=verify_hashes, plan=plan)
     model = artifact.load(root, from_graph=from_graph, verify_hashes=verify_hashes,
                           shardings=plan.shardings() if plan else None)
@@ -66,7 +66,7 @@ def describe(manifest: dict, where: str | os.PathLike) -> list[str]:
         lines.append(f"task      {manifest['task']}")
     generation = manifest.get("generation")
     if isinstance(generation, dict):
-        lines += _generation_lines(generation)
+        lines += _generation_lines({**generation, "vision": manifest.get("vision")})
     entries = manifest.get("entries") if isinstance(manifest.get("entries"), dict) else {"": manifest}
     for name, entry in entries.items():
         if name:
@@ -99,6 +99,10 @@ def _generation_lines(generation: dict) -> list[str]:
         f"kv cache  {len(cache.get('shapes', []))} {cache.get('dtype')} tensors of {cache.get('shapes', [[]])[0]} "
         "(state: allocated at load, donated to each step, never saved)",
     ]
+    vision = generation.get("vision")
+    if isinstance(vision, dict):
+        lines.append(f"images    {vision.get('pixel_shape')} pixel values -> {vision.get('tokens_per_image')} features of "
+                     f"{vision.get('feature_size')} per image, at image token {vision.get('image_token_id')}")
     cross = generation.get("cross")
     if isinstance(cross, dict):
         encoder = generation.get("encoder_input") or {}

@@ -132,7 +132,9 @@ class Generator(TokenLoop):
         return finish(ids, self._steps(ids, mask, max_new_tokens, request), stream)
 
     # -- the loop ---------------------------------------------------------------------------
-    def _steps(self, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, request: Request) -> Iterator[np.ndarray]:
+    def _steps(self, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, request: Request,
+               prefill_inputs: Any = None) -> Iterator[np.ndarray]:
+        """`prefill_inputs(width)`: further inputs of the prefill step once the prompt is padded to `width` (images)."""
         batch, length = ids.shape
         width = bucket(length, self.spec.max_cache_len - max_new_tokens, MIN_BUCKET)
         padded_ids = np.full((batch, width), int(request.pad), np.int64)
@@ -150,6 +152,7 @@ class Generator(TokenLoop):
             logits, state["cache"] = self._prefill(
                 self.params, state["cache"], jnp.asarray(padded_ids, self._id_dtype), jnp.asarray(positions, self._id_dtype),
                 jnp.arange(width, dtype=self._id_dtype), jnp.asarray(valid[:, :width]),
+                *(prefill_inputs(width) if prefill_inputs is not None else ()),
             )
             return self._first(logits, jax.random.fold_in(key, 0), *params, jnp.zeros((batch,), bool), request.eos,
                                request.pad, do_sample=do_sample)
@@ -167,13 +170,18 @@ class Generator(TokenLoop):
         return run_loop(first, advance, max_new_tokens)
 
     # -- jitted bodies ----------------------------------------------------------------------
-    def _prefill_step(self, params, cache, ids, positions, write_at, valid):
-        return _call(self.prefill_model, params, ids, positions, write_at, valid, cache)
+    def _prefill_step(self, params, cache, ids, positions, write_at, valid, *extra):
+        return _call(self.prefill_model, params, ids, positions, write_at, valid, cache, *extra)
+
+    def _decode_inputs(self, batch: int) -> tuple:
+        """Inputs the decode step takes after the cache (none for a causal LM)."""
+        return ()
 
     def _decode_step(self, params, cache, token, position, slot, valid, done, key, temperature, top_k, top_p, eos, pad, *,
                      do_sample, span):
         valid = valid.at[:, slot].set(True)
-        logits, cache = _call(self.decode_model, params, token[:, None], position[:, None], slot[None], valid[:, :span], cache)
+        logits, cache = _call(self.decode_model, params, token[:, None], position[:, None], slot[None], valid[:, :span], cache,
+                              *self._decode_inputs(token.shape[0]))
         token, done = self._pick(logits, key, temperature, top_k, top_p, done, eos, pad, do_sample=do_sample)
         return token, cache, valid, done
 
@@ -220,9 +228,9 @@ def left_pad(rows: list, pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
     return ids, mask
 
 
-def _call(model: Model, params: dict, ids, positions, write_at, valid, cache) -> tuple[jax.Array, list]:
+def _call(model: Model, params: dict, ids, positions, write_at, valid, cache, *extra) -> tuple[jax.Array, list]:
     """One step function of the graph: (last-position logits, new cache)."""
-    logits, new_cache = call_entry(model, params, ids, positions, write_at, valid, list(cache))
+    logits, new_cache = call_entry(model, params, ids, positions, write_at, valid, list(cache), *extra)
     if model.sharding is not None:  # the cache stays where it was placed, so donation reuses its buffers
         new_cache = [jax.lax.with_sharding_constraint(c, model.sharding.cache_sharding(c.shape)) for c in new_cache]
     return logits, list(new_cache)

@@ -14,9 +14,11 @@ from ..runtime.sharding import ShardingPlan
 from .generator import GenerationSpec, Generator
 from .loop import TokenLoop
 from .seq2seq import Seq2SeqGenerator, Seq2SeqSpec
+from .vision_language import VisionLanguageGenerator, VisionSpec
 
 TOKENIZER = "tokenizer"
-GENERATORS = {Generator.TASK: Generator, Seq2SeqGenerator.TASK: Seq2SeqGenerator}  # the manifest's task -> its class
+GENERATORS = {Generator.TASK: Generator, Seq2SeqGenerator.TASK: Seq2SeqGenerator,  # the manifest's task -> its class
+              VisionLanguageGenerator.TASK: VisionLanguageGenerator}
 
 
 def save_generator(
@@ -33,6 +35,8 @@ def save_generator(
     `on_bytes(written, total)` reports streamed weights as they are written."""
     files = {f"{TOKENIZER}/{name}": src for name, src in generator.tokenizer_files.items()}
     extra = {"task": generator.TASK, "generation": generator.spec.to_json(), "tokenizer": sorted(generator.tokenizer_files)}
+    if isinstance(generator, VisionLanguageGenerator):
+        extra["vision"] = generator.vision.to_json()
     # vjp_order=0: the steps are for serving; differentiating through a KV-cache update is not a use case
     return artifact.save_entries(generator.entries(), path, extra=extra, files=files, force=force, platforms=platforms,
                                  vjp_order=0, source=source, check=check, on_bytes=on_bytes)
@@ -47,7 +51,7 @@ def load_generator(path: str | os.PathLike, *, from_graph: bool = False, verify_
     kind = GENERATORS.get(task)
     if kind is None:
         raise ArtifactError(f"{path} is not a generation artifact (task {task!r}); load it with torch2jax.load")
-    if plan is not None and kind is not Generator:
+    if plan is not None and kind is not Generator:  # (a VisionLanguageGenerator is a Generator subclass, refused here too)
         raise ShardingError(f"loading a {task} artifact on a mesh is not supported yet: load it without mesh=")
     models, manifest = artifact.load_entries(path, from_graph=from_graph, verify_hashes=verify_hashes,
                                              shardings=plan.shardings() if plan else None)
@@ -58,6 +62,10 @@ def load_generator(path: str | os.PathLike, *, from_graph: bool = False, verify_
         raise ArtifactError(f"{path}: a {task} artifact needs entry points {list(kind.ENTRY_POINTS)}; missing {missing}")
     names = manifest.get("tokenizer") or []
     tokenizer_files = {name: Path(path) / TOKENIZER / name for name in names if isinstance(name, str)}
+    if kind is VisionLanguageGenerator:
+        return VisionLanguageGenerator(models["encode_image"], models["prefill"], models["decode"],
+                                       GenerationSpec.from_json(manifest.get("generation")),
+                                       VisionSpec.from_json(manifest.get("vision")), manifest, tokenizer_files)
     first, second = (models[name] for name in kind.ENTRY_POINTS)
     if kind is Seq2SeqGenerator:
         return Seq2SeqGenerator(first, second, Seq2SeqSpec.from_json(manifest.get("generation")), manifest, tokenizer_files)

@@ -1,0 +1,250 @@
+"""Vision-language models (image-text-to-text): converted from tiny random-weight models with their processor,
+compared with transformers' own generate on the same images (greedy, float32), the torch-free prompt building
+and image preprocessing compared with the model's processor, and the artifact loaded where torch cannot be imported."""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import torch2jax
+from torch2jax.errors import InputSpecError
+from torch2jax.hf.tasks import IMAGE_TEXT_TO_TEXT, default_task, task_of
+from torch2jax.hf.verify import processor_token_types, transformers_greedy
+from torch2jax.serve.artifacts import describe
+from torch2jax.serve.generator import left_pad
+from torch2jax.serve.vision_language import image_index
+
+from ..helpers import cli, run_without_torch
+from . import vlms
+
+NEW = 32
+
+
+# LLaVA runs in the default tier; every further architecture converts and compiles its own model again (about a
+# minute of CPU each), so it runs with the slow tests
+ARCHITECTURES = [name if name == "llava" else pytest.param(name, marks=pytest.mark.slow(
+    reason="a second architecture converts and compiles its own model: about a minute of CPU")) for name in vlms.ARCHITECTURES]
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def vlm(request, tmp_path_factory):
+    """(name, model directory, the transformers model, the saved artifact, the artifact loaded), converted once per
+    architecture (each load compiles its steps anew, so the tests share one)."""
+    import transformers
+
+    root = tmp_path_factory.mktemp(f"vlm-{request.param}")
+    source = vlms.write(request.param, root)
+    generator = torch2jax.convert_hf(f"hf:{source}", max_cache_len=96, max_batch=2)
+    out = torch2jax.save(generator, root / "out")
+    model = transformers.AutoModelForImageTextToText.from_pretrained(source, local_files_only=True).eval()
+    return request.param, source, model, out, torch2jax.load(out)
+
+
+def prompts(g, lengths=(6, 2), seed=0):
+    """Prompts of random text around one image's expanded image tokens, as a processor writes them."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for length in lengths:
+        words = rng.integers(vlms.FIRST_WORD, vlms.VOCAB, length).tolist()
+        rows.append(words[:1] + [g.vision.image_token_id] * g.vision.tokens_per_image + words[1:])
+    return rows
+
+
+def test_the_task_comes_from_the_config(vlm):
+    _, source, model, _, g = vlm
+    assert default_task(model.config) == IMAGE_TEXT_TO_TEXT
+    assert g.manifest["task"] == IMAGE_TEXT_TO_TEXT
+    shown = "\n".join(describe(g.manifest, vlm[3]))
+    assert "entry     encode_image" in shown and f"features of {g.vision.feature_size} per image" in shown
+    assert "ForConditionalGeneration" in json.loads((source / "config.json").read_text())["architectures"][0]
+
+
+def test_greedy_equals_transformers_and_a_batch_equals_each_alone(vlm):
+    _, _, model, out, g = vlm
+    rows = prompts(g)
+    ids, mask = left_pad(rows, g.spec.pad_token_id)
+    pixels = np.random.default_rng(1).standard_normal((2, *g.vision.pixel_shape)).astype(np.float32)
+    ours = g.generate(ids, attention_mask=mask, pixel_values=pixels, max_new_tokens=NEW, eos_token_id=[])
+    theirs = transformers_greedy(model, ids, NEW, g.spec.pad_token_id, mask, pixel_values=torch.from_numpy(pixels),
+                                 **processor_extras(model, ids, g))
+    np.testing.assert_array_equal(ours, theirs)
+    for r, row in enumerate(rows):
+        alone = g.generate(np.asarray([row]), pixel_values=pixels[r:r + 1], max_new_tokens=NEW, eos_token_id=[])
+        np.testing.assert_array_equal(alone[0, len(row):], ours[r, ids.shape[1]:])
+
+
+def processor_extras(model, ids, g) -> dict:
+    """What the processor adds for models that read it: token_type_ids (Gemma 3: 1 at image tokens; PaliGemma: 0)."""
+    return processor_token_types(model, g.vision, ids)
+
+
+def test_prefill_logits_equal_transformers_forward(vlm):
+    """The prefill step's last logits against transformers' forward pass with the same image, to float32 rounding;
+    for Gemma 3 that includes the image tokens attending to each other both ways, for PaliGemma the whole prompt
+    (transformers' token_type_ids), which a causal mask alone would miss by far more than the tolerance."""
+    _, _, model, _, g = vlm
+    ids = np.asarray([prompts(g, (9,))[0]])
+    pixels = np.random.default_rng(3).standard_normal((1, *g.vision.pixel_shape)).astype(np.float32)
+    features = g.encode_images(pixels).reshape(-1, g.vision.feature_size)
+    width = ids.shape[1]
+    logits, _ = g._prefill(g.params, g.new_cache(1), jnp.asarray(ids), jnp.arange(width)[None], jnp.arange(width),
+                           jnp.ones((1, width), bool), features, jnp.asarray(image_index(ids, g.vision.image_token_id)))
+    with torch.no_grad():
+        want = model(input_ids=torch.from_numpy(ids), pixel_values=torch.from_numpy(pixels),
+                     **processor_extras(model, ids, g)).logits[0, -1].numpy()
+        # causal attention alone: no token types (Gemma 3), or every token typed 1, the causal suffix (PaliGemma)
+        suffix = {"token_type_ids": torch.ones(ids.shape, dtype=torch.long)} if g.vision.prefix_lm else {}
+        causal = model(input_ids=torch.from_numpy(ids), pixel_values=torch.from_numpy(pixels), **suffix).logits[0, -1].numpy()
+    error = np.abs(np.asarray(logits[0]) - want).max()
+    assert error < 1e-5
+    bidirectional = g.vision.bidirectional_images or g.vision.prefix_lm  # then a causal mask alone would be caught
+    assert bidirectional == (np.abs(causal - want).max() > 10 * error + 1e-5)
+
+
+def test_image_positions_equal_transformers_placeholder_mask(vlm):
+    _, _, model, out, g = vlm
+    ids, _ = left_pad(prompts(g, (3, 7)), g.spec.pad_token_id)
+    index = image_index(ids, g.vision.image_token_id)
+    features = torch.zeros((2, g.vision.tokens_per_image, g.vision.feature_size))
+    embeds = model.get_input_embeddings()(torch.from_numpy(ids))
+    mask = model.model.get_placeholder_mask(torch.from_numpy(ids), embeds, features)[..., 0].numpy()
+    np.testing.assert_array_equal(index >= 0, mask)
+    # masked_scatter's order: the image tokens in row-major order take the feature rows in order
+    np.testing.assert_array_equal(index[mask], np.arange(mask.sum()))
+
+
+def processor_text(processor, prompt: str) -> str:
+    """One user turn of one image and `prompt` as the processor takes it: through its chat template, or (PaliGemma,
+    which has none) the prompt alone, the processor adding the image tokens."""
+    if processor.chat_template is None:
+        return prompt
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    return processor.apply_chat_template(messages, add_generation_prompt=True)
+
+
+def test_prompt_and_pixels_equal_the_processor(vlm):
+    """processor_inputs builds one user turn (chat template, the image's tokens expanded) and preprocesses the image
+    as transformers' processor does, for images of different sizes and aspect ratios."""
+    import transformers
+
+    _, source, _, _, g = vlm
+    processor = transformers.AutoProcessor.from_pretrained(source, local_files_only=True)
+    text = processor_text(processor, "w8 w9 w33")
+    for image in vlms.images():
+        want = processor(images=image, text=text, return_tensors="np")
+        ids, pixels = g.processor_inputs("w8 w9 w33", image)
+        np.testing.assert_array_equal(ids, want["input_ids"])
+        np.testing.assert_array_equal(pixels, want["pixel_values"])
+
+
+def test_loads_and_generates_without_torch(vlm, tmp_path):
+    _, _, model, out, g = vlm
+    ids, mask = left_pad(prompts(g), g.spec.pad_token_id)
+    pixels = np.random.default_rng(2).standard_normal((2, *g.vision.pixel_shape)).astype(np.float32)
+    np.savez(tmp_path / "inputs.npz", ids=ids, mask=mask, pixels=pixels)
+    code = f"""
+import numpy as np, sys
+import torch2jax
+g = torch2jax.load({str(out)!r})
+assert type(g).__name__ == "VisionLanguageGenerator" and "torch" not in sys.modules
+x = np.load({str(tmp_path / "inputs.npz")!r})
+out = g.generate(x["ids"], attention_mask=x["mask"], pixel_values=x["pixels"], max_new_tokens=8, eos_token_id=[])
+np.save({str(tmp_path / "out.npy")!r}, out)
+"""
+    result = run_without_torch(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    theirs = transformers_greedy(model, ids, 8, g.spec.pad_token_id, mask, pixel_values=torch.from_numpy(pixels))
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), theirs)
+
+
+def test_refuses_what_it_cannot_do(vlm):
+    g = vlm[4]
+    row = prompts(g, (2,))[0]
+    pixels = np.zeros((1, *g.vision.pixel_shape), np.float32)
+    with pytest.raises(InputSpecError, match="video inputs are not supported"):
+        g.generate(np.asarray([row]), pixel_values=pixels, pixel_values_videos=pixels)
+    with pytest.raises(InputSpecError, match="image_grid_thw is for variable-resolution models"):
+        g.generate(np.asarray([row]), pixel_values=pixels, image_grid_thw=np.asarray([[1, 2, 2]]))
+    with pytest.raises(InputSpecError, match="image features and image tokens do not match"):
+        g.generate(np.asarray([row[:-3] + row[-2:]]), pixel_values=pixels)
+    with pytest.raises(InputSpecError, match="no pixel_values were given"):
+        g.generate(np.asarray([row]))
+    with pytest.raises(InputSpecError, match=r"pixel_values must be \[images, 3, "):
+        g.generate(np.asarray([row]), pixel_values=np.zeros((1, 3, 8, 8), np.float32))
+    from torch2jax.serve.api import build_service
+
+    with pytest.raises(InputSpecError, match="does not take images yet"):
+        build_service(vlm[3])
+
+
+def test_text_only_prompt_equals_transformers(vlm):
+    _, _, model, out, g = vlm
+    ids = np.asarray([[5, 9, 33, 7]])
+    ours = g.generate(ids, max_new_tokens=8, eos_token_id=[])
+    np.testing.assert_array_equal(ours, transformers_greedy(model, ids, 8, g.spec.pad_token_id))
+
+
+@pytest.mark.slow(reason="converts again through the console script (torch.export of the encoder and the step, and "
+                         "verification against transformers): about a minute of CPU")
+def test_cli_convert_and_generate_with_an_image(vlm, tmp_path):
+    import transformers
+
+    _, source, model, _, _ = vlm
+    out = tmp_path / "cli"
+    result = cli("convert", f"hf:{source}", "--max-cache-len", "96", "--max-batch", "2", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "row 1: 16 of 16 greedy tokens equal to transformers' generate" in result.stdout
+    image = tmp_path / "picture.png"
+    vlms.images()[0].save(image)
+    shown = cli("generate", str(out), "--image", str(image), "--prompt", "w8 w9", "--max-new-tokens", "8")
+    assert shown.returncode == 0, shown.stderr
+    processor = transformers.AutoProcessor.from_pretrained(source, local_files_only=True)
+    inputs = processor(images=vlms.images()[0], text=processor_text(processor, "w8 w9"), return_tensors="pt")
+    with torch.no_grad():
+        want = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    assert shown.stdout.strip() == processor.tokenizer.decode(want[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    text = cli("generate", str(out), "--image", str(image), "--prompt", "a", "--prompt", "b")
+    assert text.returncode == 2 and "one --prompt" in text.stderr
+
+
+def test_unsupported_architectures_are_refused_by_name():
+    """Qwen2-VL (variable resolution: patches and image_grid_thw, multimodal rotary positions) is not converted yet:
+    the conversion says so before tracing anything."""
+    import transformers as tf
+
+    text = tf.Qwen2VLTextConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                num_attention_heads=4, num_key_value_heads=2, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+    vision = tf.Qwen2VLVisionConfig(depth=1, embed_dim=32, hidden_size=64, num_heads=4, patch_size=8)
+    model = tf.Qwen2VLForConditionalGeneration(tf.Qwen2VLConfig(text_config=text.to_dict(), vision_config=vision.to_dict()))
+    assert task_of(model) == IMAGE_TEXT_TO_TEXT  # a vision part and a text part: not text2text-generation
+    with pytest.raises(InputSpecError, match="Qwen2VLForConditionalGeneration is not supported yet"):
+        torch2jax.convert_hf(model, max_cache_len=32, max_batch=1)
+
+
+def test_prompt_from_the_parts_equals_the_processor_files(vlm, tmp_path):
+    """Without a processor_config.json: preprocessor_config.json and a tokenizer_config.json carrying the chat template
+    give the same ids and pixels."""
+    import copy
+
+    import transformers
+
+    _, source, _, _, g = vlm
+    processor = transformers.AutoProcessor.from_pretrained(source, local_files_only=True)
+    if processor.chat_template is None:
+        pytest.skip("this processor builds its prompt without a chat template")
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(processor.image_processor.to_dict()))
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": processor.chat_template}))
+    parts = copy.copy(g)
+    parts.tokenizer_files = {"tokenizer.json": g.tokenizer_files["tokenizer.json"],
+                             "preprocessor_config.json": tmp_path / "preprocessor_config.json",
+                             "tokenizer_config.json": tmp_path / "tokenizer_config.json"}
+    assert "processor_config.json" in g.tokenizer_files
+    for image in vlms.images():
+        for ours, want in zip(parts.processor_inputs("w8 w9", image), g.processor_inputs("w8 w9", image)):
+            np.testing.assert_array_equal(ours, want)

@@ -1,0 +1,101 @@
+"""Tiny random-weight vision-language models of real transformers architectures, written with save_pretrained
+together with their processor (image processor, a word-level tokenizer with the image token, a chat template)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+VOCAB, PAD, BOS, EOS = 128, 0, 1, 2
+IMAGE, BOI, EOI, SOFT = 3, 4, 5, 6  # LLaVA's <image>; Gemma 3's <start_of_image>, <end_of_image>, <image_soft_token>
+FIRST_WORD = 7  # w7 ... w127 are plain words
+
+
+def chat_template(image: str) -> str:
+    """One user turn: the image (written as `image`), then the text; the generation prompt after it."""
+    return ("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {% for c in m['content'] %}"
+            "{% if c['type'] == 'image' %}" + image + " {% else %}{{ c['text'] }} {% endif %}{% endfor %}{% endfor %}"
+            "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+ARCHITECTURES = ("llava", "gemma3", "paligemma")
+
+
+def tokenizer():
+    """A word-level tokenizer over the 128 ids: <pad> <s> </s>, the image tokens (special), w7 ... w127."""
+    import transformers as tf
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<pad>": PAD, "<s>": BOS, "</s>": EOS, "<image>": IMAGE, "<start_of_image>": BOI, "<end_of_image>": EOI,
+             "<image_soft_token>": SOFT, **{f"w{i}": i for i in range(FIRST_WORD, VOCAB)}}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    words.decoder = decoders.WordPiece()
+    special = {"image_token": "<image>", "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+               "soft_token": "<image_soft_token>"}
+    return tf.PreTrainedTokenizerFast(tokenizer_object=words, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                      extra_special_tokens=special, padding_side="left")
+
+
+def build(name: str):
+    """(model, processor) of this architecture, random weights (seeded)."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    text = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=512, eos_token_id=EOS, bos_token_id=BOS, pad_token_id=PAD)
+    if name == "llava":  # CLIP vision tower, 32x32 images in 8x8 patches: 16 image tokens (CLS dropped)
+        vision = tf.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     image_size=32, patch_size=8, projection_dim=32)
+        config = tf.LlavaConfig(vision_config=vision, text_config=tf.LlamaConfig(**text), image_token_id=IMAGE,
+                                vision_feature_layer=-2, vision_feature_select_strategy="default")
+        model = tf.LlavaForConditionalGeneration(config)
+        images = tf.LlavaImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+        processor = tf.LlavaProcessor(image_processor=images, tokenizer=tokenizer(), patch_size=8,
+                                      vision_feature_select_strategy="default", chat_template=chat_template("<image>"),
+                                      num_additional_image_tokens=1)
+        return model.eval(), processor
+    if name == "gemma3":  # SigLIP tower, 32x32 images in 8x8 patches pooled to 4 image tokens; sliding-window layers
+        vision = tf.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       image_size=32, patch_size=8)
+        language = tf.Gemma3TextConfig(**text, head_dim=16, sliding_window=12)
+        config = tf.Gemma3Config(vision_config=vision, text_config=language, mm_tokens_per_image=4, image_token_index=SOFT,
+                                 boi_token_index=BOI, eoi_token_index=EOI)
+        model = tf.Gemma3ForConditionalGeneration(config)
+        words = tokenizer()
+        words.image_token = "<image_soft_token>"
+        processor = tf.Gemma3Processor(image_processor=tf.Gemma3ImageProcessorPil(size={"height": 32, "width": 32}),
+                                       tokenizer=words, chat_template=chat_template("<start_of_image>"), image_seq_length=4)
+        return model.eval(), processor
+    if name == "paligemma":  # SigLIP tower, 16 image tokens; the prompt attends both ways, positions from 1
+        vision = tf.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       image_size=32, patch_size=8)
+        config = tf.PaliGemmaConfig(vision_config=vision, text_config=tf.GemmaConfig(**text, head_dim=16),
+                                    image_token_index=IMAGE, projection_dim=64, hidden_size=64)
+        model = tf.PaliGemmaForConditionalGeneration(config)
+        images = tf.SiglipImageProcessorPil(size={"height": 32, "width": 32})
+        images.image_seq_length = 16
+        return model.eval(), tf.PaliGemmaProcessor(image_processor=images, tokenizer=tokenizer())
+    raise KeyError(name)
+
+
+def write(name: str, directory: Path) -> Path:
+    """save_pretrained the model and its processor into directory/name."""
+    model, processor = build(name)
+    out = directory / name
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
+
+
+def images() -> list:
+    """Three PIL images of different sizes and aspect ratios (a wide RGB, a tall RGBA, a small grayscale)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    wide = Image.fromarray(rng.integers(0, 256, (40, 70, 3), dtype=np.uint8))
+    tall = Image.fromarray(rng.integers(0, 256, (90, 50, 4), dtype=np.uint8), mode="RGBA")
+    small = Image.fromarray(rng.integers(0, 256, (20, 24), dtype=np.uint8), mode="L")
+    return [wide, tall, small]

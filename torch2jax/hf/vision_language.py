@@ -1,0 +1,212 @@
+"""A vision-language model (LLaVA) as three entry points over one params tree, the causal-LM step reused:
+
+    encode_image  pixel_values [images, C, H, W] -> image features [images, tokens_per_image, hidden]
+    prefill       the causal-LM step (hf/causal_lm.py) over text embeddings, with the image features merged in
+                  at the image-token positions, plus two inputs:
+                    image_features  [image_rows, hidden]  every image's features, one row per image token
+                    image_index     [B, T]  the row of image_features each position takes, -1 for a text token
+    decode        the same traced step with one token per row and one (unused) feature row
+
+Where each image feature goes is what transformers computes in Python from the input ids (its
+`get_placeholder_mask` and `masked_scatter`: the image tokens in row-major order take the feature rows in
+order); the torch-free runtime computes `image_index` from the ids the same way (serve/vision_language.py).
+An image-token id is embedded as token 0 (its row never matters: the feature replaces it), so an image token
+outside the text vocabulary is safe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..capture.converter import StageTimer, model_from, trace
+from ..capture.fake_params import has_fake_parameters, to_dtype
+from ..capture.fx import dtype_name
+from ..errors import ExportError, InputSpecError
+from ..runtime.model import Model
+from ..serve.generator import GenerationSpec
+from ..serve.vision_language import VisionLanguageGenerator, VisionSpec
+from .causal_lm import DecoderStep, example_step_inputs, step_dynamic_shapes
+from .directory import load_model, model_dir, prepare_for_export, read_config, transformers
+from .kv_cache import cache_layout, check_limits, generation_fields
+
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "chat_template.jinja", "chat_template.json")
+IMAGES_PER_PROMPT = 4  # the encoder's symbolic image count goes up to this many images per prompt of the batch
+SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", "PaliGemmaForConditionalGeneration")
+# models whose image tokens attend to each other both ways within one image (transformers' token_type_ids blocks)
+BIDIRECTIONAL_IMAGES = ("Gemma3ForConditionalGeneration",)
+# prefix-LMs: the whole prompt (image and text, token type 0) attends both ways; generated tokens causally
+PREFIX_LM = ("PaliGemmaForConditionalGeneration",)
+POSITION_OFFSET = {"PaliGemmaForConditionalGeneration": 1}  # PaliGemma's positions count from 1
+
+
+class ImageEncoder(torch.nn.Module):
+    """forward(pixel_values) -> image features [images, tokens_per_image, hidden] (the model's get_image_features)."""
+
+    def __init__(self, vlm: torch.nn.Module):
+        super().__init__()
+        for name, child in vlm.named_children():  # every param under the model's own names, as the step has them
+            self.add_module(name, child)
+        object.__setattr__(self, "vlm", vlm)
+
+    def forward(self, pixel_values):
+        if type(self.vlm).__name__ == "LlavaForConditionalGeneration":
+            return llava_image_features(self.vlm, pixel_values)
+        out = self.vlm.get_image_features(pixel_values=pixel_values)
+        return out if isinstance(out, torch.Tensor) else out.pooler_output
+
+
+def llava_image_features(vlm: torch.nn.Module, pixel_values: torch.Tensor) -> torch.Tensor:
+    """LlavaModel.get_image_features as one batched tensor (transformers' returns a list of per-image tensors, which
+    torch.export would specialize to the traced image count): the chosen vision layer(s), CLS dropped for the
+    "default" strategy, projected."""
+    config, model = vlm.config, vlm.model
+    hidden = model.vision_tower(pixel_values, output_hidden_states=True, return_dict=True).hidden_states
+    layers = config.vision_feature_layer
+    chosen = [hidden[layer] for layer in (layers if isinstance(layers, (list, tuple)) else [layers])]
+    if config.vision_feature_select_strategy == "default":
+        chosen = [h[:, 1:] for h in chosen]
+    return model.multi_modal_projector(torch.cat(chosen, dim=-1))
+
+
+class MultimodalStep(DecoderStep):
+    """forward(input_ids, position_ids, write_at, kv_valid, cache, image_features, image_index) -> (last logits, cache):
+    the causal-LM step over the token embeddings, each image-token position's embedding replaced by its feature row.
+    With `image_blocks` (tokens per image; Gemma 3) the tokens of one image also attend to each other both ways, as
+    transformers' token_type_ids blocks do: image token i belongs to image i // image_blocks."""
+
+    def __init__(self, lm: torch.nn.Module, layout: Any, image_blocks: int | None = None, prefix_lm: bool = False,
+                 position_offset: int = 0):
+        super().__init__(lm, layout)
+        self.image_blocks, self.prefix_lm, self.position_offset = image_blocks, prefix_lm, position_offset
+
+    def forward(self, input_ids, position_ids, write_at, kv_valid, cache, image_features, image_index):
+        is_image = image_index >= 0
+        embeds = self.lm.get_input_embeddings()(torch.where(is_image, torch.zeros_like(input_ids), input_ids))
+        rows = image_features.to(embeds.dtype).index_select(0, image_index.clamp(min=0).reshape(-1))
+        embeds = torch.where(is_image[..., None], rows.reshape(*input_ids.shape, -1), embeds)
+        also = None
+        if self.image_blocks:
+            block = torch.where(is_image, torch.div(image_index, self.image_blocks, rounding_mode="floor"), -1)  # [B, T]
+            keys = torch.full((input_ids.shape[0], kv_valid.shape[1]), -1, dtype=block.dtype).index_copy(1, write_at, block)
+            also = (block[:, :, None] >= 0) & (block[:, :, None] == keys[:, None, :])  # [B, T, L]
+        if self.prefix_lm:  # every token of the prompt (this step's tokens) sees every other one; decode sees its own
+            written = torch.zeros(kv_valid.shape, dtype=torch.bool).index_copy(
+                1, write_at, torch.ones(input_ids.shape, dtype=torch.bool))
+            also = written[:, None, :].expand(-1, input_ids.shape[1], -1)
+        positions = position_ids + self.position_offset if self.position_offset else position_ids
+        return self.step({"inputs_embeds": embeds}, positions, write_at, kv_valid, cache, also)
+
+
+def check_supported(vlm: torch.nn.Module) -> None:
+    name = type(vlm).__name__
+    if name not in SUPPORTED:
+        raise InputSpecError(f"image-text-to-text conversion supports {', '.join(SUPPORTED)}; {name} is not supported yet "
+                             "(docs/limitations.md)")
+
+
+def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, max_batch: int = 8, dtype: Any = None,
+                            progress: Any = None) -> VisionLanguageGenerator:
+    """A transformers vision-language model -> a torch-free `VisionLanguageGenerator` (encode_image, prefill, decode)."""
+    check_limits(max_cache_len, max_batch)
+    check_supported(vlm)
+    vlm = vlm.eval()
+    if dtype is not None:
+        target = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        vlm = to_dtype(vlm, target) if has_fake_parameters(vlm) else vlm.to(target)
+    config = vlm.config
+    vision = config.vision_config
+    pixel_shape = (int(getattr(vision, "num_channels", 3)), int(vision.image_size), int(vision.image_size))
+    encoder = ImageEncoder(vlm).eval()
+    with torch.no_grad():
+        probe = encoder(torch.zeros((1, *pixel_shape), dtype=next(vlm.parameters()).dtype))
+    tokens_per_image, feature_size = int(probe.shape[1]), int(probe.shape[2])
+    layout = cache_layout(vlm, max_cache_len)
+    timer = StageTimer(progress)
+    max_images = IMAGES_PER_PROMPT * max_batch
+    images = {"name": "images", "min": 1, "max": max_images}
+    encode_captured, _ = trace(encoder, (torch.zeros((2, *pixel_shape), dtype=probe.dtype),), None, ({0: images},), timer,
+                               what=" of the image encoder")
+    encode = model_from(encode_captured, timer)
+
+    batch = min(max_batch, 2)
+    step_args = example_step_inputs(layout, batch, 3)
+    rows = 7
+    index = torch.tensor([[0, 1, -1], [2, -1, 3]])[:batch]
+    features = torch.zeros((rows, feature_size), dtype=probe.dtype)
+    feature_rows = {"name": "image_rows", "min": 1, "max": max_images * tokens_per_image}
+    shapes = step_dynamic_shapes(layout, max_batch)
+    blocks = tokens_per_image if type(vlm).__name__ in BIDIRECTIONAL_IMAGES else None
+    kind = type(vlm).__name__
+    step = MultimodalStep(vlm, layout, blocks, prefix_lm=kind in PREFIX_LM, position_offset=POSITION_OFFSET.get(kind, 0))
+    captured, _ = trace(step.eval(), (*step_args, features, index), None,
+                        (*shapes, {0: feature_rows}, shapes[0]), timer, what=" of the multimodal step")
+    _drop_unused_symbols(captured.graph)
+    prefill = model_from(captured, timer)
+    if set(encode.params) != set(prefill.params):
+        raise ExportError("the image encoder and the language step do not share one params tree: "
+                          f"{sorted(set(encode.params) ^ set(prefill.params))[:10]}")
+    encode = Model(encode._run, prefill.params, encode.graph)  # one params dict for all three
+    decode = Model(prefill._run, prefill.params, prefill.graph.with_fixed_dims({"tokens": 1, "image_rows": 1}))
+    spec = GenerationSpec(**generation_fields(vlm, layout, max_batch))
+    image_token = getattr(config, "image_token_id", None)
+    if image_token is None:
+        image_token = getattr(config, "image_token_index", None)
+    if image_token is None:
+        raise ExportError(f"{type(vlm).__name__}'s config names no image_token_id")
+    spec_vision = VisionSpec(image_token_id=int(image_token), tokens_per_image=tokens_per_image, feature_size=feature_size,
+                             feature_dtype=dtype_name(probe.dtype), pixel_shape=pixel_shape, max_images=max_images,
+                             bidirectional_images=blocks is not None, prefix_lm=kind in PREFIX_LM)
+    return VisionLanguageGenerator(encode, prefill, decode, spec, spec_vision)
+
+
+def _drop_unused_symbols(graph: Any) -> None:
+    """torch.export's range constraints may keep symbols of intermediate sizes that were later replaced (the image
+    rows gathered per position); a dim no input carries cannot be exported, so only the inputs' dims are kept."""
+    used = {str(d) for item in graph.inputs if item.meta is not None for d in (item.meta.shape or ()) if isinstance(d, str)}
+    graph.symbols = {name: bounds for name, bounds in graph.symbols.items() if name in used}
+
+
+def vision_language_from(source: Any) -> tuple[Any, Path | None]:
+    """(the vision-language model ready for export, its directory or None) from an `hf:DIR` / path or a model."""
+    directory = None
+    if isinstance(source, (str, os.PathLike)):
+        directory = model_dir(source)
+        read_config(directory)
+        vlm = load_model(transformers().AutoModelForImageTextToText, directory)
+    elif getattr(source, "config", None) is None:
+        raise InputSpecError(f"convert_hf takes a model directory or a transformers model, got {type(source).__name__}")
+    else:
+        vlm = source
+    prepare_for_export(vlm)
+    return vlm.eval(), directory
+
+
+def with_processor_text(vision: VisionSpec, directory: Path) -> VisionSpec:
+    """The spec with what the model's processor writes for one image: the chat template's placeholder and what the
+    processor expands it to (LLaVA: the image token once -> tokens_per_image times; Gemma 3: its begin-of-image token
+    -> the full image sequence). Unchanged where the directory has no processor transformers can load."""
+    if not (directory / "processor_config.json").is_file() and not (directory / "preprocessor_config.json").is_file():
+        return vision
+    try:
+        processor = transformers().AutoProcessor.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError):
+        return vision
+    full = getattr(processor, "full_image_sequence", None)
+    placeholder = getattr(processor, "boi_token", None) if full else getattr(processor, "image_token", None)
+    if not isinstance(placeholder, str):
+        return vision
+    expansion = full if isinstance(full, str) else placeholder * vision.tokens_per_image
+    prompt = None
+    if type(processor).__name__ == "PaliGemmaProcessor":  # no chat template: the image tokens, BOS, the prompt, a newline
+        prompt = f"{placeholder}{processor.tokenizer.bos_token}{{prompt}}\n"
+    return dataclasses.replace(vision, image_placeholder=placeholder, image_expansion=expansion, prompt_format=prompt)
+
+
+def processor_files(directory: Path) -> dict[str, Path]:
+    """The processor's files (image-processor settings, chat template) a model directory has, to travel with the artifact."""
+    return {name: directory / name for name in PROCESSOR_FILES if (directory / name).is_file()}

@@ -1,0 +1,171 @@
+"""Images to pixel values as transformers' PIL image processors make them (`*ImageProcessorPil`), torch-free.
+
+The settings are the model's own image-processor config (preprocessor_config.json, or the `image_processor`
+section of processor_config.json), which travels in the artifact. The steps, in transformers' order:
+convert to RGB (transparency composited onto white), pad to a square (LLaVA's `do_pad`), resize with PIL
+(shortest edge, or a fixed height and width), center crop, rescale (in float64, then float32), normalize.
+PIL is optional (`pip install 'torch2jax-aot[vision]'`) and imported only when an image is read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputSpecError, Torch2JaxError
+
+# the processors whose steps are the ones above (their PIL versions); others are refused by name
+SUPPORTED = ("LlavaImageProcessor", "CLIPImageProcessor", "SiglipImageProcessor", "Gemma3ImageProcessor")
+
+
+def pil() -> Any:
+    try:
+        import PIL.Image
+    except ImportError:
+        raise Torch2JaxError("reading images needs Pillow: pip install 'torch2jax-aot[vision]'") from None
+    return PIL.Image
+
+
+def open_image(path: str | Path) -> Any:
+    """A PNG/JPEG (anything PIL reads) as a PIL image, fully read."""
+    Image = pil()
+    try:
+        with Image.open(path) as image:
+            image.load()
+            return image.copy()
+    except (OSError, ValueError) as err:
+        raise InputSpecError(f"{path} is not an image PIL can read: {err}") from None
+
+
+class ImageProcessor:
+    """One model's image preprocessing: `processor(images)` -> pixel values [N, C, H, W] float32."""
+
+    def __init__(self, config: dict):
+        kind = str(config.get("image_processor_type", "")).removesuffix("Pil").removesuffix("Fast")
+        if kind not in SUPPORTED:
+            raise Torch2JaxError(f"image processor {kind or 'of unnamed type'} is not supported (supported: {', '.join(SUPPORTED)})")
+        if config.get("do_pan_and_scan"):
+            raise Torch2JaxError("Gemma 3's pan-and-scan image crops are not supported: set do_pan_and_scan to false")
+        self.kind = kind
+        self.config = dict(config)
+
+    @staticmethod
+    def from_files(files: dict[str, Path]) -> ImageProcessor | None:
+        """From preprocessor_config.json, else processor_config.json's `image_processor`; None when neither is there."""
+        for name, key in (("preprocessor_config.json", None), ("processor_config.json", "image_processor")):
+            path = files.get(name)
+            if path is None or not Path(path).is_file():
+                continue
+            try:
+                data = json.loads(Path(path).read_text())
+            except (OSError, ValueError) as err:
+                raise Torch2JaxError(f"{path} is not readable JSON: {err}") from None
+            section = data.get(key) if key else data
+            if isinstance(section, dict):
+                return ImageProcessor(section)
+        return None
+
+    def __call__(self, images: Sequence[Any]) -> np.ndarray:
+        return np.stack([self.one(image) for image in images])
+
+    def one(self, image: Any) -> np.ndarray:
+        """One PIL image (or a path) -> [C, H, W] float32."""
+        Image = pil()
+        c = self.config
+        if isinstance(image, (str, Path)):
+            image = open_image(image)
+        if not isinstance(image, Image.Image):
+            raise InputSpecError(f"images are PIL images or file paths, got {type(image).__name__}")
+        if c.get("do_convert_rgb", True):
+            array = np.array(_to_rgb(image))
+        else:
+            array = np.array(image)
+        array = array[:, :, None] if array.ndim == 2 else array
+        array = np.ascontiguousarray(array.transpose(2, 0, 1))  # channels first, as the processors work
+        if c.get("do_pad") and self.kind == "LlavaImageProcessor":
+            mean = c.get("image_mean")
+            array = _pad_to_square(array, tuple(int(x * 255) for x in mean) if mean else 0)
+        if c.get("do_resize", True):
+            array = self._resize(array)
+        if c.get("do_center_crop"):
+            crop = c.get("crop_size") or {}
+            array = _center_crop(array, int(crop["height"]), int(crop["width"]))
+        if c.get("do_rescale", True):
+            array = (array.astype(np.float64) * float(c.get("rescale_factor", 1 / 255))).astype(np.float32)
+        if c.get("do_normalize", True):
+            array = array if np.issubdtype(array.dtype, np.floating) else array.astype(np.float32)
+            mean = np.array(_per_channel(c["image_mean"], array.shape[0]), dtype=array.dtype)
+            std = np.array(_per_channel(c["image_std"], array.shape[0]), dtype=array.dtype)
+            array = ((array.T - mean) / std).T
+        return array.astype(np.float32)
+
+    def _resize(self, array: np.ndarray) -> np.ndarray:
+        size = self.config.get("size") or {}
+        height, width = array.shape[1:]
+        if size.get("shortest_edge") and not size.get("longest_edge"):
+            short_edge = int(size["shortest_edge"])
+            short, long = (width, height) if width <= height else (height, width)
+            new_short, new_long = short_edge, int(short_edge * long / short)
+            new = (new_long, new_short) if width <= height else (new_short, new_long)
+        elif size.get("height") and size.get("width"):
+            new = (int(size["height"]), int(size["width"]))
+        else:
+            raise Torch2JaxError(f"image processor size {size} is not supported (shortest_edge, or height and width)")
+        Image = pil()
+        resample = self.config.get("resample")
+        resample = Image.Resampling(int(resample)) if resample is not None else Image.Resampling.BILINEAR
+        hwc = array.transpose(1, 2, 0)
+        picture = Image.fromarray(hwc[:, :, 0] if hwc.shape[2] == 1 else hwc)
+        out = np.array(picture.resize((new[1], new[0]), resample=resample))
+        out = out[:, :, None] if out.ndim == 2 else out
+        return np.ascontiguousarray(out.transpose(2, 0, 1))
+
+
+def _to_rgb(image: Any) -> Any:
+    """transformers' convert_to_rgb: transparency composited onto a white background."""
+    Image = pil()
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        image = image.convert("RGBA")
+        background = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, image).convert("RGB")
+    return image.convert("RGB")
+
+
+def _per_channel(value: Any, channels: int) -> list[float]:
+    return [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)] * channels
+
+
+def _pad_to_square(array: np.ndarray, background: Any) -> np.ndarray:
+    channels, height, width = array.shape
+    if height == width:
+        return array
+    size = max(height, width)
+    colors = [background] * channels if isinstance(background, int) else list(background)
+    out = np.zeros((channels, size, size), dtype=array.dtype)
+    for i, color in enumerate(colors):
+        out[i] = color
+    if width > height:
+        start = (size - height) // 2
+        out[:, start:start + height, :] = array
+    else:
+        start = (size - width) // 2
+        out[:, :, start:start + width] = array
+    return out
+
+
+def _center_crop(array: np.ndarray, crop_height: int, crop_width: int) -> np.ndarray:
+    """transformers' numpy center_crop: zero-padded first where the image is smaller than the crop."""
+    height, width = array.shape[1:]
+    top, left = (height - crop_height) // 2, (width - crop_width) // 2
+    if top >= 0 and left >= 0:
+        return array[:, top:top + crop_height, left:left + crop_width]
+    new_height, new_width = max(crop_height, height), max(crop_width, width)
+    padded = np.zeros((array.shape[0], new_height, new_width), dtype=array.dtype)
+    top_pad, left_pad = -(-(new_height - height) // 2), -(-(new_width - width) // 2)
+    padded[:, top_pad:top_pad + height, left_pad:left_pad + width] = array
+    top, left = top + top_pad, left + left_pad
+    return padded[:, max(0, top):min(new_height, top + crop_height), max(0, left):min(new_width, left + crop_width)]

@@ -1,0 +1,193 @@
+"""Generation with images, torch-free: a vision-language artifact's three entry points over one params tree.
+
+    g = torch2jax.load("out/vlm")                              # a VisionLanguageGenerator
+    ids = g.generate(input_ids, pixel_values=pixels, attention_mask=mask, max_new_tokens=32)
+    ids, pixels = g.processor_inputs("What is in the picture?", "cat.png")   # as the model's processor makes them
+
+`encode_image` turns pixel values into image features; `prefill` is the causal-LM step over text embeddings
+with each image token's embedding replaced by its feature row; `decode` is the causal-LM decode step. Which
+feature row each image token takes is computed here from the ids, as transformers does (`image_index`): the
+image tokens in row-major order take the images' features in order. Everything else (the donated cache, the
+left-padded batch, the length buckets, sampling) is the causal LM's (serve/generator.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import InputSpecError, Torch2JaxError
+from ..ir import dtypes
+from ..runtime.model import Model
+from .generator import GenerationSpec, Generator
+from .loop import call_entry, finish
+from .text import ChatTemplate
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """What generation with images needs beyond a causal LM's spec; the manifest's `vision` section."""
+
+    image_token_id: int
+    tokens_per_image: int  # image tokens (feature rows) per image
+    feature_size: int
+    feature_dtype: str
+    pixel_shape: tuple[int, ...]  # one image's pixel values, [C, H, W]
+    max_images: int
+    bidirectional_images: bool = False  # an image's tokens attend to each other both ways (Gemma 3)
+    image_placeholder: str | None = None  # what the chat template writes for an image (default: the image token)
+    image_expansion: str | None = None  # what the processor puts there (default: the image token, tokens_per_image times)
+    prefix_lm: bool = False  # the prompt attends both ways (PaliGemma)
+    prompt_format: str | None = None  # a processor without a chat template: its text, "{prompt}" the user's (PaliGemma)
+
+    def to_json(self) -> dict:
+        return {"image_token_id": self.image_token_id, "tokens_per_image": self.tokens_per_image,
+                "feature_size": self.feature_size, "feature_dtype": self.feature_dtype,
+                "pixel_shape": list(self.pixel_shape), "max_images": self.max_images,
+                "bidirectional_images": self.bidirectional_images, "image_placeholder": self.image_placeholder,
+                "image_expansion": self.image_expansion, "prefix_lm": self.prefix_lm, "prompt_format": self.prompt_format}
+
+    @staticmethod
+    def from_json(data: Any) -> VisionSpec:
+        try:
+            text = [data.get(k) if isinstance(data.get(k), str) else None for k in ("image_placeholder", "image_expansion")]
+            prompt = data.get("prompt_format") if isinstance(data.get("prompt_format"), str) else None
+            return VisionSpec(int(data["image_token_id"]), int(data["tokens_per_image"]), int(data["feature_size"]),
+                              str(data["feature_dtype"]), tuple(int(d) for d in data["pixel_shape"]), int(data["max_images"]),
+                              bool(data.get("bidirectional_images", False)), *text, bool(data.get("prefix_lm", False)), prompt)
+        except (KeyError, TypeError, ValueError) as err:
+            raise Torch2JaxError(f"the manifest's vision section is malformed ({type(err).__name__}: {err})") from None
+
+
+def image_index(ids: np.ndarray, image_token_id: int) -> np.ndarray:
+    """[B, L] -> [B, L] int64: the feature row each image token takes (its rank among the image tokens in row-major
+    order, as transformers' masked_scatter fills them), -1 for every other token."""
+    is_image = np.asarray(ids) == image_token_id
+    return np.where(is_image, np.cumsum(is_image.reshape(-1)).reshape(is_image.shape) - 1, -1).astype(np.int64)
+
+
+class VisionLanguageGenerator(Generator):
+    """A vision-language model's encode_image, prefill and decode over one params tree, with `generate`."""
+
+    TASK = "image-text-to-text"
+    ENTRY_POINTS = ("prefill", "decode", "encode_image")
+
+    def __init__(self, encode: Model, prefill: Model, decode: Model, spec: GenerationSpec, vision: VisionSpec,
+                 manifest: dict | None = None, tokenizer_files: dict[str, Path] | None = None):
+        super().__init__(prefill, decode, spec, manifest, tokenizer_files)
+        self.encode_model = encode
+        self.vision = vision
+        self._encode = jax.jit(lambda params, pixels: call_entry(self.encode_model, params, pixels))
+
+    def entries(self) -> dict[str, Model]:
+        return {"prefill": self.prefill_model, "decode": self.decode_model, "encode_image": self.encode_model}
+
+    def encode_images(self, pixel_values: Any) -> jax.Array:
+        """[N, C, H, W] pixel values -> [N, tokens_per_image, feature_size] image features."""
+        pixels = np.asarray(pixel_values)
+        if pixels.ndim == 3:
+            pixels = pixels[None]
+        if pixels.ndim != 4 or tuple(pixels.shape[1:]) != self.vision.pixel_shape:
+            raise InputSpecError(f"pixel_values must be [images, {', '.join(map(str, self.vision.pixel_shape))}] "
+                                 f"(as the model's processor makes them), got {list(pixels.shape)}")
+        if not 1 <= pixels.shape[0] <= self.vision.max_images:
+            raise InputSpecError(f"{pixels.shape[0]} images: this artifact takes 1 to {self.vision.max_images} per call")
+        return self._encode(self.params, jnp.asarray(pixels, dtypes.jax_dtype(self.vision.feature_dtype)))
+
+    def generate(self, input_ids: Any, attention_mask: Any = None, *, pixel_values: Any = None, image_grid_thw: Any = None,
+                 pixel_values_videos: Any = None, token_type_ids: Any = None, max_new_tokens: int = 32, do_sample: bool = False,
+                 temperature: Any = 1.0,
+                 top_k: Any = 0, top_p: Any = 1.0, rng: jax.Array | None = None, eos_token_id: int | list[int] | None = None,
+                 pad_token_id: int | None = None, stream: bool = False) -> np.ndarray | Iterator[np.ndarray]:
+        """As transformers' generate: [B, L] ids (left-padded, with `attention_mask`) holding the image tokens the
+        processor expanded, and `pixel_values` [images, C, H, W] for them in order -> [B, L + new] ids.
+        `token_type_ids` (Gemma 3's processor output) is accepted and not needed: the image tokens are found in the ids."""
+        if pixel_values_videos is not None:
+            raise InputSpecError("video inputs are not supported: give images (pixel_values)")
+        if image_grid_thw is not None:
+            raise InputSpecError("image_grid_thw is for variable-resolution models (Qwen2-VL); this model takes fixed-size images")
+        ids, mask = self._check_prompt(input_ids, attention_mask, max_new_tokens)
+        index = image_index(np.where(mask, ids, -1), self.vision.image_token_id)
+        tokens = int((index >= 0).sum())
+        dtype = dtypes.jax_dtype(self.vision.feature_dtype)
+        if pixel_values is None:
+            if tokens:
+                raise InputSpecError(f"the prompts hold {tokens} image tokens but no pixel_values were given")
+            features = jnp.zeros((1, self.vision.feature_size), dtype)  # one unused row: the step's input is never empty
+        else:
+            encoded = self.encode_images(pixel_values)
+            if encoded.shape[0] * encoded.shape[1] != tokens:
+                raise InputSpecError(f"image features and image tokens do not match: {encoded.shape[0]} images make "
+                                     f"{encoded.shape[0] * encoded.shape[1]} features, the prompts hold {tokens} image tokens "
+                                     f"(id {self.vision.image_token_id}); expand each image's token to "
+                                     f"{self.vision.tokens_per_image} as the processor does")
+            features = encoded.reshape(-1, encoded.shape[-1])
+        request = self._request(ids.shape[0], do_sample, temperature, top_k, top_p, rng, eos_token_id, pad_token_id)
+
+        def prefill_inputs(width: int) -> tuple:
+            padded = np.full((ids.shape[0], width), -1, np.int64)
+            padded[:, width - ids.shape[1]:] = index
+            return features, jnp.asarray(padded, self._id_dtype)
+
+        return finish(ids, self._steps(ids, mask, max_new_tokens, request, prefill_inputs), stream)
+
+    def _decode_inputs(self, batch: int) -> tuple:
+        """One unused feature row and no image token: decode is the prefill step with one token."""
+        return (jnp.zeros((1, self.vision.feature_size), dtypes.jax_dtype(self.vision.feature_dtype)),
+                jnp.full((batch, 1), -1, self._id_dtype))
+
+    # -- the processor, torch-free ----------------------------------------------------------
+    @property
+    def image_processor(self) -> Any:
+        from .image_processing import ImageProcessor
+
+        processor = ImageProcessor.from_files(self.tokenizer_files)
+        if processor is None:
+            raise Torch2JaxError("this artifact has no image-processor config (its model directory had no "
+                                 "processor_config.json or preprocessor_config.json): pass pixel_values instead")
+        return processor
+
+    def chat_template(self) -> ChatTemplate:
+        """The processor's chat template (chat_template.jinja / .json), else the tokenizer's."""
+        override = self.tokenizer_files.get("chat_template.jinja")
+        if override is None and "chat_template.json" in self.tokenizer_files:
+            try:
+                source = json.loads(Path(self.tokenizer_files["chat_template.json"]).read_text()).get("chat_template")
+            except (OSError, ValueError) as err:
+                raise Torch2JaxError(f"chat_template.json is not readable JSON: {err}") from None
+            template = ChatTemplate.from_files(self.tokenizer_files.get("tokenizer_config.json"))
+            if isinstance(source, str):
+                return ChatTemplate(source, template.special_tokens if template else {})
+        template = ChatTemplate.from_files(self.tokenizer_files.get("tokenizer_config.json"), override)
+        if template is None:
+            raise Torch2JaxError("this artifact has no chat template (no chat_template.jinja, and tokenizer_config.json "
+                                 "has none): pass input_ids instead")
+        return template
+
+    def processor_inputs(self, prompt: str, image: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(input_ids [1, L], pixel_values [1, C, H, W]) for one user turn of one image and `prompt`, as the model's
+        processor makes them: the chat template (image, text, generation prompt), the image token repeated
+        `tokens_per_image` times, tokenized; the image preprocessed as the model's image processor does."""
+        if self.vision.prompt_format is not None:  # the processor's own format, no chat template (PaliGemma)
+            text = self.vision.prompt_format.replace("{prompt}", prompt)
+        else:
+            text = self.chat_template().render([{"role": "user", "content": [{"type": "image"}, {"type": "text",
+                                                                                              "text": prompt}]}],
+                                               add_generation_prompt=True)
+        tokenizer = self.tokenizer
+        image_token = tokenizer.id_to_token(self.vision.image_token_id)
+        placeholder = self.vision.image_placeholder or image_token
+        if placeholder is None or text.count(placeholder) != 1:
+            raise Torch2JaxError(f"the chat template did not place one image placeholder ({placeholder!r}) for the image")
+        expansion = self.vision.image_expansion or image_token * self.vision.tokens_per_image
+        ids = tokenizer.encode(text.replace(placeholder, expansion)).ids
+        if ids.count(self.vision.image_token_id) != self.vision.tokens_per_image:
+            raise Torch2JaxError("the tokenizer did not keep the image tokens whole")
+        return np.asarray([ids], np.int64), self.image_processor([image])
