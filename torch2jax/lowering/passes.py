@@ -276,18 +276,24 @@ def _broadcasts(operand: Any, result: Any) -> bool:
 
 def linear_products(graph: Graph) -> Graph:
     """mm(x, permute(w, [1, 0])) and addmm(bias, x, permute(w, [1, 0])), which is how torch.export
-    writes nn.Linear (and an unrolled RNN its w_hh at every step), become torch2jax.linear(x, w[, bias]).
+    writes nn.Linear (and an unrolled RNN its w_hh at every step), become torch2jax.linear(x, w[, bias]); so does
+    matmul(x, permute(w)) with an n-d x (a Linear on a slice of a symbolic batch, after shared_matmul_operand: a
+    causal LM's head on the last position), which XLA would otherwise transpose and copy w for on every call.
     Its lowering sees w itself, not a transposed value, and orders the operands for the platform
     (ops/linalg.linear). A transpose left with no reader is dropped.
     """
     by_name = {node.name: node for node in graph.nodes}
+    metas = _metas(graph)
     uses = _uses(graph)
     replaced: dict[str, Node] = {}
     rewritten: Counter = Counter()
     for node in graph.nodes:
-        rhs = {MM: 1, ADDMM: 2}.get(node.op)
+        rhs = {MM: 1, ADDMM: 2, MATMUL: 1}.get(node.op)
         if rhs is None or len(node.args) != rhs + 1 or not _default_scales(node.kwargs):
             continue
+        x = node.args[0].get("ref") if isinstance(node.args[0], dict) else None
+        if node.op == MATMUL and len(getattr(metas.get(x), "shape", ())) < 2:
+            continue  # a vector @ w.T is not a Linear's product
         source = by_name.get(node.args[rhs]["ref"]) if isinstance(node.args[rhs], dict) else None
         if source is None or not _is_transpose_2d(source):
             continue
@@ -341,6 +347,6 @@ _PASSES = [
     (shared_matmul_operand, (BMM, EXPAND, *VIEWS)),
     (expert_matmul, (BMM, INDEX, EXPAND, *VIEWS)),
     (computed_once, ()),
-    (linear_products, (MM, ADDMM, PERMUTE)),
+    (linear_products, (MM, ADDMM, MATMUL, PERMUTE)),
     (dynamic_int8_products, (LINEAR, MATMUL, PERMUTE, DYNAMIC_INT8_WEIGHT)),
 ]

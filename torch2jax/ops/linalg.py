@@ -132,13 +132,18 @@ LINEAR_WEIGHT_FIRST_ROWS = 64
 
 @lowers("torch2jax.linear.default")
 def linear(x, weight, bias=None):
-    """x @ weight.T (+ bias): mm/addmm of a transposed matrix, as torch.export writes nn.Linear
+    """x @ weight.T (+ bias): mm/addmm (or an n-d matmul) of a transposed matrix, as torch.export writes nn.Linear
     (passes.linear_products). Same values as those ops; on CPU, at few rows, the weight goes first."""
     dtype = jnp.result_type(x, weight)
+    lead = x.shape[:-1]
+    if x.ndim != 2:  # rows of any leading shape (a Linear on [batch, seq, features]) multiply as one [rows, features]
+        x = x.reshape(-1, x.shape[-1])
     if jnp.issubdtype(dtype, jnp.floating):
         product = lax.platform_dependent(x, weight, cpu=_weight_first, default=_weight_last)
     else:
         product = _weight_last(x, weight)
+    if len(lead) != 1:
+        product = product.reshape(*lead, weight.shape[0])
     if bias is None:
         return product.astype(dtype)
     return _add_product(bias, product, 1, 1, jnp.result_type(bias, x, weight))
