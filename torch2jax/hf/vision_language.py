@@ -284,13 +284,15 @@ def with_processor_text(vision: VisionSpec, directory: Path) -> VisionSpec:
         return vision
     try:
         processor = transformers().AutoProcessor.from_pretrained(directory, local_files_only=True)
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, ImportError):  # ImportError: Qwen2VLProcessor needs torchvision
         return vision
     full = getattr(processor, "full_image_sequence", None)
     placeholder = getattr(processor, "boi_token", None) if full else getattr(processor, "image_token", None)
     if not isinstance(placeholder, str):
         return vision
     expansion = full if isinstance(full, str) else placeholder * vision.tokens_per_image
+    if vision.spatial_merge_size:  # Qwen2-VL: the expansion depends on each image's grid (processor_inputs)
+        expansion = None
     prompt = None
     if type(processor).__name__ == "PaliGemmaProcessor":  # no chat template: the image tokens, BOS, the prompt, a newline
         prompt = f"{placeholder}{processor.tokenizer.bos_token}{{prompt}}\n"

@@ -273,10 +273,12 @@ class VisionLanguageGenerator(Generator):
                                  "has none): pass input_ids instead")
         return template
 
-    def processor_inputs(self, prompt: str, image: Any) -> tuple[np.ndarray, np.ndarray]:
+    def processor_inputs(self, prompt: str, image: Any) -> tuple[np.ndarray, ...]:
         """(input_ids [1, L], pixel_values [1, C, H, W]) for one user turn of one image and `prompt`, as the model's
         processor makes them: the chat template (image, text, generation prompt), the image token repeated
-        `tokens_per_image` times, tokenized; the image preprocessed as the model's image processor does."""
+        `tokens_per_image` times, tokenized; the image preprocessed as the model's image processor does.
+        Variable resolution (Qwen2-VL): (input_ids, pixel_values [patches, patch_dim], image_grid_thw [1, 3]), the
+        image token repeated grid_t*grid_h*grid_w / merge^2 times, as Qwen2VLProcessor does."""
         if self.vision.prompt_format is not None:  # the processor's own format, no chat template (PaliGemma)
             text = self.vision.prompt_format.replace("{prompt}", prompt)
         else:
@@ -288,8 +290,17 @@ class VisionLanguageGenerator(Generator):
         placeholder = self.vision.image_placeholder or image_token
         if placeholder is None or text.count(placeholder) != 1:
             raise Torch2JaxError(f"the chat template did not place one image placeholder ({placeholder!r}) for the image")
-        expansion = self.vision.image_expansion or image_token * self.vision.tokens_per_image
+        merge = self.vision.spatial_merge_size
+        if merge:
+            pixels, grids = self.image_processor.patches([image])
+            count = int(np.prod(grids[0])) // (merge * merge)
+            expansion = image_token * count
+        else:
+            count = self.vision.tokens_per_image
+            expansion = self.vision.image_expansion or image_token * count
         ids = tokenizer.encode(text.replace(placeholder, expansion)).ids
-        if ids.count(self.vision.image_token_id) != self.vision.tokens_per_image:
+        if ids.count(self.vision.image_token_id) != count:
             raise Torch2JaxError("the tokenizer did not keep the image tokens whole")
+        if merge:
+            return np.asarray([ids], np.int64), pixels, grids
         return np.asarray([ids], np.int64), self.image_processor([image])
