@@ -348,3 +348,27 @@ np.savez({str(tmp_path / "out.npz")!r}, ids=ids, pixels=pixels, grids=grids, out
     mask = np.ones_like(x["ids"])
     np.testing.assert_array_equal(x["out"], qwen_reference(model, x["ids"], mask, x["pixels"], x["grids"], 8))
     assert "variable resolution" in "\n".join(describe(g.manifest, out))
+
+
+@pytest.mark.slow(reason="converts again through the console script (torch.export of the encoder and the step, and "
+                         "verification against transformers): about a minute of CPU")
+def test_qwen2_vl_cli_convert_and_generate_with_an_image(qwen, tmp_path):
+    """`convert` verifies against transformers with grids; `generate --image` expands the image token to the image's
+    grid and equals transformers' generate on the same processor inputs."""
+    source, model, _, _ = qwen
+    out = tmp_path / "cli"
+    result = cli("convert", f"hf:{source}", "--max-cache-len", "96", "--max-batch", "2", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "greedy tokens equal to transformers' generate" in result.stdout
+    image = tmp_path / "picture.png"
+    vlms.images()[0].save(image)
+    shown = cli("generate", str(out), "--image", str(image), "--prompt", "w8 w9", "--max-new-tokens", "8")
+    assert shown.returncode == 0, shown.stderr
+    _, parts = vlms.build("qwen2_vl")
+    g = torch2jax.load(out)
+    ids, pixels, grids = g.processor_inputs("w8 w9", image)
+    mask = np.ones_like(ids)
+    want = transformers_greedy(model, ids, 8, vlms.PAD, mask, eos_token_id=vlms.EOS, pixel_values=torch.from_numpy(pixels),
+                               image_grid_thw=torch.from_numpy(grids),
+                               mm_token_type_ids=torch.from_numpy((ids == vlms.IMAGE).astype(np.int32)))
+    assert shown.stdout.strip() == parts.tokenizer.decode(want[0, ids.shape[1]:], skip_special_tokens=True)
