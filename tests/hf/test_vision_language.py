@@ -271,6 +271,7 @@ def test_qwen2_vl_rope_index_equals_transformers():
     """The 3-D (temporal, height, width) positions and the decode deltas, computed in NumPy, against transformers'
     get_rope_index: left-padded rows, two images in one row, a text-only row."""
     model, _ = vlms.build("qwen2_vl")
+    assert task_of(model) == IMAGE_TEXT_TO_TEXT  # a vision part and a text part: not text2text-generation
     grids = np.asarray([[1, 4, 6], [1, 6, 4], [1, 2, 8]])
     rng = np.random.default_rng(0)
     text = lambda n: rng.integers(vlms.FIRST_WORD, vlms.VOCAB, n).tolist()  # noqa: E731
