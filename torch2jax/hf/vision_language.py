@@ -7,6 +7,11 @@
                     image_index     [B, T]  the row of image_features each position takes, -1 for a text token
     decode        the same traced step with one token per row and one (unused) feature row
 
+Qwen2-VL (variable resolution) is the same three entry points with its own encoder (PatchEncoder: flattened
+patches in merge groups, a per-image attention mask instead of cu_seqlens) and a third step input, rope_offsets
+[3, B, T]: its 3-D rotary positions minus the text positions (the runtime computes them, serve/vision_language.py
+rope_index; decode passes zeros and continues from each row's largest position + 1).
+
 Where each image feature goes is what transformers computes in Python from the input ids (its
 `get_placeholder_mask` and `masked_scatter`: the image tokens in row-major order take the feature rows in
 order); the torch-free runtime computes `image_index` from the ids the same way (serve/vision_language.py).
