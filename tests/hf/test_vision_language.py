@@ -373,3 +373,18 @@ def test_qwen2_vl_cli_convert_and_generate_with_an_image(qwen, tmp_path):
                                image_grid_thw=torch.from_numpy(grids),
                                mm_token_type_ids=torch.from_numpy((ids == vlms.IMAGE).astype(np.int32)))
     assert shown.stdout.strip() == parts.tokenizer.decode(want[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def test_qwen2_5_vl_is_refused_by_name():
+    """Qwen2.5-VL (window attention in its vision tower) is not converted yet: the conversion says so before tracing."""
+    import transformers as tf
+
+    text = tf.Qwen2_5_VLTextConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+    vision = tf.Qwen2_5_VLVisionConfig(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=64, num_heads=4,
+                                       patch_size=8, fullatt_block_indexes=[0])
+    model = tf.Qwen2_5_VLForConditionalGeneration(tf.Qwen2_5_VLConfig(text_config=text.to_dict(), vision_config=vision.to_dict()))
+    assert task_of(model) == IMAGE_TEXT_TO_TEXT
+    with pytest.raises(InputSpecError, match="Qwen2_5_VLForConditionalGeneration is not supported yet"):
+        torch2jax.convert_hf(model, max_cache_len=32, max_batch=1)
