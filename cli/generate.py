@@ -63,7 +63,9 @@ def generate(artifact_dir, prompts, id_lists, image, max_new_tokens, temperature
         if image is not None:
             if len(prompts) != 1:
                 raise InputSpecError("--image takes one --prompt (one image per prompt, one prompt per call)")
-            ids, pixels = g.processor_inputs(prompts[0], image)
+            ids, pixels, *grid = g.processor_inputs(prompts[0], image)
+            if grid:  # variable resolution (Qwen2-VL): the image's patch grid
+                options["image_grid_thw"] = grid[0]
             start = time.perf_counter()
             out = g.generate(ids, pixel_values=pixels, max_new_tokens=max_new_tokens, **options)
             elapsed = time.perf_counter() - start

@@ -17,7 +17,7 @@ from torch2jax.hf.tasks import IMAGE_TEXT_TO_TEXT, default_task, task_of
 from torch2jax.hf.verify import processor_token_types, transformers_greedy
 from torch2jax.serve.artifacts import describe
 from torch2jax.serve.generator import left_pad
-from torch2jax.serve.vision_language import image_index
+from torch2jax.serve.vision_language import image_index, rope_index
 
 from ..helpers import cli, run_without_torch
 from . import vlms
@@ -212,20 +212,6 @@ def test_cli_convert_and_generate_with_an_image(vlm, tmp_path):
     assert text.returncode == 2 and "one --prompt" in text.stderr
 
 
-def test_unsupported_architectures_are_refused_by_name():
-    """Qwen2-VL (variable resolution: patches and image_grid_thw, multimodal rotary positions) is not converted yet:
-    the conversion says so before tracing anything."""
-    import transformers as tf
-
-    text = tf.Qwen2VLTextConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                num_attention_heads=4, num_key_value_heads=2, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
-    vision = tf.Qwen2VLVisionConfig(depth=1, embed_dim=32, hidden_size=64, num_heads=4, patch_size=8)
-    model = tf.Qwen2VLForConditionalGeneration(tf.Qwen2VLConfig(text_config=text.to_dict(), vision_config=vision.to_dict()))
-    assert task_of(model) == IMAGE_TEXT_TO_TEXT  # a vision part and a text part: not text2text-generation
-    with pytest.raises(InputSpecError, match="Qwen2VLForConditionalGeneration is not supported yet"):
-        torch2jax.convert_hf(model, max_cache_len=32, max_batch=1)
-
-
 def test_prompt_from_the_parts_equals_the_processor_files(vlm, tmp_path):
     """Without a processor_config.json: preprocessor_config.json and a tokenizer_config.json carrying the chat template
     give the same ids and pixels."""
@@ -248,3 +234,157 @@ def test_prompt_from_the_parts_equals_the_processor_files(vlm, tmp_path):
     for image in vlms.images():
         for ours, want in zip(parts.processor_inputs("w8 w9", image), g.processor_inputs("w8 w9", image)):
             np.testing.assert_array_equal(ours, want)
+
+
+# -- Qwen2-VL: variable resolution (flattened patches + image_grid_thw), 3-D rotary positions ---------------------------
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    """(model directory, the transformers model, the saved artifact, the artifact loaded)."""
+    import transformers
+
+    root = tmp_path_factory.mktemp("vlm-qwen2_vl")
+    source = vlms.write("qwen2_vl", root)
+    generator = torch2jax.convert_hf(f"hf:{source}", max_cache_len=96, max_batch=2)
+    out = torch2jax.save(generator, root / "out")
+    model = transformers.AutoModelForImageTextToText.from_pretrained(source, local_files_only=True).eval()
+    return source, model, out, torch2jax.load(out)
+
+
+def qwen_prompts(grids, lengths, seed=0):
+    """Prompts of random text around each grid's image tokens (vision start, grid_h*grid_w/4 image tokens, vision end)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for grid, length in zip(grids, lengths):
+        words = rng.integers(vlms.FIRST_WORD, vlms.VOCAB, length).tolist()
+        rows.append(words[:1] + [vlms.BOI] + [vlms.IMAGE] * (int(np.prod(grid)) // 4) + [vlms.EOI] + words[1:])
+    return rows
+
+
+def qwen_reference(model, ids, mask, pixels, grids, tokens=NEW):
+    return transformers_greedy(model, ids, tokens, vlms.PAD, mask, pixel_values=torch.from_numpy(pixels),
+                               image_grid_thw=torch.from_numpy(grids),
+                               mm_token_type_ids=torch.from_numpy((ids == vlms.IMAGE).astype(np.int32)))
+
+
+def test_qwen2_vl_rope_index_equals_transformers():
+    """The 3-D (temporal, height, width) positions and the decode deltas, computed in NumPy, against transformers'
+    get_rope_index: left-padded rows, two images in one row, a text-only row."""
+    model, _ = vlms.build("qwen2_vl")
+    assert task_of(model) == IMAGE_TEXT_TO_TEXT  # a vision part and a text part: not text2text-generation
+    grids = np.asarray([[1, 4, 6], [1, 6, 4], [1, 2, 8]])
+    rng = np.random.default_rng(0)
+    text = lambda n: rng.integers(vlms.FIRST_WORD, vlms.VOCAB, n).tolist()  # noqa: E731
+    image = lambda g: [vlms.BOI] + [vlms.IMAGE] * (int(np.prod(g)) // 4) + [vlms.EOI]  # noqa: E731
+    rows = [text(2) + image(grids[0]) + text(3) + image(grids[1]) + text(1), text(4), text(1) + image(grids[2]) + text(5)]
+    ids, mask = left_pad(rows, vlms.PAD)
+    ours, deltas = rope_index(ids, mask, grids, vlms.IMAGE, 2)
+    want, want_deltas = model.model.get_rope_index(torch.from_numpy(ids), torch.from_numpy((ids == vlms.IMAGE).astype(np.int32)),
+                                                   torch.from_numpy(grids), attention_mask=torch.from_numpy(mask).long())
+    np.testing.assert_array_equal(ours, want.numpy())
+    np.testing.assert_array_equal(deltas, want_deltas.numpy()[:, 0])
+
+
+def test_qwen2_vl_greedy_equals_transformers_and_a_batch_equals_each_alone(qwen):
+    """Two images of different grids in a left-padded batch of different prompt lengths: 32 greedy tokens equal
+    transformers' generate (patch encoder, 3-D positions, decode positions continuing from the rope delta), and each
+    row equals its prompt alone."""
+    _, model, _, g = qwen
+    grids = np.asarray([[1, 4, 6], [1, 6, 4]])
+    rows = qwen_prompts(grids, (6, 2))
+    ids, mask = left_pad(rows, vlms.PAD)
+    pixels = np.random.default_rng(1).standard_normal((int(grids.prod(1).sum()), *g.vision.pixel_shape)).astype(np.float32)
+    ours = g.generate(ids, attention_mask=mask, pixel_values=pixels, image_grid_thw=grids, max_new_tokens=NEW, eos_token_id=[])
+    np.testing.assert_array_equal(ours, qwen_reference(model, ids, mask, pixels, grids))
+    start = 0
+    for r, row in enumerate(rows):
+        patches = int(grids[r].prod())
+        alone = g.generate(np.asarray([row]), pixel_values=pixels[start:start + patches], image_grid_thw=grids[r:r + 1],
+                           max_new_tokens=NEW, eos_token_id=[])
+        np.testing.assert_array_equal(alone[0, len(row):], ours[r, ids.shape[1]:])
+        start += patches
+    with pytest.raises(InputSpecError, match="give image_grid_thw with pixel_values"):
+        g.generate(ids, attention_mask=mask, pixel_values=pixels)
+    with pytest.raises(InputSpecError, match="image features and image tokens do not match"):
+        g.generate(ids, attention_mask=mask, pixel_values=pixels[:24], image_grid_thw=grids[:1])
+    with pytest.raises(InputSpecError, match="video inputs are not supported"):
+        g.generate(ids, pixel_values_videos=pixels)
+
+
+def test_qwen2_vl_prompt_and_patches_equal_the_processor(qwen):
+    """processor_inputs: the chat template, the image token expanded to grid_t*grid_h*grid_w/merge^2 tokens, and the
+    patches and grid of Qwen2VLImageProcessorPil, for three images of different sizes and aspect ratios."""
+    source, model, _, g = qwen
+    _, parts = vlms.build("qwen2_vl")
+    text = g.chat_template().render([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "w8 w9"}]}],
+                                    add_generation_prompt=True)
+    for image in vlms.images():
+        want = parts([image], text)
+        ids, pixels, grids = g.processor_inputs("w8 w9", image)
+        np.testing.assert_array_equal(ids, want["input_ids"])
+        np.testing.assert_array_equal(pixels, want["pixel_values"])
+        np.testing.assert_array_equal(grids, want["image_grid_thw"])
+    assert (ids == vlms.IMAGE).sum() == int(np.prod(grids)) // 4
+
+
+def test_qwen2_vl_loads_and_generates_without_torch(qwen, tmp_path):
+    """The artifact loaded where torch cannot be imported: the image preprocessed, the prompt expanded and 8 greedy
+    tokens generated, equal to transformers' generate on the same inputs."""
+    _, model, out, g = qwen
+    image = tmp_path / "picture.png"
+    vlms.images()[1].save(image)
+    code = f"""
+import numpy as np, sys
+import torch2jax
+g = torch2jax.load({str(out)!r})
+assert type(g).__name__ == "VisionLanguageGenerator" and "torch" not in sys.modules
+ids, pixels, grids = g.processor_inputs("w8 w9", {str(image)!r})
+out = g.generate(ids, pixel_values=pixels, image_grid_thw=grids, max_new_tokens=8, eos_token_id=[])
+np.savez({str(tmp_path / "out.npz")!r}, ids=ids, pixels=pixels, grids=grids, out=out)
+"""
+    result = run_without_torch(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    x = np.load(tmp_path / "out.npz")
+    # the processor's attention_mask, as transformers needs it (its generate without one drifts from its own forward)
+    mask = np.ones_like(x["ids"])
+    np.testing.assert_array_equal(x["out"], qwen_reference(model, x["ids"], mask, x["pixels"], x["grids"], 8))
+    assert "variable resolution" in "\n".join(describe(g.manifest, out))
+
+
+@pytest.mark.slow(reason="converts again through the console script (torch.export of the encoder and the step, and "
+                         "verification against transformers): about a minute of CPU")
+def test_qwen2_vl_cli_convert_and_generate_with_an_image(qwen, tmp_path):
+    """`convert` verifies against transformers with grids; `generate --image` expands the image token to the image's
+    grid and equals transformers' generate on the same processor inputs."""
+    source, model, _, _ = qwen
+    out = tmp_path / "cli"
+    result = cli("convert", f"hf:{source}", "--max-cache-len", "96", "--max-batch", "2", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "greedy tokens equal to transformers' generate" in result.stdout
+    image = tmp_path / "picture.png"
+    vlms.images()[0].save(image)
+    shown = cli("generate", str(out), "--image", str(image), "--prompt", "w8 w9", "--max-new-tokens", "8")
+    assert shown.returncode == 0, shown.stderr
+    _, parts = vlms.build("qwen2_vl")
+    g = torch2jax.load(out)
+    ids, pixels, grids = g.processor_inputs("w8 w9", image)
+    mask = np.ones_like(ids)
+    want = transformers_greedy(model, ids, 8, vlms.PAD, mask, eos_token_id=vlms.EOS, pixel_values=torch.from_numpy(pixels),
+                               image_grid_thw=torch.from_numpy(grids),
+                               mm_token_type_ids=torch.from_numpy((ids == vlms.IMAGE).astype(np.int32)))
+    assert shown.stdout.strip() == parts.tokenizer.decode(want[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def test_qwen2_5_vl_is_refused_by_name():
+    """Qwen2.5-VL (window attention in its vision tower) is not converted yet: the conversion says so before tracing."""
+    import transformers as tf
+
+    text = tf.Qwen2_5_VLTextConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+    vision = tf.Qwen2_5_VLVisionConfig(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=64, num_heads=4,
+                                       patch_size=8, fullatt_block_indexes=[0])
+    model = tf.Qwen2_5_VLForConditionalGeneration(tf.Qwen2_5_VLConfig(text_config=text.to_dict(), vision_config=vision.to_dict()))
+    assert task_of(model) == IMAGE_TEXT_TO_TEXT
+    with pytest.raises(InputSpecError, match="Qwen2_5_VLForConditionalGeneration is not supported yet"):
+        torch2jax.convert_hf(model, max_cache_len=32, max_batch=1)

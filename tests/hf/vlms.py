@@ -78,7 +78,41 @@ def build(name: str):
         images = tf.SiglipImageProcessorPil(size={"height": 32, "width": 32})
         images.image_seq_length = 16
         return model.eval(), tf.PaliGemmaProcessor(image_processor=images, tokenizer=tokenizer())
+    if name == "qwen2_vl":  # variable resolution: 8x8 patches merged 2x2, an image takes (h/16)*(w/16) tokens; 3-D rope
+        text_config = tf.Qwen2VLTextConfig(**text, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+        vision = tf.Qwen2VLVisionConfig(depth=2, embed_dim=32, hidden_size=64, num_heads=4, patch_size=8, spatial_merge_size=2)
+        config = tf.Qwen2VLConfig(text_config=text_config.to_dict(), vision_config=vision.to_dict(), image_token_id=IMAGE,
+                                  vision_start_token_id=BOI, vision_end_token_id=EOI, video_token_id=SOFT)
+        model = tf.Qwen2VLForConditionalGeneration(config)
+        images = tf.Qwen2VLImageProcessorPil(size={"shortest_edge": 16 * 16 * 4, "longest_edge": 16 * 16 * 24}, patch_size=8,
+                                             merge_size=2)
+        # Qwen2VLProcessor itself needs torchvision (its video processor): its parts, expanded as it does (qwen2_vl_inputs)
+        return model.eval(), QwenParts(images, tokenizer(), chat_template("<start_of_image><image><end_of_image>"))
     raise KeyError(name)
+
+
+class QwenParts:
+    """Qwen2VLProcessor's parts (image processor, tokenizer, chat template), saved as the processor saves them."""
+
+    def __init__(self, image_processor, tokenizer, chat_template: str):
+        self.image_processor, self.tokenizer, self.chat_template = image_processor, tokenizer, chat_template
+
+    def save_pretrained(self, out: Path) -> None:
+        self.image_processor.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        (Path(out) / "chat_template.jinja").write_text(self.chat_template)
+
+    def __call__(self, images: list, text: str) -> dict:
+        """As Qwen2VLProcessor: the image processor's patches and grids, each image's token expanded to
+        grid_t*grid_h*grid_w / merge^2 tokens, tokenized."""
+        inputs = self.image_processor(images, return_tensors="np")
+        merge = self.image_processor.merge_size
+        parts = text.split("<image>")
+        assert len(parts) == len(images) + 1
+        expanded = parts[0] + "".join("<image>" * (int(np.prod(grid)) // merge**2) + part
+                                      for grid, part in zip(inputs["image_grid_thw"], parts[1:]))
+        ids = np.asarray([self.tokenizer(expanded)["input_ids"]], np.int64)
+        return {"input_ids": ids, "pixel_values": inputs["pixel_values"], "image_grid_thw": inputs["image_grid_thw"]}
 
 
 def write(name: str, directory: Path) -> Path:

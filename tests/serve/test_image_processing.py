@@ -46,7 +46,27 @@ def test_reads_the_processor_config_and_refuses_what_it_does_not_know(tmp_path):
     path.write_text(json.dumps({"image_processor": processors()["llava"].to_dict()}))
     assert ImageProcessor.from_files({"processor_config.json": path}).kind == "LlavaImageProcessor"
     assert ImageProcessor.from_files({}) is None
-    with pytest.raises(Torch2JaxError, match="image processor Qwen2VLImageProcessor is not supported"):
-        ImageProcessor(tf.Qwen2VLImageProcessorPil().to_dict())
+    with pytest.raises(Torch2JaxError, match="image processor Idefics3ImageProcessor is not supported"):
+        ImageProcessor({"image_processor_type": "Idefics3ImageProcessorPil"})
+    with pytest.raises(Torch2JaxError, match="call .patches"):
+        ImageProcessor(tf.Qwen2VLImageProcessorPil().to_dict())(vlms.images())
     with pytest.raises(Torch2JaxError, match="pan-and-scan"):
         ImageProcessor({**processors()["gemma3"].to_dict(), "do_pan_and_scan": True})
+
+
+@pytest.mark.parametrize("size", [{"shortest_edge": 16 * 16 * 4, "longest_edge": 16 * 16 * 24}, None])
+def test_qwen2_vl_patches_equal_the_transformers_pil_processor(size, tmp_path):
+    """Qwen2VLImageProcessorPil: smart_resize to multiples of patch * merge (up and down to the pixel bounds), rescale,
+    normalize, the patches flattened with each merge x merge block consecutive, and the grid, on three images of
+    different sizes and aspect ratios; its default settings (14-pixel patches) and small ones (8-pixel)."""
+    import transformers as tf
+
+    theirs = tf.Qwen2VLImageProcessorPil(**({"size": size, "patch_size": 8} if size else {}))
+    theirs.save_pretrained(tmp_path)
+    ours = ImageProcessor.from_files({"preprocessor_config.json": tmp_path / "preprocessor_config.json"})
+    want = theirs(images=vlms.images(), return_tensors="np")
+    pixels, grids = ours.patches(vlms.images())
+    assert pixels.dtype == np.float32 and grids.dtype == np.int64
+    np.testing.assert_array_equal(grids, want["image_grid_thw"])
+    np.testing.assert_array_equal(pixels, want["pixel_values"])
+    assert len({tuple(g) for g in grids.tolist()}) == (3 if size else 2)  # the defaults scale the small images up alike

@@ -84,20 +84,27 @@ def verify_vision_language(vlm: torch.nn.Module, generator, tokens: int = 16, se
     """Greedy-generate `tokens` tokens for two prompts, each of random text around one image's expanded image tokens,
     one left-padded, with random pixel values, with both; no end token stops either."""
     vision = generator.vision
+    merge = vision.spatial_merge_size
+    per_image = 4 if merge else vision.tokens_per_image  # variable resolution (Qwen2-VL): a 2x2-token image
     lengths = (5, 2)  # text tokens besides the image's
-    if vision.tokens_per_image + max(lengths) + tokens > generator.spec.max_cache_len:
-        tokens = generator.spec.max_cache_len - vision.tokens_per_image - max(lengths)
+    if per_image + max(lengths) + tokens > generator.spec.max_cache_len:
+        tokens = generator.spec.max_cache_len - per_image - max(lengths)
     rng = np.random.default_rng(seed)
     batch = min(2, generator.spec.max_batch)
     text = [t for t in range(generator.spec.vocab_size) if t != vision.image_token_id]
     prompts = []
     for length in lengths[:batch]:
         words = rng.choice(text, length).tolist()
-        prompts.append(words[:1] + [vision.image_token_id] * vision.tokens_per_image + words[1:])
+        prompts.append(words[:1] + [vision.image_token_id] * per_image + words[1:])
     ids, mask = left_pad(prompts, generator.spec.pad_token_id)
-    pixels = rng.standard_normal((batch, *vision.pixel_shape)).astype(np.float32)
-    ours = generator.generate(ids, attention_mask=mask, pixel_values=pixels, max_new_tokens=tokens, eos_token_id=[])
-    extra = processor_token_types(vlm, vision, ids)
+    grids = {}
+    if merge:
+        grids = {"image_grid_thw": np.asarray([[1, 2 * merge, 2 * merge]] * batch, np.int64)}
+        pixels = rng.standard_normal((batch * 4 * merge * merge, *vision.pixel_shape)).astype(np.float32)
+    else:
+        pixels = rng.standard_normal((batch, *vision.pixel_shape)).astype(np.float32)
+    ours = generator.generate(ids, attention_mask=mask, pixel_values=pixels, max_new_tokens=tokens, eos_token_id=[], **grids)
+    extra = {**processor_token_types(vlm, vision, ids), **{k: torch.from_numpy(v) for k, v in grids.items()}}
     theirs = transformers_greedy(vlm, ids, tokens, generator.spec.pad_token_id, mask,
                                  pixel_values=torch.from_numpy(pixels).to(next(vlm.parameters()).dtype), **extra)
     width = ids.shape[1]
@@ -109,7 +116,10 @@ def verify_vision_language(vlm: torch.nn.Module, generator, tokens: int = 16, se
 def processor_token_types(vlm: torch.nn.Module, vision, ids: np.ndarray) -> dict:
     """The token_type_ids the model's processor adds, for models that read them: Gemma 3's 1 at image tokens (an
     image's tokens attend both ways), PaliGemma's 0 over the whole prompt (the prefix attends both ways)."""
-    if "token_type_ids" not in inspect.signature(vlm.forward).parameters:
+    parameters = inspect.signature(vlm.forward).parameters
+    if "mm_token_type_ids" in parameters:  # Qwen2-VL: 1 at image tokens (its 3-D positions are computed from them)
+        return {"mm_token_type_ids": torch.from_numpy((ids == vision.image_token_id).astype(np.int32))}
+    if "token_type_ids" not in parameters:
         return {}
     types = np.zeros(ids.shape, np.int64) if vision.prefix_lm else (ids == vision.image_token_id).astype(np.int64)
     return {"token_type_ids": torch.from_numpy(types)}

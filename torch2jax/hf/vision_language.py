@@ -7,6 +7,11 @@
                     image_index     [B, T]  the row of image_features each position takes, -1 for a text token
     decode        the same traced step with one token per row and one (unused) feature row
 
+Qwen2-VL (variable resolution) is the same three entry points with its own encoder (PatchEncoder: flattened
+patches in merge groups, a per-image attention mask instead of cu_seqlens) and a third step input, rope_offsets
+[3, B, T]: its 3-D rotary positions minus the text positions (the runtime computes them, serve/vision_language.py
+rope_index; decode passes zeros and continues from each row's largest position + 1).
+
 Where each image feature goes is what transformers computes in Python from the input ids (its
 `get_placeholder_mask` and `masked_scatter`: the image tokens in row-major order take the feature rows in
 order); the torch-free runtime computes `image_index` from the ids the same way (serve/vision_language.py).
@@ -36,7 +41,10 @@ from .kv_cache import cache_layout, check_limits, generation_fields
 
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "chat_template.jinja", "chat_template.json")
 IMAGES_PER_PROMPT = 4  # the encoder's symbolic image count goes up to this many images per prompt of the batch
-SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", "PaliGemmaForConditionalGeneration")
+SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", "PaliGemmaForConditionalGeneration",
+             "Qwen2VLForConditionalGeneration")
+# variable-resolution models: flattened patches + image_grid_thw in, multimodal (3-D) rotary positions
+VARIABLE_RESOLUTION = ("Qwen2VLForConditionalGeneration",)
 # models whose image tokens attend to each other both ways within one image (transformers' token_type_ids blocks)
 BIDIRECTIONAL_IMAGES = ("Gemma3ForConditionalGeneration",)
 # prefix-LMs: the whole prompt (image and text, token type 0) attends both ways; generated tokens causally
@@ -58,6 +66,44 @@ class ImageEncoder(torch.nn.Module):
             return llava_image_features(self.vlm, pixel_values)
         out = self.vlm.get_image_features(pixel_values=pixel_values)
         return out if isinstance(out, torch.Tensor) else out.pooler_output
+
+
+class PatchEncoder(torch.nn.Module):
+    """Qwen2-VL's vision tower over variable-resolution patches, exportable with a symbolic patch count:
+
+        forward(pixel_values [M, merge^2, patch_dim], position_ids [M, merge^2, 2], image_ids [M]) -> features [M, hidden]
+
+    M is the number of merged tokens (one per image token); the patches come in the processor's order (each
+    merge x merge block consecutive), and `position_ids` are each patch's (row, column) in its image, as
+    transformers' get_vision_position_ids makes them. transformers splits the attention by image with cu_seqlens
+    (data-dependent sizes); here every patch attends to the patches of its own image through a mask built from
+    `image_ids`, which is the same attention (images have one frame: grid_t 1)."""
+
+    def __init__(self, vlm: torch.nn.Module):
+        super().__init__()
+        for name, child in vlm.named_children():
+            self.add_module(name, child)
+        object.__setattr__(self, "vlm", vlm)
+
+    def forward(self, pixel_values, position_ids, image_ids):
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
+
+        visual = self.vlm.model.visual
+        group = pixel_values.shape[1]
+        hidden = visual.patch_embed(pixel_values.reshape(-1, pixel_values.shape[-1]))
+        cos, sin = visual.rotary_pos_emb(hidden, position_ids.reshape(-1, 2))
+        ids = image_ids[:, None].expand(-1, group).reshape(-1)
+        mask = (ids[:, None] == ids[None, :])[None, None]
+        for block in visual.blocks:
+            x = block.norm1(hidden)
+            attn, n = block.attn, x.shape[0]
+            q, k, v = attn.qkv(x).reshape(n, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+            q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)
+            q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
+            hidden = hidden + attn.proj(out[0].transpose(0, 1).reshape(n, -1))
+            hidden = hidden + block.mlp(block.norm2(hidden))
+        return visual.merger(hidden)
 
 
 def llava_image_features(vlm: torch.nn.Module, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -84,7 +130,7 @@ class MultimodalStep(DecoderStep):
         super().__init__(lm, layout)
         self.image_blocks, self.prefix_lm, self.position_offset = image_blocks, prefix_lm, position_offset
 
-    def forward(self, input_ids, position_ids, write_at, kv_valid, cache, image_features, image_index):
+    def forward(self, input_ids, position_ids, write_at, kv_valid, cache, image_features, image_index, rope_offsets=None):
         is_image = image_index >= 0
         embeds = self.lm.get_input_embeddings()(torch.where(is_image, torch.zeros_like(input_ids), input_ids))
         rows = image_features.to(embeds.dtype).index_select(0, image_index.clamp(min=0).reshape(-1))
@@ -99,6 +145,8 @@ class MultimodalStep(DecoderStep):
                 1, write_at, torch.ones(input_ids.shape, dtype=torch.bool))
             also = written[:, None, :].expand(-1, input_ids.shape[1], -1)
         positions = position_ids + self.position_offset if self.position_offset else position_ids
+        if rope_offsets is not None:  # Qwen2-VL's 3-D (temporal, height, width) positions: the text position + offsets
+            positions = positions[None] + rope_offsets
         return self.step({"inputs_embeds": embeds}, positions, write_at, kv_valid, cache, also)
 
 
@@ -118,6 +166,8 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
     if dtype is not None:
         target = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         vlm = to_dtype(vlm, target) if has_fake_parameters(vlm) else vlm.to(target)
+    if type(vlm).__name__ in VARIABLE_RESOLUTION:
+        return convert_variable_resolution(vlm, max_cache_len=max_cache_len, max_batch=max_batch, progress=progress)
     config = vlm.config
     vision = config.vision_config
     pixel_shape = (int(getattr(vision, "num_channels", 3)), int(vision.image_size), int(vision.image_size))
@@ -164,6 +214,51 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
     return VisionLanguageGenerator(encode, prefill, decode, spec, spec_vision)
 
 
+def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max_batch: int,
+                                progress: Any = None) -> VisionLanguageGenerator:
+    """Qwen2-VL: encode_image over merged groups of patches (PatchEncoder), prefill/decode with 3-D rotary offsets."""
+    config, vision = vlm.config, vlm.config.vision_config
+    merge = int(vision.spatial_merge_size)
+    group = merge * merge
+    patch_dim = int(vision.in_channels) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
+    dtype = next(vlm.parameters()).dtype
+    encoder = PatchEncoder(vlm).eval()
+    layout = cache_layout(vlm, max_cache_len)
+    timer = StageTimer(progress)
+    max_rows = max_batch * max_cache_len  # every image token sits in a prompt
+    merged = {"name": "image_rows", "min": 1, "max": max_rows}
+    example = (torch.zeros((3, group, patch_dim), dtype=dtype), torch.zeros((3, group, 2), dtype=torch.long),
+               torch.tensor([0, 0, 1]))
+    with torch.no_grad():
+        feature_size = int(encoder(*example).shape[-1])
+    encode_captured, _ = trace(encoder, example, None, ({0: merged}, {0: merged}, {0: merged}), timer,
+                               what=" of the image encoder")
+    encode = model_from(encode_captured, timer)
+
+    batch = min(max_batch, 2)
+    step_args = example_step_inputs(layout, batch, 3)
+    index = torch.tensor([[0, 1, -1], [2, -1, 3]])[:batch]
+    features = torch.zeros((7, feature_size), dtype=dtype)
+    offsets = torch.zeros((3, batch, 3), dtype=torch.long)
+    shapes = step_dynamic_shapes(layout, max_batch)
+    offset_dims = {axis + 1: d for axis, d in shapes[0].items()}
+    step = MultimodalStep(vlm, layout)
+    captured, _ = trace(step.eval(), (*step_args, features, index, offsets), None,
+                        (*shapes, {0: merged}, shapes[0], offset_dims), timer, what=" of the multimodal step")
+    _drop_unused_symbols(captured.graph)
+    prefill = model_from(captured, timer)
+    if set(encode.params) != set(prefill.params):
+        raise ExportError("the image encoder and the language step do not share one params tree: "
+                          f"{sorted(set(encode.params) ^ set(prefill.params))[:10]}")
+    encode = Model(encode._run, prefill.params, encode.graph)
+    decode = Model(prefill._run, prefill.params, prefill.graph.with_fixed_dims({"tokens": 1, "image_rows": 1}))
+    spec = GenerationSpec(**generation_fields(vlm, layout, max_batch))
+    spec_vision = VisionSpec(image_token_id=int(config.image_token_id), tokens_per_image=0, feature_size=feature_size,
+                             feature_dtype=dtype_name(dtype), pixel_shape=(patch_dim,), max_images=max_rows,
+                             spatial_merge_size=merge)
+    return VisionLanguageGenerator(encode, prefill, decode, spec, spec_vision)
+
+
 def _drop_unused_symbols(graph: Any) -> None:
     """torch.export's range constraints may keep symbols of intermediate sizes that were later replaced (the image
     rows gathered per position); a dim no input carries cannot be exported, so only the inputs' dims are kept."""
@@ -194,13 +289,15 @@ def with_processor_text(vision: VisionSpec, directory: Path) -> VisionSpec:
         return vision
     try:
         processor = transformers().AutoProcessor.from_pretrained(directory, local_files_only=True)
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, ImportError):  # ImportError: Qwen2VLProcessor needs torchvision
         return vision
     full = getattr(processor, "full_image_sequence", None)
     placeholder = getattr(processor, "boi_token", None) if full else getattr(processor, "image_token", None)
     if not isinstance(placeholder, str):
         return vision
     expansion = full if isinstance(full, str) else placeholder * vision.tokens_per_image
+    if vision.spatial_merge_size:  # Qwen2-VL: the expansion depends on each image's grid (processor_inputs)
+        expansion = None
     prompt = None
     if type(processor).__name__ == "PaliGemmaProcessor":  # no chat template: the image tokens, BOS, the prompt, a newline
         prompt = f"{placeholder}{processor.tokenizer.bos_token}{{prompt}}\n"

@@ -100,7 +100,12 @@ def _generation_lines(generation: dict) -> list[str]:
         "(state: allocated at load, donated to each step, never saved)",
     ]
     vision = generation.get("vision")
-    if isinstance(vision, dict):
+    if isinstance(vision, dict) and vision.get("spatial_merge_size"):
+        merge = vision.get("spatial_merge_size")
+        lines.append(f"images    variable resolution: {vision.get('pixel_shape')} flattened patches + image_grid_thw -> "
+                     f"grid_t*grid_h*grid_w/{merge * merge} features of {vision.get('feature_size')} per image, "
+                     f"at image token {vision.get('image_token_id')}")
+    elif isinstance(vision, dict):
         lines.append(f"images    {vision.get('pixel_shape')} pixel values -> {vision.get('tokens_per_image')} features of "
                      f"{vision.get('feature_size')} per image, at image token {vision.get('image_token_id')}")
     cross = generation.get("cross")

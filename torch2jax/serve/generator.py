@@ -133,8 +133,9 @@ class Generator(TokenLoop):
 
     # -- the loop ---------------------------------------------------------------------------
     def _steps(self, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, request: Request,
-               prefill_inputs: Any = None) -> Iterator[np.ndarray]:
-        """`prefill_inputs(width)`: further inputs of the prefill step once the prompt is padded to `width` (images)."""
+               prefill_inputs: Any = None, position_delta: Any = None) -> Iterator[np.ndarray]:
+        """`prefill_inputs(width)`: further inputs of the prefill step once the prompt is padded to `width` (images);
+        `position_delta` [B]: added to each row's decode positions (Qwen2-VL's rope deltas)."""
         batch, length = ids.shape
         width = bucket(length, self.spec.max_cache_len - max_new_tokens, MIN_BUCKET)
         padded_ids = np.full((batch, width), int(request.pad), np.int64)
@@ -145,8 +146,9 @@ class Generator(TokenLoop):
         valid = np.zeros((batch, self.spec.max_cache_len), bool)
         valid[:, :width] = padded_mask
         key, do_sample, params = request.key, request.do_sample, request.sampling
+        first_position = positions[:, -1] + 1 + (0 if position_delta is None else np.asarray(position_delta))
         state = {"cache": self.new_cache(batch), "valid": jnp.asarray(valid),
-                 "position": jnp.asarray(positions[:, -1] + 1, self._id_dtype)}
+                 "position": jnp.asarray(first_position, self._id_dtype)}
 
         def first():
             logits, state["cache"] = self._prefill(

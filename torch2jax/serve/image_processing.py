@@ -10,6 +10,7 @@ PIL is optional (`pip install 'torch2jax-aot[vision]'`) and imported only when a
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,9 @@ import numpy as np
 from ..errors import InputSpecError, Torch2JaxError
 
 # the processors whose steps are the ones above (their PIL versions); others are refused by name
-SUPPORTED = ("LlavaImageProcessor", "CLIPImageProcessor", "SiglipImageProcessor", "Gemma3ImageProcessor")
+SUPPORTED = ("LlavaImageProcessor", "CLIPImageProcessor", "SiglipImageProcessor", "Gemma3ImageProcessor",
+             "Qwen2VLImageProcessor")
+VARIABLE_RESOLUTION = ("Qwen2VLImageProcessor",)  # resized to multiples of patch * merge, returned as flattened patches
 
 
 def pil() -> Any:
@@ -69,8 +72,34 @@ class ImageProcessor:
                 return ImageProcessor(section)
         return None
 
+    @property
+    def variable_resolution(self) -> bool:
+        return self.kind in VARIABLE_RESOLUTION
+
     def __call__(self, images: Sequence[Any]) -> np.ndarray:
+        if self.variable_resolution:
+            raise Torch2JaxError(f"{self.kind} makes flattened patches and a grid per image: call .patches(images)")
         return np.stack([self.one(image) for image in images])
+
+    def patches(self, images: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """Qwen2-VL: (pixel_values [patches, C * temporal * patch * patch] float32, image_grid_thw [N, 3] int64),
+        as Qwen2VLImageProcessorPil makes them: each image resized to multiples of patch * merge (smart_resize),
+        rescaled, normalized, cut into patches with every merge x merge block consecutive, each patch repeated
+        temporal_patch_size times."""
+        if not self.variable_resolution:
+            raise Torch2JaxError(f"{self.kind} makes fixed-size images: call the processor itself")
+        c = self.config
+        patch, merge, temporal = int(c.get("patch_size", 14)), int(c.get("merge_size", 2)), int(c.get("temporal_patch_size", 2))
+        out, grids = [], []
+        for image in images:
+            array = np.asarray(self.one(image), np.float32)
+            channels, height, width = array.shape
+            gh, gw = height // patch, width // patch
+            blocks = array.reshape(channels, gh // merge, merge, patch, gw // merge, merge, patch).transpose(1, 4, 2, 5, 0, 3, 6)
+            blocks = np.broadcast_to(blocks[:, :, :, :, :, None], (*blocks.shape[:5], temporal, *blocks.shape[5:]))
+            out.append(blocks.reshape(gh * gw, channels * temporal * patch * patch))
+            grids.append([1, gh, gw])
+        return np.concatenate(out, axis=0), np.asarray(grids, np.int64)
 
     def one(self, image: Any) -> np.ndarray:
         """One PIL image (or a path) -> [C, H, W] float32."""
@@ -106,7 +135,13 @@ class ImageProcessor:
     def _resize(self, array: np.ndarray) -> np.ndarray:
         size = self.config.get("size") or {}
         height, width = array.shape[1:]
-        if size.get("shortest_edge") and not size.get("longest_edge"):
+        if self.variable_resolution:
+            c = self.config
+            factor = int(c.get("patch_size", 14)) * int(c.get("merge_size", 2))
+            low = size.get("shortest_edge") or c.get("min_pixels") or 56 * 56
+            high = size.get("longest_edge") or c.get("max_pixels") or 28 * 28 * 1280
+            new = smart_resize(height, width, factor, int(low), int(high))
+        elif size.get("shortest_edge") and not size.get("longest_edge"):
             short_edge = int(size["shortest_edge"])
             short, long = (width, height) if width <= height else (height, width)
             new_short, new_long = short_edge, int(short_edge * long / short)
@@ -123,6 +158,23 @@ class ImageProcessor:
         out = np.array(picture.resize((new[1], new[0]), resample=resample))
         out = out[:, :, None] if out.ndim == 2 else out
         return np.ascontiguousarray(out.transpose(2, 0, 1))
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Qwen2-VL's target size: both sides multiples of `factor`, the area within [min_pixels, max_pixels], the
+    aspect ratio kept as closely as that allows (transformers' smart_resize)."""
+    if max(height, width) / min(height, width) > 200:
+        raise InputSpecError(f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
 
 
 def _to_rgb(image: Any) -> Any:

@@ -46,13 +46,17 @@ class VisionSpec:
     image_expansion: str | None = None  # what the processor puts there (default: the image token, tokens_per_image times)
     prefix_lm: bool = False  # the prompt attends both ways (PaliGemma)
     prompt_format: str | None = None  # a processor without a chat template: its text, "{prompt}" the user's (PaliGemma)
+    # variable resolution (Qwen2-VL): > 0 is the spatial merge; pixel_shape is then one flattened patch, an image
+    # takes grid_t*grid_h*grid_w / merge^2 tokens, and the positions are 3-D (rope_index)
+    spatial_merge_size: int = 0
 
     def to_json(self) -> dict:
         return {"image_token_id": self.image_token_id, "tokens_per_image": self.tokens_per_image,
                 "feature_size": self.feature_size, "feature_dtype": self.feature_dtype,
                 "pixel_shape": list(self.pixel_shape), "max_images": self.max_images,
                 "bidirectional_images": self.bidirectional_images, "image_placeholder": self.image_placeholder,
-                "image_expansion": self.image_expansion, "prefix_lm": self.prefix_lm, "prompt_format": self.prompt_format}
+                "image_expansion": self.image_expansion, "prefix_lm": self.prefix_lm, "prompt_format": self.prompt_format,
+                "spatial_merge_size": self.spatial_merge_size}
 
     @staticmethod
     def from_json(data: Any) -> VisionSpec:
@@ -61,7 +65,8 @@ class VisionSpec:
             prompt = data.get("prompt_format") if isinstance(data.get("prompt_format"), str) else None
             return VisionSpec(int(data["image_token_id"]), int(data["tokens_per_image"]), int(data["feature_size"]),
                               str(data["feature_dtype"]), tuple(int(d) for d in data["pixel_shape"]), int(data["max_images"]),
-                              bool(data.get("bidirectional_images", False)), *text, bool(data.get("prefix_lm", False)), prompt)
+                              bool(data.get("bidirectional_images", False)), *text, bool(data.get("prefix_lm", False)), prompt,
+                              int(data.get("spatial_merge_size", 0)))
         except (KeyError, TypeError, ValueError) as err:
             raise Torch2JaxError(f"the manifest's vision section is malformed ({type(err).__name__}: {err})") from None
 
@@ -71,6 +76,56 @@ def image_index(ids: np.ndarray, image_token_id: int) -> np.ndarray:
     order, as transformers' masked_scatter fills them), -1 for every other token."""
     is_image = np.asarray(ids) == image_token_id
     return np.where(is_image, np.cumsum(is_image.reshape(-1)).reshape(is_image.shape) - 1, -1).astype(np.int64)
+
+
+def rope_index(ids: np.ndarray, mask: np.ndarray, grids: np.ndarray, image_token_id: int,
+               merge: int) -> tuple[np.ndarray, np.ndarray]:
+    """Qwen2-VL's multimodal rotary positions, as transformers' `get_rope_index`: ([3, B, L] int64, deltas [B]).
+    Over each row's real tokens: a text token's three positions are its running position; a run of image tokens
+    takes the next grid (t, h, w) of `grids` (row-major over the batch) and gets (t, row, column) of its merged
+    grid, each plus the running position, which then moves on by max(h, w) / merge. Pads are 0; delta is the
+    row's largest position + 1 minus its length (decode continues from there)."""
+    ids, mask = np.asarray(ids), np.asarray(mask).astype(bool)
+    positions = np.zeros((3, *ids.shape), np.int64)
+    deltas = np.zeros(ids.shape[0], np.int64)
+    grids = iter(np.asarray(grids, np.int64).reshape(-1, 3).tolist() if grids is not None else [])
+    for b in range(ids.shape[0]):
+        row = ids[b][mask[b]]
+        is_image = row == image_token_id
+        parts, current, start = [], 0, 0
+        while start < len(row):
+            end = start
+            while end < len(row) and is_image[end] == is_image[start]:
+                end += 1
+            if not is_image[start]:
+                parts.append(np.broadcast_to(np.arange(end - start) + current, (3, end - start)))
+                current += end - start
+            else:
+                try:
+                    t, h, w = next(grids)
+                except StopIteration:
+                    raise InputSpecError("the prompts hold more runs of image tokens than image_grid_thw has images") from None
+                tt, hh, ww = np.meshgrid(np.arange(t), np.arange(h // merge), np.arange(w // merge), indexing="ij")
+                parts.append(np.stack([tt, hh, ww]).reshape(3, -1) + current)
+                current += max(h, w) // merge
+            start = end
+        row_positions = np.concatenate(parts, axis=1) if parts else np.zeros((3, 0), np.int64)
+        positions[:, b, mask[b]] = row_positions
+        deltas[b] = (row_positions.max() + 1 if row_positions.size else 0) - len(row)
+    return positions, deltas
+
+
+def patch_positions(grids: np.ndarray, merge: int) -> np.ndarray:
+    """[patches, 2] int64: each patch's (row, column) in its image, merge x merge blocks consecutive, as
+    transformers' get_vision_position_ids orders them (and the processor the patches)."""
+    out = []
+    for t, h, w in np.asarray(grids, np.int64).reshape(-1, 3).tolist():
+        hpos, wpos = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+        shape = (h // merge, merge, w // merge, merge)
+        pairs = np.stack([hpos.reshape(shape).transpose(0, 2, 1, 3).reshape(-1),
+                          wpos.reshape(shape).transpose(0, 2, 1, 3).reshape(-1)], axis=-1)
+        out.append(np.tile(pairs, (t, 1)))
+    return np.concatenate(out).astype(np.int64)
 
 
 class VisionLanguageGenerator(Generator):
@@ -84,7 +139,7 @@ class VisionLanguageGenerator(Generator):
         super().__init__(prefill, decode, spec, manifest, tokenizer_files)
         self.encode_model = encode
         self.vision = vision
-        self._encode = jax.jit(lambda params, pixels: call_entry(self.encode_model, params, pixels))
+        self._encode = jax.jit(lambda params, *inputs: call_entry(self.encode_model, params, *inputs))
 
     def entries(self) -> dict[str, Model]:
         return {"prefill": self.prefill_model, "decode": self.decode_model, "encode_image": self.encode_model}
@@ -101,6 +156,30 @@ class VisionLanguageGenerator(Generator):
             raise InputSpecError(f"{pixels.shape[0]} images: this artifact takes 1 to {self.vision.max_images} per call")
         return self._encode(self.params, jnp.asarray(pixels, dtypes.jax_dtype(self.vision.feature_dtype)))
 
+    def encode_patches(self, pixel_values: Any, image_grid_thw: Any) -> jax.Array:
+        """Variable resolution (Qwen2-VL): [patches, patch_dim] flattened patches and [images, 3] grids, as the
+        processor makes them -> [patches / merge^2, feature_size] image features, the images' in order."""
+        merge = self.vision.spatial_merge_size
+        grids = np.asarray(image_grid_thw)
+        pixels = np.asarray(pixel_values)
+        if grids.ndim != 2 or grids.shape[1] != 3 or not np.issubdtype(grids.dtype, np.integer) or (grids < 1).any():
+            raise InputSpecError(f"image_grid_thw must be [images, 3] positive integers (t, h, w), got {grids.dtype}{list(grids.shape)}")
+        if (grids[:, 0] != 1).any() or (grids[:, 1:] % merge).any():
+            raise InputSpecError(f"image_grid_thw: each image has t = 1 (video is not supported) and h, w multiples of {merge}")
+        total = int(np.prod(grids, axis=1).sum())
+        if pixels.ndim != 2 or pixels.shape != (total, self.vision.pixel_shape[0]):
+            raise InputSpecError(f"pixel_values must be [patches, {self.vision.pixel_shape[0]}] flattened patches, "
+                                 f"{total} of them for image_grid_thw {grids.tolist()}; got {list(pixels.shape)}")
+        rows = total // (merge * merge)
+        if rows > self.vision.max_images:
+            raise InputSpecError(f"{rows} image tokens: this artifact takes at most {self.vision.max_images} per call")
+        group = merge * merge
+        positions = patch_positions(grids, merge).reshape(rows, group, 2)
+        image_ids = np.repeat(np.arange(len(grids)), np.prod(grids, axis=1) // group)
+        dtype = dtypes.jax_dtype(self.vision.feature_dtype)
+        return self._encode(self.params, jnp.asarray(pixels.reshape(rows, group, -1), dtype),
+                            jnp.asarray(positions, self._id_dtype), jnp.asarray(image_ids, self._id_dtype))
+
     def generate(self, input_ids: Any, attention_mask: Any = None, *, pixel_values: Any = None, image_grid_thw: Any = None,
                  pixel_values_videos: Any = None, token_type_ids: Any = None, max_new_tokens: int = 32, do_sample: bool = False,
                  temperature: Any = 1.0,
@@ -111,8 +190,12 @@ class VisionLanguageGenerator(Generator):
         `token_type_ids` (Gemma 3's processor output) is accepted and not needed: the image tokens are found in the ids."""
         if pixel_values_videos is not None:
             raise InputSpecError("video inputs are not supported: give images (pixel_values)")
-        if image_grid_thw is not None:
+        merge = self.vision.spatial_merge_size
+        if image_grid_thw is not None and not merge:
             raise InputSpecError("image_grid_thw is for variable-resolution models (Qwen2-VL); this model takes fixed-size images")
+        if merge and pixel_values is not None and image_grid_thw is None:
+            raise InputSpecError("this model takes variable-resolution images: give image_grid_thw with pixel_values, "
+                                 "as its processor makes them")
         ids, mask = self._check_prompt(input_ids, attention_mask, max_new_tokens)
         index = image_index(np.where(mask, ids, -1), self.vision.image_token_id)
         tokens = int((index >= 0).sum())
@@ -121,6 +204,11 @@ class VisionLanguageGenerator(Generator):
             if tokens:
                 raise InputSpecError(f"the prompts hold {tokens} image tokens but no pixel_values were given")
             features = jnp.zeros((1, self.vision.feature_size), dtype)  # one unused row: the step's input is never empty
+        elif merge:
+            features = self.encode_patches(pixel_values, image_grid_thw)
+            if features.shape[0] != tokens:
+                raise InputSpecError(f"image features and image tokens do not match: image_grid_thw makes {features.shape[0]} "
+                                     f"features, the prompts hold {tokens} image tokens (id {self.vision.image_token_id})")
         else:
             encoded = self.encode_images(pixel_values)
             if encoded.shape[0] * encoded.shape[1] != tokens:
@@ -131,17 +219,31 @@ class VisionLanguageGenerator(Generator):
             features = encoded.reshape(-1, encoded.shape[-1])
         request = self._request(ids.shape[0], do_sample, temperature, top_k, top_p, rng, eos_token_id, pad_token_id)
 
+        delta = None
+        if merge:
+            rope, delta = rope_index(ids, mask, image_grid_thw, self.vision.image_token_id, merge)
+
         def prefill_inputs(width: int) -> tuple:
             padded = np.full((ids.shape[0], width), -1, np.int64)
             padded[:, width - ids.shape[1]:] = index
-            return features, jnp.asarray(padded, self._id_dtype)
+            if not merge:
+                return features, jnp.asarray(padded, self._id_dtype)
+            padded_mask = np.zeros((ids.shape[0], width), bool)
+            padded_mask[:, width - ids.shape[1]:] = mask
+            offsets = np.zeros((3, ids.shape[0], width), np.int64)  # 3-D positions minus the text positions
+            offsets[:, :, width - ids.shape[1]:] = rope
+            offsets -= np.maximum(np.cumsum(padded_mask, axis=1) - 1, 0)[None]
+            return features, jnp.asarray(padded, self._id_dtype), jnp.asarray(offsets, self._id_dtype)
 
-        return finish(ids, self._steps(ids, mask, max_new_tokens, request, prefill_inputs), stream)
+        return finish(ids, self._steps(ids, mask, max_new_tokens, request, prefill_inputs, delta), stream)
 
     def _decode_inputs(self, batch: int) -> tuple:
         """One unused feature row and no image token: decode is the prefill step with one token."""
-        return (jnp.zeros((1, self.vision.feature_size), dtypes.jax_dtype(self.vision.feature_dtype)),
-                jnp.full((batch, 1), -1, self._id_dtype))
+        inputs = (jnp.zeros((1, self.vision.feature_size), dtypes.jax_dtype(self.vision.feature_dtype)),
+                  jnp.full((batch, 1), -1, self._id_dtype))
+        if self.vision.spatial_merge_size:  # decode's three positions are all the text position (+ the row's delta)
+            inputs = (*inputs, jnp.zeros((3, batch, 1), self._id_dtype))
+        return inputs
 
     # -- the processor, torch-free ----------------------------------------------------------
     @property
@@ -171,10 +273,12 @@ class VisionLanguageGenerator(Generator):
                                  "has none): pass input_ids instead")
         return template
 
-    def processor_inputs(self, prompt: str, image: Any) -> tuple[np.ndarray, np.ndarray]:
+    def processor_inputs(self, prompt: str, image: Any) -> tuple[np.ndarray, ...]:
         """(input_ids [1, L], pixel_values [1, C, H, W]) for one user turn of one image and `prompt`, as the model's
         processor makes them: the chat template (image, text, generation prompt), the image token repeated
-        `tokens_per_image` times, tokenized; the image preprocessed as the model's image processor does."""
+        `tokens_per_image` times, tokenized; the image preprocessed as the model's image processor does.
+        Variable resolution (Qwen2-VL): (input_ids, pixel_values [patches, patch_dim], image_grid_thw [1, 3]), the
+        image token repeated grid_t*grid_h*grid_w / merge^2 times, as Qwen2VLProcessor does."""
         if self.vision.prompt_format is not None:  # the processor's own format, no chat template (PaliGemma)
             text = self.vision.prompt_format.replace("{prompt}", prompt)
         else:
@@ -186,8 +290,17 @@ class VisionLanguageGenerator(Generator):
         placeholder = self.vision.image_placeholder or image_token
         if placeholder is None or text.count(placeholder) != 1:
             raise Torch2JaxError(f"the chat template did not place one image placeholder ({placeholder!r}) for the image")
-        expansion = self.vision.image_expansion or image_token * self.vision.tokens_per_image
+        merge = self.vision.spatial_merge_size
+        if merge:
+            pixels, grids = self.image_processor.patches([image])
+            count = int(np.prod(grids[0])) // (merge * merge)
+            expansion = image_token * count
+        else:
+            count = self.vision.tokens_per_image
+            expansion = self.vision.image_expansion or image_token * count
         ids = tokenizer.encode(text.replace(placeholder, expansion)).ids
-        if ids.count(self.vision.image_token_id) != self.vision.tokens_per_image:
+        if ids.count(self.vision.image_token_id) != count:
             raise Torch2JaxError("the tokenizer did not keep the image tokens whole")
+        if merge:
+            return np.asarray([ids], np.int64), pixels, grids
         return np.asarray([ids], np.int64), self.image_processor([image])
