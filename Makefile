@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-ops-full test-ops-eager test-ops-compile test-models-full test-models-hf models-doc demo runtime-check lint docs bench bench-calls bench-eager bench-compile bench-large bench-serve bench-vlm clean
+.PHONY: install test test-slow test-ops-full test-ops-eager test-ops-compile test-models-full test-models-hf models-doc demo runtime-check lint docs bench bench-calls bench-eager bench-compile bench-large bench-serve bench-vlm clean
 
 install: $(STAMP)
 
@@ -44,6 +44,10 @@ test-ops-compile: install
 # The slow model tier: benchmark-sized configs and the rest of the bfloat16 variants (tests/models, -m slow).
 test-models-full: install
 	$(PY) -m pytest -q -m slow tests/models tests/eager
+
+# Every test make test leaves out (-m slow, all folders): the other task heads, architectures and console-script runs.
+test-slow: install
+	$(PY) -m pytest -q -n 2 --dist worksteal -m slow
 
 demo: install
 	$(PY) scripts/demo.py

@@ -194,6 +194,7 @@ def test_sizes_torch_knows_without_the_values_are_lowered():
     assert np.asarray(got).shape == (0, 2)
 
 
+@pytest.mark.slow  # the console script twice (~70 s); train-mode dropout with a key is tested in Python above
 def test_cli_converts_a_train_mode_model_with_dropout_and_runs_it_with_a_seed(tmp_path):
     from ..helpers import cli
 

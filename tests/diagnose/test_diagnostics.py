@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ..helpers import ROOT, cli
 
 BROKEN_ADDMM = """
@@ -46,6 +48,7 @@ def test_verify_report_records_a_mismatch(tmp_path):
     assert "- result: **numerics differ**" in text and "**NO**" in text and "## Error" in text
 
 
+@pytest.mark.slow  # three processes (~80 s); a reproduction of a failing lowering is written and run below
 def test_unsupported_custom_op_writes_a_runnable_reproduction(tmp_path):
     result = cli("convert", "sample_models/custom_op.py:SoftClipNet", "--out", str(tmp_path / "o"), "--repro-dir", str(tmp_path))
     assert result.returncode == 1

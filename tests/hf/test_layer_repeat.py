@@ -25,7 +25,7 @@ def _capture(lm: torch.nn.Module, repeat: bool | int) -> tuple:
     return captured, notes
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2", "mixtral"])
+@pytest.mark.parametrize("arch", [pytest.param("llama", marks=pytest.mark.slow), "gpt2", "mixtral"])  # llama: the slowest build
 def test_the_repeated_graph_is_the_traced_graph(arch):
     lm = build_lm(arch, LAYERS)
     repeated, notes = _capture(lm, repeat=REPEAT)
