@@ -25,7 +25,8 @@ def _capture(lm: torch.nn.Module, repeat: bool | int) -> tuple:
     return captured, notes
 
 
-@pytest.mark.parametrize("arch", [pytest.param("llama", marks=pytest.mark.slow), "gpt2", "mixtral"])  # llama: the slowest build
+@pytest.mark.parametrize("arch", [pytest.param("llama", marks=pytest.mark.slow), "gpt2",
+                                  pytest.param("mixtral", marks=pytest.mark.slow)])  # llama, mixtral: the slowest builds
 def test_the_repeated_graph_is_the_traced_graph(arch):
     lm = build_lm(arch, LAYERS)
     repeated, notes = _capture(lm, repeat=REPEAT)
@@ -38,6 +39,7 @@ def test_the_repeated_graph_is_the_traced_graph(arch):
     assert repeated.graph.aliases == traced.graph.aliases
 
 
+@pytest.mark.slow  # builds and traces two alternating stacks (~3 CPU-minutes); blocks of one layer repeat above
 def test_alternating_layers_repeat_as_blocks():
     """Gemma2 alternates sliding and full attention layers: the repeated unit is a block of two."""
     lm = build_lm("gemma2", 12)
@@ -60,6 +62,7 @@ def test_layers_built_differently_are_all_traced():
     assert not any("of 3 of the 6 layers" in n for n in notes), notes  # refused before tracing anything twice
 
 
+@pytest.mark.slow  # traces 3, 4 and every layer (~100 s); the refusals below run in the default tier
 def test_a_layer_that_reads_its_own_index_is_caught_by_the_four_layer_check(monkeypatch):
     """Built alike, computing differently (its forward reads `layer_idx`): only the comparison of 3 layers
     repeated to 4 against 4 traced can see it, and then every layer is traced."""

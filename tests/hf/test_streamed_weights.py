@@ -158,6 +158,7 @@ def test_trace_all_layers_reaches_the_step_capture(tmp_path, monkeypatch):
     assert seen == [True, False, False]
 
 
+@pytest.mark.slow  # a second streamed conversion (~60 s); streaming is verified in float32 above
 def test_a_streamed_conversion_to_bfloat16_is_verified_against_transformers_in_bfloat16(tmp_path):
     """--dtype with streamed weights: the fake-parameter model is cast without torch's `.to` (which cannot swap a fake
     parameter) and the files' tensors are converted as they are read."""

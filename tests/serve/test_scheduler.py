@@ -67,7 +67,7 @@ def alone(g, request: Request) -> list[int]:
     return out[0, len(request.prompt):].tolist()
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral"])
+@pytest.mark.parametrize("name", ["llama", pytest.param("mistral", marks=pytest.mark.slow)])  # mistral: its sliding window
 def test_each_request_gets_what_it_gets_alone(name, engines):
     """8 requests (prompts 1-39 tokens, chunked by 16; replies up to the whole cache) arriving every 3 steps
     into 4 rows: greedy ones equal generate's tokens, sampled ones (llama) equal generate's draws with the same key.

@@ -160,6 +160,7 @@ np.save({str(tmp_path / 'got.npy')!r}, g.generate(source["ids"], attention_mask=
     assert not any(name.startswith(("cache", "cross")) for name in manifest["params"]["tree"]), "state must not be saved"
 
 
+@pytest.mark.slow  # the console script converting and generating (~100 s); the Python path is tested above
 def test_cli_convert_verifies_and_generate_round_trips(model_dirs, tmp_path):
     out = tmp_path / "t5"
     converted = cli("convert", f"hf:{model_dirs['t5']}", "--max-cache-len", "24", "--max-batch", "2", "--max-source-len", "16",
