@@ -50,6 +50,7 @@ def test_alternating_layers_repeat_as_blocks():
     assert first_difference(repeated.graph, traced.graph) is None
 
 
+@pytest.mark.slow  # traces every layer of a mixed stack (~50 s)
 def test_layers_built_differently_are_all_traced():
     import transformers
 

@@ -90,6 +90,7 @@ def test_hf_forward_task_streamed_equals_in_memory(tmp_path):
     _assert_bitwise(_saved_params(target, None, True, tmp_path / "streamed"), _saved_params(target, None, False, tmp_path / "mem"))
 
 
+@pytest.mark.slow  # the console script (~60 s); tests/hf/test_streamed_weights.py runs the streaming CLI by default
 def test_cli_streams_weights_and_says_how_it_verified(gpt_weights, tmp_path):
     out = tmp_path / "gpt"
     result = cli("convert", "sample_models/tiny_gpt.py:TinyGPT", "--weights", str(gpt_weights), "--out", str(out))
