@@ -66,38 +66,40 @@ def bytes_per_step(g, model, batch: int) -> float:
     return weights + cache_values * 4
 
 
-def time_ours(g, ids: np.ndarray, rounds: int) -> tuple[float, float]:
-    """(TTFT s, decode tokens/s per row) medians over rounds, after a warm-up that compiles."""
-    list(g.generate(ids, max_new_tokens=NEW, eos_token_id=[], stream=True))
+def time_ours(g, ids: np.ndarray, rounds: int, new: int = NEW, **inputs) -> tuple[float, float]:
+    """(TTFT s, decode tokens/s per row) medians over rounds, after a warm-up that compiles; `inputs` go to generate
+    (a vision-language model's pixel values)."""
+    list(g.generate(ids, max_new_tokens=new, eos_token_id=[], stream=True, **inputs))
     ttft, rate = [], []
     for _ in range(rounds):
         start = time.perf_counter()
-        steps = g.generate(ids, max_new_tokens=NEW, eos_token_id=[], stream=True)
+        steps = g.generate(ids, max_new_tokens=new, eos_token_id=[], stream=True, **inputs)
         next(steps)
         first = time.perf_counter()
         for _ in steps:
             pass
         end = time.perf_counter()
         ttft.append(first - start)
-        rate.append((NEW - 1) / (end - first))
+        rate.append((new - 1) / (end - first))
     return statistics.median(ttft), statistics.median(rate)
 
 
-def time_transformers(model, ids: np.ndarray, rounds: int, **options) -> tuple[float, float]:
+def time_transformers(model, ids: np.ndarray, rounds: int, new: int = NEW, **options) -> tuple[float, float]:
+    """(TTFT s, decode tokens/s) of transformers' eager generate; `options` go to generate (tensors, e.g. pixel_values)."""
     import torch
 
     ids_t = torch.from_numpy(ids)
 
-    def run(new: int) -> float:
+    def run(count: int) -> float:
         start = time.perf_counter()
         with torch.inference_mode():
-            model.generate(ids_t, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0, **options)
+            model.generate(ids_t, max_new_tokens=count, min_new_tokens=count, do_sample=False, pad_token_id=0, **options)
         return time.perf_counter() - start
 
-    run(NEW)
+    run(new)
     ttft = statistics.median(run(1) for _ in range(rounds))
-    total = statistics.median(run(NEW) for _ in range(rounds))
-    return ttft, (NEW - 1) / max(total - ttft, 1e-9)
+    total = statistics.median(run(new) for _ in range(rounds))
+    return ttft, (new - 1) / max(total - ttft, 1e-9)
 
 
 def time_compiled(model, ids: np.ndarray, rounds: int) -> tuple[float, float]:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.generation import time_ours, time_transformers
 from benchmarks.report import write_section
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,41 +52,6 @@ def inputs(tokens_per_image: int) -> tuple[np.ndarray, np.ndarray]:
     return ids, rng.standard_normal((1, 3, 224, 224)).astype(np.float32)
 
 
-def time_ours(g, ids: np.ndarray, pixels: np.ndarray, rounds: int) -> tuple[float, float]:
-    """(TTFT s, decode tokens/s) medians over rounds, after a warm-up that compiles."""
-    list(g.generate(ids, pixel_values=pixels, max_new_tokens=NEW, eos_token_id=[], stream=True))
-    ttft, rate = [], []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        steps = g.generate(ids, pixel_values=pixels, max_new_tokens=NEW, eos_token_id=[], stream=True)
-        next(steps)
-        first = time.perf_counter()
-        for _ in steps:
-            pass
-        end = time.perf_counter()
-        ttft.append(first - start)
-        rate.append((NEW - 1) / (end - first))
-    return statistics.median(ttft), statistics.median(rate)
-
-
-def time_transformers(model, ids: np.ndarray, pixels: np.ndarray, rounds: int) -> tuple[float, float]:
-    import torch
-
-    ids_t, pixels_t = torch.from_numpy(ids), torch.from_numpy(pixels)
-
-    def run(new: int) -> float:
-        start = time.perf_counter()
-        with torch.inference_mode():
-            model.generate(ids_t, pixel_values=pixels_t, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                           pad_token_id=0)
-        return time.perf_counter() - start
-
-    run(NEW)
-    ttft = statistics.median(run(1) for _ in range(rounds))
-    total = statistics.median(run(NEW) for _ in range(rounds))
-    return ttft, (NEW - 1) / max(total - ttft, 1e-9)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -106,8 +71,8 @@ def main() -> None:
         g = torch2jax.convert_hf(Path(work) / "llava", max_cache_len=512, max_batch=1)
         convert_s = time.perf_counter() - start
         ids, pixels = inputs(g.vision.tokens_per_image)
-        ours = time_ours(g, ids, pixels, args.rounds)
-        theirs = time_transformers(model, ids, pixels, args.rounds)
+        ours = time_ours(g, ids, args.rounds, NEW, pixel_values=pixels)
+        theirs = time_transformers(model, ids, args.rounds, NEW, pixel_values=torch.from_numpy(pixels))
     rows = [("torch2jax generate", *ours), ("transformers eager", *theirs)]
     lines = ["| runtime | TTFT (ms) | decode tok/s | TTFT vs transformers eager | decode vs transformers eager |",
              "|---|---|---|---|---|"]
