@@ -200,13 +200,16 @@ def _nbytes(value: Any) -> int:
 
 def restore_params(path: Path, tree: dict[str, tuple[tuple[int, ...], str]], shardings: dict[str, Any] | None = None) -> dict:
     """Restore onto the tree the manifest declares (never an untargeted restore), each param onto its
-    sharding when given: every process then reads only the shards its own devices hold."""
+    sharding when given (every process then reads only the shards its own devices hold), else onto the
+    default device: params restored as host arrays would be copied to the device on every call (on a GPU,
+    every weight over PCIe for each decode step)."""
     import orbax.checkpoint as ocp
 
     shardings = shardings or {}
+    default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     try:
         wanted = {
-            name: jax.ShapeDtypeStruct(shape, dtypes.jax_dtype(dtype), sharding=shardings.get(name))
+            name: jax.ShapeDtypeStruct(shape, dtypes.jax_dtype(dtype), sharding=shardings.get(name) or default)
             for name, (shape, dtype) in tree.items()
         }
     except (TypeError, ValueError) as err:
