@@ -56,12 +56,17 @@ def bandwidth_bytes_per_s() -> float:
     return data.nbytes / statistics.median(times)
 
 
-def bytes_per_step(g, model, batch: int) -> float:
-    """What one decode step must read: every weight but the input embedding table (a gather reads B rows), the
-    average filled cache."""
+def unread_embedding_bytes(model) -> int:
+    """The input embedding table's bytes, which a decode step does not read (a gather reads B rows); 0 when the LM
+    head shares it."""
     embedding = model.get_input_embeddings().weight
-    tied = embedding is model.get_output_embeddings().weight
-    weights = sum(p.size * p.dtype.itemsize for p in g.params.values()) - (0 if tied else embedding.numel() * 4)
+    return 0 if embedding is model.get_output_embeddings().weight else embedding.numel() * embedding.element_size()
+
+
+def bytes_per_step(g, batch: int, unread: int) -> float:
+    """What one decode step must read: every weight but `unread` bytes (the input embedding table), the average
+    filled cache."""
+    weights = sum(p.size * p.dtype.itemsize for p in g.params.values()) - unread
     cache_values = batch * sum(int(np.prod(s)) for s in g.spec.cache_shapes) * (PROMPT + NEW // 2) / (PROMPT + NEW)
     return weights + cache_values * 4
 
@@ -88,12 +93,12 @@ def time_transformers(model, ids: np.ndarray, rounds: int, new: int = NEW, **opt
     """(TTFT s, decode tokens/s) of transformers' eager generate; `options` go to generate (tensors, e.g. pixel_values)."""
     import torch
 
-    ids_t = torch.from_numpy(ids)
+    ids_t = torch.from_numpy(ids).to(model.device)
 
     def run(count: int) -> float:
         start = time.perf_counter()
         with torch.inference_mode():
-            model.generate(ids_t, max_new_tokens=count, min_new_tokens=count, do_sample=False, pad_token_id=0, **options)
+            model.generate(ids_t, max_new_tokens=count, min_new_tokens=count, do_sample=False, pad_token_id=0, **options).cpu()
         return time.perf_counter() - start
 
     run(new)
@@ -138,7 +143,7 @@ def main() -> None:
         step_bytes = {}
         for batch in (1, 8):
             ids = np.random.default_rng(0).integers(3, 32000, (batch, PROMPT))
-            step_bytes[batch] = bytes_per_step(g, model, batch)
+            step_bytes[batch] = bytes_per_step(g, batch, unread_embedding_bytes(model))
             bound = bandwidth / step_bytes[batch]  # steps per second when only memory traffic counted
             results = {"torch2jax generate": time_ours(g, ids, args.rounds),
                        "transformers eager (dynamic cache)": time_transformers(model, ids, args.rounds),

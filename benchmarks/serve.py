@@ -42,6 +42,8 @@ VOCAB, CACHE, ROWS = 32000, 512, 8
 START_S = 600
 OURS, STATIC = "torch2jax serve (continuous batching)", "same artifact, static batches of 8 (generate)"
 TRANSFORMERS = "transformers serve --continuous-batching"
+CPU_NOTE = """2 CPU cores shared with other work (5-minute load average {load:.1f} at the end), so
+absolute numbers are low and noisy; the ratios compare servers measured in turn."""
 
 
 # -- the load -------------------------------------------------------------------------------------
@@ -116,8 +118,9 @@ class Process:
         import httpx
 
         self.url, self.log = f"http://127.0.0.1:{port}", log
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the repository, then the caller's
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                                        env=dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
+                                        env=dict(os.environ, PYTHONPATH=path, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
         self.error = None
         deadline = time.monotonic() + START_S
         while time.monotonic() < deadline:
@@ -272,11 +275,25 @@ def main() -> None:
     if args.naive_server:
         naive_server(args.naive_server[0], int(args.naive_server[1]))
         return
-    work = workload(args.requests, args.seed)
     root = Path(tempfile.mkdtemp(prefix="bench-serve-"))
-    contenders: list[Contender] = []
     try:
         source, artifact, convert_s = make_model(root)
+        contenders = serve_and_measure(artifact, source, root, args, device="cpu")
+        text = report(contenders, args, convert_s, machine=CPU_NOTE.format(load=os.getloadavg()[1]))
+        print(text)
+        if not args.no_write:
+            write_section(args.out, text, BEGIN, END)
+            print(f"wrote the serve section of {args.out}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def serve_and_measure(artifact: Path, source: Path, root: Path, args, device: str) -> list[Contender]:
+    """Start the three servers on `artifact` (ours, the static baseline) and `source` (transformers serve on `device`),
+    run the load on each in turn, stop them; their logs go to `root`."""
+    work = workload(args.requests, args.seed)
+    contenders: list[Contender] = []
+    try:
         port = free_port()
         ours = [sys.executable, "-c", "from torch2jax.cli.main import main; main()", "serve", str(artifact), "--port", str(port),
                 "--max-batch", str(ROWS), "--max-queue", str(args.requests)]
@@ -287,21 +304,16 @@ def main() -> None:
         if not args.skip_transformers:  # it takes no ignore_eos; the random model's end token is 1 id in 32000
             port = free_port()
             hf = [shutil.which("transformers") or str(Path(sys.executable).parent / "transformers"), "serve", str(source),
-                  "--continuous-batching", "--device", "cpu", "--dtype", "float32", "--port", str(port), "--host", "127.0.0.1"]
+                  "--continuous-batching", "--device", device, "--dtype", "float32", "--port", str(port), "--host", "127.0.0.1"]
             contenders.append(Contender(TRANSFORMERS, Process(hf, port, root / "transformers.log"), str(source), {}))
         measure(contenders, work, args.concurrency, args.rounds)
-        text = report(contenders, args, convert_s)
-        print(text)
-        if not args.no_write:
-            write_section(args.out, text, BEGIN, END)
-            print(f"wrote the serve section of {args.out}")
     finally:
         for c in contenders:
             c.server.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    return contenders
 
 
-def report(contenders: list[Contender], args, convert_s: float) -> str:
+def report(contenders: list[Contender], args, convert_s: float, machine: str) -> str:
     results = {c.name: {"error": c.error} if c.error or not c.rounds else summary(c.rounds) for c in contenders}
     static = results.get(STATIC, {}).get("tok_s")
     lines = ["| server | output tok/s | vs static | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | ITL p99 (ms) | tok/s per round |",
@@ -316,7 +328,6 @@ def report(contenders: list[Contender], args, convert_s: float) -> str:
         lines.append(f"| {name} | {r['tok_s']:.1f} | {versus} | {r['ttft_p50']:.0f} | {r['ttft_p99']:.0f} | {r['itl_p50']:.1f} | "
                      f"{r['itl_p99']:.1f} | {', '.join(map(str, r['rounds']))} |")
     footnotes = "\n".join(f"[{i}] {n}".replace("\n", " ") for i, n in enumerate(notes, 1))
-    load = os.getloadavg()[1]
     return f"""{BEGIN}
 ## Serving (`torch2jax serve`)
 
@@ -329,8 +340,7 @@ Ours and the static baseline run every request to its max_tokens (`ignore_eos`);
 take that field (its requests may end at the end token, one id in 32000). TTFT is from sending a request to its
 first streamed token, ITL the gaps between a request's tokens. The static baseline is the same artifact behind
 the same HTTP layer, serving up to 8 queued requests per `Generator.generate(stream=True)` call, which runs until
-its longest request ends. 2 CPU cores shared with other work (5-minute load average {load:.1f} at the end), so
-absolute numbers are low and noisy; the ratios compare servers measured in turn.
+its longest request ends. {machine}
 Written by `make bench-serve` (`python -m benchmarks.serve`).
 
 {chr(10).join(lines)}
