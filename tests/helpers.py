@@ -46,3 +46,15 @@ def run_without_torch(code: str, timeout: int = 300) -> subprocess.CompletedProc
 def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """Run the installed `torch2jax` console script as a user would."""
     return subprocess.run([CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+def cli_convert_streamed(source: Path, out: Path) -> str:
+    """`torch2jax convert hf:SOURCE` of a 2-layer model, its weights streamed (the default) and verified on a 1-layer
+    slice: checks that it streamed, verified a slice and matched every greedy token; returns what it printed."""
+    result = cli("convert", f"hf:{source}", "--max-cache-len", "32", "--max-batch", "2", "--verify-layers", "1",
+                 "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "weights streamed from the safetensors files" in result.stdout
+    assert "verified a slice against transformers: the first 1 of 2 layers" in result.stdout
+    assert "row 1: 16 of 16 greedy tokens equal to transformers' generate" in result.stdout
+    return result.stdout

@@ -18,7 +18,7 @@ from torch2jax.hf.convert import convert_hf
 from torch2jax.hf.streamed import streamed_causal_lm
 from torch2jax.hf.verify_slice import verify_streamed
 
-from ..helpers import cli
+from ..helpers import cli, cli_convert_streamed
 from ..serve.lms import load_lm, write_lm
 
 
@@ -117,12 +117,7 @@ def test_a_wrong_checkpoint_names_the_tensor_and_writes_nothing(tmp_path, change
 def test_cli_streams_by_default_and_says_what_it_verified(tmp_path):
     source = write_lm("llama", tmp_path)
     out = tmp_path / "llm"
-    result = cli("convert", f"hf:{source}", "--max-cache-len", "32", "--max-batch", "2", "--verify-layers", "1",
-                 "--out", str(out))
-    assert result.returncode == 0, result.stderr
-    assert "weights streamed from the safetensors files" in result.stdout
-    assert "verified a slice against transformers: the first 1 of 2 layers" in result.stdout
-    assert "row 1: 16 of 16 greedy tokens equal to transformers' generate" in result.stdout
+    cli_convert_streamed(source, out)
     _assert_bitwise(torch2jax.load(out).params, _transformers_params(load_lm(source), {}))
     whole = verify_streamed(source, out, load_lm(source).config, layers=2, tokens=4)
     assert whole.startswith("verified against transformers (the whole model, 2 layers)")

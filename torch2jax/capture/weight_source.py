@@ -103,8 +103,9 @@ class WeightSource:
             raise InputSpecError(self._problems(missing, mismatched, used))
         return out
 
-    def check(self, module: torch.nn.Module) -> None:
-        """Resolve the module's own state before anything is exported: a wrong checkpoint fails at once."""
+    def check(self, module: torch.nn.Module) -> dict[str, Any]:
+        """Resolve the module's own state before anything is exported: a wrong checkpoint fails at once. Returns what
+        `resolve` returns, tied names once."""
         seen: dict[int, str] = {}
         tensors, aliases = {}, {}
         for name, tensor in module.state_dict(keep_vars=True).items():
@@ -113,7 +114,7 @@ class WeightSource:
                 continue
             seen[id(tensor)] = name
             tensors[name] = tensor
-        self.resolve(tensors, aliases)
+        return self.resolve(tensors, aliases)
 
     def materialize(self, module: torch.nn.Module) -> torch.nn.Module:
         """Give a fake-parameter module its real weights, to run it in torch (verification): each tensor stored as

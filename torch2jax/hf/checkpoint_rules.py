@@ -29,7 +29,9 @@ def transformers_rules(model: Any) -> tuple[tuple[Rename, ...], tuple[Fuse, ...]
         sources = list(getattr(rule, "_original_source_patterns", rule.source_patterns))
         targets = list(getattr(rule, "_original_target_patterns", rule.target_patterns))
         if isinstance(rule, WeightRenaming):
-            renames += [_scoped(Rename(source, targets[0]), getattr(rule, "scope_prefix", None)) for source in sources]
+            # the replacement as transformers writes it (rule.target_patterns: a PrefixChange's `\.` unescaped)
+            renames += [_scoped(Rename(source, rule.target_patterns[0]), getattr(rule, "scope_prefix", None),
+                                getattr(rule, "base_model_prefix", None) or "") for source in sources]
         elif isinstance(rule, WeightConverter):
             stack = concat = None
             for op in rule.operations:
@@ -49,9 +51,16 @@ def transformers_rules(model: Any) -> tuple[tuple[Rename, ...], tuple[Fuse, ...]
     return tuple(renames), tuple(fuses)
 
 
-def _scoped(rename: Rename, scope: str | None) -> Rename:
-    """A sub-model's rename applies under its prefix only (transformers' `scope_prefix`): CLIPModel holds
-    CLIPTextModel's `^text_model\\.(.+)` -> `\\1`, meant for `text_model.text_model.*` keys, not for `text_model.*`."""
-    if not scope or not rename.pattern.startswith("^"):
+def _scoped(rename: Rename, scope: str | None, base: str) -> Rename:
+    """A sub-model's rename applies under its prefix only (transformers' `scope_prefix`), as transformers matches it:
+    a name under `base.scope.` (the base model's prefix, e.g. `model.`) or else under `scope.` has that prefix set
+    aside, the rename is matched on the rest (no other way), and the prefix put back. CLIPModel holds CLIPTextModel's
+    `^text_model\\.(.+)` -> `\\1`, meant for `text_model.text_model.*` keys, not for `text_model.*`; Qwen2-VL's
+    Qwen2VLModel (scope "", under base `model`) adds `language_model.` to `model.*` names that lack it, not to `model.visual.*`."""
+    if scope is None or not rename.pattern.startswith("^"):
         return rename  # unanchored renames (LayerNorm.gamma -> LayerNorm.weight) match anywhere, as before
-    return Rename("^" + re.escape(scope + ".") + rename.pattern[1:], f"{scope}.{rename.replacement}")
+    under = f"{scope}." if scope else ""
+    longest = f"{base}.{under}" if base else under
+    prefix = re.escape(longest) if longest == under else f"{re.escape(longest)}|(?!{re.escape(longest)}){re.escape(under)}"
+    shifted = re.sub(r"\\(\d+)", lambda m: f"\\g<{int(m.group(1)) + 1}>", rename.replacement)  # group 1 is the prefix
+    return Rename(f"^({prefix})" + rename.pattern[1:], "\\g<1>" + shifted)

@@ -49,8 +49,9 @@ def convert_hf(
       max_batch: the most prompts per `generate` call.
       max_source_len: encoder-decoders: the longest source, in tokens.
       dtype: e.g. "bfloat16": params and computation in that precision.
-      stream_weights: a directory's causal LM is built with fake params and each weight read from the safetensors
-        files only when the generator is saved (memory stays flat in the model's size; it runs once saved and loaded).
+      stream_weights: a directory's causal LM (or image-text-to-text model) is built with fake params and each weight
+        read from the safetensors files only when the generator is saved (memory stays flat in the model's size; it runs
+        once saved and loaded).
       repeat_layers: False traces every decoder layer; by default a stack of alike layers is traced at 3 and 4 layers
         and a middle one repeated, after checking that this reproduces the 4-layer trace.
       quantize: causal LMs: "int8" (per output row), "int4" (in groups of `group_size` input columns) or
@@ -62,12 +63,15 @@ def convert_hf(
     task = task_of(source, task)
     check_generation_task(task)
     if task == IMAGE_TEXT_TO_TEXT:
-        if quantize is not None or stream_weights:
-            raise InputSpecError("quantize= and stream_weights=True are for causal LMs; convert image-text-to-text models "
-                                 "without them")
-        vlm, directory = vision_language_from(source)
+        if quantize is not None:
+            raise InputSpecError("quantize= is for causal LMs (text-generation); convert image-text-to-text models without it")
+        weights = None
+        if stream_weights:
+            vlm, directory, weights = _streamed(source, vision=True)
+        else:
+            vlm, directory = vision_language_from(source)
         generator = convert_vision_language(vlm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype,
-                                            progress=progress)
+                                            progress=progress, weights=weights)
         if directory is not None:
             generator.tokenizer_files = {**tokenizer_files(directory), **processor_files(directory)}
             generator.vision = with_processor_text(generator.vision, directory)
@@ -76,17 +80,15 @@ def convert_hf(
         if quantize is not None:
             raise InputSpecError("quantize= is for causal LMs (text-generation); convert encoder-decoders without it")
         if stream_weights:
-            raise InputSpecError("stream_weights=True is for causal LMs; text2text-generation models load in memory: "
-                                 "pass stream_weights=False")
+            raise InputSpecError("stream_weights=True is for causal LMs and image-text-to-text models; text2text-generation "
+                                 "models load in memory: pass stream_weights=False")
         lm, directory = seq2seq_lm_from(source)
         generator = convert_seq2seq(lm, max_cache_len=max_cache_len, max_batch=max_batch, max_source_len=max_source_len,
                                     dtype=dtype, progress=progress)
     else:
         weights = None
         if stream_weights:
-            if not isinstance(source, (str, os.PathLike)):
-                raise InputSpecError("stream_weights=True reads the weights from a model directory: pass its path, not a model object")
-            lm, directory, weights = streamed_causal_lm(source)
+            lm, directory, weights = _streamed(source)
         else:
             lm, directory = causal_lm_from(source)
         generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress,
@@ -94,6 +96,13 @@ def convert_hf(
     if directory is not None:
         generator.tokenizer_files = tokenizer_files(directory)
     return generator
+
+
+def _streamed(source: Any, vision: bool = False) -> tuple[Any, Path, Any]:
+    """(the model with fake params, its directory, its WeightSource): streamed_causal_lm, for a directory only."""
+    if not isinstance(source, (str, os.PathLike)):
+        raise InputSpecError("stream_weights=True reads the weights from a model directory: pass its path, not a model object")
+    return streamed_causal_lm(source, vision=vision)
 
 
 def seq2seq_lm_from(source: Any) -> tuple[Any, Path | None]:

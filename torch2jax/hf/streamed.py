@@ -4,6 +4,8 @@ The model is built from config.json with fake parameters (capture/fake_params.py
 `from_pretrained` would pick (config dtype, else the checkpoint's first floating tensor), its
 buffers real; the checkpoint's tensors are mapped onto its params with transformers' own load-time
 renaming and fusing rules (hf/checkpoint_rules.py, capture/weight_source.py) and read only when the artifact is written.
+A vision-language model (image-text-to-text) is built the same way, its language model's layers counted and sliced in
+its text config.
 """
 
 from __future__ import annotations
@@ -26,11 +28,18 @@ from .directory import generation_config, model_dir, prepare_for_export, read_co
 LAYER_LISTS = ("layer_types",)  # per-layer config entries that follow num_hidden_layers
 
 
-def fake_causal_lm(directory: Path, config: Any = None) -> tuple[Any, WeightSource]:
-    """(a causal LM with fake params and real buffers, the source of its weights) for a model directory."""
-    lm, source = fake_model(transformers().AutoModelForCausalLM, directory, config)
+def fake_causal_lm(directory: Path, config: Any = None, vision: bool = False) -> tuple[Any, WeightSource]:
+    """(a causal LM with fake params and real buffers, the source of its weights) for a model directory; `vision`:
+    the vision-language model (AutoModelForImageTextToText) around it."""
+    lm, source = fake_model(lm_class(vision), directory, config)
     lm.generation_config = generation_config(directory, lm.config)
     return lm, source
+
+
+def lm_class(vision: bool = False) -> Any:
+    """transformers' auto class of a causal LM, or with `vision` of an image-text-to-text model."""
+    module = transformers()
+    return module.AutoModelForImageTextToText if vision else module.AutoModelForCausalLM
 
 
 def fake_model(auto_class: Any, directory: Path, config: Any = None) -> tuple[Any, WeightSource]:
@@ -60,18 +69,25 @@ def fake_model(auto_class: Any, directory: Path, config: Any = None) -> tuple[An
 
 
 def num_layers(config: Any) -> int | None:
-    return getattr(config, "num_hidden_layers", None)
+    """The decoder layers of the language model (a vision-language model's in its text config)."""
+    return getattr(_text_config(config), "num_hidden_layers", None)
 
 
 def sliced_config(config: Any, layers: int) -> Any:
-    """The same config with only the first `layers` decoder layers (and per-layer lists cut alike)."""
+    """The same config with only the first `layers` decoder layers (and per-layer lists cut alike); a vision-language
+    model's text config is cut, its vision tower kept whole."""
     small = copy.deepcopy(config)
-    small.num_hidden_layers = layers
+    text = _text_config(small)
+    text.num_hidden_layers = layers
     for name in LAYER_LISTS:
-        value = getattr(small, name, None)
+        value = getattr(text, name, None)
         if isinstance(value, (list, tuple)):
-            setattr(small, name, type(value)(value[:layers]))
+            setattr(text, name, type(value)(value[:layers]))
     return small
+
+
+def _text_config(config: Any) -> Any:
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 def _load_dtype(config: Any, checkpoint: Checkpoint) -> torch.dtype:
@@ -86,10 +102,11 @@ def _load_dtype(config: Any, checkpoint: Checkpoint) -> torch.dtype:
     return torch.get_default_dtype()
 
 
-def streamed_causal_lm(source: str | os.PathLike, config: Any = None) -> tuple[Any, Path, WeightSource]:
+def streamed_causal_lm(source: str | os.PathLike, config: Any = None, *,
+                       vision: bool = False) -> tuple[Any, Path, WeightSource]:
     """(the causal LM with fake params, its directory, the WeightSource of its safetensors files); `config` replaces
-    the directory's (a slice of its layers, for verification)."""
+    the directory's (a slice of its layers, for verification); `vision`: the image-text-to-text model."""
     directory = model_dir(source)
     config = config or read_config(directory)
-    lm, weights = fake_causal_lm(directory, config)
+    lm, weights = fake_causal_lm(directory, config, vision)
     return lm, directory, weights

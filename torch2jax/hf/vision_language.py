@@ -158,16 +158,20 @@ def check_supported(vlm: torch.nn.Module) -> None:
 
 
 def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, max_batch: int = 8, dtype: Any = None,
-                            progress: Any = None) -> VisionLanguageGenerator:
-    """A transformers vision-language model -> a torch-free `VisionLanguageGenerator` (encode_image, prefill, decode)."""
+                            progress: Any = None, weights: Any = None) -> VisionLanguageGenerator:
+    """A transformers vision-language model -> a torch-free `VisionLanguageGenerator` (encode_image, prefill, decode).
+    `weights` (a capture.weight_source.WeightSource) streams the params of a model built with fake parameters."""
     check_limits(max_cache_len, max_batch)
     check_supported(vlm)
     vlm = vlm.eval()
     if dtype is not None:
         target = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         vlm = to_dtype(vlm, target) if has_fake_parameters(vlm) else vlm.to(target)
+        if weights is not None:
+            weights.cast = True  # the checkpoint's floating tensors are converted to `dtype` as they are read
     if type(vlm).__name__ in VARIABLE_RESOLUTION:
-        return convert_variable_resolution(vlm, max_cache_len=max_cache_len, max_batch=max_batch, progress=progress)
+        return convert_variable_resolution(vlm, max_cache_len=max_cache_len, max_batch=max_batch, progress=progress,
+                                           weights=weights)
     config = vlm.config
     vision = config.vision_config
     pixel_shape = (int(getattr(vision, "num_channels", 3)), int(vision.image_size), int(vision.image_size))
@@ -181,7 +185,7 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
     images = {"name": "images", "min": 1, "max": max_images}
     encode_captured, _ = trace(encoder, (torch.zeros((2, *pixel_shape), dtype=probe.dtype),), None, ({0: images},), timer,
                                what=" of the image encoder")
-    encode = model_from(encode_captured, timer)
+    encode = model_from(encode_captured, timer, weights)
 
     batch = min(max_batch, 2)
     step_args = example_step_inputs(layout, batch, 3)
@@ -196,7 +200,7 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
     captured, _ = trace(step.eval(), (*step_args, features, index), None,
                         (*shapes, {0: feature_rows}, shapes[0]), timer, what=" of the multimodal step")
     _drop_unused_symbols(captured.graph)
-    prefill = model_from(captured, timer)
+    prefill = model_from(captured, timer, weights)
     if set(encode.params) != set(prefill.params):
         raise ExportError("the image encoder and the language step do not share one params tree: "
                           f"{sorted(set(encode.params) ^ set(prefill.params))[:10]}")
@@ -214,8 +218,8 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
     return VisionLanguageGenerator(encode, prefill, decode, spec, spec_vision)
 
 
-def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max_batch: int,
-                                progress: Any = None) -> VisionLanguageGenerator:
+def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max_batch: int, progress: Any = None,
+                                weights: Any = None) -> VisionLanguageGenerator:
     """Qwen2-VL: encode_image over merged groups of patches (PatchEncoder), prefill/decode with 3-D rotary offsets."""
     config, vision = vlm.config, vlm.config.vision_config
     merge = int(vision.spatial_merge_size)
@@ -233,7 +237,7 @@ def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max
         feature_size = int(encoder(*example).shape[-1])
     encode_captured, _ = trace(encoder, example, None, ({0: merged}, {0: merged}, {0: merged}), timer,
                                what=" of the image encoder")
-    encode = model_from(encode_captured, timer)
+    encode = model_from(encode_captured, timer, weights)
 
     batch = min(max_batch, 2)
     step_args = example_step_inputs(layout, batch, 3)
@@ -246,7 +250,7 @@ def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max
     captured, _ = trace(step.eval(), (*step_args, features, index, offsets), None,
                         (*shapes, {0: merged}, shapes[0], offset_dims), timer, what=" of the multimodal step")
     _drop_unused_symbols(captured.graph)
-    prefill = model_from(captured, timer)
+    prefill = model_from(captured, timer, weights)
     if set(encode.params) != set(prefill.params):
         raise ExportError("the image encoder and the language step do not share one params tree: "
                           f"{sorted(set(encode.params) ^ set(prefill.params))[:10]}")

@@ -8,12 +8,14 @@ from pathlib import Path
 
 from ..errors import InputSpecError
 from ..hf.directory import is_hf_target
-from ..hf.tasks import GENERATION_TASKS, TEXT_GENERATION, task_of
+from ..hf.tasks import GENERATION_TASKS, IMAGE_TEXT_TO_TEXT, TEXT_GENERATION, task_of
 from ..runtime.stablehlo import DEFAULT_PLATFORMS
 from .conversion import BytesFn, Conversion, ProgressFn
 from .forward import export_forward
 from .generation import export_generator
 from .targets import import_lowerings
+
+STREAMED_TASKS = (TEXT_GENERATION, IMAGE_TEXT_TO_TEXT)  # generators whose weights stream (encoder-decoders load in memory)
 
 
 def convert_target(
@@ -86,7 +88,7 @@ def convert_target(
     if is_hf_target(target):
         kind = task_of(target, task)
         if kind in GENERATION_TASKS:
-            return export_generator(target, out, task=kind, stream=stream and kind == TEXT_GENERATION,
+            return export_generator(target, out, task=kind, stream=stream and kind in STREAMED_TASKS,
                                     max_cache_len=max_cache_len, max_batch=max_batch, max_source_len=max_source_len,
                                     verify_tokens=verify_tokens, verify_layers=verify_layers, repeat_layers=repeat_layers,
                                     **options)

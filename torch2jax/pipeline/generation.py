@@ -1,5 +1,6 @@
-"""An `hf:DIR` generation target (a causal LM or an encoder-decoder) to an artifact checked against transformers'
-greedy generate: in memory, or with the weights streamed from the safetensors files (causal LMs)."""
+"""An `hf:DIR` generation target (a causal LM, an encoder-decoder or a vision-language model) to an artifact checked
+against transformers' greedy generate: in memory, or with the weights streamed from the safetensors files (causal LMs
+and vision-language models)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ..hf.convert import causal_lm_from, seq2seq_lm_from
 from ..hf.directory import tokenizer_files
 from ..hf.seq2seq import convert_seq2seq
 from ..hf.streamed import streamed_causal_lm
-from ..hf.tasks import IMAGE_TEXT_TO_TEXT, TEXT2TEXT_GENERATION
+from ..hf.tasks import IMAGE_TEXT_TO_TEXT, TEXT2TEXT_GENERATION, TEXT_GENERATION
 from ..hf.verify import check_generation, verify_generation, verify_seq2seq, verify_vision_language
 from ..hf.verify_slice import verify_streamed
 from ..hf.vision_language import convert_vision_language, processor_files, vision_language_from, with_processor_text
@@ -32,32 +33,37 @@ def export_generator(target: str, out: Path, *, task: str, stream: bool, platfor
             progress(stage, message)
 
     checks: list[str] = []
+    if quantize is not None and task != TEXT_GENERATION:
+        raise InputSpecError(f"--quantize is for causal LMs (text-generation); convert {task} models without it")
     if stream:
+        vision = task == IMAGE_TEXT_TO_TEXT
         report("build model", f"build {target} with fake parameters, map its safetensors files")
-        lm, directory, weights = streamed_causal_lm(target)
+        lm, directory, weights = streamed_causal_lm(target, vision=vision)
         gigabytes = weights.checkpoint.nbytes / 1e9
-        generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress,
-                                      weights=weights, repeat_layers=repeat_layers, quantize=quantize, group_size=group_size)
+        if vision:
+            generator = convert_vision_language(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype,
+                                                progress=progress, weights=weights)
+        else:
+            generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype,
+                                          progress=progress, weights=weights, repeat_layers=repeat_layers, quantize=quantize,
+                                          group_size=group_size)
 
         def check(tmp: Path) -> None:
             checks.append(verify_streamed(directory, tmp, lm.config, layers=verify_layers, tokens=verify_tokens, dtype=dtype,
                                           max_cache_len=max_cache_len, max_batch=max_batch, seed=seed, progress=progress,
-                                          repeat_slice=repeat_slice(lm) if repeat_layers else None,
-                                          quantization=generator.prefill_model.quantization))
+                                          repeat_slice=repeat_slice(lm) if repeat_layers and not vision else None,
+                                          quantization=generator.prefill_model.quantization, vision=vision))
 
-        saving = f"jax.export prefill and decode, stream {gigabytes:.2f} GB of weights into {out}"
+        entries = "encode_image, prefill and decode" if vision else "prefill and decode"
+        saving = f"jax.export {entries}, stream {gigabytes:.2f} GB of weights into {out}"
     else:
         report("build model", f"load {target} with transformers")
         if task == IMAGE_TEXT_TO_TEXT:
-            if quantize is not None:
-                raise InputSpecError("--quantize is for causal LMs (text-generation); convert image-text-to-text models without it")
             lm, directory = vision_language_from(target)
             generator = convert_vision_language(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype,
                                                 progress=progress)
             compare, entries = verify_vision_language, "encode_image, prefill and decode"
         elif task == TEXT2TEXT_GENERATION:
-            if quantize is not None:
-                raise InputSpecError("--quantize is for causal LMs (text-generation); convert encoder-decoders without it")
             lm, directory = seq2seq_lm_from(target)
             generator = convert_seq2seq(lm, max_cache_len=max_cache_len, max_batch=max_batch, max_source_len=max_source_len,
                                         dtype=dtype, progress=progress)

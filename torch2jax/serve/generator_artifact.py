@@ -44,14 +44,14 @@ def save_generator(
 
 def load_generator(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bool = True,
                    plan: ShardingPlan | None = None) -> TokenLoop:
-    """The generator of a text-generation or text2text-generation artifact; with a `plan` (causal LMs), params
-    restored sharded on its mesh."""
+    """The generator of a text-generation, text2text-generation or image-text-to-text artifact; with a `plan` (causal
+    LMs and vision-language models), params restored sharded on its mesh."""
     root, manifest = artifact.open_artifact(path, verify_hashes=False)
     task = manifest.get("task")
     kind = GENERATORS.get(task)
     if kind is None:
         raise ArtifactError(f"{path} is not a generation artifact (task {task!r}); load it with torch2jax.load")
-    if plan is not None and kind is not Generator:  # (a VisionLanguageGenerator is a Generator subclass, refused here too)
+    if plan is not None and kind is Seq2SeqGenerator:
         raise ShardingError(f"loading a {task} artifact on a mesh is not supported yet: load it without mesh=")
     models, manifest = artifact.load_entries(path, from_graph=from_graph, verify_hashes=verify_hashes,
                                              shardings=plan.shardings() if plan else None)
@@ -65,7 +65,7 @@ def load_generator(path: str | os.PathLike, *, from_graph: bool = False, verify_
     if kind is VisionLanguageGenerator:
         return VisionLanguageGenerator(models["encode_image"], models["prefill"], models["decode"],
                                        GenerationSpec.from_json(manifest.get("generation")),
-                                       VisionSpec.from_json(manifest.get("vision")), manifest, tokenizer_files)
+                                       VisionSpec.from_json(manifest.get("vision")), manifest, tokenizer_files, sharding=plan)
     first, second = (models[name] for name in kind.ENTRY_POINTS)
     if kind is Seq2SeqGenerator:
         return Seq2SeqGenerator(first, second, Seq2SeqSpec.from_json(manifest.get("generation")), manifest, tokenizer_files)

@@ -26,6 +26,7 @@ import numpy as np
 from ..errors import InputSpecError, Torch2JaxError
 from ..ir import dtypes
 from ..runtime.model import Model
+from ..runtime.sharding import ShardingPlan
 from .generator import GenerationSpec, Generator
 from .loop import call_entry, finish
 from .text import ChatTemplate
@@ -135,8 +136,9 @@ class VisionLanguageGenerator(Generator):
     ENTRY_POINTS = ("prefill", "decode", "encode_image")
 
     def __init__(self, encode: Model, prefill: Model, decode: Model, spec: GenerationSpec, vision: VisionSpec,
-                 manifest: dict | None = None, tokenizer_files: dict[str, Path] | None = None):
-        super().__init__(prefill, decode, spec, manifest, tokenizer_files)
+                 manifest: dict | None = None, tokenizer_files: dict[str, Path] | None = None,
+                 sharding: ShardingPlan | None = None):
+        super().__init__(prefill, decode, spec, manifest, tokenizer_files, sharding=sharding)
         self.encode_model = encode
         self.vision = vision
         self._encode = jax.jit(lambda params, *inputs: call_entry(self.encode_model, params, *inputs))
