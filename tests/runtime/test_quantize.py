@@ -128,3 +128,22 @@ def _eqns(jaxpr):
         yield eqn
         for sub in jax.core.jaxprs_in_params(eqn.params):
             yield from _eqns(sub)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize("rows", [1, 8, 100])
+def test_few_rows_never_write_the_float_weight_out_whole(scheme, rows):
+    """On CPU a weight-only quantized Linear at 2 to 64 rows dequantizes a block of the weight's rows at a time, and at
+    one row inside the matrix-vector product: no float32 copy of the whole weight in the compiled function (XLA:CPU
+    writes one out before a matrix product; with 100 rows that is amortized, so it stays). Values as torch's with the
+    weight dequantized."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512)).eval()  # 2 blocks
+    x = torch.randn(rows, 64)
+    jm = torch2jax.convert(module, (x,), quantize=scheme, group_size=32)
+    want = torch_out(quantize_like(module, jm.quantization), x)
+    np.testing.assert_allclose(np.asarray(jm(x.numpy())), want.numpy(), rtol=1e-5, atol=1e-5)
+    hlo = jax.jit(jm.apply).lower(jm.params, x.numpy()).compile().as_text()
+    entry = hlo[hlo.index("ENTRY"):]
+    whole = [shape for shape in ("f32[512,64]", "f32[64,512]", "f32[512,512]") if shape in entry]
+    assert bool(whole) == (rows > 64), whole

@@ -40,6 +40,10 @@ _CARRIES = frozenset({*VIEWS, "aten.unsqueeze.default", "aten.squeeze.dims", "at
 PERMUTE, MM, ADDMM = "aten.permute.default", "aten.mm.default", "aten.addmm.default"
 LINEAR = "torch2jax.linear.default"
 DYNAMIC_INT8_WEIGHT, DYNAMIC_INT8_LINEAR = "torch2jax.dynamic_int8_weight.default", "torch2jax.dynamic_int8_linear.default"
+DEQUANTIZE_INT8, DEQUANTIZE_INT4 = "torch2jax.dequantize_int8.default", "torch2jax.dequantize_int4.default"
+# a quantized weight's op (runtime/quantize.py) -> the op of a Linear reading it, made from the stored form (ops/quantized.py)
+_QUANTIZED_LINEAR = {DYNAMIC_INT8_WEIGHT: DYNAMIC_INT8_LINEAR, DEQUANTIZE_INT8: "torch2jax.int8_linear.default",
+                     DEQUANTIZE_INT4: "torch2jax.int4_linear.default"}
 _BINARY = frozenset({"aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.div.Tensor", "aten.where.self",
                      "aten.maximum.default", "aten.minimum.default"})
 
@@ -313,10 +317,12 @@ def _is_transpose_2d(node: Node) -> bool:
             and [d % 2 for d in node.args[1]] == [1, 0] and len(getattr(node.meta, "shape", ())) == 2)
 
 
-def dynamic_int8_products(graph: Graph) -> Graph:
-    """torch2jax.linear(x, dynamic_int8_weight(q, scale)[, bias]) and matmul(x, permute(dynamic_int8_weight(q, scale)))
-    become torch2jax.dynamic_int8_linear(x, q, scale[, bias]): the product of an int8-dynamic weight
-    (runtime/quantize.py) made in int8 (ops/quantized.py). A weight or transpose node left with no reader is dropped."""
+def quantized_products(graph: Graph) -> Graph:
+    """torch2jax.linear(x, w[, bias]) and matmul(x, permute(w)) of a quantized weight w (dynamic_int8_weight,
+    dequantize_int8 or dequantize_int4 of the stored params: runtime/quantize.py) become one op over the stored form
+    (ops/quantized.py): dynamic_int8_linear(x, q, scale[, bias]) makes the product in int8; int8_linear(x, q, scale,
+    dtype[, bias]) and int4_linear(x, packed, scale, group_size, dtype[, bias]) dequantize the weight where the product
+    needs it. A weight or transpose node left with no reader is dropped."""
     by_name = {node.name: node for node in graph.nodes}
     uses = _uses(graph)
     replaced: dict[str, Node] = {}
@@ -329,12 +335,12 @@ def dynamic_int8_products(graph: Graph) -> Graph:
             if transpose is None or len(node.args) != 2 or not _is_transpose_2d(transpose):
                 continue
             weight = by_name.get(transpose.args[0]["ref"])
-        if weight is None or weight.op != DYNAMIC_INT8_WEIGHT:
+        if weight is None or weight.op not in _QUANTIZED_LINEAR:
             continue
         if node.op == MATMUL:
             rewritten[transpose.name] += 1
-        q, scale = weight.args[:2]
-        replaced[node.name] = Node(node.name, DYNAMIC_INT8_LINEAR, [node.args[0], q, scale, *node.args[2:]], {},
+        stored = weight.args[:2] if weight.op == DYNAMIC_INT8_WEIGHT else weight.args
+        replaced[node.name] = Node(node.name, _QUANTIZED_LINEAR[weight.op], [node.args[0], *stored, *node.args[2:]], {},
                                    node.meta, node.source)
         rewritten[weight.name] += 1
     dropped = {name for name, count in rewritten.items() if count == uses[name]}
@@ -348,5 +354,5 @@ _PASSES = [
     (expert_matmul, (BMM, INDEX, EXPAND, *VIEWS)),
     (computed_once, ()),
     (linear_products, (MM, ADDMM, MATMUL, PERMUTE)),
-    (dynamic_int8_products, (LINEAR, MATMUL, PERMUTE, DYNAMIC_INT8_WEIGHT)),
+    (quantized_products, (LINEAR, MATMUL, PERMUTE, *_QUANTIZED_LINEAR)),
 ]

@@ -9,10 +9,12 @@ few-row matmul rather than writing the float weight out).
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 from jax import lax
 
-from .linalg import LINEAR_WEIGHT_FIRST_ROWS
+from .linalg import LINEAR_WEIGHT_FIRST_ROWS, blocked_linear, linear
 from .registry import lowers
 
 
@@ -36,7 +38,7 @@ def dequantize_int4(packed, scale, group_size, dtype):
 
 @lowers("torch2jax.dynamic_int8_weight.default")
 def dynamic_int8_weight(q, scale, dtype):
-    """An int8-dynamic weight read by something other than a Linear (passes.dynamic_int8_products fuses those):
+    """An int8-dynamic weight read by something other than a Linear (passes.quantized_products fuses those):
     the float weight, as dequantize_int8 gives it."""
     return dequantize_int8(q, scale, dtype)
 
@@ -72,3 +74,51 @@ def _int8_product_cpu(xq, q):
     if isinstance(rows, int):
         return first() if rows <= LINEAR_WEIGHT_FIRST_ROWS else _int8_product(xq, q)
     return lax.cond(jnp.asarray(rows) <= LINEAR_WEIGHT_FIRST_ROWS, first, lambda: _int8_product(xq, q))
+
+
+# Row blocks a quantized weight is dequantized in, at few rows on CPU: the largest that divides the weight's rows.
+_BLOCKS = (256, 128, 64)
+
+
+@lowers("torch2jax.int8_linear.default")
+def int8_linear(x, q, scale, dtype, bias=None):
+    """linear(x, dequantize_int8(q, scale, dtype), bias) (passes.quantized_products), see _dequantized_linear."""
+    def rows(start, size):
+        return dequantize_int8(lax.dynamic_slice_in_dim(q, start, size), lax.dynamic_slice_in_dim(scale, start, size), dtype)
+
+    return _dequantized_linear(x, rows, q.shape[0], dtype, bias)
+
+
+@lowers("torch2jax.int4_linear.default")
+def int4_linear(x, packed, scale, group_size, dtype, bias=None):
+    """linear(x, dequantize_int4(packed, scale, group_size, dtype), bias), see _dequantized_linear."""
+    def rows(start, size):
+        return dequantize_int4(lax.dynamic_slice_in_dim(packed, start, size), lax.dynamic_slice_in_dim(scale, start, size),
+                               group_size, dtype)
+
+    return _dequantized_linear(x, rows, packed.shape[0], dtype, bias)
+
+
+def _dequantized_linear(x, rows_of, rows: int, dtype, bias):
+    """The Linear of a weight dequantized by `rows_of(start, size)`. On CPU at 2 to LINEAR_WEIGHT_FIRST_ROWS rows of
+    x, a block of the weight's rows at a time (linalg.blocked_linear: the float weight is never written out whole);
+    one row is a matrix-vector product that XLA:CPU fuses with the dequantization, and many rows amortize one
+    dequantization over the rows, as on other platforms."""
+    def dense(x):
+        return linear(x, rows_of(0, rows), bias)
+
+    block = next((b for b in _BLOCKS if rows % b == 0), None)
+    if block is None:
+        return dense(x)
+
+    def cpu(x):
+        def blocked():
+            return blocked_linear(x, lambda start: rows_of(start, block), rows, block, dtype, bias)
+
+        count = math.prod(x.shape[:-1])
+        if isinstance(count, int):
+            return blocked() if 1 < count <= LINEAR_WEIGHT_FIRST_ROWS else dense(x)
+        few = (jnp.asarray(count) > 1) & (jnp.asarray(count) <= LINEAR_WEIGHT_FIRST_ROWS)
+        return lax.cond(few, blocked, lambda: dense(x))
+
+    return lax.platform_dependent(x, cpu=cpu, default=dense)
