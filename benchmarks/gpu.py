@@ -14,7 +14,6 @@ OUT.md as soon as it is measured; a section that fails is written as its error.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -62,7 +61,7 @@ def _folder(label: str) -> str:
 def refill(artifact: Path, seed: int = 0) -> None:
     """Write seeded random params of the manifest's shapes and dtypes into `artifact`, and the manifest's new hashes."""
     from torch2jax.ir import dtypes
-    from torch2jax.runtime.artifact import MANIFEST, PARAMS, param_tree
+    from torch2jax.runtime.artifact import MANIFEST, PARAMS, file_hashes, param_tree
     from torch2jax.runtime.checkpoint import save_params
 
     manifest = json.loads((artifact / MANIFEST).read_text())
@@ -77,8 +76,7 @@ def refill(artifact: Path, seed: int = 0) -> None:
             params[name] = (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(dtype)
     shutil.rmtree(artifact / PARAMS, ignore_errors=True)
     save_params(params, (artifact / PARAMS).resolve())
-    files = sorted(p for p in artifact.rglob("*") if p.is_file() and p.name != MANIFEST)
-    manifest["files"] = {str(p.relative_to(artifact)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+    manifest["files"] = {rel: digest for rel, digest in file_hashes(artifact).items() if rel != MANIFEST}
     (artifact / MANIFEST).write_text(json.dumps(manifest, indent=2))
 
 

@@ -182,8 +182,7 @@ def _weight_first(x, weight):
     One row stays x @ weight.T: XLA:CPU then fuses whatever computes the weight (an int8 or int4
     dequantization, a bfloat16 -> float32 widening) into one matrix-vector loop that reads the stored
     weight once, where the weight-first dot writes the float32 weight out first (5x slower on a
-    32000x512 LM head). With a symbolic row count the choice is a conditional, decided once the
-    artifact's shapes are known."""
+    32000x512 LM head)."""
 
     def first():
         return lax.optimization_barrier(_product(weight, x.T)).T
@@ -194,11 +193,17 @@ def _weight_first(x, weight):
     def many():
         return _weight_last(x, weight)
 
-    rows = x.shape[0]
+    return by_row_count(x.shape[0], one, first, many)
+
+
+def by_row_count(rows, one, few, many):
+    """one() at one row, few() at 2 to LINEAR_WEIGHT_FIRST_ROWS rows, many() above: how a product on CPU is made
+    depends on its row count. With a symbolic count the choice is a switch, decided once the artifact's shapes are
+    known."""
     if isinstance(rows, int):
-        return one() if rows == 1 else first() if rows <= LINEAR_WEIGHT_FIRST_ROWS else many()
+        return (one if rows == 1 else few if rows <= LINEAR_WEIGHT_FIRST_ROWS else many)()
     rows = jnp.asarray(rows)
-    return lax.switch(jnp.where(rows == 1, 0, jnp.where(rows <= LINEAR_WEIGHT_FIRST_ROWS, 1, 2)), [one, first, many])
+    return lax.switch(jnp.where(rows == 1, 0, jnp.where(rows <= LINEAR_WEIGHT_FIRST_ROWS, 1, 2)), [one, few, many])
 
 
 @lowers("aten.addbmm.default")

@@ -14,7 +14,7 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from .linalg import LINEAR_WEIGHT_FIRST_ROWS, blocked_linear, linear
+from .linalg import blocked_linear, by_row_count, linear
 from .registry import lowers
 
 
@@ -70,10 +70,7 @@ def _int8_product_cpu(xq, q):
     def first():
         return lax.optimization_barrier(lax.dot_general(q, xq, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)).T
 
-    rows = xq.shape[0]
-    if isinstance(rows, int):
-        return first() if rows <= LINEAR_WEIGHT_FIRST_ROWS else _int8_product(xq, q)
-    return lax.cond(jnp.asarray(rows) <= LINEAR_WEIGHT_FIRST_ROWS, first, lambda: _int8_product(xq, q))
+    return by_row_count(xq.shape[0], first, first, lambda: _int8_product(xq, q))
 
 
 # Row blocks a quantized weight is dequantized in, at few rows on CPU: the largest that divides the weight's rows.
@@ -115,10 +112,6 @@ def _dequantized_linear(x, rows_of, rows: int, dtype, bias):
         def blocked():
             return blocked_linear(x, lambda start: rows_of(start, block), rows, block, dtype, bias)
 
-        count = math.prod(x.shape[:-1])
-        if isinstance(count, int):
-            return blocked() if 1 < count <= LINEAR_WEIGHT_FIRST_ROWS else dense(x)
-        few = (jnp.asarray(count) > 1) & (jnp.asarray(count) <= LINEAR_WEIGHT_FIRST_ROWS)
-        return lax.cond(few, blocked, lambda: dense(x))
+        return by_row_count(math.prod(x.shape[:-1]), lambda: dense(x), blocked, lambda: dense(x))
 
     return lax.platform_dependent(x, cpu=cpu, default=dense)

@@ -137,7 +137,7 @@ def write_atomically(path: str | os.PathLike, write: Callable[[Path], dict], *, 
     try:
         tmp.mkdir()
         manifest = write(tmp)
-        manifest["files"] = {rel: _sha256(tmp / rel) for rel in _files_under(tmp)}
+        manifest["files"] = file_hashes(tmp)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False))
         if check is not None:
             check(tmp)
@@ -369,6 +369,11 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
         shutil.rmtree(trash, ignore_errors=True)
     else:
         os.rename(tmp, out)
+
+
+def file_hashes(root: Path) -> dict[str, str]:
+    """{path relative to root: sha256} of every file under `root`: what a manifest lists."""
+    return {rel: _sha256(root / rel) for rel in _files_under(root)}
 
 
 def _files_under(root: Path) -> list[str]:
