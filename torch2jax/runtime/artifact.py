@@ -30,7 +30,7 @@ from ..ir import dtypes, structure
 from ..ir.graph import Graph
 from ..lowering import interpreter, passes
 from . import stablehlo
-from .checkpoint import restore_params, save_params
+from .checkpoint import restore_params, start_saving_params
 from .model import Model
 
 FORMAT = "torch2jax-artifact"
@@ -66,12 +66,15 @@ def save(
 
     def write(tmp: Path) -> dict:
         nonlocal exported
-        if exported is None:
-            exported = stablehlo.export(model, platforms)
-        serialized, order = _serialize(exported, vjp_order)
-        (tmp / EXPORTED).write_bytes(serialized)
-        (tmp / GRAPH).write_text(model.graph.dumps())
-        save_params(model.params, tmp / PARAMS, on_bytes)
+        finish_params = start_saving_params(model.params, tmp / PARAMS, on_bytes)  # written while the rest is made
+        try:
+            if exported is None:
+                exported = stablehlo.export(model, platforms)
+            serialized, order = _serialize(exported, vjp_order)
+            (tmp / EXPORTED).write_bytes(serialized)
+            (tmp / GRAPH).write_text(model.graph.dumps())
+        finally:
+            finish_params()
         return _manifest(model, exported, order, source)
 
     return write_atomically(path, write, force=force, check=check)
@@ -102,19 +105,22 @@ def save_entries(
         raise ArtifactError(f"entry points {names} do not share one params tree")
 
     def write(tmp: Path) -> dict:
-        entries = {}
-        for name, model in models.items():
-            folder = tmp / ENTRIES / name
-            folder.mkdir(parents=True)
-            exported = stablehlo.export(model, platforms)
-            serialized, order = _serialize(exported, vjp_order)
-            (folder / EXPORTED).write_bytes(serialized)
-            (folder / GRAPH).write_text(model.graph.dumps())
-            entries[name] = _manifest(model, exported, order, source)
-        for rel, src in (files or {}).items():
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, tmp / rel)
-        save_params(params, tmp / PARAMS, on_bytes)
+        finish_params = start_saving_params(params, tmp / PARAMS, on_bytes)  # written while the entries are exported
+        try:
+            entries = {}
+            for name, model in models.items():
+                folder = tmp / ENTRIES / name
+                folder.mkdir(parents=True)
+                exported = stablehlo.export(model, platforms)
+                serialized, order = _serialize(exported, vjp_order)
+                (folder / EXPORTED).write_bytes(serialized)
+                (folder / GRAPH).write_text(model.graph.dumps())
+                entries[name] = _manifest(model, exported, order, source)
+            for rel, src in (files or {}).items():
+                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, tmp / rel)
+        finally:
+            finish_params()
         first = entries[names[0]]
         manifest = {key: first[key] for key in ("format", "created", "versions", "source", "x64", "platforms", "params")}
         manifest["format_version"] = ENTRIES_FORMAT_VERSION

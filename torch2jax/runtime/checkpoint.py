@@ -81,12 +81,21 @@ class _DropLogRecords(logging.Filter):
 def save_params(params: dict, path: Path, on_bytes: Callable[[int, int], None] | None = None) -> None:
     """Write `params` to an Orbax checkpoint at `path`. Zero-size params (a constant torch.export lifted with no
     elements) are not written: Orbax refuses them, and their shape in the manifest is all they hold."""
+    start_saving_params(params, path, on_bytes)()
+
+
+def start_saving_params(params: dict, path: Path, on_bytes: Callable[[int, int], None] | None = None) -> Callable[[], None]:
+    """Begin writing `params` as `save_params` does and return `finish()`, which waits until they are on disk.
+
+    In-memory params are written by Orbax's background threads, so the caller can do other work meanwhile (an
+    artifact's save serializes the StableHLO and its VJP); streamed params (read from files on demand) are
+    written before this returns, in bounded batches."""
     params = {name: value for name, value in params.items() if _nbytes(value) > 0}
     if not params:
-        return  # nothing to checkpoint (Orbax rejects empty trees)
+        return lambda: None  # nothing to checkpoint (Orbax rejects empty trees)
     if any(is_deferred(value) for value in params.values()):
         save_streamed_params(params, path, on_bytes=on_bytes)
-        return
+        return lambda: None
     import orbax.checkpoint as ocp
 
     # One zarr array per param, written in 8 MiB chunks, instead of Orbax's default OCDBT store:
@@ -97,16 +106,29 @@ def save_params(params: dict, path: Path, on_bytes: Callable[[int, int], None] |
     quiet = _DropLogRecords("Skipping merge of OCDBT checkpoints")  # Orbax tries the merge for any layout
     absl_log = logging.getLogger("absl")
     absl_log.addFilter(quiet)
-    try:
-        with ocp.AsyncCheckpointer(handler) as checkpointer:
-            checkpointer.save(path.resolve(), args=ocp.args.StandardSave(params, save_args=save_args))
-            checkpointer.wait_until_finished()  # saving is async: a CLI must not exit before it lands
-    except Exception as err:
-        raise ArtifactError(f"saving the params checkpoint failed: {type(err).__name__}: {err}") from err
-    finally:
+    checkpointer = ocp.AsyncCheckpointer(handler)
+
+    def failed(err: Exception) -> ArtifactError:
         absl_log.removeFilter(quiet)
-    if not path.is_dir() or not any(path.iterdir()):
-        raise ArtifactError(f"saving the params checkpoint to {path} left no files")
+        return ArtifactError(f"saving the params checkpoint failed: {type(err).__name__}: {err}")
+
+    try:
+        checkpointer.save(path.resolve(), args=ocp.args.StandardSave(params, save_args=save_args))
+    except Exception as err:
+        checkpointer.close()
+        raise failed(err) from err
+
+    def finish() -> None:
+        try:
+            checkpointer.wait_until_finished()  # saving is async: a CLI must not exit before it lands
+            checkpointer.close()
+        except Exception as err:
+            raise failed(err) from err
+        absl_log.removeFilter(quiet)
+        if not path.is_dir() or not any(path.iterdir()):
+            raise ArtifactError(f"saving the params checkpoint to {path} left no files")
+
+    return finish
 
 
 # -- saving streamed params (save path only) ----------------------------------------------------------
