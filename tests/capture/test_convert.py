@@ -256,3 +256,17 @@ def test_a_dynamic_dim_with_no_room_to_vary_is_a_clear_error(bounds):
     spec = {"input": {0: {"name": "batch", "min": low, "max": high}}}
     with pytest.raises(torch2jax.InputSpecError, match=rf"dynamic dim 'batch' has range \[{low}, {high}\], which leaves it no room"):
         torch2jax.convert(torch.nn.Linear(3, 2), (torch.randn(2, 3),), dynamic_shapes=spec)
+
+
+class CheckedValues(torch.nn.Module):
+    """`torch._check_tensor_all` (transformers' torch_compilable_check on a tensor): `_is_all_true` in the graph."""
+
+    def forward(self, x):
+        torch._check_tensor_all(x > -100)
+        return x * 2
+
+
+def test_a_check_on_tensor_values_converts_and_runs():
+    x = torch.randn(3)
+    model = torch2jax.convert(CheckedValues(), (x,))
+    assert np.allclose(model(x.numpy()), (x * 2).numpy())

@@ -109,3 +109,26 @@ def test_outputs_keep_the_modules_key_order(tmp_path):
         out = m(x.numpy())
         assert list(out) == ["zeta", "alpha", "mid"] and list(out["alpha"]) == ["y", "b"]
         assert max_err(out["alpha"]["b"], x - 1) < 1e-6 and max_err(out["mid"][1], x * 3) < 1e-6
+
+
+
+class LateField(torch.nn.Module):
+    """Returns a transformers ModelOutput whose field set last comes first in its class: it flattens in the
+    order set, is rebuilt in field order (as an image encoder's output is, e.g. AyaVision's)."""
+
+    def forward(self, x):
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        out = BaseModelOutputWithPooling(last_hidden_state=x + 1, hidden_states=(None, x * 2))
+        out.pooler_output = x.sum(-1)
+        return out
+
+
+def test_model_outputs_set_out_of_field_order_keep_their_leaves():
+    pytest.importorskip("transformers", reason="ModelOutput comes from transformers")
+    x = torch.randn(2, 3)
+    want = LateField()(x)
+    out = torch2jax.convert(LateField(), (x,))(x.numpy())
+    assert list(out) == list(want) == ["last_hidden_state", "hidden_states", "pooler_output"]
+    assert out["hidden_states"][0] is None and max_err(out["hidden_states"][1], want["hidden_states"][1]) < 1e-6
+    assert max_err(out["pooler_output"], want["pooler_output"]) < 1e-6

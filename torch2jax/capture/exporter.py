@@ -25,13 +25,30 @@ def export(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_sh
     """torch.export the module; returns (ExportedProgram before decomposition, symbol names)."""
     kwargs = dict(kwargs or {})
     dims = normalize_dynamic_shapes(dynamic_shapes)
+    plain = module.register_forward_hook(lambda _module, _args, output: plain_containers(output))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch-internal deprecations, not the user's concern
             ep = torch.export.export(module, tuple(args), kwargs, dynamic_shapes=dims, strict=strict)
     except Exception as err:  # torch's own reason is the useful part
         raise ExportError(_export_failure_message(err)) from err
+    finally:
+        plain.remove()
     return ep, symbol_names(ep, module, args, kwargs, dims)
+
+
+def plain_containers(value: Any) -> Any:
+    """`value` with dict subclasses (transformers' ModelOutput) made plain dicts, keys in the same order.
+
+    A ModelOutput flattens in the order its fields were set but is rebuilt in its class's field order, so
+    run_decompositions, which retraces through a rebuild, can reorder the graph's outputs while keeping the
+    first out_spec (an image model's `hidden_states` and `pooler_output` swapped). Plain dicts keep their order;
+    the artifact describes model outputs as dicts anyway."""
+    if isinstance(value, dict):
+        return {key: plain_containers(item) for key, item in value.items()}
+    if type(value) in (tuple, list):
+        return type(value)(plain_containers(item) for item in value)
+    return value
 
 
 def decompose(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:

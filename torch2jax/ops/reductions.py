@@ -227,8 +227,9 @@ def any_dims(x, dim=None, keepdim=False):
     return jnp.any(x, axis=_axes(x, dim, empty_means_all=False), keepdims=keepdim)
 
 
-@lowers("aten.all.default")
+@lowers("aten.all.default", "aten._is_all_true.default")
 def all_all(x):
+    """`_is_all_true` is what torch.export leaves of `torch._check(t.all())`-style checks on a bool tensor."""
     return jnp.all(x)
 
 
