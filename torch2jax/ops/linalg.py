@@ -185,6 +185,8 @@ def _weight_first(x, weight):
     32000x512 LM head)."""
 
     def first():
+        if x.dtype == weight.dtype and weight.dtype in _LOW:
+            return _low_precision_rows(x, weight)
         return lax.optimization_barrier(_product(weight, x.T)).T
 
     def one():  # the barrier keeps a bias add out of the dot's fusion, which would take the weight's producer's place
@@ -194,6 +196,16 @@ def _weight_first(x, weight):
         return _weight_last(x, weight)
 
     return by_row_count(x.shape[0], one, first, many)
+
+
+def _low_precision_rows(x, weight):
+    """x @ weight.T for bfloat16 (float16) x and weight at a few rows, accumulated in float32 by the dot itself.
+    The widened operands `_product` makes on CPU write a float32 copy of the weight on every call and read it
+    back: three times the stored weight's bytes, where this reads them once (a bfloat16 Llama decoding 8 rows:
+    5.6 -> 25.9 tok/s per row, float32 27.7). x passes a barrier first: XLA:CPU's dot refuses a bfloat16 operand
+    fused from a float32 convert."""
+    x = lax.optimization_barrier(x)
+    return lax.dot_general(x, weight, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
 
 def by_row_count(rows, one, few, many):
