@@ -436,6 +436,7 @@ def main() -> None:
     for n, (model_type, class_name, role) in enumerate(todo, 1):
         row = run_in_subprocess(model_type, class_name, ns.timeout)
         row["role"] = role
+        row["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")  # to find the rows a busy machine may have slowed
         results["rows"][row_key(model_type, class_name)] = row
         _write_atomic(ns.results, results)
         onnx = row.get("onnx", {}).get("status", "-")
