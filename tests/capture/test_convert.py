@@ -270,3 +270,39 @@ def test_a_check_on_tensor_values_converts_and_runs():
     x = torch.randn(3)
     model = torch2jax.convert(CheckedValues(), (x,))
     assert np.allclose(model(x.numpy()), (x * 2).numpy())
+
+
+class FeaturesAtTokens(torch.nn.Module):
+    """A multimodal merge: the valid rows of per-frame features (`features[frame_mask]`, a data-dependent count)
+    written into the text embeddings at the placeholder tokens (as Qwen2-Audio's forward does)."""
+
+    def forward(self, embeds, features, frame_mask, token_mask):
+        selected = features[frame_mask]
+        return embeds.masked_scatter(token_mask[..., None].expand_as(embeds), selected)
+
+
+class SummedSelection(torch.nn.Module):
+    def forward(self, features, frame_mask):
+        return features[frame_mask].sum(0)
+
+
+def _masks(counts, shape, seed):
+    """A bool mask of `shape` with counts[i] leading True values per row."""
+    mask = torch.zeros(shape, dtype=torch.bool)
+    for row, count in enumerate(counts):
+        mask[row, :count] = True
+    return mask[:, torch.randperm(shape[1], generator=torch.Generator().manual_seed(seed))]
+
+
+def test_selected_rows_written_at_tokens_convert_for_any_count():
+    embeds, features = torch.randn(2, 7, 4), torch.randn(2, 6, 4)
+    example = (embeds, features, _masks([3, 2], (2, 6), 0), _masks([2, 3], (2, 7), 1))
+    model = torch2jax.convert(FeaturesAtTokens(), example)
+    for counts, tokens in (([3, 2], [2, 3]), ([6, 1], [4, 3]), ([0, 0], [0, 0]), ([6, 6], [6, 6])):
+        inputs = (embeds, features, _masks(counts, (2, 6), 2), _masks(tokens, (2, 7), 3))
+        assert max_err(model(*(t.numpy() for t in inputs)), FeaturesAtTokens()(*inputs)) == 0
+
+
+def test_selected_rows_read_otherwise_are_refused_by_name():
+    with pytest.raises(torch2jax.UnsupportedOpsError, match="aten.index.Tensor"):
+        torch2jax.convert(SummedSelection(), (torch.randn(2, 6, 4), _masks([3, 2], (2, 6), 0)))

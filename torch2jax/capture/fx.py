@@ -7,6 +7,7 @@ symbolic dims are renamed to the user's dim names.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,11 @@ def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str],
             param_renames: dict[str, str] | None = None) -> Captured:
     """Build the portable graph of `ep`; `symbol_names` renames torch symbols (s0) to dim names, `param_renames`
     state_dict names (exporter.subclass_param_names)."""
-    _refuse_data_dependent_shapes(ep.graph_module)
+    compacted = _masked_rows_into_scatter(ep.graph_module)
+    _refuse_data_dependent_shapes(ep.graph_module, allowed=set(compacted))
     capturer = _Capturer(symbol_names)
     graph = capturer.graph(ep.graph_module, ep.graph_signature)
+    _bound_masked_rows(graph, compacted)
     _refuse_input_mutation(graph)
     call_spec = ep.call_spec  # torch rebuilds it on every access
     graph.in_spec = treespec_to_json(call_spec.in_spec)
@@ -103,9 +106,55 @@ DATA_DEPENDENT_SHAPES: dict[str, str] = {
 }
 
 
-def _refuse_data_dependent_shapes(graph_module: torch.fx.GraphModule) -> None:
+# x[mask] feeding only masked_scatter as its source (a multimodal model's image or audio features placed at their
+# tokens): lowered to the selected rows first, padded to the mask's size, which masked_scatter reads in order
+MASKED_ROWS = "torch2jax.masked_rows.default"
+_ASSERTS = {torch.ops.aten._assert_scalar.default, torch.ops.aten._assert_tensor_metadata.default}
+
+
+def _masked_rows_into_scatter(graph_module: torch.fx.GraphModule) -> dict[str, int]:
+    """The `x[mask]` nodes (a bool mask over x's leading dims, its size static) whose result is read only as the
+    source of masked_scatter, by runtime checks, or by sym_size for runtime checks: {node name: the mask's size}.
+
+    The row count is data-dependent, but masked_scatter consumes the source's elements in order and only as many as
+    its own mask selects, so the selected rows padded to the mask's size give the same result, at a static shape."""
+    found = {}
+    for node in graph_module.graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.aten.index.Tensor:
+            continue
+        indices = node.args[1]
+        if len(indices) != 1 or not isinstance(indices[0], torch.fx.Node):
+            continue
+        mask = indices[0].meta.get("val")
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or not all(isinstance(d, int) for d in mask.shape):
+            continue
+        if all(_reads_as_scatter_source(user, node) for user in node.users):
+            found[node.name] = math.prod(mask.shape)
+    return found
+
+
+def _reads_as_scatter_source(user: torch.fx.Node, rows: torch.fx.Node) -> bool:
+    if user.target is torch.ops.aten.masked_scatter.default:
+        return user.args[2] is rows and rows not in user.args[:2]
+    if user.target in _ASSERTS:
+        return True
+    if user.target is torch.ops.aten.sym_size.int:  # the row count, compared in runtime checks only
+        return all(all(check.target in _ASSERTS for check in compare.users) for compare in user.users)
+    return False
+
+
+def _bound_masked_rows(graph: Graph, compacted: dict[str, int]) -> None:
+    """The nodes `_masked_rows_into_scatter` found become MASKED_ROWS, their row count the mask's size."""
+    for node in graph.nodes:
+        if node.name in compacted:
+            node.op = MASKED_ROWS
+            node.meta = TensorMeta(node.meta.dtype, [compacted[node.name], *node.meta.shape[1:]])
+
+
+def _refuse_data_dependent_shapes(graph_module: torch.fx.GraphModule, allowed: set[str] = frozenset()) -> None:
     """XLA compiles static (or symbolic) shapes only: name every op whose output size torch could only
-    express with an unbacked symbol (a size read from tensor values), and how to bound it."""
+    express with an unbacked symbol (a size read from tensor values), and how to bound it; `allowed` nodes are
+    given a bound by the converter."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     found: dict[str, torch.fx.Node] = {}
@@ -113,6 +162,8 @@ def _refuse_data_dependent_shapes(graph_module: torch.fx.GraphModule) -> None:
         if not isinstance(module, torch.fx.GraphModule):
             continue
         for node in module.graph.nodes:
+            if node.name in allowed and module is graph_module:
+                continue
             values = node.meta.get("val")
             values = values if isinstance(values, (list, tuple)) else [values]
             shaped = [v for v in values if isinstance(v, torch.Tensor)]

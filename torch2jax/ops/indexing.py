@@ -246,6 +246,17 @@ def masked_scatter(x, mask, source):
     return jnp.where(mb, src[pos], xb).reshape(shape)
 
 
+@lowers("torch2jax.masked_rows.default")
+def masked_rows(x, indices):
+    """x[mask] for a bool mask over x's leading dims, as capture bounds it when only masked_scatter reads it (see
+    capture.fx.MASKED_ROWS): the selected rows in order, then copies of the first row up to the mask's size."""
+    (mask,) = indices
+    rows = x.reshape(-1, *x.shape[mask.ndim:])
+    flat = mask.reshape(-1)
+    (index,) = jnp.nonzero(flat, size=flat.shape[0], fill_value=0)
+    return rows[index]
+
+
 @lowers("aten.nonzero_static.default")
 def nonzero_static(x, size, fill_value=-1):
     if x.ndim == 0:
