@@ -17,7 +17,8 @@ import os
 import shutil
 import uuid
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -66,15 +67,12 @@ def save(
 
     def write(tmp: Path) -> dict:
         nonlocal exported
-        finish_params = start_saving_params(model.params, tmp / PARAMS, on_bytes)  # written while the rest is made
-        try:
+        with _params_written_meanwhile(model.params, tmp / PARAMS, on_bytes):
             if exported is None:
                 exported = stablehlo.export(model, platforms)
             serialized, order = _serialize(exported, vjp_order)
             (tmp / EXPORTED).write_bytes(serialized)
             (tmp / GRAPH).write_text(model.graph.dumps())
-        finally:
-            finish_params()
         return _manifest(model, exported, order, source)
 
     return write_atomically(path, write, force=force, check=check)
@@ -105,8 +103,7 @@ def save_entries(
         raise ArtifactError(f"entry points {names} do not share one params tree")
 
     def write(tmp: Path) -> dict:
-        finish_params = start_saving_params(params, tmp / PARAMS, on_bytes)  # written while the entries are exported
-        try:
+        with _params_written_meanwhile(params, tmp / PARAMS, on_bytes):
             entries = {}
             for name, model in models.items():
                 folder = tmp / ENTRIES / name
@@ -119,8 +116,6 @@ def save_entries(
             for rel, src in (files or {}).items():
                 (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src, tmp / rel)
-        finally:
-            finish_params()
         first = entries[names[0]]
         manifest = {key: first[key] for key in ("format", "created", "versions", "source", "x64", "platforms", "params")}
         manifest["format_version"] = ENTRIES_FORMAT_VERSION
@@ -131,6 +126,20 @@ def save_entries(
         return {**manifest, **extra}
 
     return write_atomically(path, write, force=force, check=check)
+
+
+@contextmanager
+def _params_written_meanwhile(params: dict, path: Path, on_bytes: Callable[[int, int], None] | None) -> Iterator[None]:
+    """Orbax writes `params` in its background threads while the block serializes the rest; the block's own error,
+    if any, is the one raised (the params are still waited for, so nothing writes into a removed folder)."""
+    finish = start_saving_params(params, path, on_bytes)
+    try:
+        yield
+    except BaseException:
+        with suppress(Exception):
+            finish()
+        raise
+    finish()
 
 
 def write_atomically(path: str | os.PathLike, write: Callable[[Path], dict], *, force: bool, check: Callable[[Path], None] | None) -> Path:

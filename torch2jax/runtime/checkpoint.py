@@ -108,26 +108,23 @@ def start_saving_params(params: dict, path: Path, on_bytes: Callable[[int, int],
     absl_log.addFilter(quiet)
     checkpointer = ocp.AsyncCheckpointer(handler)
 
-    def failed(err: Exception) -> ArtifactError:
-        absl_log.removeFilter(quiet)
-        return ArtifactError(f"saving the params checkpoint failed: {type(err).__name__}: {err}")
+    def finish(wait: bool = True) -> None:
+        try:
+            if wait:
+                checkpointer.wait_until_finished()  # saving is async: a CLI must not exit before it lands
+        except Exception as err:
+            raise ArtifactError(f"saving the params checkpoint failed: {type(err).__name__}: {err}") from err
+        finally:
+            checkpointer.close()
+            absl_log.removeFilter(quiet)
+        if wait and (not path.is_dir() or not any(path.iterdir())):
+            raise ArtifactError(f"saving the params checkpoint to {path} left no files")
 
     try:
         checkpointer.save(path.resolve(), args=ocp.args.StandardSave(params, save_args=save_args))
     except Exception as err:
-        checkpointer.close()
-        raise failed(err) from err
-
-    def finish() -> None:
-        try:
-            checkpointer.wait_until_finished()  # saving is async: a CLI must not exit before it lands
-            checkpointer.close()
-        except Exception as err:
-            raise failed(err) from err
-        absl_log.removeFilter(quiet)
-        if not path.is_dir() or not any(path.iterdir()):
-            raise ArtifactError(f"saving the params checkpoint to {path} left no files")
-
+        finish(wait=False)
+        raise ArtifactError(f"saving the params checkpoint failed: {type(err).__name__}: {err}") from err
     return finish
 
 
