@@ -9,6 +9,9 @@ weights are most of an artifact's bytes, so they need not travel: `measure` refi
 seeded random values of the shapes and dtypes its manifest declares (and rewrites the manifest's hashes), and builds
 the transformers reference models from their configs with random weights on the GPU. Each section is written to
 OUT.md as soon as it is measured; a section that fails is written as its error.
+
+Run from the repository root on a machine where the project is not installed, the command line must first sit
+where an install puts it (`ln -s ../cli torch2jax/cli`): the serving section starts `torch2jax serve`.
 """
 
 from __future__ import annotations

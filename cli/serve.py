@@ -28,9 +28,14 @@ from .common import handles_errors
               help="A Jinja chat template file (default: tokenizer_config.json's chat_template).")
 @click.option("--drain-timeout", default=30.0, show_default=True,
               help="On SIGTERM/SIGINT: seconds to let requests in flight finish before exiting.")
+@click.option("--warm-up", type=click.Choice(["all", "short"]), default="all", show_default=True,
+              help="Before listening, compile the steps at every shape a request can need (all: no client waits on a "
+              "compilation, which on a busy server would stall every running request; takes longer to start), or for "
+              "a short prompt only (short).")
 @click.option("--log-level", default="warning", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 @handles_errors
-def serve(artifact_dir, host, port, max_batch, max_queue, chunk, model_name, chat_template, drain_timeout, log_level):
+def serve(artifact_dir, host, port, max_batch, max_queue, chunk, model_name, chat_template, drain_timeout, warm_up,
+          log_level):
     """Serve a text-generation artifact over HTTP, OpenAI-style: /v1/completions, /v1/chat/completions
     (streaming with stream=true), /v1/models, /health and /metrics (Prometheus). Needs no torch.
 
@@ -45,8 +50,15 @@ def serve(artifact_dir, host, port, max_batch, max_queue, chunk, model_name, cha
     from torch2jax.serve.api import build_service, create_app
 
     started = time.perf_counter()
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        if done == total or time.perf_counter() - last[0] > 5:
+            last[0] = time.perf_counter()
+            click.echo(f"[serve] compiling the steps: {done}/{total}", err=True)
+
     service = build_service(artifact_dir, max_batch=max_batch, max_queue=max_queue, chunk=chunk, model_name=model_name,
-                            chat_template=chat_template)
+                            chat_template=chat_template, warm_up=warm_up, progress=progress)
     click.echo(f"[serve] loaded and warmed up in {time.perf_counter() - started:.1f}s", err=True)
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
 

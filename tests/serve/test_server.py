@@ -254,8 +254,10 @@ def test_a_client_leaving_mid_stream_frees_its_row(server):
 
 def test_full_queue_gets_429_and_sigterm_drains_then_exits_0(artifact, reference, tmp_path):
     """One row, one queue place, run by the console script: a third request is refused with Retry-After; on
-    SIGTERM the two in flight still finish whole, and the process exits 0."""
-    s = Server([CLI], artifact, tmp_path / "server.log", "--max-batch", "1", "--max-queue", "1", "--drain-timeout", "60")
+    SIGTERM the two in flight still finish whole, and the process exits 0. With `--warm-up short` the first
+    request's later decode steps compile while it runs, which keeps its row busy long after the others arrive."""
+    s = Server([CLI], artifact, tmp_path / "server.log", "--max-batch", "1", "--max-queue", "1", "--drain-timeout", "60",
+               "--warm-up", "short")
     results: dict[int, httpx.Response] = {}
 
     def ask(i: int) -> None:

@@ -369,15 +369,20 @@ class ChatShape(CompletionShape):
 
 
 def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = None, max_queue: int = 64, chunk: int = 256,
-                  model_name: str | None = None, chat_template: str | os.PathLike | None = None) -> Service:
+                  model_name: str | None = None, chat_template: str | os.PathLike | None = None, warm_up: str = "all",
+                  progress: Callable[[int, int], None] | None = None) -> Service:
     """What `torch2jax serve` serves: the artifact loaded, what the server cannot serve refused (with the reason), its
-    scheduler over `max_batch` rows (default: the artifact's), and the common steps compiled before the first client."""
+    scheduler over `max_batch` rows (default: the artifact's), and its steps compiled before the first client: at
+    every shape a request can need (`warm_up="all"`, reporting `progress(done, total)`), or a short prompt's only
+    (`"short"`: a quicker start, and compilations later while clients wait)."""
     from .artifacts import load
     from .engine import BatchEngine
     from .generator import Generator
     from .seq2seq import Seq2SeqGenerator
     from .vision_language import VisionLanguageGenerator
 
+    if warm_up not in ("all", "short"):
+        raise InputSpecError(f"warm_up must be 'all' or 'short', got {warm_up!r}")
     g = load(artifact_dir)
     if isinstance(g, Seq2SeqGenerator):
         raise InputSpecError(f"{artifact_dir} is an encoder-decoder (text2text-generation): `torch2jax serve` batches causal "
@@ -398,13 +403,16 @@ def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = No
     scheduler = Scheduler(engine, max_queue=max_queue)
     template = ChatTemplate.from_files(g.tokenizer_files.get("tokenizer_config.json"),
                                        Path(chat_template) if chat_template else None)
-    warm_up(scheduler)
+    if warm_up == "all":
+        engine.compile_steps(progress)
+    else:
+        warm_up_short(scheduler)
     scheduler.metrics = metrics  # counted from the first client on
     name = model_name or Path(artifact_dir).resolve().name
     return Service(name, scheduler, g.tokenizer, template, metrics, created=int(time.time()))
 
 
-def warm_up(scheduler: Scheduler) -> None:
+def warm_up_short(scheduler: Scheduler) -> None:
     """Compile the prefill of a short prompt and the first decode step before the first client waits on them."""
     done = []
     scheduler.submit(Request([scheduler.engine.g.spec.pad_token_id], 2, lambda e: e.finish_reason and done.append(e),

@@ -20,6 +20,9 @@ running row to w always fits the cache: every rebase succeeds, whatever the mix 
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 import jax
@@ -187,6 +190,59 @@ class BatchEngine:
             self.starts += shift
             self.pointer = pointer
             self.rebases += 1
+
+    # -- compiling ahead ------------------------------------------------------------------------
+    def step_shapes(self) -> dict[str, list]:
+        """Every shape the scheduler can call a step with, apart from prompts so close to the cache's end that their
+        first chunk is not a power of two: group sizes, prefill chunks as (tokens, attended span), decode spans."""
+        groups = sorted({min(1 << (n - 1).bit_length(), self.g.spec.max_batch) for n in range(1, self.rows + 1)})
+        chunks = set()
+        first = MIN_BUCKET
+        while first <= min(self.chunk, self.max_len - 1):  # start_group's first chunk, then whole chunks
+            chunks.add((first, first))
+            chunks.update((self.chunk, attended_span(hi, self.max_len)) for hi in range(first + self.chunk, self.max_len, self.chunk))
+            first *= 2
+        spans = sorted({attended_span(filled, self.max_len) for filled in range(1, self.max_len + 1)})
+        return {"groups": groups, "chunks": sorted(chunks), "spans": spans}
+
+    def compile_steps(self, progress: Callable[[int, int], None] | None = None, workers: int | None = None) -> int:
+        """Call each jitted step once at every shape of `step_shapes`, greedy and sampled, so that no client waits on a
+        compilation: which shapes a busy server meets depends on how requests happen to arrive together. The calls run
+        on `workers` threads (XLA compiles without the GIL), each on caches of its own; the batch is left as it was.
+        Returns how many calls it made (`progress(done, total)` after each)."""
+        shapes, ids, g, rows = self.step_shapes(), self._ids, self.g, self.rows
+
+        def prefill(k: int, width: int, span: int) -> jax.Array:
+            logits, _ = g._prefill(g.params, g.new_cache(k), jnp.zeros((k, width), ids), jnp.zeros((k, width), ids),
+                                   jnp.arange(width, dtype=ids), jnp.zeros((k, span), bool))
+            return jax.block_until_ready(logits)
+
+        def first_and_join(k: int) -> None:  # a group's last chunk, its first tokens, its rows copied into the batch
+            logits, scratch = g._prefill(g.params, g.new_cache(k), jnp.zeros((k, MIN_BUCKET), ids),
+                                         jnp.zeros((k, MIN_BUCKET), ids), jnp.arange(MIN_BUCKET, dtype=ids),
+                                         jnp.zeros((k, MIN_BUCKET), bool))
+            for temperature in (0.0, 1.0):
+                self.first_tokens(logits, [Sampling(temperature)] * k)
+            jax.block_until_ready(self._join(g.new_cache(rows), scratch, jnp.full((k,), rows, jnp.int32),
+                                             jnp.asarray(0, jnp.int32)))
+
+        def decode(span: int, any_sample: bool) -> None:
+            token, _ = self._decode(g.params, g.new_cache(rows), jnp.zeros((rows,), ids), jnp.zeros((rows,), ids),
+                                    jnp.asarray(span - 1, ids), jnp.zeros((rows,), ids), *self._sampling_arrays([], rows),
+                                    jnp.zeros((rows,), jnp.int32), span=span, any_sample=any_sample)
+            jax.block_until_ready(token)
+
+        calls = [lambda k=k: first_and_join(k) for k in shapes["groups"]]
+        calls += [lambda k=k, w=w, s=s: prefill(k, w, s) for k in shapes["groups"] for w, s in shapes["chunks"]
+                  if (w, s) != (MIN_BUCKET, MIN_BUCKET)]
+        calls += [lambda s=s, a=a: decode(s, a) for s in shapes["spans"] for a in (False, True)]
+        calls.append(lambda: jax.block_until_ready(self._roll(g.new_cache(rows), jnp.asarray(1, jnp.int32))))
+        with ThreadPoolExecutor(workers or min(4, os.cpu_count() or 1)) as pool:
+            for done, future in enumerate(as_completed([pool.submit(call) for call in calls]), 1):
+                future.result()
+                if progress is not None:
+                    progress(done, len(calls))
+        return len(calls)
 
     # -- jitted bodies --------------------------------------------------------------------------
     def _sampling_arrays(self, settings: list[Sampling | None], rows: int) -> tuple:

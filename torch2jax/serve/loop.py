@@ -76,11 +76,13 @@ class TokenLoop:
 
     def new_cache(self, batch: int) -> list[jax.Array]:
         """A zeroed self-attention KV cache for `batch` rows (slots not yet written are masked, so reuse needs no
-        zeroing); on a mesh, split by rows and kv heads."""
+        zeroing); on a mesh, split by rows and kv heads. Placed on its device like the params (committed), so that a
+        step called with a new cache and one with a cache a step returned are the same compiled step."""
         dtype = dtypes.jax_dtype(self.spec.cache_dtype)
         shapes = [(batch, *shape) for shape in self.spec.cache_shapes]
         if self.sharding is None:
-            return [jnp.zeros(shape, dtype) for shape in shapes]
+            device = jax.devices()[0]
+            return [jnp.zeros(shape, dtype, device=device) for shape in shapes]
         return [jnp.zeros(shape, dtype, device=self.sharding.cache_sharding(shape)) for shape in shapes]
 
     def _request(self, batch: int, do_sample: bool, temperature: Any, top_k: Any, top_p: Any, rng: jax.Array | None,
