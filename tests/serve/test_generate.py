@@ -210,3 +210,4 @@ def test_the_step_is_traced_once_and_decode_pins_one_token(lm_dirs, monkeypatch,
     ids = prompt(6, 3)
     np.testing.assert_array_equal(loaded.generate(ids, max_new_tokens=8, eos_token_id=[]),
                                   hf_greedy(load_lm(lm_dirs["llama"]), torch.from_numpy(ids), 8))
+    assert loaded._decode._cache_size() == 1  # the first step's carried inputs are placed as later steps' are

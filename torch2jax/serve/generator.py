@@ -147,8 +147,8 @@ class Generator(TokenLoop):
         valid[:, :width] = padded_mask
         key, do_sample, params = request.key, request.do_sample, request.sampling
         first_position = positions[:, -1] + 1 + (0 if position_delta is None else np.asarray(position_delta))
-        state = {"cache": self.new_cache(batch), "valid": jnp.asarray(valid),
-                 "position": jnp.asarray(first_position, self._id_dtype)}
+        state = {"cache": self.new_cache(batch), "valid": self.carried(valid),
+                 "position": self.carried(first_position, self._id_dtype)}
 
         def first():
             logits, state["cache"] = self._prefill(

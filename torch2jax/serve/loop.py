@@ -81,9 +81,13 @@ class TokenLoop:
         dtype = dtypes.jax_dtype(self.spec.cache_dtype)
         shapes = [(batch, *shape) for shape in self.spec.cache_shapes]
         if self.sharding is None:
-            device = jax.devices()[0]
-            return [jnp.zeros(shape, dtype, device=device) for shape in shapes]
+            return [jnp.zeros(shape, dtype, device=jax.devices()[0]) for shape in shapes]
         return [jnp.zeros(shape, dtype, device=self.sharding.cache_sharding(shape)) for shape in shapes]
+
+    def carried(self, value: Any, dtype: Any = None) -> jax.Array:
+        """A loop-carried input's first value, placed as the steps' outputs are (committed, like `new_cache`), so
+        that the first step and the later ones are one compiled step."""
+        return jnp.asarray(value, dtype) if self.sharding is not None else jax.device_put(jnp.asarray(value, dtype), jax.devices()[0])
 
     def _request(self, batch: int, do_sample: bool, temperature: Any, top_k: Any, top_p: Any, rng: jax.Array | None,
                  eos_token_id: int | list[int] | None, pad_token_id: int | None) -> Request:
