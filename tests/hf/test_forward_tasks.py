@@ -151,6 +151,8 @@ def test_inputs_a_config_cannot_give_ask_for_input_specs(tmp_path):
         tasks.text_image_inputs(example)
 
 
+@pytest.mark.slow  # the console script twice (~55 s); each head converts and matches in Python above, and tests/cli runs
+# the CLI's forward-pass conversion
 def test_cli_converts_and_verifies_a_text_classifier_and_an_image_classifier(hf_dirs, tmp_path):
     for name, signature in (("bert-cls", "(input_ids: int64[batch, seq], attention_mask: int64[batch, seq])"),
                             ("vit", "(pixel_values: float32[batch, 3, 32, 32])")):

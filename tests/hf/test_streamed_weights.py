@@ -123,6 +123,7 @@ def test_cli_streams_by_default_and_says_what_it_verified(tmp_path):
     assert whole.startswith("verified against transformers (the whole model, 2 layers)")
 
 
+@pytest.mark.slow  # the console script on a 10-layer model (~95 s); repetition is checked in Python in tests/hf/test_layer_repeat.py
 def test_a_deep_model_converts_by_repetition_and_its_slice_is_verified_the_same_way(tmp_path):
     source = write_lm("llama", tmp_path, layers=10)
     out = tmp_path / "llm"

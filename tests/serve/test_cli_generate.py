@@ -83,6 +83,7 @@ def test_a_generator_that_departs_from_transformers_fails_the_check(llm):
         check_generation(verify_generation(lm, g))
 
 
+@pytest.mark.slow  # a second conversion through the console script (~30 s) for one error message
 def test_prompt_without_a_tokenizer_points_at_ids(tmp_path):
     source = write_lm("gpt2", tmp_path)
     out = tmp_path / "gpt2-llm"

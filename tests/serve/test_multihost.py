@@ -15,6 +15,9 @@ import pytest
 import torch2jax
 
 PROBE = Path(__file__).with_name("multihost_probe.py")
+# two processes converting and loading (~2 CPU-minutes); tests/serve/test_sharding.py runs the 8-device mesh in one
+# process in the default tier
+pytestmark = pytest.mark.slow
 
 
 def free_port() -> int:

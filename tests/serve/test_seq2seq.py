@@ -44,7 +44,8 @@ def source(length: int, seed: int = 0) -> list[int]:
     return np.random.default_rng(seed).integers(3, 128, length).tolist()
 
 
-@pytest.mark.parametrize("name", ARCHITECTURES)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "bart" else n for n in ARCHITECTURES])  # bart: ~30 s,
+# the same padded-batch path as t5
 def test_padded_batch_equals_transformers_and_each_source_alone(name, model_dirs, generators):
     """32 greedy tokens (no end token) for a right-padded batch of two sources of different lengths: equal to
     transformers' generate with the mask, and each row equal to its source generated alone."""
