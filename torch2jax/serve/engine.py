@@ -99,24 +99,32 @@ class BatchEngine:
         """Lay out the prompts of the requests that start together: left-padded to a common width made of
         chunks of at most `chunk` tokens, the first one a power of two (so few widths are compiled)."""
         k = min(1 << (len(rows) - 1).bit_length(), self.g.spec.max_batch)
-        longest = max(len(p) for p in prompts)
-        limit = self.max_len - max(max_tokens)  # what generate would allow the padded prompt (the same widths)
-        full = (longest - 1) // self.chunk  # whole chunks after the first
-        first = bucket(longest - full * self.chunk, max(limit - full * self.chunk, 1), MIN_BUCKET)
-        width = first + full * self.chunk
+        # the limit is what generate would allow the padded prompt (the same widths)
+        bounds = self._chunk_bounds(max(len(p) for p in prompts), self.max_len - max(max_tokens))
+        width = bounds[-1]
         ids = np.full((k, width), self.g.spec.pad_token_id, np.int64)
         mask = np.zeros((k, width), bool)
         for r, prompt in enumerate(prompts):
             ids[r, width - len(prompt):], mask[r, width - len(prompt):] = prompt, True
-        bounds = [0, *range(first, width + 1, self.chunk)]
         return Group(rows, [len(p) for p in prompts], ids, mask, bounds, self.g.new_cache(k))
+
+    def _chunk_bounds(self, longest: int, limit: int) -> list[int]:
+        """Chunk edges of a prompt of `longest` tokens padded to fit `limit`: a power-of-two first chunk where it fits,
+        then whole chunks."""
+        full = (longest - 1) // self.chunk  # whole chunks after the first
+        first = bucket(longest - full * self.chunk, max(limit - full * self.chunk, 1), MIN_BUCKET)
+        return [0, *range(first, first + full * self.chunk + 1, self.chunk)]
+
+    def _chunk_shape(self, lo: int, hi: int) -> tuple[int, int]:
+        """(tokens, attended span) of the chunk [lo, hi): the first attends to itself, as generate's prefill does;
+        later ones to a power-of-two span (few compiles)."""
+        return hi - lo, hi if lo == 0 else attended_span(hi, self.max_len)
 
     def prefill_chunk(self, group: Group) -> jax.Array | None:
         """Run the group's next chunk; after the last one, the logits of each row's last prompt token."""
         lo, hi = group.bounds[group.chunk], group.bounds[group.chunk + 1]
         positions = np.maximum(np.cumsum(group.mask, axis=1) - 1, 0)
-        # the first chunk attends to itself, as generate's prefill does; later ones to a power-of-two span (few compiles)
-        span = hi if lo == 0 else attended_span(hi, self.max_len)
+        _, span = self._chunk_shape(lo, hi)
         valid = np.zeros((group.mask.shape[0], span), bool)
         valid[:, :hi] = group.mask[:, :hi]
         logits, group.scratch = self.g._prefill(
@@ -197,11 +205,10 @@ class BatchEngine:
         first chunk is not a power of two: group sizes, prefill chunks as (tokens, attended span), decode spans."""
         groups = sorted({min(1 << (n - 1).bit_length(), self.g.spec.max_batch) for n in range(1, self.rows + 1)})
         chunks = set()
-        first = MIN_BUCKET
-        while first <= min(self.chunk, self.max_len - 1):  # start_group's first chunk, then whole chunks
-            chunks.add((first, first))
-            chunks.update((self.chunk, attended_span(hi, self.max_len)) for hi in range(first + self.chunk, self.max_len, self.chunk))
-            first *= 2
+        for longest in range(1, self.max_len):  # the most room a prompt can have: one new token
+            bounds = self._chunk_bounds(longest, self.max_len - 1)
+            if bounds[1] >= MIN_BUCKET and bounds[1] & (bounds[1] - 1) == 0:  # else cut short by the cache's end
+                chunks.update(self._chunk_shape(lo, hi) for lo, hi in zip(bounds, bounds[1:]))
         spans = sorted({attended_span(filled, self.max_len) for filled in range(1, self.max_len + 1)})
         return {"groups": groups, "chunks": sorted(chunks), "spans": spans}
 
@@ -212,15 +219,13 @@ class BatchEngine:
         Returns how many calls it made (`progress(done, total)` after each)."""
         shapes, ids, g, rows = self.step_shapes(), self._ids, self.g, self.rows
 
-        def prefill(k: int, width: int, span: int) -> jax.Array:
-            logits, _ = g._prefill(g.params, g.new_cache(k), jnp.zeros((k, width), ids), jnp.zeros((k, width), ids),
-                                   jnp.arange(width, dtype=ids), jnp.zeros((k, span), bool))
-            return jax.block_until_ready(logits)
+        def prefill(k: int, width: int, span: int) -> tuple[jax.Array, list[jax.Array]]:
+            return jax.block_until_ready(g._prefill(g.params, g.new_cache(k), jnp.zeros((k, width), ids),
+                                                    jnp.zeros((k, width), ids), jnp.arange(width, dtype=ids),
+                                                    jnp.zeros((k, span), bool)))
 
         def first_and_join(k: int) -> None:  # a group's last chunk, its first tokens, its rows copied into the batch
-            logits, scratch = g._prefill(g.params, g.new_cache(k), jnp.zeros((k, MIN_BUCKET), ids),
-                                         jnp.zeros((k, MIN_BUCKET), ids), jnp.arange(MIN_BUCKET, dtype=ids),
-                                         jnp.zeros((k, MIN_BUCKET), bool))
+            logits, scratch = prefill(k, MIN_BUCKET, MIN_BUCKET)
             for temperature in (0.0, 1.0):
                 self.first_tokens(logits, [Sampling(temperature)] * k)
             jax.block_until_ready(self._join(g.new_cache(rows), scratch, jnp.full((k,), rows, jnp.int32),
