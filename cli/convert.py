@@ -60,11 +60,15 @@ from .common import Progress, handles_errors
                    "multiplies (int8 x int8 products: no float copy of a weight on CPU). Verification compares with torch "
                    "running the same weights dequantized (and, for int8-dynamic, the same rounded inputs).")
 @click.option("--group-size", default=64, show_default=True, help="--quantize int4: input columns sharing one scale.")
+@click.option("--specialize", multiple=True, metavar="NAME",
+              help="Fix this integer input to its example value, repeatable: for a model that reads an input's values to "
+                   "decide shapes (an image's size). Side-data inputs are fixed automatically where torch.export stops on "
+                   "their values; the artifact refuses any other value.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @handles_errors
 def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train, dtype, lowerings, seed, report_file, repro_dir,
             task, max_cache_len, max_batch, max_source_len, verify_tokens, weights_in_memory, verify_layers, trace_all_layers,
-            quantize, group_size, quiet):
+            quantize, group_size, specialize, quiet):
     """Convert TARGET (model.py:Model, model.py:make_model, or hf:DIR) into an artifact directory.
 
     \b
@@ -92,7 +96,8 @@ def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train
             platforms=[p.strip() for p in platforms.split(",") if p.strip()], force=force, verify=not no_verify,
             train=train, dtype=dtype, seed=seed, stream=not weights_in_memory, max_cache_len=max_cache_len,
             max_batch=max_batch, max_source_len=max_source_len, verify_tokens=verify_tokens, verify_layers=verify_layers,
-            repeat_layers=not trace_all_layers, quantize=quantize, group_size=group_size, lowerings=lowerings,
+            repeat_layers=not trace_all_layers, quantize=quantize, group_size=group_size, specialize=specialize,
+            lowerings=lowerings,
             report=report_file, repro_dir=repro_dir,
             progress=progress, on_bytes=progress.bytes_written,
         )

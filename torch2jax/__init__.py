@@ -41,7 +41,8 @@ ProgressFn = Callable[[str, str], None]  # (stage, message), called as each conv
 
 
 def convert(module: Any, args: Any = (), kwargs: dict | None = None, dynamic_shapes: Any = None, *, strict: bool = False,
-            dtype: str | Any = None, quantize: str | None = None, group_size: int = 64, progress: ProgressFn | None = None) -> Model:
+            dtype: str | Any = None, quantize: str | None = None, group_size: int = 64, specialize: list[str] | None = None,
+            progress: ProgressFn | None = None) -> Model:
     """Convert a torch.nn.Module to a JAX `Model`, tracing it on example inputs (needs torch).
 
     Args:
@@ -55,12 +56,15 @@ def convert(module: Any, args: Any = (), kwargs: dict | None = None, dynamic_sha
       quantize: "int8" (one scale per output row) or "int4" (one per `group_size` input columns): the weights of the
         matrix products (nn.Linear's) are held quantized and dequantized inside the function (docs/api.md).
       group_size: int4's group of input columns sharing one scale.
+      specialize: names of integer tensor inputs to fix to their example values, for a model that reads their values
+        to decide shapes (an image's size). Side-data inputs are fixed automatically where torch.export stops on
+        their values; the Model refuses any other value of a fixed input (docs/api.md).
       progress: called with (stage, message) as each stage starts.
     """
     from .capture.converter import convert as _convert  # imports torch, only now
 
     return _convert(module, args, kwargs, dynamic_shapes, strict=strict, dtype=dtype, progress=progress, quantize=quantize,
-                    group_size=group_size)
+                    group_size=group_size, specialize=specialize)
 
 
 def convert_hf(source: Any, *, task: str | None = None, max_cache_len: int = 512, max_batch: int = 8,

@@ -171,6 +171,10 @@ def render(results: dict[str, Any], configs: dict[str, Any]) -> str:
         "(\"batched_mm\")`, what `torch2jax.hf` selects for MoE models) for torch and both converters; its config "
         "column says `+batched_mm`.",
         "",
+        "Where torch.export stops on the values of an integer input that describes the data (LLaVA-NeXT's "
+        "`image_sizes`), torch2jax fixes that input to its example value and converts (torch2jax/capture/specialize.py); "
+        "the artifact refuses any other value. Such a row's status says which input, e.g. `ok (fixed: image_sizes)`.",
+        "",
         "## Rows",
         "",
         "| model type | class | config | torch2jax | error | worst abs err | time (s) | ONNX | ONNX time (s) |",
@@ -181,12 +185,16 @@ def render(results: dict[str, Any], configs: dict[str, Any]) -> str:
         worst = r.get("max_abs")
         config = r.get("source", "?") + (f"+{r['experts']}" if r.get("experts") else "")
         lines.append(
-            f"| {r['model_type']} | {r['class']} | {config} | {r['status']} | {_cell(r.get('error'))} | "
+            f"| {r['model_type']} | {r['class']} | {config} | {r['status']}{_fixed(r)} | {_cell(r.get('error'))} | "
             f"{'—' if worst is None else f'{worst:.2g}'} | {_fmt_s(r.get('seconds', {}).get('total'))} | "
             f"{onnx.get('status', '—')} | {_fmt_s(onnx.get('seconds'))} |")
     not_run = sorted(set(registered) - run_types)
     lines += ["", f"## Not run yet ({len(not_run)})", "", ", ".join(not_run) if not_run else "None."]
     return "\n".join(lines) + "\n"
+
+
+def _fixed(row: dict) -> str:
+    return f" (fixed: {', '.join(row['fixed'])})" if row.get("fixed") else ""
 
 
 def main() -> None:

@@ -154,7 +154,10 @@ def _accepted(module: Any, inputs: dict[str, Any]) -> dict[str, Any]:
 
 def _first_line(err: BaseException) -> str:
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip()
-    line = text.splitlines()[0] if text else ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    line = lines[0] if lines else ""
+    if line.endswith(":") and len(lines) > 1:  # "could not capture the model (X):" and its reason below
+        line = f"{line} {lines[1]}"
     return f"{type(err).__name__}: {line}"[:300]
 
 
@@ -193,6 +196,9 @@ def run_torch2jax(module: Any, inputs: dict[str, Any], workdir: Path) -> dict[st
         ops = {"ops": list(err.ops)} if getattr(err, "ops", None) else {}  # UnsupportedOpsError names them
         return {**row, "status": LOWERING, "error": _first_line(err), "stage": stage["name"], **ops}
     row["seconds"]["convert"] = time.perf_counter() - start
+    fixed = [inp.name for inp in model.graph.user_inputs if inp.baked and inp.meta is not None]
+    if fixed:  # integer inputs fixed to their example values (torch2jax/capture/specialize.py)
+        row["fixed"] = fixed
     row["stages"] = {name: round(seconds, 3) for name, seconds in timer.timings.items()}  # where convert's time went
     try:
         start = time.perf_counter()

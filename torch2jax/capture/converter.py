@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
@@ -56,6 +57,7 @@ def convert(
     weights: WeightSource | None = None,
     quantize: str | None = None,
     group_size: int = DEFAULT_GROUP_SIZE,
+    specialize: list[str] | None = None,
 ) -> Model:
     """Convert `module` to a JAX `Model`, tracing it on example `args`/`kwargs`.
 
@@ -67,6 +69,9 @@ def convert(
     from a safetensors checkpoint: the Model's params are then read only when it is saved.
     `quantize` ("int8", or "int4" in groups of `group_size`) stores the weights of its matrix products quantized
     (runtime/quantize.py).
+    `specialize` names integer tensor inputs to fix to their example values, for a model that reads them to decide
+    shapes (an image's size); side-data inputs are fixed automatically where torch.export needs it
+    (capture/specialize.py). The Model then refuses other values of them.
     """
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"convert() takes a torch.nn.Module, got {type(module).__name__}")
@@ -77,7 +82,7 @@ def convert(
     timer = timer or StageTimer(progress)
     if quantize is not None:
         check_scheme(quantize, group_size)
-    captured, _ = trace(module, tuple(args), kwargs, dynamic_shapes, timer, strict=strict)
+    captured, _ = trace(module, tuple(args), kwargs, dynamic_shapes, timer, strict=strict, specialize=specialize)
     model = model_from(captured, timer, weights, hints_from=module)
     if quantize is not None:
         with timer.stage("quantize", f"quantize the matmul weights to {quantize}"):
@@ -86,15 +91,24 @@ def convert(
 
 
 def trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_shapes: Any, timer: StageTimer, *,
-          strict: bool = False, what: str = "") -> tuple[Captured, torch.export.ExportedProgram]:
+          strict: bool = False, what: str = "", specialize: list[str] | None = None,
+          ) -> tuple[Captured, torch.export.ExportedProgram]:
     """torch.export + core ATen decomposition, captured as the portable graph (and the program it came from).
-    `what` tells the progress output what is traced, e.g. " of 3 of the 32 layers"."""
+    `what` tells the progress output what is traced, e.g. " of 3 of the 32 layers"; `specialize` names inputs
+    fixed to their example values (capture/specialize.py)."""
     with timer.stage("export", f"torch.export{what}"):
-        ep, names = exporter.export(module, args, kwargs, dynamic_shapes, strict=strict)
+        ep, names, fixed = exporter.export(module, args, kwargs, dynamic_shapes, strict=strict, specialize=specialize)
+    for f in fixed:
+        notice = (f"input {f.name!r} is fixed to its example value {f.values} (torch.export needs its values to decide "
+                  "shapes); the model refuses any other value")
+        if timer.progress:
+            timer.progress("export", notice)
+        elif f.name not in (specialize or []):  # fixed automatically: say so where no progress is shown
+            warnings.warn(notice, stacklevel=4)
     with timer.stage("decompose", "decompose to core ATen"):
         renames = exporter.subclass_param_names(ep)
         ep = exporter.decompose(ep)
-        return capture(ep, names, renames), ep
+        return capture(ep, names, renames, fixed), ep
 
 
 def model_from(captured: Captured, timer: StageTimer, weights: WeightSource | None = None,

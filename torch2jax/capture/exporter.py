@@ -7,13 +7,18 @@ share a name are the same dim.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
+import os
+import sys
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from ..errors import ExportError, InputSpecError
+from . import specialize as specialize_inputs
 
 # Ops torch2jax lowers better whole than decomposed (design: keep high-level ops whole).
 KEEP_WHOLE = (
@@ -21,20 +26,86 @@ KEEP_WHOLE = (
 )
 
 
-def export(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_shapes: Any, strict: bool = False):
-    """torch.export the module; returns (ExportedProgram before decomposition, symbol names)."""
+def export(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_shapes: Any, strict: bool = False,
+           specialize: list[str] | None = None) -> Exported:
+    """torch.export the module (before decomposition), with the symbol names and the inputs fixed on the way.
+
+    `specialize` names tensor inputs to fix to their example values (specialize.py); when torch.export stops at a
+    data-dependent guard, the side-data inputs it may come from are fixed too, one at a time, while that moves it."""
     kwargs = dict(kwargs or {})
+    args = tuple(args)
     dims = normalize_dynamic_shapes(dynamic_shapes)
-    plain = module.register_forward_hook(lambda _module, _args, output: plain_containers(output))
+    fixed = specialize_inputs.by_name(module, args, kwargs, list(specialize or []))
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # torch-internal deprecations, not the user's concern
-            ep = torch.export.export(module, tuple(args), kwargs, dynamic_shapes=dims, strict=strict)
+        ep = _export_fixing(module, args, kwargs, dims, strict, fixed)
     except Exception as err:  # torch's own reason is the useful part
-        raise ExportError(_export_failure_message(err)) from err
+        raise ExportError(_export_failure_message(err, fixed)) from err
+    return Exported(ep, symbol_names(ep, module, args, kwargs, dims), fixed)
+
+
+class Exported(NamedTuple):
+    program: torch.export.ExportedProgram
+    names: dict[str, str]  # torch's symbols -> the user's dim names
+    fixed: list  # specialize.FixedInput: inputs the graph is fixed to
+
+
+def _export_fixing(module, args: tuple, kwargs: dict, dims: Any, strict: bool, fixed: list):
+    """_export_once; on a data-dependent guard, again with each automatic candidate fixed in turn, keeping (in
+    `fixed`) those that move the guard, until the export succeeds or no candidate is left."""
+    try:
+        return _export_once(module, args, kwargs, dims, strict, fixed)
+    except Exception as err:
+        guard = specialize_inputs.data_dependent_guard(err)
+        if guard is None:
+            raise
+        failure = err
+    taken = {f.name for f in fixed}
+    for candidate in specialize_inputs.candidates(module, args, kwargs, _dynamic_inputs(module, args, kwargs, dims)):
+        if candidate.name in taken:
+            continue
+        try:
+            ep = _export_once(module, args, kwargs, dims, strict, [*fixed, candidate])
+        except Exception as err:
+            moved = specialize_inputs.data_dependent_guard(err)
+            if moved is None:
+                raise
+            if moved != guard:  # the candidate's values were what torch stopped at: keep it fixed
+                fixed.append(candidate)
+                guard, failure = moved, err
+            continue
+        fixed.append(candidate)
+        return ep
+    raise failure
+
+
+def _export_once(module, args: tuple, kwargs: dict, dims: Any, strict: bool, fixed: list):
+    """torch.export once. torch prints the partial graph of a failed export to stderr; that is dropped (the error
+    says where the model stopped), whatever else is written there is passed on."""
+    plain = module.register_forward_hook(lambda _module, _args, output: plain_containers(output))
+    written = io.StringIO()
+    partial = ""
+    try:
+        with warnings.catch_warnings(), specialize_inputs.fixed_while_tracing(module, fixed), \
+                contextlib.redirect_stderr(written):
+            warnings.simplefilter("ignore", FutureWarning)  # torch-internal deprecations, not the user's concern
+            return torch.export.export(module, args, kwargs, dynamic_shapes=dims, strict=strict)
+    except Exception as err:
+        partial = str(getattr(err, "partial_fx_graph", "") or "")
+        raise
     finally:
         plain.remove()
-    return ep, symbol_names(ep, module, args, kwargs, dims)
+        text = written.getvalue()
+        sys.stderr.write(text.replace(partial + "\n", "") if partial else text)
+
+
+def _dynamic_inputs(module, args: tuple, kwargs: dict, dims: Any) -> set[str]:
+    """Names of the top-level inputs with a dynamic dim declared (never fixed automatically)."""
+    if dims is None:
+        return set()
+    names = [name for name, _position, _value in specialize_inputs.named_inputs(module, args, kwargs)]
+    if isinstance(dims, dict):
+        return {name for name in names if dims.get(name) is not None}
+    return {name for name, spec in zip(names, dims) if spec is not None}
 
 
 def plain_containers(value: Any) -> Any:
@@ -190,15 +261,20 @@ def _first_paragraph(err: BaseException) -> str:
     return text.split("\n\n")[0].strip()
 
 
-def _export_failure_message(err: BaseException) -> str:
-    reason = _first_paragraph(err)
+def _export_failure_message(err: BaseException, fixed: list | None = None) -> str:
+    guard = specialize_inputs.data_dependent_guard(err)
+    reason = _guard_reason(err) if guard is not None else _first_paragraph(err)
     hint = ""
     lowered = str(err).lower()
-    if "data-dependent" in lowered or "guardon" in lowered.replace("_", "") or "could not guard" in lowered:
+    if guard is not None or "data-dependent" in lowered or "could not guard" in lowered:
         hint = (
             "\nThe model branches on a tensor's value. torch.export cannot capture that; "
-            "express the branch with torch.cond, or make the condition depend on shapes only."
+            "express the branch with torch.cond, or make the condition depend on shapes only"
         )
+        if fixed:
+            hint += f" (tried with {', '.join(f.name for f in fixed)} fixed to the example value)"
+        hint += ". If the value comes from an integer input that describes the data (an image's size), " \
+                "specialize=[its name] (--specialize) fixes it to the example value."
     elif "top-level keys must be the arg names" in lowered:
         hint = "\nName the dynamic dims by forward()'s parameter names (the keys torch lists above)."
     elif "constraints violated" in lowered or "specialized" in lowered or "dynamic_shapes" in lowered:
@@ -209,3 +285,28 @@ def _export_failure_message(err: BaseException) -> str:
             "pass use_cache=False (config or kwargs) or return a plain tuple/dict."
         )
     return f"torch.export could not capture the model ({type(err).__name__}):\n{reason}{hint}"
+
+
+def _guard_reason(err: BaseException) -> str:
+    """A data-dependent guard's condition and the model's line that asked for it, without the partial graph torch
+    prints before them."""
+    lines = [line.strip() for line in str(err).splitlines()]
+    cond = next((line for line in lines if line.startswith("Could not guard")), None)
+    where = _model_line(err) or next((line for line in lines if line.startswith("Caused by:")), None)
+    return "\n".join(line for line in (cond, where) if line) or _first_paragraph(err)
+
+
+def _model_line(err: BaseException) -> str | None:
+    """The innermost frame of the failure outside torch and torch2jax: the model's own line."""
+    import traceback
+
+    inner = err
+    while inner.__cause__ is not None or inner.__context__ is not None:
+        inner = inner.__cause__ or inner.__context__
+    skip = (os.sep + "torch" + os.sep, os.sep + "torch2jax" + os.sep, os.sep + "contextlib.py", os.sep + "functools.py")
+    frames = [f for f in traceback.extract_tb(inner.__traceback__) if not any(part in f.filename for part in skip)]
+    if not frames:
+        return None
+    frame = frames[-1]
+    short = frame.filename.split("site-packages" + os.sep)[-1]
+    return f"at {short}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"

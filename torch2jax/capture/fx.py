@@ -43,9 +43,10 @@ class Captured:
 
 
 def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str],
-            param_renames: dict[str, str] | None = None) -> Captured:
+            param_renames: dict[str, str] | None = None, fixed: list | None = None) -> Captured:
     """Build the portable graph of `ep`; `symbol_names` renames torch symbols (s0) to dim names, `param_renames`
-    state_dict names (exporter.subclass_param_names)."""
+    state_dict names (exporter.subclass_param_names); `fixed` lists the tensor inputs the graph was fixed to
+    (specialize.FixedInput), baked in like python values."""
     compacted = _masked_rows_into_scatter(ep.graph_module)
     _refuse_data_dependent_shapes(ep.graph_module, allowed=set(compacted))
     capturer = _Capturer(symbol_names)
@@ -57,6 +58,7 @@ def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str],
     graph.out_spec = treespec_to_json(call_spec.out_spec)
     graph.symbols = _symbol_ranges(ep, symbol_names)
     _bake_python_inputs(graph, ep.graph_module)
+    _bake_fixed_inputs(graph, fixed or [])
     tensors, graph.aliases = state_tensors(graph, ep.state_dict, ep.constants)
     if param_renames:
         for inp in graph.inputs:
@@ -74,6 +76,17 @@ def _bake_python_inputs(graph: Graph, graph_module: torch.fx.GraphModule) -> Non
         value = values.get(inp.name)
         if inp.meta is None and isinstance(value, BAKED_TYPES):
             inp.baked, inp.value = True, value
+
+
+def _bake_fixed_inputs(graph: Graph, fixed: list) -> None:
+    """Tensor inputs fixed to their example values (capture/specialize.py): the graph reads a constant instead, so
+    the input is baked in (its value recorded) and a call passing another value is refused."""
+    by_name = {inp.name: inp for inp in graph.user_inputs}
+    for f in fixed:
+        inp = by_name.get(f.name)
+        if inp is None:
+            raise ExportError(f"the fixed input {f.name!r} is not among the exported program's inputs ({', '.join(by_name)})")
+        inp.baked, inp.value = True, f.values
 
 
 def capture_graph_module(gm: torch.fx.GraphModule) -> Captured:

@@ -45,9 +45,9 @@ class Divergence:
 def bisect(module: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> tuple[Divergence | None, int]:
     """(the first divergent node or None, how many nodes were compared)."""
     kwargs = kwargs or {}
-    ep, names = exporter.export(module, args, kwargs, None)
+    ep, names, fixed = exporter.export(module, args, kwargs, None)
     ep = exporter.decompose(ep)
-    captured = capture(ep, names)
+    captured = capture(ep, names, None, fixed)
     graph = captured.graph
     placeholders = _placeholder_values(ep, args, kwargs)
 

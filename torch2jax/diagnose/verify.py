@@ -202,7 +202,7 @@ def second_size_inputs(graph: Graph, args: tuple, kwargs: dict, seed: int) -> tu
 
 def _user_tensors(graph: Graph, args: tuple, kwargs: dict) -> list | None:
     tensors = [x for x in pytree.tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
-    inputs = [inp for inp in graph.user_inputs if not inp.baked]  # python values stay as they are
+    inputs = [inp for inp in graph.user_inputs if not (inp.baked and inp.meta is None)]  # python values stay as they are
     return list(zip(inputs, tensors)) if len(tensors) == len(inputs) else None
 
 
@@ -220,6 +220,9 @@ def _resampled(graph: Graph, args: tuple, kwargs: dict, new_sizes: dict[str, int
             resized.append(leaf)
             continue
         inp, tensor = next(pair_iter)
+        if inp.baked:  # a tensor input fixed to its example value: the model takes no other
+            resized.append(tensor)
+            continue
         dims = inp.meta.shape if inp.meta else list(tensor.shape)
         shape = [new_sizes.get(d, s) if isinstance(d, str) else s for d, s in zip(dims, tensor.shape)]
         resized.append(_like(tensor, shape, gen))

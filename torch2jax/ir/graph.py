@@ -94,8 +94,9 @@ class GraphInput:
     kind: str
     meta: TensorMeta | None
     target: str | None = None
-    # a python value torch.export specialized the graph on (use_cache=False): baked in, not an input of the
-    # StableHLO; a call must pass the same value (or leave it out)
+    # a python value torch.export specialized the graph on (use_cache=False), or a tensor input fixed to its example
+    # value (nested lists; capture/specialize.py): baked in, not an input of the StableHLO; a call must pass the
+    # same value (or leave a python one out)
     baked: bool = False
     value: Any = None
 
@@ -114,8 +115,15 @@ class GraphInput:
         meta = _meta_from_json(data.get("meta"))
         _expect(meta is None or isinstance(meta, TensorMeta), "input meta must describe one tensor", data)
         baked = "value" in data
-        _expect(not baked or isinstance(data["value"], BAKED_TYPES), "a baked input's value must be a python constant", data)
+        _expect(not baked or isinstance(data["value"], BAKED_TYPES) or (meta is not None and _nested_numbers(data["value"])),
+                "a baked input's value must be a python constant, or a tensor input's nested list of numbers", data)
         return GraphInput(data["name"], data["kind"], meta, target, baked, data.get("value"))
+
+
+def _nested_numbers(value: Any) -> bool:
+    if isinstance(value, list):
+        return all(_nested_numbers(item) for item in value)
+    return isinstance(value, (bool, int, float))
 
 
 @dataclass

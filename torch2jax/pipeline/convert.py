@@ -40,6 +40,7 @@ def convert_target(
     repeat_layers: bool = True,
     quantize: str | None = None,
     group_size: int = 64,
+    specialize: Sequence[str] = (),
     lowerings: Sequence[str | os.PathLike] = (),
     report: str | os.PathLike | None = None,
     repro_dir: str | os.PathLike | None = None,
@@ -72,6 +73,7 @@ def convert_target(
       repeat_layers: causal LMs: trace a stack of alike layers at 3 and 4 layers and repeat a middle one.
       quantize: "int8", "int4" or "int8-dynamic": the weights of the matrix products stored quantized (docs/api.md).
       group_size: int4's group of input columns sharing one scale.
+      specialize: forward passes: integer inputs fixed to their example values (torch2jax.convert's `specialize`).
       lowerings: Python files that register lowerings for custom ops (torch2jax.register_lowering), imported first.
       report: also write a markdown report (stages, timings, op counts, per-output errors) here, pass or fail.
       repro_dir: where a standalone reproduction of a failing op is written (default: $TMPDIR/torch2jax-repro).
@@ -88,9 +90,11 @@ def convert_target(
     if is_hf_target(target):
         kind = task_of(target, task)
         if kind in GENERATION_TASKS:
+            if specialize:
+                raise InputSpecError(f"--specialize is for forward-pass conversions; {kind} builds its own inputs")
             return export_generator(target, out, task=kind, stream=stream and kind in STREAMED_TASKS,
                                     max_cache_len=max_cache_len, max_batch=max_batch, max_source_len=max_source_len,
                                     verify_tokens=verify_tokens, verify_layers=verify_layers, repeat_layers=repeat_layers,
                                     **options)
     return export_forward(target, out, inputs=inputs, weights=weights, task=task, train=train, stream=stream,
-                          report=report, repro_dir=repro_dir, **options)
+                          report=report, repro_dir=repro_dir, specialize=list(specialize), **options)

@@ -26,7 +26,7 @@ def export_forward(target: str, out: Path, *, inputs: Sequence[str], weights: st
                    platforms: Sequence[str], force: bool, verify: bool, train: bool, dtype: str | None, seed: int,
                    stream: bool, report: str | os.PathLike | None, repro_dir: str | os.PathLike | None,
                    progress: ProgressFn | None, on_bytes: BytesFn | None, quantize: str | None = None,
-                   group_size: int = 64) -> Conversion:
+                   group_size: int = 64, specialize: list[str] | None = None) -> Conversion:
     """See pipeline.convert_target; verification runs inside the save, before the rename."""
     timer = StageTimer(progress)
     data = ReportData(title="torch2jax conversion report", target=target, artifact=str(out), timings=timer.timings)
@@ -40,7 +40,7 @@ def export_forward(target: str, out: Path, *, inputs: Sequence[str], weights: st
         model = None
         try:
             model = convert(resolved.module, resolved.args, resolved.kwargs, resolved.dynamic_shapes, timer=timer,
-                            weights=resolved.weights, quantize=quantize, group_size=group_size)
+                            weights=resolved.weights, quantize=quantize, group_size=group_size, specialize=specialize)
             data.graph = model.graph
             with timer.stage("jax.export", "jax.export to StableHLO"):
                 exported = stablehlo.export(model, list(platforms))

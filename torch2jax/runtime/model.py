@@ -77,7 +77,7 @@ class Model:
         leaves, inputs = list(leaves), self.graph.user_inputs
         if len(leaves) == sum(not inp.baked for inp in inputs) < len(inputs):  # the baked python values go back in place
             tensors = iter(leaves)
-            leaves = [inp.value if inp.baked else next(tensors) for inp in inputs]
+            leaves = [baked_leaf(inp) if inp.baked else next(tensors) for inp in inputs]
         args, kwargs = structure.unflatten(self.graph.in_spec, leaves)
         return self(*args, rng=rng, **kwargs)
 
@@ -153,8 +153,13 @@ def with_baked_defaults(graph: Graph, kwargs: dict) -> dict:
     if spec.get("type") != "tuple" or len(spec.get("children", [])) != 2 or spec["children"][1].get("type") != "dict":
         return kwargs
     keys = spec["children"][1].get("keys", [])
-    missing = {inp.name: inp.value for inp in graph.user_inputs if inp.baked and inp.name in keys and inp.name not in kwargs}
+    missing = {inp.name: baked_leaf(inp) for inp in graph.user_inputs if inp.baked and inp.name in keys and inp.name not in kwargs}
     return {**kwargs, **missing} if missing else kwargs
+
+
+def baked_leaf(inp: Any) -> Any:
+    """A baked input's value as a call passes it: the python value, or a fixed tensor input's array."""
+    return np.asarray(inp.value, dtypes.jax_dtype(inp.meta.dtype)) if inp.meta is not None else inp.value
 
 
 def _check_arity(graph: Graph, args: tuple, kwargs: dict) -> None:
@@ -206,6 +211,10 @@ def check_inputs(graph: Graph, leaves: list, baked_only: bool = False) -> list:
     for inp, value in zip(inputs, leaves):
         meta = inp.meta
         if inp.baked and not isinstance(value, jax.core.Tracer) and not _same_constant(value, inp.value):
+            if meta is not None:
+                raise SignatureError(
+                    f"input {inp.name!r} was fixed to its example value {inp.value} when the model was converted (its "
+                    f"values decide shapes); got {np.asarray(value).tolist()}: convert again with that value as the example")
             raise SignatureError(
                 f"input {inp.name!r} was {inp.value!r} when the model was converted, and torch.export fixed the graph "
                 f"to that value; got {value!r}: convert again with {inp.name}={value!r} for that behaviour")
@@ -256,7 +265,15 @@ def _check_shape(name: str, meta: TensorMeta, shape: tuple, bound: dict, ranges:
 
 
 def _same_constant(value: Any, baked: Any) -> bool:
-    """Whether a call's python value is the one baked in: bools, strings and None by type and value, numbers by value."""
+    """Whether a call's value is the one baked in: bools, strings and None by type and value, numbers by value, a
+    fixed tensor input (baked as nested lists) by shape and values."""
+    if isinstance(baked, list):
+        try:
+            array = np.asarray(value)
+        except Exception:  # an object that is no array at all
+            return False
+        expected = np.asarray(baked)
+        return array.shape == expected.shape and bool(np.array_equal(array, expected))
     if isinstance(value, (np.generic, np.ndarray, jax.Array)):
         if np.ndim(value) != 0:
             return False

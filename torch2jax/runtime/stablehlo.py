@@ -16,7 +16,7 @@ from ..errors import Torch2JaxError
 from ..ir import dtypes
 from ..ir.graph import Graph
 from ..lowering import interpreter
-from .model import Model
+from .model import Model, baked_leaf
 
 DEFAULT_PLATFORMS = ("cpu", "cuda", "tpu")
 
@@ -75,7 +75,7 @@ def serialize(exported: jax_export.Exported, vjp_order: int = 1) -> bytes:
 def with_baked(graph: Graph, leaves: Sequence) -> list:
     """The StableHLO's tensor leaves -> every user input's leaf, the baked python values put back in place."""
     tensors = iter(leaves)
-    return [inp.value if inp.baked else next(tensors) for inp in graph.user_inputs]
+    return [baked_leaf(inp) if inp.baked else next(tensors) for inp in graph.user_inputs]
 
 
 def without_baked(graph: Graph, leaves: Sequence) -> list:

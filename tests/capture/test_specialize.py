@@ -1,0 +1,83 @@
+"""Integer inputs whose values decide shapes (capture/specialize.py): fixed to their example values where torch.export
+stops on them, baked into the artifact, and any other value refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import torch2jax
+from torch2jax.diagnose.verify import verify
+from torch2jax.errors import ExportError, InputSpecError, SignatureError
+
+
+class Crops(torch.nn.Module):
+    """Each image cropped to its own size, read from an integer input (as LLaVA-NeXT reads `image_sizes`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(3, 4)
+
+    def forward(self, images, image_sizes):
+        pooled = []
+        for image, (h, w) in zip(images, image_sizes.tolist()):
+            crop = image[:, :h, :w]
+            if h > w:  # a branch on the input's values: torch.export stops here unless they are fixed
+                crop = crop.transpose(1, 2)
+            pooled.append(self.proj(crop.flatten(1).mean(-1)) * crop.shape[-1])
+        return torch.stack(pooled)
+
+
+class TokenBranch(torch.nn.Module):
+    """The same kind of branch on a per-token input, which is never fixed on its own."""
+
+    def forward(self, x, input_ids):
+        if input_ids[0, 0] > 2:
+            return x + 1
+        return x - 1
+
+
+def _crops():
+    torch.manual_seed(0)
+    images = torch.randn(2, 3, 6, 6)
+    sizes = torch.tensor([[4, 6], [5, 3]])
+    return Crops().eval(), images, sizes
+
+
+def test_a_size_input_is_fixed_converts_round_trips_and_refuses_other_values(tmp_path):
+    module, images, sizes = _crops()
+    with pytest.warns(UserWarning, match=r"input 'image_sizes' is fixed to its example value \[\[4, 6\], \[5, 3\]\]"):
+        model = torch2jax.convert(module, (images, sizes))
+    torch2jax.save(model, tmp_path / "crops", platforms=("cpu",))
+    loaded = torch2jax.load(tmp_path / "crops")
+    report = verify(module, loaded, (images, sizes), {})
+    assert report.passed, report.summary()
+    assert any(run.label == "random inputs" and not run.skipped for run in report.runs)  # the sizes kept, images new
+    assert "image_sizes: [[4, 6], [5, 3]] (fixed at conversion)" in loaded.signature
+    refused = r"'image_sizes' was fixed to its example value \[\[4, 6\], \[5, 3\]\].*got \[\[4, 6\], \[3, 5\]\]"
+    with pytest.raises(SignatureError, match=refused):
+        loaded(images.numpy(), np.array([[4, 6], [3, 5]]))
+
+
+def test_specialize_by_name_and_its_errors():
+    module, images, sizes = _crops()
+    progress = []
+    model = torch2jax.convert(module, (images, sizes), specialize=["image_sizes"], progress=lambda *m: progress.append(m))
+    np.testing.assert_allclose(np.asarray(model(images.numpy(), sizes.numpy())), module(images, sizes).detach().numpy(),
+                               rtol=1e-5, atol=1e-6)
+    assert any("'image_sizes' is fixed" in message for _stage, message in progress)
+    with pytest.raises(InputSpecError, match="'sizes' is not an input of this call; its inputs are images, image_sizes"):
+        torch2jax.convert(module, (images, sizes), specialize=["sizes"])
+
+
+def test_a_per_token_input_is_not_fixed_and_the_error_names_the_models_line():
+    x, ids = torch.randn(2, 3), torch.tensor([[3, 1, 2]])
+    with pytest.raises(ExportError) as err:
+        torch2jax.convert(TokenBranch(), (x, ids))
+    message = str(err.value)
+    assert "Could not guard on data-dependent expression" in message
+    assert "test_specialize.py" in message and "if input_ids[0, 0] > 2:" in message  # the model's own line
+    assert "tried with" not in message and "specialize=" in message
+    model = torch2jax.convert(TokenBranch(), (x, ids), specialize=["input_ids"])  # asked for by name, it is fixed
+    np.testing.assert_allclose(np.asarray(model(x.numpy(), ids.numpy())), (x + 1).numpy())
