@@ -7,7 +7,8 @@ an artifact that only works at the traced size).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
@@ -21,6 +22,10 @@ from ..ir import structure
 from ..ir.graph import Graph
 from ..lowering import interpreter
 from ..runtime.model import Model
+
+# A float32 output beyond tolerance is judged against torch's own float64 run up to this many params (a copy of the
+# module in float64 is made): see _judge_against_float64.
+FLOAT64_REFERENCE_MAX_PARAMS = 50_000_000
 
 # (rtol, atol) by dtype of the torch output: float32 as a float32 model should match
 TOLERANCES = {
@@ -39,6 +44,7 @@ class OutputCheck:
     max_abs: float
     max_rel: float
     passed: bool
+    note: str = ""  # why it passes although beyond tolerance (as close to float64 as torch's own float32 result)
 
 
 @dataclass
@@ -74,7 +80,7 @@ class Report:
                 mark = "ok " if o.passed else "FAIL"
                 where = f"{run.label} {o.path} {o.dtype}{list(o.shape)}"
                 errors = "values not compared" if o.max_abs != o.max_abs else f"max abs err {o.max_abs:.3g}, max rel err {o.max_rel:.3g}"
-                lines.append(f"  {mark} {where} {errors}")
+                lines.append(f"  {mark} {where} {errors}" + (f" ({o.note})" if o.note else ""))
         return "\n".join(lines)
 
 
@@ -126,7 +132,40 @@ def _compare(label: str, module, model: Model, args: tuple, kwargs: dict) -> Run
         run.outputs.append(_check_layout(name, want, have) if random else _check_output(name, want, have))
     if len(want_leaves) != len(got_leaves):
         run.outputs.append(OutputCheck("structure", "-", (), float("inf"), float("inf"), False))
+    elif not random and not run.passed:
+        _judge_against_float64(run, module, args, kwargs, want_leaves, got_leaves)
     return run
+
+
+def _judge_against_float64(run: Run, module, args: tuple, kwargs: dict, want: list, have: list) -> None:
+    """A float32 output beyond tolerance passes when it is as close to the float64 answer (the module run in float64
+    by torch) as torch's own float32 result: at most 2x torch's error, in the largest and in the mean. There the
+    model is ill-conditioned (a layer norm over near-constant rows amplifies rounding), not mis-converted; torch's
+    float32 result is no nearer the true one than ours. A wrong lowering stays far from float64 and still fails."""
+    failing = [i for i, o in enumerate(run.outputs) if not o.passed and o.dtype == "float32"]
+    if not failing or sum(p.numel() for p in module.parameters()) > FLOAT64_REFERENCE_MAX_PARAMS:
+        return
+    widen = lambda t: t.to(torch.float64) if t.is_floating_point() else t  # noqa: E731
+    try:
+        exact = copy.deepcopy(module).to(torch.float64)
+        with torch.no_grad():
+            reference = exact(*pytree.tree_map_only(torch.Tensor, widen, args), **pytree.tree_map_only(torch.Tensor, widen, kwargs))
+    except Exception:  # noqa: BLE001 - a module torch cannot run in float64 keeps its verdict
+        return
+    exact_leaves = [leaf for leaf in pytree.tree_flatten(reference)[0] if isinstance(leaf, torch.Tensor)]
+    if len(exact_leaves) != len(want):
+        return
+    for i in failing:
+        exact_leaf, torch_leaf, ours = exact_leaves[i].to(torch.float64), want[i].to(torch.float64), have[i].to(torch.float64)
+        if not (exact_leaf.shape == torch_leaf.shape == ours.shape) or not bool(torch.isfinite(exact_leaf).all()):
+            continue
+        torch_err, our_err = (torch_leaf - exact_leaf).abs(), (ours - exact_leaf).abs()
+        if not bool(torch.isfinite(our_err).all()):
+            continue
+        if our_err.max() <= 2 * torch_err.max() and our_err.mean() <= 2 * torch_err.mean():
+            note = (f"as close to torch's float64 result as torch's float32 one: max err {float(our_err.max()):.3g}, "
+                    f"torch's {float(torch_err.max()):.3g}")
+            run.outputs[i] = replace(run.outputs[i], passed=True, note=note)
 
 
 def _as_torch_tree(value: Any) -> Any:
