@@ -19,6 +19,7 @@ import torch
 
 from ..errors import ExportError, InputSpecError
 from . import specialize as specialize_inputs
+from . import trace_forwards
 
 # Ops torch2jax lowers better whole than decomposed (design: keep high-level ops whole).
 KEEP_WHOLE = (
@@ -86,7 +87,7 @@ def _export_once(module, args: tuple, kwargs: dict, dims: Any, strict: bool, fix
     partial = ""
     try:
         with warnings.catch_warnings(), specialize_inputs.fixed_while_tracing(module, fixed), \
-                contextlib.redirect_stderr(written):
+                trace_forwards.installed(module), contextlib.redirect_stderr(written):
             warnings.simplefilter("ignore", FutureWarning)  # torch-internal deprecations, not the user's concern
             return torch.export.export(module, args, kwargs, dynamic_shapes=dims, strict=strict)
     except Exception as err:

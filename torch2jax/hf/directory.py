@@ -130,7 +130,9 @@ def load_quietly(auto_class: Any, directory: Path, config: Any = None) -> Any:
 
 def prepare_for_export(model: Any) -> None:
     """Settings under which transformers models export with static shapes: mixture-of-experts layers as batched
-    matmuls over every expert (eager routing makes data-dependent shapes; grouped_mm is a custom op)."""
+    matmuls over every expert (eager routing makes data-dependent shapes; grouped_mm is a custom op), and the
+    expert loops written in a model's own code replaced while tracing (hf/experts.py)."""
+    from . import experts  # noqa: F401 - registers the trace-time forwards
     if getattr(model.config, "_experts_implementation", None) not in (None, "batched_mm") and hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation("batched_mm")
 

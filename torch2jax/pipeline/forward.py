@@ -38,6 +38,8 @@ def export_forward(target: str, out: Path, *, inputs: Sequence[str], weights: st
                 if resolved.weights is not None:
                     resolved.weights.cast = True  # the files' floating tensors are converted to `dtype` as they are read
         model = None
+        if type(resolved.module).__module__.startswith("transformers."):
+            from ..hf import experts  # noqa: F401 - registers the trace-time forwards of transformers' expert loops
         try:
             model = convert(resolved.module, resolved.args, resolved.kwargs, resolved.dynamic_shapes, timer=timer,
                             weights=resolved.weights, quantize=quantize, group_size=group_size, specialize=specialize)

@@ -1,0 +1,55 @@
+"""Mixture-of-experts layers whose transformers code loops over the experts its tokens hit, written densely for
+torch.export (registered with capture/trace_forwards.py; installed only while tracing).
+
+`for e in hit.nonzero(): idx, tok = torch.where(mask[e]); ... index_add_(0, tok, ...)` gives every shape from the
+routing, which torch.export cannot capture. The forms here run every expert on every token and weight each result
+by the token's routing weight for that expert (0 where it was not routed there): the same sums in another order,
+static shapes, and E/k times the expert FLOPs of the sparse loop. Classes decorated with transformers'
+`use_experts_implementation` need none of this: `set_experts_implementation("batched_mm")` covers them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..capture import trace_forwards
+
+
+def _routing_weights(top_k_index: torch.Tensor, top_k_weights: torch.Tensor, experts: int) -> torch.Tensor:
+    """(tokens, experts): each token's weight for each expert, 0 where it was not routed there."""
+    flat_index = top_k_index.reshape(top_k_index.shape[0], -1)
+    flat_weights = top_k_weights.reshape(flat_index.shape).to(torch.float32)
+    dense = torch.zeros(flat_index.shape[0], experts, dtype=torch.float32, device=flat_weights.device)
+    return dense.scatter_add(1, flat_index, flat_weights)
+
+
+def dbrx_experts(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    """transformers' DbrxExperts.forward: w1/v1/w2 hold the experts' (ffn, hidden) blocks stacked."""
+    batch = hidden_states.shape[0]
+    x = hidden_states.reshape(-1, self.hidden_size)
+    shape = (self.num_experts, self.ffn_hidden_size, self.hidden_size)
+    w1, v1, w2 = (p.view(shape) for p in (self.mlp.w1, self.mlp.v1, self.mlp.w2))
+    gate = self.mlp.activation_fn(torch.einsum("th,efh->etf", x, w1))
+    up = torch.einsum("th,efh->etf", x, v1)
+    out = torch.einsum("etf,efh->eth", gate * up, w2)
+    # one_hot(num_classes=E + 1) in transformers: an index of E is routed nowhere
+    weights = _routing_weights(top_k_index, top_k_weights, self.num_experts + 1)[:, : self.num_experts]
+    return torch.einsum("eth,te->th", out, weights.to(out.dtype)).view(batch, -1, self.hidden_size)
+
+
+def longcat_flash_experts(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                          top_k_weights: torch.Tensor) -> torch.Tensor:
+    """transformers' LongcatFlashExperts.forward: routed experts, then zero-compute experts that pass the token on."""
+    weights = _routing_weights(top_k_index, top_k_weights, self.total_experts)
+    routed = self.num_routed_experts if self.gate_up_proj is not None else 0
+    out = torch.zeros_like(hidden_states)
+    if routed:
+        gate, up = torch.einsum("th,efh->etf", hidden_states, self.gate_up_proj[:routed]).chunk(2, dim=-1)
+        states = torch.einsum("eti,ehi->eth", self.act_fn(gate) * up, self.down_proj)
+        out = out + torch.einsum("eth,te->th", states, weights[:, :routed].to(states.dtype)).to(hidden_states.dtype)
+    identity = weights[:, routed:].sum(-1, keepdim=True)  # the identity experts' weights, added up
+    return out + (hidden_states * identity.to(hidden_states.dtype)).to(hidden_states.dtype)
+
+
+trace_forwards.register("transformers.models.dbrx.modeling_dbrx.DbrxExperts", dbrx_experts)
+trace_forwards.register("transformers.models.longcat_flash.modeling_longcat_flash.LongcatFlashExperts", longcat_flash_experts)
