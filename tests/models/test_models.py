@@ -21,7 +21,13 @@ BF16_FAST = ["llama", "vit"]
 BF16_SLOW = ["bert", "gpt2", "resnet"]
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+# Zoo models whose family the default tier already converts, saves, loads and verifies elsewhere: llama (in bfloat16
+# below, with the same dynamic dims; tests/hf/test_architectures.py; generation), gpt2 and t5 (test_architectures;
+# generation; bart keeps a dynamic encoder-decoder here), whisper (test_architectures; speech-to-text generation).
+COVERED_ELSEWHERE = {"gpt2", "llama", "t5", "whisper"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in COVERED_ELSEWHERE else n for n in sorted(MODELS)])
 def test_model_matches_torch(name, tmp_path):
     torch.manual_seed(0)
     case = MODELS[name]()

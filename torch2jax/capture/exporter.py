@@ -28,17 +28,21 @@ KEEP_WHOLE = (
 
 
 def export(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_shapes: Any, strict: bool = False,
-           specialize: list[str] | None = None) -> Exported:
+           specialize: list[str] | None = None, fix_automatically: bool = True) -> Exported:
     """torch.export the module (before decomposition), with the symbol names and the inputs fixed on the way.
 
     `specialize` names tensor inputs to fix to their example values (specialize.py); when torch.export stops at a
-    data-dependent guard, the side-data inputs it may come from are fixed too, one at a time, while that moves it."""
+    data-dependent guard, the side-data inputs it may come from are fixed too, one at a time, while that moves it
+    (unless `fix_automatically` is False: a single op's test, where a fixed index would change what is tested)."""
     kwargs = dict(kwargs or {})
     args = tuple(args)
     dims = normalize_dynamic_shapes(dynamic_shapes)
     fixed = specialize_inputs.by_name(module, args, kwargs, list(specialize or []))
     try:
-        ep = _export_fixing(module, args, kwargs, dims, strict, fixed)
+        if fix_automatically:
+            ep = _export_fixing(module, args, kwargs, dims, strict, fixed)
+        else:
+            ep = _export_once(module, args, kwargs, dims, strict, fixed)
     except Exception as err:  # torch's own reason is the useful part
         raise ExportError(_export_failure_message(err, fixed)) from err
     return Exported(ep, symbol_names(ep, module, args, kwargs, dims), fixed)
