@@ -1,5 +1,6 @@
 """Mixture-of-experts layers whose transformers code loops over the experts its tokens hit, written densely for
-torch.export (registered with capture/trace_forwards.py; installed only while tracing).
+torch.export (registered with capture/trace_forwards.py; installed only while tracing): DBRX, LongCat-Flash and
+NLLB-MoE (whose router also casts its classifier inside forward).
 
 `for e in hit.nonzero(): idx, tok = torch.where(mask[e]); ... index_add_(0, tok, ...)` gives every shape from the
 routing, which torch.export cannot capture. The forms here run every expert on every token and weight each result
@@ -51,5 +52,32 @@ def longcat_flash_experts(self, hidden_states: torch.Tensor, top_k_index: torch.
     return out + (hidden_states * identity.to(hidden_states.dtype)).to(hidden_states.dtype)
 
 
+def nllb_moe_experts(self, hidden_states: torch.Tensor, router_mask: torch.Tensor, router_probs: torch.Tensor) -> torch.Tensor:
+    """transformers' NllbMoeExperts.forward. Its loop one-hot encodes `router_mask`'s values and weights expert e's
+    output for token t by router_probs[t, j] wherever router_mask[t, j] == e: the same weights, scattered densely."""
+    weights = _routing_weights(router_mask, router_probs, self.num_experts)
+    out = torch.zeros_like(hidden_states)
+    for e in range(self.num_experts):
+        states = self[f"expert_{e}"](hidden_states) * weights[:, e, None].to(hidden_states.dtype)
+        if self.moe_token_dropout > 0:
+            states = self.token_dropout(states) if self.training else states * (1 - self.moe_token_dropout)
+        out = out + states.to(hidden_states.dtype)
+    return out
+
+
+def nllb_moe_router(self, hidden_states: torch.Tensor, padding_mask: torch.Tensor | None = None) -> tuple:
+    """transformers' NllbMoeTop2Router.forward without `self.classifier = self.classifier.to(dtype)`, which reassigns a
+    submodule inside forward (torch.export refuses that): the classifier is applied in the router's dtype instead."""
+    self.input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(self.dtype)
+    weight = self.classifier.weight.to(self.dtype)
+    bias = None if self.classifier.bias is None else self.classifier.bias.to(self.dtype)
+    router_logits = torch.nn.functional.linear(hidden_states, weight, bias)
+    top_1_mask, router_probs = self.route_tokens(router_logits, self.input_dtype, padding_mask)
+    return top_1_mask, router_probs, router_logits
+
+
 trace_forwards.register("transformers.models.dbrx.modeling_dbrx.DbrxExperts", dbrx_experts)
+trace_forwards.register("transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeExperts", nllb_moe_experts)
+trace_forwards.register("transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeTop2Router", nllb_moe_router)
 trace_forwards.register("transformers.models.longcat_flash.modeling_longcat_flash.LongcatFlashExperts", longcat_flash_experts)
