@@ -175,7 +175,8 @@ def render(results: dict[str, Any], configs: dict[str, Any]) -> str:
         "",
         "Where torch.export stops on the values of an integer input that describes the data (LLaVA-NeXT's "
         "`image_sizes`), torch2jax fixes that input to its example value and converts (torch2jax/capture/specialize.py); "
-        "the artifact refuses any other value. Such a row's status says which input, e.g. `ok (fixed: image_sizes)`.",
+        "the artifact refuses any other value. Such a row's status says which input, e.g. `ok (fixed: image_sizes)`. "
+        "A torch.export failure's row gives the model's own line it stopped at (`at file:line in function: code`).",
         "",
         "## Rows",
         "",
@@ -187,12 +188,17 @@ def render(results: dict[str, Any], configs: dict[str, Any]) -> str:
         worst = r.get("max_abs")
         config = r.get("source", "?") + (f"+{r['experts']}" if r.get("experts") else "")
         lines.append(
-            f"| {r['model_type']} | {r['class']} | {config} | {r['status']}{_fixed(r)} | {_cell(r.get('error'))} | "
+            f"| {r['model_type']} | {r['class']} | {config} | {r['status']}{_fixed(r)} | {_cell(r.get('error'))}{_where(r)} | "
             f"{'—' if worst is None else f'{worst:.2g}'} | {_fmt_s(r.get('seconds', {}).get('total'))} | "
             f"{onnx.get('status', '—')} | {_fmt_s(onnx.get('seconds'))} |")
     not_run = sorted(set(registered) - run_types)
     lines += ["", f"## Not run yet ({len(not_run)})", "", ", ".join(not_run) if not_run else "None."]
     return "\n".join(lines) + "\n"
+
+
+def _where(row: dict) -> str:
+    """The model's own line a torch.export failure stopped at."""
+    return f" {_cell(row['where'], 160)}" if row.get("where") else ""
 
 
 def _fixed(row: dict) -> str:

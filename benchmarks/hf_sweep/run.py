@@ -192,7 +192,8 @@ def run_torch2jax(module: Any, inputs: dict[str, Any], workdir: Path) -> dict[st
         stage["name"] = "jax.export"
         exported = stablehlo.export(model, ("cpu",))
     except ExportError as err:
-        return {**row, "status": EXPORT, "error": _first_line(err), "stage": stage["name"]}
+        where = next((line.strip() for line in str(err).splitlines() if line.startswith("at ")), None)
+        return {**row, "status": EXPORT, "error": _first_line(err), "stage": stage["name"], **({"where": where} if where else {})}
     except Exception as err:  # anything after torch.export is ours: capture, lowering, weights, tracing
         ops = {"ops": list(err.ops)} if getattr(err, "ops", None) else {}  # UnsupportedOpsError names them
         return {**row, "status": LOWERING, "error": _first_line(err), "stage": stage["name"], **ops}
