@@ -3,6 +3,8 @@ stops on them, baked into the artifact, and any other value refused by name."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -55,6 +57,8 @@ def test_a_size_input_is_fixed_converts_round_trips_and_refuses_other_values(tmp
     assert report.passed, report.summary()
     assert any(run.label == "random inputs" and not run.skipped for run in report.runs)  # the sizes kept, images new
     assert "image_sizes: [[4, 6], [5, 3]] (fixed at conversion)" in loaded.signature
+    manifest = json.loads((tmp_path / "crops" / "manifest.json").read_text())
+    assert [i.get("fixed") for i in manifest["inputs"]] == [None, [[4, 6], [5, 3]]]  # what `inspect` shows
     refused = r"'image_sizes' was fixed to its example value \[\[4, 6\], \[5, 3\]\].*got \[\[4, 6\], \[3, 5\]\]"
     with pytest.raises(SignatureError, match=refused):
         loaded(images.numpy(), np.array([[4, 6], [3, 5]]))

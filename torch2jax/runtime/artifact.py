@@ -318,7 +318,8 @@ def _manifest(model: Model, exported: Any, vjp_order: int, source: str | None) -
         "source": source,
         "x64": bool(jax.config.jax_enable_x64),
         "inputs": [
-            {"name": i.name, "dtype": i.meta.dtype, "jax_dtype": dtypes.jax_dtype(i.meta.dtype).name, "shape": i.meta.shape}
+            {"name": i.name, "dtype": i.meta.dtype, "jax_dtype": dtypes.jax_dtype(i.meta.dtype).name, "shape": i.meta.shape,
+             **({"fixed": i.value} if i.baked else {})}  # a tensor input fixed to its example value (refuses others)
             for i in graph.user_inputs
             if i.meta is not None
         ],

@@ -121,7 +121,8 @@ def _generation_lines(generation: dict) -> list[str]:
 def _signature_lines(entry: dict, indent: str) -> list[str]:
     lines = [f"{indent}inputs"]
     for item in entry.get("inputs", []):
-        lines.append(f"{indent}  {item['name']}: {item['dtype']}[{', '.join(map(str, item['shape']))}]")
+        fixed = f" (fixed at conversion: {item['fixed']})" if "fixed" in item else ""
+        lines.append(f"{indent}  {item['name']}: {item['dtype']}[{', '.join(map(str, item['shape']))}]{fixed}")
     for name, bounds in entry.get("symbols", {}).items():
         hi = "inf" if bounds.get("max") is None else bounds["max"]
         lines.append(f"{indent}  dim {name} in [{bounds.get('min')}, {hi}]")
