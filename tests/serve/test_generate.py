@@ -110,6 +110,32 @@ def test_max_new_tokens_and_streaming(generators):
     np.testing.assert_array_equal(np.stack(steps, 1), full[:, 5:])
 
 
+def test_decode_blocks_give_the_tokens_of_one_step_per_call(generators, monkeypatch):
+    """Decode steps run `steps_per_call` at a time in one compiled loop: greedy and seeded sampled tokens are those of
+    one step per call, blocks stop at a span's end (64 slots here) and once every row has ended, and the host makes
+    one decode call per block."""
+    g = generators("llama")
+    ids = np.concatenate([prompt(6, 10), prompt(6, 11)])
+    runs, calls, decode = {}, [], g._decode
+    monkeypatch.setattr(g, "_decode", lambda *a, **k: calls.append(k["size"]) or decode(*a, **k))
+    for size in (1, 5, 16):
+        g.steps_per_call = size
+        calls.clear()
+        runs[size] = (g.generate(ids, max_new_tokens=40, eos_token_id=[]),
+                      g.generate(ids, max_new_tokens=40, do_sample=True, top_p=0.9, rng=jax.random.key(5), eos_token_id=[]),
+                      len(calls) // 2)
+    monkeypatch.undo()
+    g.steps_per_call = 16
+    for size in (5, 16):
+        np.testing.assert_array_equal(runs[size][0], runs[1][0])
+        np.testing.assert_array_equal(runs[size][1], runs[1][1])
+    assert [runs[size][2] for size in (1, 5, 16)] == [39, 8, 3]  # 39 decode steps after the prefill's token
+    free = runs[1][0][1:]
+    end = int(free[0, 6 + 9])  # the row's 10th new token ends it, inside the first block
+    stop = 6 + int(np.argmax(free[0, 6:] == end)) + 1
+    np.testing.assert_array_equal(g.generate(ids[1:], max_new_tokens=40, eos_token_id=end), free[:, :stop])
+
+
 def test_bad_requests_fail_before_anything_runs(generators):
     g = generators("llama")
     with pytest.raises(InputSpecError, match=r"a prompt of 60 tokens plus max_new_tokens=8 needs 68 cache slots, more than .* \(64\)"):

@@ -11,7 +11,9 @@ it in place. Each row's positions come from its attention mask, and the cache sl
 to are tracked in `kv_valid`, so a left-padded batch gives each row what the row alone would get.
 Prompts are left-padded further to a length bucket (a power of two), so prompts of nearby lengths
 share one compiled prefill; each step attends only to the filled part of the cache, rounded up to a
-power of two (one compiled decode step per such span).
+power of two (one compiled decode step per such span). Decode steps run `steps_per_call` at a time inside one
+compiled loop, which stops on the device once every row has ended: the host dispatches and reads tokens once per
+block instead of once per token, which on a GPU is most of a small model's step time.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ..ir import dtypes
 from ..runtime.model import Model
 from ..runtime.sharding import ShardingPlan
 from . import sampling
-from .loop import MIN_BUCKET, Request, TokenLoop, attended_span, bucket, call_entry, finish, run_loop
+from .loop import MIN_BUCKET, STEPS_PER_CALL, Request, TokenLoop, attended_span, bucket, call_entry, finish, run_blocks
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,8 @@ class Generator(TokenLoop):
         self.tokenizer_files = dict(tokenizer_files or {})  # file name -> path (tokenizer.json, ...)
         self._id_dtype = dtypes.jax_dtype("int64")
         self._prefill = jax.jit(self._prefill_step, donate_argnums=(1,))
-        self._decode = jax.jit(self._decode_step, donate_argnums=(1, 5), static_argnames=("do_sample", "span"))
+        self._decode = jax.jit(self._decode_steps, donate_argnums=(1, 5), static_argnames=("do_sample", "span", "size"))
+        self.steps_per_call = STEPS_PER_CALL
         self._first = jax.jit(self._pick, static_argnames=("do_sample",))
 
     def entries(self) -> dict[str, Model]:
@@ -103,9 +106,10 @@ class Generator(TokenLoop):
         ids = jnp.zeros((batch,), self._id_dtype)
         done, valid = jnp.zeros((batch,), bool), jnp.zeros((batch, self.spec.max_cache_len), bool)
         temperature, top_k, top_p = sampling.sampling_params(batch)
-        lowered = self._decode.lower(self.params, self.new_cache(batch), ids, ids, jnp.asarray(0, self._id_dtype), valid,
-                                     done, jax.random.key(0), temperature, top_k, top_p, ids[:1], ids[0],
-                                     do_sample=False, span=attended_span(1, self.spec.max_cache_len))
+        zero = jnp.asarray(0, self._id_dtype)
+        lowered = self._decode.lower(self.params, self.new_cache(batch), ids, ids, zero, valid, done, jax.random.key(0),
+                                     temperature, top_k, top_p, ids[:1], ids[0], zero, zero, do_sample=False,
+                                     span=attended_span(1, self.spec.max_cache_len), size=self.steps_per_call)
         return self.sharding.report(lowered.compile().as_text())
 
     def generate(
@@ -159,17 +163,17 @@ class Generator(TokenLoop):
             return self._first(logits, jax.random.fold_in(key, 0), *params, jnp.zeros((batch,), bool), request.eos,
                                request.pad, do_sample=do_sample)
 
-        def advance(step, token, done):
-            slot = width + step
-            token, state["cache"], state["valid"], done = self._decode(
+        def advance(produced, token, done, count):
+            slot = width + produced - 1  # the slot of the first step's input token
+            count = min(count, attended_span(slot + 1, self.spec.max_cache_len) - slot)  # one span per call
+            tokens, ran, token, state["cache"], state["valid"], done, state["position"] = self._decode(
                 self.params, state["cache"], token, state["position"], jnp.asarray(slot, self._id_dtype), state["valid"], done,
-                jax.random.fold_in(key, step + 1), *params, request.eos, request.pad, do_sample=do_sample,
-                span=attended_span(slot + 1, self.spec.max_cache_len),
+                key, *params, request.eos, request.pad, jnp.asarray(produced, self._id_dtype), jnp.asarray(count, self._id_dtype),
+                do_sample=do_sample, span=attended_span(slot + 1, self.spec.max_cache_len), size=self.steps_per_call,
             )
-            state["position"] = state["position"] + 1
-            return token, done
+            return tokens, ran, token, done
 
-        return run_loop(first, advance, max_new_tokens)
+        return run_blocks(first, advance, max_new_tokens, self.steps_per_call)
 
     # -- jitted bodies ----------------------------------------------------------------------
     def _prefill_step(self, params, cache, ids, positions, write_at, valid, *extra):
@@ -186,6 +190,28 @@ class Generator(TokenLoop):
                               *self._decode_inputs(token.shape[0]))
         token, done = self._pick(logits, key, temperature, top_k, top_p, done, eos, pad, do_sample=do_sample)
         return token, cache, valid, done
+
+    def _decode_steps(self, params, cache, token, position, slot, valid, done, key, temperature, top_k, top_p, eos, pad,
+                      first, count, *, do_sample, span, size):
+        """Up to `count` (<= `size`) decode steps in one compiled loop, ending early once every row has: ([size, B]
+        tokens, of which the first `ran` are new, then the last token, cache, valid, done and position). Step i writes slot
+        `slot + i` and samples with key `fold_in(key, first + i)`, as one step per call would."""
+
+        def more(carry):
+            i, done = carry[0], carry[4]
+            return (i < count) & ~done.all()
+
+        def step(carry):
+            i, token, cache, valid, done, tokens = carry
+            token, cache, valid, done = self._decode_step(
+                params, cache, token, position + i, slot + i, valid, done, jax.random.fold_in(key, first + i), temperature,
+                top_k, top_p, eos, pad, do_sample=do_sample, span=span)
+            return i + 1, token, cache, valid, done, tokens.at[i].set(token)
+
+        tokens = jnp.zeros((size, *token.shape), token.dtype)
+        ran, token, cache, valid, done, tokens = jax.lax.while_loop(
+            more, step, (jnp.zeros((), slot.dtype), token, cache, valid, done, tokens))
+        return tokens, ran, token, cache, valid, done, position + ran
 
     def _check_prompt(self, input_ids: Any, attention_mask: Any, max_new_tokens: int) -> tuple[np.ndarray, np.ndarray]:
         ids = np.asarray(input_ids)

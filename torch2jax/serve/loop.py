@@ -27,6 +27,7 @@ from . import sampling
 NO_TOKEN = -1  # `force` when no token is forced
 MIN_BUCKET = 16  # the shortest prompt / source length a step is compiled for
 MIN_SPAN = 64  # the fewest cache slots a decode step attends to
+STEPS_PER_CALL = 16  # decode steps per compiled call (a generator's `steps_per_call`)
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,20 @@ def run_loop(first: Callable[[], tuple], advance: Callable[[int, jax.Array, jax.
         if step == max_new_tokens - 1 or bool(done.all()):
             return
         token, done = advance(step, token, done)
+
+
+def run_blocks(first: Callable[[], tuple], advance: Callable[[int, jax.Array, jax.Array, int], tuple],
+               max_new_tokens: int, block: int) -> Iterator[np.ndarray]:
+    """`run_loop` with decode steps taken in blocks: `advance(produced, token, done, count)` runs up to `count`
+    steps on the device and returns ([block, B] tokens, how many ran, the last token, done)."""
+    token, done = first()
+    yield np.asarray(token)
+    produced = 1
+    while produced < max_new_tokens and not np.asarray(done).all():
+        tokens, ran, token, done = advance(produced, token, done, min(block, max_new_tokens - produced))
+        ran = int(ran)
+        yield from np.asarray(tokens)[:ran]
+        produced += ran
 
 
 def finish(prefix: np.ndarray, steps: Iterator[np.ndarray], stream: bool) -> np.ndarray | Iterator[np.ndarray]:
