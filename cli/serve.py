@@ -32,10 +32,13 @@ from .common import handles_errors
               help="Before listening, compile the steps at every shape a request can need (all: no client waits on a "
               "compilation, which on a busy server would stall every running request; takes longer to start), or for "
               "a short prompt only (short).")
+@click.option("--decode-block", default=16, show_default=True, type=click.IntRange(min=1),
+              help="Decode steps per device call while no request waits (ended early on the device when a row finishes): "
+              "fewer dispatches and token reads, which on a GPU is most of a small model's step; 1 = a step per call.")
 @click.option("--log-level", default="warning", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 @handles_errors
 def serve(artifact_dir, host, port, max_batch, max_queue, chunk, model_name, chat_template, drain_timeout, warm_up,
-          log_level):
+          decode_block, log_level):
     """Serve a text-generation artifact over HTTP, OpenAI-style: /v1/completions, /v1/chat/completions
     (streaming with stream=true), /v1/models, /health and /metrics (Prometheus). Needs no torch.
 
@@ -58,7 +61,8 @@ def serve(artifact_dir, host, port, max_batch, max_queue, chunk, model_name, cha
             click.echo(f"[serve] compiling the steps: {done}/{total}", err=True)
 
     service = build_service(artifact_dir, max_batch=max_batch, max_queue=max_queue, chunk=chunk, model_name=model_name,
-                            chat_template=chat_template, warm_up=warm_up, progress=progress)
+                            chat_template=chat_template, warm_up=warm_up, progress=progress,
+                            decode_block=decode_block)
     click.echo(f"[serve] loaded and warmed up in {time.perf_counter() - started:.1f}s", err=True)
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
 

@@ -69,16 +69,18 @@ def alone(g, request: Request) -> list[int]:
 
 @pytest.mark.parametrize("name", ["llama", pytest.param("mistral", marks=pytest.mark.slow)])  # mistral: its sliding window
 def test_each_request_gets_what_it_gets_alone(name, engines):
-    """8 requests (prompts 1-39 tokens, chunked by 16; replies up to the whole cache) arriving every 3 steps
+    """8 requests (prompts 1-39 tokens, chunked by 16; replies up to the whole cache) arriving two per step
     into 4 rows: greedy ones equal generate's tokens, sampled ones (llama) equal generate's draws with the same key.
-    The pointer wraps (rebases), and never more than 4 rows are held."""
+    Steps run one decode step while requests wait, then blocks of up to 16 once none does (ending when a row
+    reaches its length). The pointer wraps (rebases), and never more than 4 rows are held."""
     scheduler = Scheduler(engines(name), max_queue=16)
     g = scheduler.engine.g
     batch = requests(8, seed=1, sampled=name == "llama")
-    run(scheduler, {3 * i: [r] for i, r in enumerate(batch)})
+    run(scheduler, {i: batch[2 * i: 2 * i + 2] for i in range(4)})
     for r in batch:
         assert r.tokens == alone(g, r), (len(r.prompt), r.max_tokens, r.sampling)
     assert scheduler.max_rows_held == ROWS and scheduler.engine.rebases > 0 and scheduler.engine.pointer == 0
+    assert scheduler.engine.decode_steps > scheduler.steps, scheduler.stats()  # blocks ran
     assert not scheduler.engine.running.any() and scheduler.rows_held == 0
 
 
@@ -107,7 +109,7 @@ def test_a_short_request_finishes_while_a_long_one_runs(engines):
     order = []
     long = Request(list(range(3, 30)), 30, lambda e: e.finish_reason and order.append("long"), end_tokens=())
     short = Request([5, 6, 7], 4, lambda e: e.finish_reason and order.append("short"), end_tokens=())
-    run(scheduler, {0: [long], 5: [short]})
+    run(scheduler, {0: [long], 1: [short]})  # the long one decodes a block alone, then both until the short one ends
     assert order == ["short", "long"] and short.tokens == alone(g, short) and long.tokens == alone(g, long)
 
 
@@ -124,11 +126,15 @@ def test_end_token_and_cancel_free_the_row(engines):
     assert ended.tokens == free[: first_end + 1] and events[-1].finish_reason == "stop"
     assert events[-1].completion_tokens == first_end + 1 and events[-1].prompt_tokens == 3
     scheduler.submit(cancelled)
-    for _ in range(3):
+    scheduler.engine.decode_block = 1  # one decode step per loop step, to cancel at a known token
+    try:
+        for _ in range(3):
+            scheduler.step()
+        assert scheduler.rows_held == 1 and len(cancelled.tokens) == 4  # the prefill's token, then one per decode step
+        cancelled.cancel()
         scheduler.step()
-    assert scheduler.rows_held == 1 and len(cancelled.tokens) == 4  # the prefill's token, then one per decode step
-    cancelled.cancel()
-    scheduler.step()
+    finally:
+        scheduler.engine.decode_block = 16
     assert scheduler.rows_held == 0 and len(cancelled.tokens) == 4 and not scheduler.engine.running.any()
     run(scheduler, {0: [after]})
     assert after.tokens == alone(g, after)

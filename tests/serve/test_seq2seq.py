@@ -108,6 +108,15 @@ def test_sampling_is_reproducible_and_top_k_one_is_greedy(generators):
     np.testing.assert_array_equal(a, b)
     top1 = g.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=True, top_k=1, rng=jax.random.key(3), eos_token_id=[])
     np.testing.assert_array_equal(top1, greedy)
+    assert (greedy[:, -1] == EOS).all()  # forced at the last step, inside a block of decode steps
+    for size in (1, 5):  # decode blocks of any size give one step per call's tokens
+        g.steps_per_call = size
+        try:
+            np.testing.assert_array_equal(g.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=[]), greedy)
+            np.testing.assert_array_equal(g.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=True,
+                                                     temperature=1.5, rng=jax.random.key(1), eos_token_id=[]), a)
+        finally:
+            g.steps_per_call = 16
 
 
 def test_bad_requests_fail_before_anything_runs(generators):
@@ -190,6 +199,7 @@ def test_self_attention_cache_is_donated_and_cross_state_is_kept(generators):
     temperature, top_k, top_p = torch2jax.serve.sampling.sampling_params(2)
     out = g._decode(g.params, cache, cross, inputs[1] != 0, valid, token, jax.numpy.asarray(0, g._id_dtype),
                     jax.numpy.zeros((2,), bool), jax.random.key(0), temperature, top_k, top_p, jax.numpy.asarray([EOS], g._id_dtype),
-                    jax.numpy.asarray(PAD, g._id_dtype), g._forced(0, 8), do_sample=False, span=CACHE)
+                    jax.numpy.asarray(PAD, g._id_dtype), *g._forced(8), jax.numpy.asarray(3, g._id_dtype), do_sample=False,
+                    span=CACHE, size=4)
     assert all(t.is_deleted() for t in cache), "decode copied the self-attention cache instead of updating it in place"
-    assert not any(c.is_deleted() for c in cross) and out[0].shape == (2,)
+    assert not any(c.is_deleted() for c in cross) and out[0].shape == (4, 2) and int(out[1]) <= 3

@@ -370,11 +370,12 @@ class ChatShape(CompletionShape):
 
 def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = None, max_queue: int = 64, chunk: int = 256,
                   model_name: str | None = None, chat_template: str | os.PathLike | None = None, warm_up: str = "all",
-                  progress: Callable[[int, int], None] | None = None) -> Service:
+                  progress: Callable[[int, int], None] | None = None, decode_block: int = 16) -> Service:
     """What `torch2jax serve` serves: the artifact loaded, what the server cannot serve refused (with the reason), its
     scheduler over `max_batch` rows (default: the artifact's), and its steps compiled before the first client: at
     every shape a request can need (`warm_up="all"`, reporting `progress(done, total)`), or a short prompt's only
-    (`"short"`: a quicker start, and compilations later while clients wait)."""
+    (`"short"`: a quicker start, and compilations later while clients wait). `decode_block`: decode steps per call
+    while no request waits (serve/engine.py)."""
     from .artifacts import load
     from .engine import BatchEngine
     from .generator import Generator
@@ -398,7 +399,7 @@ def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = No
         raise InputSpecError(f"{artifact_dir} has no tokenizer (its model directory had no tokenizer.json): the server "
                              "reads and writes text, so it needs one")
     rows = max_batch or g.spec.max_batch
-    engine = BatchEngine(g, rows, chunk)
+    engine = BatchEngine(g, rows, chunk, decode_block)
     metrics = Metrics(rows)
     scheduler = Scheduler(engine, max_queue=max_queue)
     template = ChatTemplate.from_files(g.tokenizer_files.get("tokenizer_config.json"),

@@ -16,6 +16,10 @@ by all rows), while positions and `kv_valid` are per row. So the batch shares on
 
 A row that runs alone never needs more than prompt + max_tokens - 1 slots, so the span from the oldest
 running row to w always fits the cache: every rebase succeeds, whatever the mix of requests.
+
+While no request waits and none is being prefilled, decode steps run up to `decode_block` at a time in one
+compiled loop, which ends on the device as soon as a row reaches its length or an end token (its row can then be
+given to a new request): the host dispatches and reads tokens once per block instead of once per token.
 """
 
 from __future__ import annotations
@@ -74,22 +78,26 @@ class Group:
 class BatchEngine:
     """The batch cache and its jitted steps (decode, prefill chunk, join, rebase); host bookkeeping of the slots."""
 
-    def __init__(self, generator: Generator, rows: int, chunk: int = 256):
+    def __init__(self, generator: Generator, rows: int, chunk: int = 256, decode_block: int = 16):
         spec = generator.spec
         if not 1 <= rows <= spec.max_batch:
             raise InputSpecError(f"--max-batch {rows}: this artifact was converted for batches of 1 to {spec.max_batch} "
                                  "(convert again with a larger --max-batch)")
         if chunk < MIN_BUCKET or chunk & (chunk - 1):
             raise InputSpecError(f"the prefill chunk must be a power of two >= {MIN_BUCKET}, got {chunk}")
-        self.g, self.rows, self.chunk = generator, rows, chunk
+        if not isinstance(decode_block, int) or decode_block < 1:
+            raise InputSpecError(f"the decode block must be an integer >= 1 (decode steps per call), got {decode_block!r}")
+        self.g, self.rows, self.chunk, self.decode_block = generator, rows, chunk, decode_block
         self.max_len = spec.max_cache_len
         self.cache = generator.new_cache(rows)
         self.pointer = 0  # the slot the next decode step writes
         self.starts = np.zeros(rows, np.int64)  # each running row's first slot
         self.running = np.zeros(rows, bool)
         self.rebases = 0
+        self.decode_steps = 0  # device decode steps (a block counts its steps)
         self._ids = generator._id_dtype
-        self._decode = jax.jit(self._decode_step, donate_argnums=(1,), static_argnames=("span", "any_sample"))
+        self._decode = jax.jit(self._decode_steps, donate_argnums=(1,), static_argnames=("span", "any_sample", "size"))
+        self._eos = jnp.asarray(spec.eos_token_ids or (-1,), self._ids)
         self._pick_jit = jax.jit(self._pick, static_argnames=("any_sample",))
         self._join = jax.jit(self._join_rows, donate_argnums=(0,))
         self._roll = jax.jit(lambda cache, shift: [jnp.roll(c, shift, axis=2) for c in cache], donate_argnums=(0,))
@@ -156,18 +164,29 @@ class BatchEngine:
             self.starts[group.rows[m]], self.running[group.rows[m]] = self.pointer - group.lengths[m], True
 
     # -- decode ---------------------------------------------------------------------------------
-    def decode(self, tokens: np.ndarray, settings: list[Sampling | None], counts: np.ndarray) -> np.ndarray:
-        """One step for every row: the running rows' next tokens ([rows]; free rows' entries are garbage)."""
+    def decode(self, tokens: np.ndarray, settings: list[Sampling | None], counts: np.ndarray, left: np.ndarray | None = None,
+               watch_eos: np.ndarray | None = None, block: int = 1) -> np.ndarray:
+        """Up to `block` steps for every row: [steps, rows] tokens (free rows' entries are garbage). `counts`: each row's
+        tokens so far; `left`: how many more each running row may take (the block ends once one has none left);
+        `watch_eos`: rows whose end at one of the artifact's end tokens ends the block. The block also stays within
+        the cache and one attended span, so each step attends to what a step alone would."""
         self.make_room()
         positions = np.where(self.running, self.pointer - self.starts, 0)
-        starts = np.where(self.running, self.starts, self.pointer)  # a free row attends to its own slot only
+        starts = np.where(self.running, self.starts, self.pointer)  # a free row attends to its own slots only
         span = attended_span(self.pointer + 1, self.max_len)
-        token, self.cache = self._decode(
+        count = max(1, min(block, self.decode_block, self.max_len - self.pointer, span - self.pointer))
+        left = np.full(self.rows, count, np.int32) if left is None else np.where(self.running, left, count)
+        watch = np.zeros(self.rows, bool) if watch_eos is None else watch_eos & self.running
+        out, ran, self.cache = self._decode(
             self.g.params, self.cache, jnp.asarray(tokens, self._ids), jnp.asarray(positions, self._ids),
             jnp.asarray(self.pointer, self._ids), jnp.asarray(starts, self._ids), *self._sampling_arrays(settings, self.rows),
-            jnp.asarray(counts, jnp.int32), span=span, any_sample=any(s is not None and s.temperature > 0 for s in settings))
-        self.pointer += 1
-        return np.asarray(token)
+            jnp.asarray(counts, jnp.int32), jnp.asarray(left, jnp.int32), jnp.asarray(watch), self._eos,
+            jnp.asarray(count, jnp.int32), span=span, any_sample=any(s is not None and s.temperature > 0 for s in settings),
+            size=self.decode_block)
+        ran = int(ran)
+        self.pointer += ran
+        self.decode_steps += ran
+        return np.asarray(out)[:ran]
 
     def reset(self) -> None:
         """Start over with an empty batch (after a failed step, whose cache may have been donated)."""
@@ -232,10 +251,12 @@ class BatchEngine:
                                              jnp.asarray(0, jnp.int32)))
 
         def decode(span: int, any_sample: bool) -> None:
-            token, _ = self._decode(g.params, g.new_cache(rows), jnp.zeros((rows,), ids), jnp.zeros((rows,), ids),
-                                    jnp.asarray(span - 1, ids), jnp.zeros((rows,), ids), *self._sampling_arrays([], rows),
-                                    jnp.zeros((rows,), jnp.int32), span=span, any_sample=any_sample)
-            jax.block_until_ready(token)
+            one = jnp.ones((rows,), jnp.int32)
+            tokens, _, _ = self._decode(g.params, g.new_cache(rows), jnp.zeros((rows,), ids), jnp.zeros((rows,), ids),
+                                        jnp.asarray(span - 1, ids), jnp.zeros((rows,), ids), *self._sampling_arrays([], rows),
+                                        one, one, jnp.zeros((rows,), bool), self._eos, jnp.asarray(1, jnp.int32), span=span,
+                                        any_sample=any_sample, size=self.decode_block)
+            jax.block_until_ready(tokens)
 
         calls = [lambda k=k: first_and_join(k) for k in shapes["groups"]]
         calls += [lambda k=k, w=w, s=s: prefill(k, w, s) for k in shapes["groups"] for w, s in shapes["chunks"]
@@ -274,6 +295,27 @@ class BatchEngine:
         valid = (slots[None, :] >= starts[:, None]) & (slots[None, :] <= slot)
         logits, cache = _call(self.g.decode_model, params, tokens[:, None], positions[:, None], slot[None], valid, cache)
         return self._pick(logits, temperature, top_k, top_p, greedy, seeds, counts, any_sample=any_sample), cache
+
+    def _decode_steps(self, params, cache, tokens, positions, slot, starts, temperature, top_k, top_p, greedy, seeds, counts,
+                      left, watch, eos, count, *, span, any_sample, size):
+        """Up to `count` (<= `size`) decode steps in one compiled loop: ([size, rows] tokens, how many steps ran, cache).
+        Step i is the step `decode` would run alone i steps later; the loop ends after the step where a row has no
+        tokens left or a watched row emits an end token."""
+
+        def more(carry):
+            i, ended = carry[0], carry[3]
+            return (i < count) & ~ended
+
+        def step(carry):
+            i, token, cache, _, out = carry
+            token, cache = self._decode_step(params, cache, token, positions + i, slot + i, starts, temperature, top_k, top_p,
+                                             greedy, seeds, counts + i, span=span, any_sample=any_sample)
+            ended = ((left <= i + 1) | (watch & jnp.isin(token, eos))).any()
+            return i + 1, token, cache, ended, out.at[i].set(token)
+
+        out = jnp.zeros((size, tokens.shape[0]), tokens.dtype)
+        ran, _, cache, _, out = jax.lax.while_loop(more, step, (jnp.zeros((), jnp.int32), tokens, cache, jnp.zeros((), bool), out))
+        return out, ran, cache
 
     @staticmethod
     def _join_rows(cache, scratch, rows, shift):

@@ -11,8 +11,9 @@ Each iteration of the loop (one thread owns the device state, serve/engine.py):
      first served) as one prefill group, holding a row for each;
   3. runs one prefill chunk of that group; after its last chunk each member gets its first token and
      joins the batch (or ends at once);
-  4. runs one decode step for the running rows, and frees each row whose request ended: its length, an end
-     token, a stop string, or cancellation.
+  4. runs one decode step for the running rows (a block of them while nothing waits or is being prefilled,
+     serve/engine.py), and frees each row whose request ended: its length, an end token, a stop string, or
+     cancellation.
 So a long prompt is prefilled one chunk per step while the running rows keep decoding, and `submit`
 refuses (QueueFull) rather than queueing without bound.
 """
@@ -142,7 +143,8 @@ class Scheduler:
 
     def stats(self) -> dict:
         return {"rows": self.engine.rows, "rows_held": self.rows_held, "max_rows_held": self.max_rows_held,
-                "queue_depth": self.queue_depth, "steps": self.steps, "rebases": self.engine.rebases}
+                "queue_depth": self.queue_depth, "steps": self.steps, "decode_steps": self.engine.decode_steps,
+                "rebases": self.engine.rebases}
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> None:
@@ -174,9 +176,13 @@ class Scheduler:
         if running.size:
             settings = [s.sampling if s is not None and self.engine.running[r] else None for r, s in enumerate(self.slots)]
             counts = np.array([len(s.tokens) if s is not None else 0 for s in self.slots], np.int32)
-            tokens = self.engine.decode(self.last, settings, counts)
-            for row in running:
-                self._emit(self.slots[row], int(tokens[row]), row)
+            left = np.array([s.max_tokens - len(s.tokens) if s is not None else 0 for s in self.slots], np.int32)
+            watch = np.array([s is not None and s.end_tokens is None for s in self.slots])
+            block = self.engine.decode_block if self.group is None and not self.waiting else 1
+            for tokens in self.engine.decode(self.last, settings, counts, left, watch, block):
+                for row in running:
+                    if self.slots[row] is not None and self.engine.running[row]:
+                        self._emit(self.slots[row], int(tokens[row]), row)
         if self.metrics is not None:
             self.metrics.observe_batch(int(self.engine.running.sum()), self.queue_depth, self.max_rows_held)
 

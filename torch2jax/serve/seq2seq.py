@@ -28,7 +28,7 @@ from ..errors import InputSpecError, Torch2JaxError
 from ..ir import dtypes
 from ..runtime.model import Model
 from .generator import GenerationSpec
-from .loop import MIN_BUCKET, NO_TOKEN, Request, TokenLoop, attended_span, bucket, call_entry, finish, run_loop
+from .loop import MIN_BUCKET, NO_TOKEN, STEPS_PER_CALL, Request, TokenLoop, attended_span, bucket, call_entry, finish, run_blocks
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,8 @@ class Seq2SeqGenerator(TokenLoop):
         self.tokenizer_files = dict(tokenizer_files or {})
         self._id_dtype = dtypes.jax_dtype("int64")
         self._encode = jax.jit(self._encode_step)
-        self._decode = jax.jit(self._decode_step, donate_argnums=(1, 4), static_argnames=("do_sample", "span"))
+        self._decode = jax.jit(self._decode_steps, donate_argnums=(1, 4), static_argnames=("do_sample", "span", "size"))
+        self.steps_per_call = STEPS_PER_CALL  # decode steps per compiled call, as Generator's
 
     def entries(self) -> dict[str, Model]:
         """The entry points as the artifact stores them, by name."""
@@ -158,27 +159,25 @@ class Seq2SeqGenerator(TokenLoop):
         key, do_sample, params = request.key, request.do_sample, request.sampling
         source_mask = jnp.ones((batch, cross[0].shape[2]), bool) if self.spec.takes_features else inputs[1] != 0
         state = {"cache": self.new_cache(batch), "valid": jnp.zeros((batch, self.spec.max_cache_len), bool)}
+        forced = self._forced(max_new_tokens)
 
-        def step(slot: int, token: jax.Array, done: jax.Array) -> tuple[jax.Array, jax.Array]:
-            token, state["cache"], state["valid"], done = self._decode(
+        def block(slot: int, token: jax.Array, done: jax.Array, count: int) -> tuple:
+            span = attended_span(slot + 1, self.spec.max_cache_len)
+            tokens, ran, token, state["cache"], state["valid"], done = self._decode(
                 self.params, state["cache"], cross, source_mask, state["valid"], token, jnp.asarray(slot, self._id_dtype), done,
-                jax.random.fold_in(key, slot), *params, request.eos, request.pad, self._forced(slot, max_new_tokens),
-                do_sample=do_sample, span=attended_span(slot + 1, self.spec.max_cache_len),
+                key, *params, request.eos, request.pad, *forced, jnp.asarray(min(count, span - slot), self._id_dtype),
+                do_sample=do_sample, span=span, size=self.steps_per_call,
             )
-            return token, done
+            return tokens, ran, token, done
 
         start = jnp.full((batch,), self.spec.decoder_start_token_id, self._id_dtype)
-        return run_loop(lambda: step(0, start, jnp.zeros((batch,), bool)),
-                        lambda index, token, done: step(index + 1, token, done), max_new_tokens)
+        return run_blocks(lambda: block(0, start, jnp.zeros((batch,), bool), 1)[2:], block, max_new_tokens, self.steps_per_call)
 
-    def _forced(self, slot: int, max_new_tokens: int) -> jax.Array:
-        """The token transformers' forced-BOS (first new token) or forced-EOS (the last one) processor would force."""
-        forced = None
-        if slot == 0 and self.spec.forced_bos_token_id is not None:
-            forced = self.spec.forced_bos_token_id
-        if slot == max_new_tokens - 1 and self.spec.forced_eos_token_id is not None:
-            forced = self.spec.forced_eos_token_id
-        return jnp.asarray(NO_TOKEN if forced is None else forced, self._id_dtype)
+    def _forced(self, max_new_tokens: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """What transformers' forced-BOS (first new token) and forced-EOS (the last one) processors force, NO_TOKEN for
+        none, and the last step's slot."""
+        bos, eos = self.spec.forced_bos_token_id, self.spec.forced_eos_token_id
+        return tuple(jnp.asarray(NO_TOKEN if t is None else t, self._id_dtype) for t in (bos, eos, max_new_tokens - 1))
 
     # -- jitted bodies ----------------------------------------------------------------------
     def _encode_step(self, params, *inputs):
@@ -191,6 +190,31 @@ class Seq2SeqGenerator(TokenLoop):
                                    list(cache), list(cross))
         token, done = self._pick(logits, key, temperature, top_k, top_p, done, eos, pad, do_sample=do_sample, force=force)
         return token, list(cache), valid, done
+
+    def _decode_steps(self, params, cache, cross, source_mask, valid, token, slot, done, key, temperature, top_k, top_p, eos,
+                      pad, forced_bos, forced_eos, last, count, *, do_sample, span, size):
+        """Up to `count` (<= `size`) decode steps in one compiled loop, ending early once every row has: ([size, B]
+        tokens, of which the first `ran` are new, then the last token, cache, valid and done). Step i writes slot
+        `slot + i` and samples with `fold_in(key, slot + i)`, as one step per call would."""
+
+        def more(carry):
+            i, done = carry[0], carry[4]
+            return (i < count) & ~done.all()
+
+        def step(carry):
+            i, token, cache, valid, done, tokens = carry
+            at = slot + i
+            force = jnp.where(at == 0, forced_bos, NO_TOKEN)
+            force = jnp.where((at == last) & (forced_eos != NO_TOKEN), forced_eos, force)
+            token, cache, valid, done = self._decode_step(params, cache, cross, source_mask, valid, token, at, done,
+                                                          jax.random.fold_in(key, at), temperature, top_k, top_p, eos, pad,
+                                                          force, do_sample=do_sample, span=span)
+            return i + 1, token, cache, valid, done, tokens.at[i].set(token)
+
+        tokens = jnp.zeros((size, *token.shape), token.dtype)
+        ran, token, cache, valid, done, tokens = jax.lax.while_loop(
+            more, step, (jnp.zeros((), slot.dtype), token, list(cache), valid, done, tokens))
+        return tokens, ran, token, cache, valid, done
 
     def _check_source(self, input_ids: Any, attention_mask: Any, input_features: Any) -> tuple[np.ndarray, np.ndarray | None]:
         if self.spec.takes_features:
