@@ -162,6 +162,58 @@ def measure_serve(root: Path, requests: int, rounds: int, device: str, device_na
     return "### Serving on the GPU\n\n" + body + "\n"
 
 
+def measure_serve_blocks(root: Path, rounds: int) -> str:
+    """The serving load through the scheduler alone (no HTTP), decoding one step per call against blocks of 16."""
+    import statistics
+    from collections import deque
+
+    import torch2jax
+    from benchmarks.serve import workload
+    from torch2jax.serve.api import warm_up_short
+    from torch2jax.serve.engine import BatchEngine
+    from torch2jax.serve.scheduler import Request, Scheduler
+
+    g = torch2jax.load(root / "llm")
+    work = [(np.random.default_rng(i).integers(3, 32000, len(p.split())).tolist(), m) for i, (p, m) in enumerate(workload(32, 0))]
+    schedulers = {block: Scheduler(BatchEngine(g, 8, 256, decode_block=block), max_queue=64) for block in (1, 16)}
+    rates = {block: [] for block in schedulers}
+    for scheduler in schedulers.values():
+        warm_up_short(scheduler)
+    for turn in range(rounds + 1):  # the first round compiles what the short warm-up did not
+        for block, scheduler in schedulers.items():
+            queue, done, tokens = deque(work), [0], [0]
+
+            def submit_next(scheduler=scheduler, queue=queue, done=done, tokens=tokens) -> None:
+                if queue:
+                    prompt, max_tokens = queue.popleft()
+
+                    def heard(event) -> None:
+                        tokens[0] += len(event.tokens)
+                        if event.finish_reason:
+                            done[0] += 1
+                            submit_next()
+
+                    scheduler.submit(Request(prompt, max_tokens, heard, end_tokens=()))
+
+            for _ in range(8):
+                submit_next()
+            start = time.perf_counter()
+            while done[0] < len(work):
+                scheduler.step()
+            if turn:
+                rates[block].append(tokens[0] / (time.perf_counter() - start))
+    lines = ["| decode steps per call | output tok/s | vs one step per call |", "|---|---|---|"]
+    for block, values in rates.items():
+        lines.append(f"| {block} | {statistics.median(values):.1f} | {statistics.median(values) / statistics.median(rates[1]):.2f}x |")
+    return f"""### Serving in decode blocks on the GPU
+
+The serving load (32 requests, 8 in a closed loop, greedy) through serve's scheduler alone, no HTTP, after a short
+warm-up and one untimed round; medians of {rounds} rounds.
+
+{chr(10).join(lines)}
+"""
+
+
 def measure_vlm(root: Path, rounds: int, device: str) -> str:
     import torch
 
@@ -199,6 +251,7 @@ def measure(root: Path, out: Path, rounds: int, requests: int, serve_rounds: int
         print(f"refilled {artifact.name} in {time.perf_counter() - start:.1f} s", flush=True)
     sections = {"quantized": lambda: measure_quantized(root, rounds, device),
                 "serve": lambda: measure_serve(root, requests, serve_rounds, device, device_name),
+                "serve-blocks": lambda: measure_serve_blocks(root, rounds),
                 "vlm": lambda: measure_vlm(root, rounds, device)}
     text = f"## On a GPU: {device_name} (jax {jax.__version__})\n\nWritten by `python -m benchmarks.gpu measure`.\n"
     out.write_text(text)
@@ -223,7 +276,7 @@ def main() -> None:
     run.add_argument("--rounds", type=int, default=3)
     run.add_argument("--requests", type=int, default=32)
     run.add_argument("--serve-rounds", type=int, default=2)
-    run.add_argument("--only", nargs="*", choices=["quantized", "serve", "vlm"], default=[])
+    run.add_argument("--only", nargs="*", choices=["quantized", "serve", "serve-blocks", "vlm"], default=[])
     run.add_argument("--torch-device", default="cuda", help="where the transformers references run (cpu: a dry run)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
