@@ -86,10 +86,12 @@ def artifact(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(artifact, tmp_path_factory):
-    """The server under test, run where `import torch` fails (so it provably needs no torch)."""
+    """The server under test, run where `import torch` fails (so it provably needs no torch). One decode step per
+    call, so that a stream lasts long enough for a client to leave in the middle of it; the console-script server of
+    test_full_queue_gets_429_and_sigterm_drains_then_exits_0 decodes in blocks (the default)."""
     command = [sys.executable, str(ROOT / "scripts" / "without_torch.py"), "-c", "from torch2jax.cli.main import main; main()"]
     s = Server(command, artifact, tmp_path_factory.mktemp("log") / "server.log", "--max-batch", str(ROWS), "--max-queue", "32",
-               "--chunk", "16")
+               "--chunk", "16", "--decode-block", "1")
     yield s
     assert s.stop() == 0, s.log.read_text()[-3000:]
 
