@@ -129,13 +129,51 @@ def plain_containers(value: Any) -> Any:
 
 def decompose(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """Decompose to the core ATen opset, keeping KEEP_WHOLE ops as they are."""
-    table = decompositions()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _cia_ops_remembered():
             warnings.simplefilter("ignore", FutureWarning)
-            return ep.run_decompositions(table)
+            return ep.run_decompositions(decompositions())
     except Exception as err:
         raise ExportError(f"torch could not decompose the exported program to core ATen: {_first_paragraph(err)}") from err
+
+
+_CIA_MODULES = ("torch.export.exported_program", "torch.export.decomp_utils")
+_cia_memo: dict[str, Any] = {}
+
+
+@contextlib.contextmanager
+def _cia_ops_remembered():
+    """torch lists every CompositeImplicitAutograd op afresh each time it builds a decomposition table or decomposes
+    (for each op namespace it walks all of the dispatcher's registrations again): a third of a small model's
+    decomposition. While this is open the list is kept, and made again when the namespaces or the number of
+    CompositeImplicitAutograd registrations change (a custom op registered since)."""
+    import importlib
+
+    from torch._export import utils as export_utils
+
+    modules = [importlib.import_module(name) for name in _CIA_MODULES]
+    if not all(hasattr(module, "_collect_all_valid_cia_ops") for module in modules):  # another torch: leave it be
+        yield
+        return
+    collect = export_utils._collect_all_valid_cia_ops
+
+    def state() -> tuple:
+        return tuple(torch.ops._dir), len(torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd"))
+
+    def remembered() -> set:
+        if _cia_memo.get("key") != state():
+            _cia_memo["ops"] = frozenset(collect())
+            _cia_memo["key"] = state()  # after: listing the ops makes torch.ops load their namespaces
+        return set(_cia_memo["ops"])
+
+    previous = [module._collect_all_valid_cia_ops for module in modules]  # ours again when nested
+    for module in modules:
+        module._collect_all_valid_cia_ops = remembered
+    try:
+        yield
+    finally:
+        for module, before in zip(modules, previous):
+            module._collect_all_valid_cia_ops = before
 
 
 def subclass_param_names(ep: torch.export.ExportedProgram) -> dict[str, str]:
@@ -159,7 +197,8 @@ def subclass_param_names(ep: torch.export.ExportedProgram) -> dict[str, str]:
 
 def decompositions():
     """torch's core ATen decomposition table less KEEP_WHOLE: what export and the compile backend decompose."""
-    table = torch.export.default_decompositions()
+    with _cia_ops_remembered():
+        table = torch.export.default_decompositions()
     for name in KEEP_WHOLE:
         namespace, op, overload = name.split(".")
         table.pop(getattr(getattr(getattr(torch.ops, namespace), op), overload), None)
