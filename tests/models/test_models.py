@@ -23,8 +23,10 @@ BF16_SLOW = ["bert", "gpt2", "resnet"]
 
 # Zoo models whose family the default tier already converts, saves, loads and verifies elsewhere: llama (in bfloat16
 # below, with the same dynamic dims; tests/hf/test_architectures.py; generation), gpt2 and t5 (test_architectures;
-# generation; bart keeps a dynamic encoder-decoder here), whisper (test_architectures; speech-to-text generation).
-COVERED_ELSEWHERE = {"gpt2", "llama", "t5", "whisper"}
+# generation; bart keeps a dynamic encoder-decoder here), whisper (test_architectures; speech-to-text generation),
+# mixtral (test_architectures; generation; streamed weights; a mesh), qwen2 (generation against transformers'), clip
+# (tests/hf/test_forward_tasks.py, every output).
+COVERED_ELSEWHERE = {"clip", "gpt2", "llama", "mixtral", "qwen2", "t5", "whisper"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in COVERED_ELSEWHERE else n for n in sorted(MODELS)])
