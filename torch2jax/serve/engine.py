@@ -36,7 +36,7 @@ import numpy as np
 from ..errors import InputSpecError
 from . import sampling
 from .generator import Generator, _call
-from .loop import MIN_BUCKET, attended_span, bucket
+from .loop import DECODE_LOOP_OPTIONS, MIN_BUCKET, attended_span, bucket
 
 SEED_LIMIT = 2**31  # seeds are taken modulo this (jax.random.key of a non-negative int32)
 
@@ -96,7 +96,8 @@ class BatchEngine:
         self.rebases = 0
         self.decode_steps = 0  # device decode steps (a block counts its steps)
         self._ids = generator._id_dtype
-        self._decode = jax.jit(self._decode_steps, donate_argnums=(1,), static_argnames=("span", "any_sample", "size"))
+        self._decode = jax.jit(self._decode_steps, donate_argnums=(1,), static_argnames=("span", "any_sample", "size"),
+                               compiler_options=DECODE_LOOP_OPTIONS)
         self._eos = jnp.asarray(spec.eos_token_ids or (-1,), self._ids)
         self._pick_jit = jax.jit(self._pick, static_argnames=("any_sample",))
         self._join = jax.jit(self._join_rows, donate_argnums=(0,))

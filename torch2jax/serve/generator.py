@@ -32,7 +32,7 @@ from ..ir import dtypes
 from ..runtime.model import Model
 from ..runtime.sharding import ShardingPlan
 from . import sampling
-from .loop import MIN_BUCKET, STEPS_PER_CALL, Request, TokenLoop, attended_span, bucket, call_entry, finish, run_blocks
+from .loop import DECODE_LOOP_OPTIONS, MIN_BUCKET, STEPS_PER_CALL, Request, TokenLoop, attended_span, bucket, call_entry, finish, run_blocks
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,8 @@ class Generator(TokenLoop):
         self.tokenizer_files = dict(tokenizer_files or {})  # file name -> path (tokenizer.json, ...)
         self._id_dtype = dtypes.jax_dtype("int64")
         self._prefill = jax.jit(self._prefill_step, donate_argnums=(1,))
-        self._decode = jax.jit(self._decode_steps, donate_argnums=(1, 5), static_argnames=("do_sample", "span", "size"))
+        self._decode = jax.jit(self._decode_steps, donate_argnums=(1, 5), static_argnames=("do_sample", "span", "size"),
+                               compiler_options=DECODE_LOOP_OPTIONS)
         self.steps_per_call = STEPS_PER_CALL
         self._first = jax.jit(self._pick, static_argnames=("do_sample",))
 

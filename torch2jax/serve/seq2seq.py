@@ -28,7 +28,19 @@ from ..errors import InputSpecError, Torch2JaxError
 from ..ir import dtypes
 from ..runtime.model import Model
 from .generator import GenerationSpec
-from .loop import MIN_BUCKET, NO_TOKEN, STEPS_PER_CALL, Request, TokenLoop, attended_span, bucket, call_entry, finish, run_blocks
+from .loop import (
+    DECODE_LOOP_OPTIONS,
+    MIN_BUCKET,
+    NO_TOKEN,
+    STEPS_PER_CALL,
+    Request,
+    TokenLoop,
+    attended_span,
+    bucket,
+    call_entry,
+    finish,
+    run_blocks,
+)
 
 
 @dataclass(frozen=True)
@@ -98,7 +110,8 @@ class Seq2SeqGenerator(TokenLoop):
         self.tokenizer_files = dict(tokenizer_files or {})
         self._id_dtype = dtypes.jax_dtype("int64")
         self._encode = jax.jit(self._encode_step)
-        self._decode = jax.jit(self._decode_steps, donate_argnums=(1, 4), static_argnames=("do_sample", "span", "size"))
+        self._decode = jax.jit(self._decode_steps, donate_argnums=(1, 4), static_argnames=("do_sample", "span", "size"),
+                               compiler_options=DECODE_LOOP_OPTIONS)
         self.steps_per_call = STEPS_PER_CALL  # decode steps per compiled call, as Generator's
 
     def entries(self) -> dict[str, Model]:
