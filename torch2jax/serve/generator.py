@@ -32,7 +32,19 @@ from ..ir import dtypes
 from ..runtime.model import Model
 from ..runtime.sharding import ShardingPlan
 from . import sampling
-from .loop import DECODE_LOOP_OPTIONS, MIN_BUCKET, STEPS_PER_CALL, Request, TokenLoop, attended_span, bucket, call_entry, finish, run_blocks
+from .loop import (
+    DECODE_LOOP_OPTIONS,
+    MIN_BUCKET,
+    STEPS_PER_CALL,
+    Request,
+    TokenLoop,
+    attended_span,
+    bucket,
+    call_entry,
+    decode_block,
+    finish,
+    run_blocks,
+)
 
 
 @dataclass(frozen=True)
@@ -198,20 +210,13 @@ class Generator(TokenLoop):
         tokens, of which the first `ran` are new, then the last token, cache, valid, done and position). Step i writes slot
         `slot + i` and samples with key `fold_in(key, first + i)`, as one step per call would."""
 
-        def more(carry):
-            i, done = carry[0], carry[4]
-            return (i < count) & ~done.all()
-
-        def step(carry):
-            i, token, cache, valid, done, tokens = carry
+        def step(i, token, state, done):
             token, cache, valid, done = self._decode_step(
-                params, cache, token, position + i, slot + i, valid, done, jax.random.fold_in(key, first + i), temperature,
-                top_k, top_p, eos, pad, do_sample=do_sample, span=span)
-            return i + 1, token, cache, valid, done, tokens.at[i].set(token)
+                params, state[0], token, position + i, slot + i, state[1], done, jax.random.fold_in(key, first + i),
+                temperature, top_k, top_p, eos, pad, do_sample=do_sample, span=span)
+            return token, (cache, valid), done
 
-        tokens = jnp.zeros((size, *token.shape), token.dtype)
-        ran, token, cache, valid, done, tokens = jax.lax.while_loop(
-            more, step, (jnp.zeros((), slot.dtype), token, cache, valid, done, tokens))
+        tokens, ran, token, (cache, valid), done = decode_block(step, token, (cache, valid), done, count, size)
         return tokens, ran, token, cache, valid, done, position + ran
 
     def _check_prompt(self, input_ids: Any, attention_mask: Any, max_new_tokens: int) -> tuple[np.ndarray, np.ndarray]:

@@ -119,22 +119,11 @@ class TokenLoop:
         return token, done
 
 
-def run_loop(first: Callable[[], tuple], advance: Callable[[int, jax.Array, jax.Array], tuple],
-             max_new_tokens: int) -> Iterator[np.ndarray]:
-    """Yield each step's [B] tokens: `first()` -> (token, done); `advance(step, token, done)` -> the next (token, done).
-    Stops after `max_new_tokens` or once every row has ended."""
-    token, done = first()
-    for step in range(max_new_tokens):
-        yield np.asarray(token)
-        if step == max_new_tokens - 1 or bool(done.all()):
-            return
-        token, done = advance(step, token, done)
-
-
 def run_blocks(first: Callable[[], tuple], advance: Callable[[int, jax.Array, jax.Array, int], tuple],
                max_new_tokens: int, block: int) -> Iterator[np.ndarray]:
-    """`run_loop` with decode steps taken in blocks: `advance(produced, token, done, count)` runs up to `count`
-    steps on the device and returns ([block, B] tokens, how many ran, the last token, done)."""
+    """Yield each step's [B] tokens: `first()` -> (token, done); `advance(produced, token, done, count)` runs up to
+    `count` decode steps on the device -> ([block, B] tokens, how many ran, the last token, done). Stops after
+    `max_new_tokens` or once every row has ended."""
     token, done = first()
     yield np.asarray(token)
     produced = 1
@@ -143,6 +132,23 @@ def run_blocks(first: Callable[[], tuple], advance: Callable[[int, jax.Array, ja
         ran = int(ran)
         yield from np.asarray(tokens)[:ran]
         produced += ran
+
+
+def decode_block(step: Callable, token: jax.Array, state: Any, done: jax.Array, count: jax.Array, size: int) -> tuple:
+    """Up to `count` (<= `size`) calls of `step(i, token, state, done) -> (token, state, done)` in one compiled loop,
+    ending once every row has: ([size, B] tokens, of which the first `ran` are new, ran, token, state, done)."""
+
+    def more(carry):
+        return (carry[0] < count) & ~carry[3].all()
+
+    def body(carry):
+        i, token, state, done, tokens = carry
+        token, state, done = step(i, token, state, done)
+        return i + 1, token, state, done, tokens.at[i].set(token)
+
+    tokens = jnp.zeros((size, *token.shape), token.dtype)
+    ran, token, state, done, tokens = jax.lax.while_loop(more, body, (jnp.zeros((), count.dtype), token, state, done, tokens))
+    return tokens, ran, token, state, done
 
 
 def finish(prefix: np.ndarray, steps: Iterator[np.ndarray], stream: bool) -> np.ndarray | Iterator[np.ndarray]:

@@ -38,6 +38,7 @@ from .loop import (
     attended_span,
     bucket,
     call_entry,
+    decode_block,
     finish,
     run_blocks,
 )
@@ -210,23 +211,16 @@ class Seq2SeqGenerator(TokenLoop):
         tokens, of which the first `ran` are new, then the last token, cache, valid and done). Step i writes slot
         `slot + i` and samples with `fold_in(key, slot + i)`, as one step per call would."""
 
-        def more(carry):
-            i, done = carry[0], carry[4]
-            return (i < count) & ~done.all()
-
-        def step(carry):
-            i, token, cache, valid, done, tokens = carry
+        def step(i, token, state, done):
             at = slot + i
             force = jnp.where(at == 0, forced_bos, NO_TOKEN)
             force = jnp.where((at == last) & (forced_eos != NO_TOKEN), forced_eos, force)
-            token, cache, valid, done = self._decode_step(params, cache, cross, source_mask, valid, token, at, done,
+            token, cache, valid, done = self._decode_step(params, state[0], cross, source_mask, state[1], token, at, done,
                                                           jax.random.fold_in(key, at), temperature, top_k, top_p, eos, pad,
                                                           force, do_sample=do_sample, span=span)
-            return i + 1, token, cache, valid, done, tokens.at[i].set(token)
+            return token, (cache, valid), done
 
-        tokens = jnp.zeros((size, *token.shape), token.dtype)
-        ran, token, cache, valid, done, tokens = jax.lax.while_loop(
-            more, step, (jnp.zeros((), slot.dtype), token, list(cache), valid, done, tokens))
+        tokens, ran, token, (cache, valid), done = decode_block(step, token, (list(cache), valid), done, count, size)
         return tokens, ran, token, cache, valid, done
 
     def _check_source(self, input_ids: Any, attention_mask: Any, input_features: Any) -> tuple[np.ndarray, np.ndarray | None]:
