@@ -64,7 +64,7 @@ def convert(module: Any, args: Any = (), kwargs: dict | None = None, dynamic_sha
     from .capture.converter import convert as _convert  # imports torch, only now
 
     if type(module).__module__.startswith("transformers."):
-        from .hf import experts  # noqa: F401 - registers the trace-time forwards of transformers' expert loops
+        from .hf import stand_ins  # noqa: F401 - registers the trace-time stand-ins for transformers code
 
     return _convert(module, args, kwargs, dynamic_shapes, strict=strict, dtype=dtype, progress=progress, quantize=quantize,
                     group_size=group_size, specialize=specialize)

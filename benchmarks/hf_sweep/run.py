@@ -180,7 +180,7 @@ def run_torch2jax(module: Any, inputs: dict[str, Any], workdir: Path) -> dict[st
     from torch2jax.capture.converter import StageTimer, convert
     from torch2jax.diagnose.verify import verify
     from torch2jax.errors import ExportError
-    from torch2jax.hf import experts  # noqa: F401 - as torch2jax.convert does for transformers modules
+    from torch2jax.hf import stand_ins  # noqa: F401 - as torch2jax.convert does for transformers modules
     from torch2jax.runtime import artifact, stablehlo
 
     row: dict[str, Any] = {"status": None, "error": None, "max_abs": None, "seconds": {}}

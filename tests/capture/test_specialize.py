@@ -85,3 +85,53 @@ def test_a_per_token_input_is_not_fixed_and_the_error_names_the_models_line():
     assert "tried with" not in message and "specialize=" in message
     model = torch2jax.convert(TokenBranch(), (x, ids), specialize=["input_ids"])  # asked for by name, it is fixed
     np.testing.assert_allclose(np.asarray(model(x.numpy(), ids.numpy())), (x + 1).numpy())
+
+
+class PatchGroups(torch.nn.Module):
+    """Patches pooled per image by sizes read from a grid input, each patch then given its image's mean (as
+    Qwen2-VL-style vision towers split by `cu_seqlens.tolist()` and index by `repeat_interleave` over the grid)."""
+
+    def forward(self, patches, grid):
+        lengths = grid[:, 0] * grid[:, 1]
+        pooled = torch.stack([part.mean(0) for part in torch.split(patches, lengths.tolist())])
+        image_of = torch.repeat_interleave(torch.arange(grid.shape[0]), lengths)
+        return pooled[image_of] * 2
+
+
+def test_values_computed_from_a_fixed_input_are_folded_before_decomposition(monkeypatch):
+    """torch.export sees the fixed grid's values, but decomposition retraces without them: the repeat_interleave's
+    size would be data-dependent again unless what the graph computes from the grid is lifted as constants."""
+    from torch2jax.capture import specialize
+    from torch2jax.errors import UnsupportedOpsError
+
+    patches, grid = torch.randn(10, 3), torch.tensor([[2, 3], [1, 4]])
+    model = torch2jax.convert(PatchGroups(), (patches, grid), specialize=["grid"])
+    np.testing.assert_allclose(np.asarray(model(patches.numpy(), grid.numpy())),
+                               PatchGroups()(patches, grid).numpy(), rtol=1e-6, atol=1e-6)
+    with pytest.raises(SignatureError, match="'grid' was fixed"):
+        model(patches.numpy(), np.array([[1, 3], [1, 7]]))
+    monkeypatch.setattr(specialize, "fold_constants", lambda ep: 0)
+    with pytest.raises(UnsupportedOpsError, match="repeat_interleave"):
+        torch2jax.convert(PatchGroups(), (patches, grid), specialize=["grid"])
+
+
+class WrittenLater(torch.nn.Module):
+    """A value computed from the fixed grid and then written in place by the data: not foldable."""
+
+    def forward(self, patches, grid):
+        lengths = grid[:, 0] * grid[:, 1]
+        lengths.add_((patches.sum() > 1e9).long())  # in place, from the data: the graph must keep computing it
+        return patches[: int(grid.sum())] * lengths.sum()
+
+
+def test_a_folded_value_written_in_place_leaves_the_graph_whole():
+    from torch2jax.capture import exporter, specialize
+
+    patches, grid = torch.randn(10, 3), torch.tensor([[2, 3], [1, 4]])
+    exported = exporter.export(WrittenLater(), (patches, grid), None, None, specialize=["grid"])
+    before = str(exported.program.graph)
+    assert specialize.fold_constants(exported.program) == 0
+    assert str(exported.program.graph) == before
+    model = torch2jax.convert(WrittenLater(), (patches, grid), specialize=["grid"])
+    np.testing.assert_allclose(np.asarray(model(patches.numpy(), grid.numpy())),
+                               WrittenLater()(patches, grid.clone()).numpy(), rtol=1e-6)

@@ -18,6 +18,7 @@ from ..runtime.checkpoint import is_deferred
 from ..runtime.model import Model
 from ..runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, dequantize_array, quantize_array, quantize_model, weight_format
 from . import exporter
+from . import specialize as specialize_inputs
 from .fake_params import has_fake_parameters, is_fake, to_dtype
 from .fx import Captured, capture
 from .torch_arrays import to_jax, to_torch
@@ -107,6 +108,8 @@ def trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_sha
             warnings.warn(notice, stacklevel=4)
     with timer.stage("decompose", "decompose to core ATen"):
         renames = exporter.subclass_param_names(ep)
+        if fixed:
+            specialize_inputs.fold_constants(ep)
         ep = exporter.decompose(ep)
         return capture(ep, names, renames, fixed), ep
 

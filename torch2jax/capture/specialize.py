@@ -121,3 +121,106 @@ def data_dependent_guard(err: BaseException) -> str | None:
             return str(err.cond)
         err = err.__cause__ or err.__context__
     return None
+
+
+FOLD_LIMIT = 1 << 16  # elements: a value computed from fixed inputs larger than this stays computed in the graph
+
+
+def fold_constants(ep: torch.export.ExportedProgram) -> int:
+    """Evaluate what the graph computes from its lifted tensor constants alone (a fixed input's value and what the
+    model derives from it: patch counts, cumulative lengths, split points) and lift the results as constants.
+
+    torch.export traced those ops on constant values and so saw concrete shapes, but decomposing the program
+    retraces it without the constants' values, where a `repeat_interleave` by the fixed grid has a data-dependent
+    size again. Ops that mutate, draw random numbers or build tensors from literals alone are left in the graph.
+    Returns the number of values folded."""
+    import operator
+
+    from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
+
+    graph = ep.graph_module.graph
+    specs = ep.graph_signature.input_specs
+    known: dict[torch.fx.Node, Any] = {}  # values computed here; `derived`: those that read a constant
+    for node, spec in zip(graph.find_nodes(op="placeholder"), specs):
+        if spec.kind == InputKind.CONSTANT_TENSOR and isinstance(ep.constants.get(spec.target), torch.Tensor):
+            known[node] = ep.constants[spec.target]
+    if not known:
+        return 0
+    derived = dict.fromkeys(known)  # ordered: the folded constants are named in graph order
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        if any(n in known for n in _written(node)):
+            return 0  # a value computed here is written to in place later: the graph is left whole
+        inputs = node.all_input_nodes
+        if not _foldable(node, operator.getitem) or not _small(node) or not all(n in known for n in inputs):
+            continue
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: known[n])
+        try:
+            known[node] = node.target(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - left to the graph, which fails (or not) the usual way
+            continue
+        if any(n in derived for n in inputs):
+            derived[node] = None
+    frontier = [node for node in derived if node.op == "call_function" and isinstance(known[node], torch.Tensor)
+                and any(user not in known for user in node.users)]
+    fake_mode = next((n.meta["val"].fake_mode for n in graph.find_nodes(op="placeholder")
+                      if hasattr(n.meta.get("val"), "fake_mode")), None)
+    first_user_input = next((i for i, spec in enumerate(specs) if spec.kind == InputKind.USER_INPUT), len(specs))
+    anchor = list(graph.find_nodes(op="placeholder"))
+    for count, node in enumerate(frontier):
+        value = known[node].detach().clone().contiguous()
+        target = f"folded_constant_{count}"
+        while target in ep.constants:
+            target += "_"
+        insert_before = anchor[first_user_input] if first_user_input < len(anchor) else None
+        with (graph.inserting_before(insert_before) if insert_before is not None else graph.inserting_after(anchor[-1])):
+            placeholder = graph.placeholder(f"c_{target}")
+        placeholder.meta.update(node.meta)
+        if fake_mode is not None:
+            placeholder.meta["val"] = fake_mode.from_tensor(value, static_shapes=True)
+        node.replace_all_uses_with(placeholder)
+        ep.constants[target] = value
+        specs.insert(first_user_input, InputSpec(kind=InputKind.CONSTANT_TENSOR, arg=TensorArgument(name=placeholder.name),
+                                                 target=target, persistent=None))
+        anchor.insert(first_user_input, placeholder)
+        first_user_input += 1
+    for node in reversed(list(known)):  # checks on the folded values (which held when they were computed) go too
+        if node.op == "call_function" and not node.users:
+            graph.erase_node(node)
+    graph.eliminate_dead_code()
+    ep.graph_module.recompile()
+    return len(frontier)
+
+
+def _small(node: torch.fx.Node) -> bool:
+    """At most FOLD_LIMIT elements in each tensor the node makes (by its traced metadata; a symbolic size is not)."""
+    values = node.meta.get("val")
+    values = values if isinstance(values, (list, tuple)) else [values]
+    return all(not isinstance(v, torch.Tensor) or (isinstance(v.numel(), int) and v.numel() <= FOLD_LIMIT)
+               for v in values)
+
+
+def _written(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The nodes an in-place op writes to (`detach_` writes no values)."""
+    if not isinstance(node.target, torch._ops.OpOverload) or node.target is torch.ops.aten.detach_.default:
+        return []
+    schema = node.target._schema
+    if not schema.is_mutable:
+        return []
+    written = []
+    for i, argument in enumerate(schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
+            written.extend(v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, torch.fx.Node))
+    return written
+
+
+def _foldable(node: torch.fx.Node, getitem: Any) -> bool:
+    """A pure op: no mutation (`detach_` changes no values), no randomness."""
+    if node.target is getitem or node.target is torch.ops.aten.detach_.default:
+        return True
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    schema = node.target._schema
+    return not schema.is_mutable and torch.Tag.nondeterministic_seeded not in node.target.tags

@@ -1,11 +1,13 @@
-"""Forwards that stand in for a module class's own while torch.export traces it.
+"""Forwards (and other methods) that stand in for a module class's own while torch.export traces it.
 
 Some model code cannot be captured as written: a mixture-of-experts layer that loops over the experts its tokens
-hit (`for e in hit.nonzero()`, then `torch.where(mask[e])`) makes every shape depend on the routing. A forward
-registered here for that class computes the same function in a form with static shapes (every expert on every
-token, weighted by the routing), and is installed on each instance only for the export, so the user's module is
-unchanged afterwards. Registrations come from the rooms that know the model code (torch2jax/hf/experts.py), keyed
-by the class's qualified name so that registering does not import the model's module.
+hit (`for e in hit.nonzero()`, then `torch.where(mask[e])`) makes every shape depend on the routing, and a
+vision-language model that walks its token types in Python (`groupby(mm_token_type_ids.tolist())`) to place its
+rotary positions stops torch.export at the `.tolist()`. A method registered here for that class computes the same
+function in a form with static shapes (every expert on every token, weighted by the routing; the positions as
+running sums over the batch), and is installed on each instance only for the export, so the user's module is
+unchanged afterwards. Registrations come from the rooms that know the model code (torch2jax/hf/stand_ins.py),
+keyed by the class's qualified name so that registering does not import the model's module.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from contextlib import contextmanager
 
 import torch
 
-_FORWARDS: dict[str, Callable] = {}
+_STAND_INS: dict[str, list[tuple[str, Callable, Callable[[type], bool] | None]]] = {}
 
 
-def register(qualified_name: str, forward: Callable) -> None:
-    """While tracing, instances of the class `module.QualName` run `forward(self, ...)` instead of their own."""
-    _FORWARDS[qualified_name] = forward
+def register(qualified_name: str, function: Callable, method: str = "forward",
+             applies: Callable[[type], bool] | None = None) -> None:
+    """While tracing, instances of the class `module.QualName` run `function(self, ...)` as their `method`
+    (where `applies(cls)`, if given, says the class's own method is the one the stand-in was written for)."""
+    _STAND_INS.setdefault(qualified_name, []).append((method, function, applies))
 
 
 def _qualified(cls: type) -> str:
@@ -30,22 +34,23 @@ def _qualified(cls: type) -> str:
 
 @contextmanager
 def installed(module: torch.nn.Module) -> Iterator[list[str]]:
-    """The registered forwards set on every matching submodule of `module` (yields the class names replaced)."""
-    replaced: list[tuple[torch.nn.Module, object]] = []
+    """The registered methods set on every matching submodule of `module` (yields the class names replaced)."""
+    replaced: list[tuple[torch.nn.Module, str, object]] = []
     names: list[str] = []
-    if _FORWARDS:
+    if _STAND_INS:
         for sub in module.modules():
-            forward = _FORWARDS.get(_qualified(type(sub)))
-            if forward is not None:
-                replaced.append((sub, sub.__dict__.get("forward")))
-                sub.forward = types.MethodType(forward, sub)
+            for method, function, applies in _STAND_INS.get(_qualified(type(sub)), ()):
+                if applies is not None and not applies(type(sub)):
+                    continue
+                replaced.append((sub, method, sub.__dict__.get(method)))
+                setattr(sub, method, types.MethodType(function, sub))
                 if type(sub).__name__ not in names:
                     names.append(type(sub).__name__)
     try:
         yield names
     finally:
-        for sub, own in replaced:
+        for sub, method, own in reversed(replaced):
             if own is None:
-                del sub.forward  # the class's forward again
+                delattr(sub, method)  # the class's method again
             else:
-                sub.forward = own
+                setattr(sub, method, own)

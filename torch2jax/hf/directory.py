@@ -132,7 +132,7 @@ def prepare_for_export(model: Any) -> None:
     """Settings under which transformers models export with static shapes: mixture-of-experts layers as batched
     matmuls over every expert (eager routing makes data-dependent shapes; grouped_mm is a custom op), and the
     expert loops written in a model's own code replaced while tracing (hf/experts.py)."""
-    from . import experts  # noqa: F401 - registers the trace-time forwards
+    from . import stand_ins  # noqa: F401 - registers the trace-time stand-ins
     if getattr(model.config, "_experts_implementation", None) not in (None, "batched_mm") and hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation("batched_mm")
 
