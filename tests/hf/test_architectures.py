@@ -24,8 +24,11 @@ FAMILIES = [
     ("mixtral", "MixtralForCausalLM"),  # experts through transformers' grouped_mm custom op
     ("dbrx", "DbrxModel"),  # experts looped over in its own code: replaced while tracing (torch2jax/hf/experts.py)
     ("llava_next", "LlavaNextModel"),  # image_sizes decides shapes: fixed to its example value (capture/specialize.py)
+    # rotary positions from the token types (hf/rope_index.py), patch interpolation from the fixed grid
+    # (hf/vision_grids.py), image features placed by a bool mask whose count the model asserts (ops/indexing.py)
+    ("qwen3_vl", "Qwen3VLModel"),
 ]
-FIXED = {"llava_next": ["image_sizes"]}
+FIXED = {"llava_next": ["image_sizes"], "qwen3_vl": ["image_grid_thw"]}
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """The Qwen2-VL family's multimodal rotary positions written for torch.export (torch2jax/hf/rope_index.py): the same
-positions as each model's own get_rope_index, and a converted Qwen2-VL that takes any placement of its image tokens."""
+positions as each model's own get_rope_index, and a converted Qwen2.5-VL that takes any placement of its image tokens."""
 
 from __future__ import annotations
 
@@ -65,43 +65,47 @@ def test_positions_equal_the_models_own_get_rope_index(name):
     torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
 
 
-def _qwen2_vl():
-    from transformers import Qwen2VLConfig, Qwen2VLModel
+def _qwen2_5_vl():
+    """A tiny Qwen2.5-VL: window attention over windows of 2x2 merged tokens in its first block, full in its second."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLModel
 
     text = dict(vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, use_cache=False, rope_parameters={"type": "mrope", "mrope_section": [2, 1, 1], "rope_theta": 10000,
-                                                        "rope_type": "default"})
-    vision = dict(depth=2, embed_dim=32, hidden_size=32, num_heads=4, patch_size=14, spatial_merge_size=2,
-                  temporal_patch_size=2)
-    config = Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=4, video_token_id=5,
-                           vision_start_token_id=3)
+                num_key_value_heads=2, use_cache=False,
+                rope_parameters={"type": "mrope", "mrope_section": [2, 1, 1], "rope_theta": 10000, "rope_type": "default"})
+    vision = dict(depth=2, hidden_size=32, out_hidden_size=32, intermediate_size=40, num_heads=4, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1])
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=4, video_token_id=5,
+                              vision_start_token_id=3)
     torch.manual_seed(0)
-    return Qwen2VLModel(config).eval()
+    return Qwen2_5_VLModel(config).eval()
 
 
-def _prompt(starts: list[int], pads: list[int], length: int = 20) -> dict[str, torch.Tensor]:
-    """One 4x6-patch image (6 merged tokens) per row, its tokens from `starts[row]`, `pads[row]` left padding."""
+def _prompt(starts: list[int], pads: list[int], length: int = 24) -> dict[str, torch.Tensor]:
+    """One 6x6-patch image (9 merged tokens, windows of 2x2 of them) per row, its tokens from `starts[row]`,
+    `pads[row]` left padding."""
     ids = torch.randint(6, 99, (len(starts), length))
     token_types = torch.zeros_like(ids)
     mask = torch.ones_like(ids)
     for row, (start, pad) in enumerate(zip(starts, pads)):
         ids[row, start - 1] = 3
-        ids[row, start:start + 6] = 4
-        token_types[row, start:start + 6] = IMAGE
+        ids[row, start:start + 9] = 4
+        token_types[row, start:start + 9] = IMAGE
         mask[row, :pad] = 0
-    pixels = torch.rand(len(starts) * 24, 3 * 2 * 14 * 14)
+    pixels = torch.rand(len(starts) * 36, 3 * 2 * 14 * 14)
     return {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": token_types, "pixel_values": pixels,
-            "image_grid_thw": torch.tensor([[1, 4, 6]] * len(starts))}
+            "image_grid_thw": torch.tensor([[1, 6, 6]] * len(starts))}
 
 
-def test_converted_qwen2_vl_takes_image_tokens_anywhere_in_the_prompt():
+def test_converted_qwen2_5_vl_takes_image_tokens_anywhere_in_the_prompt():
+    """Its rotary positions are computed from the token types in the graph (rope_index.py); its window order from the
+    fixed grid, outside the trace (vision_grids.py), and folded to constants (capture/specialize.py)."""
     import torch2jax
     from torch2jax.diagnose.verify import verify
 
-    model = _qwen2_vl()
+    model = _qwen2_5_vl()
     torch.manual_seed(1)
     with pytest.warns(UserWarning, match="'image_grid_thw' is fixed"):
         converted = torch2jax.convert(model, (), _prompt(starts=[4, 9], pads=[0, 2]))
-    for starts, pads in (([4, 9], [0, 2]), ([12, 2], [3, 0]), ([2, 13], [0, 5])):
+    for starts, pads in (([4, 9], [0, 2]), ([14, 2], [3, 0]), ([2, 13], [0, 5])):
         report = verify(model, converted, (), _prompt(starts, pads))
         assert report.passed, f"image tokens at {starts}, padding {pads}: {report.summary()}"

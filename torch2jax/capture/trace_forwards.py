@@ -12,6 +12,7 @@ keyed by the class's qualified name so that registering does not import the mode
 
 from __future__ import annotations
 
+import sys
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from contextlib import contextmanager
 import torch
 
 _STAND_INS: dict[str, list[tuple[str, Callable, Callable[[type], bool] | None]]] = {}
+_FUNCTIONS: dict[str, Callable[[Callable], Callable]] = {}
 
 
 def register(qualified_name: str, function: Callable, method: str = "forward",
@@ -26,6 +28,12 @@ def register(qualified_name: str, function: Callable, method: str = "forward",
     """While tracing, instances of the class `module.QualName` run `function(self, ...)` as their `method`
     (where `applies(cls)`, if given, says the class's own method is the one the stand-in was written for)."""
     _STAND_INS.setdefault(qualified_name, []).append((method, function, applies))
+
+
+def register_function(qualified_name: str, wrap: Callable[[Callable], Callable]) -> None:
+    """While tracing, the module-level function `module.name` is `wrap(function)` wherever a loaded module of the
+    same package holds it (model code imports shared helpers by name)."""
+    _FUNCTIONS[qualified_name] = wrap
 
 
 def _qualified(cls: type) -> str:
@@ -46,11 +54,32 @@ def installed(module: torch.nn.Module) -> Iterator[list[str]]:
                 setattr(sub, method, types.MethodType(function, sub))
                 if type(sub).__name__ not in names:
                     names.append(type(sub).__name__)
+    patched = _patch_functions()
     try:
         yield names
     finally:
+        for module, name, own in patched:
+            setattr(module, name, own)
         for sub, method, own in reversed(replaced):
             if own is None:
                 delattr(sub, method)  # the class's method again
             else:
                 setattr(sub, method, own)
+
+
+def _patch_functions() -> list[tuple[types.ModuleType, str, Callable]]:
+    """The registered function stand-ins set in every loaded module of their package that holds the function."""
+    patched = []
+    for qualified_name, wrap in _FUNCTIONS.items():
+        module_name, name = qualified_name.rsplit(".", 1)
+        home = sys.modules.get(module_name)
+        own = getattr(home, name, None)
+        if own is None:
+            continue
+        stand_in = wrap(own)
+        package = module_name.split(".")[0] + "."
+        for module in [m for key, m in list(sys.modules.items()) if key.startswith(package) and m is not None]:
+            if getattr(module, "__dict__", {}).get(name) is own:
+                patched.append((module, name, own))
+                setattr(module, name, stand_in)
+    return patched
