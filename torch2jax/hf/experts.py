@@ -1,6 +1,6 @@
 """Mixture-of-experts layers whose transformers code loops over the experts its tokens hit, written densely for
-torch.export (registered with capture/trace_forwards.py; installed only while tracing): DBRX, LongCat-Flash and
-NLLB-MoE (whose router also casts its classifier inside forward).
+torch.export (registered with capture/trace_forwards.py; installed only while tracing): DBRX, LongCat-Flash, JetMoE
+and NLLB-MoE (whose router also casts its classifier inside forward).
 
 `for e in hit.nonzero(): idx, tok = torch.where(mask[e]); ... index_add_(0, tok, ...)` gives every shape from the
 routing, which torch.export cannot capture. The forms here run every expert on every token and weight each result
@@ -77,7 +77,32 @@ def nllb_moe_router(self, hidden_states: torch.Tensor, padding_mask: torch.Tenso
     return top_1_mask, router_probs, router_logits
 
 
+def jetmoe_gating(self, hidden_states: torch.Tensor) -> tuple:
+    """transformers' JetMoeTopKGating.forward with the tokens per expert kept a tensor (it calls `.tolist()`, whose
+    values then size a split): the same sort of the (token, choice) rows by expert, and the same gates."""
+    logits = self.layer(hidden_states).float()
+    top_k_logits, top_k_indices = logits.topk(self.top_k, dim=1)
+    top_k_gates = torch.softmax(top_k_logits, dim=1).type_as(hidden_states)
+    expert_size = torch.zeros_like(logits, dtype=torch.long).scatter(1, top_k_indices, 1).sum(0)
+    _, index_sorted_experts = top_k_indices.flatten().sort(0)
+    batch_index = index_sorted_experts.div(self.top_k, rounding_mode="trunc")
+    batch_gates = top_k_gates.flatten()[index_sorted_experts]
+    return index_sorted_experts, batch_index, batch_gates, expert_size, logits
+
+
+def jetmoe_parallel_experts(self, inputs: torch.Tensor, expert_size: torch.Tensor) -> torch.Tensor:
+    """transformers' JetMoeParallelExperts.forward over rows sorted by expert: each row through its expert's weight.
+    The row's expert comes from the running count of rows per expert (jetmoe_gating's tensor); every expert runs on
+    every row and each row keeps its own expert's product."""
+    rows = torch.arange(inputs.shape[0], device=inputs.device)
+    expert = (rows[:, None] >= expert_size.cumsum(0)[None, :]).sum(1).clamp(max=self.num_experts - 1)
+    every = torch.einsum("ni,eoi->neo", inputs, self.weight)
+    return every.gather(1, expert[:, None, None].expand(-1, 1, every.shape[-1])).squeeze(1)
+
+
 trace_forwards.register("transformers.models.dbrx.modeling_dbrx.DbrxExperts", dbrx_experts)
+trace_forwards.register("transformers.models.jetmoe.modeling_jetmoe.JetMoeTopKGating", jetmoe_gating)
+trace_forwards.register("transformers.models.jetmoe.modeling_jetmoe.JetMoeParallelExperts", jetmoe_parallel_experts)
 trace_forwards.register("transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeExperts", nllb_moe_experts)
 trace_forwards.register("transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeTop2Router", nllb_moe_router)
 trace_forwards.register("transformers.models.longcat_flash.modeling_longcat_flash.LongcatFlashExperts", longcat_flash_experts)
