@@ -255,27 +255,31 @@ class _Flagged(torch.nn.Module):
         super().__init__()
         self.lin = torch.nn.Linear(4, 4)
 
-    def forward(self, x, use_cache: bool = True, scale: float = 1.0):
+    def forward(self, x, use_cache: bool = True, scale: float = 1.0, mode: str = "plain"):
         y = self.lin(x) * scale
+        if mode == "shifted":  # a string, which jax.jit takes as no argument
+            y = y - 1
         return (y, y + 1) if use_cache else y
 
 
 def test_python_keyword_inputs_are_baked_in_so_the_model_saves(tmp_path):
     module = _Flagged()
     x = torch.randn(2, 4)
-    model = torch2jax.convert(module, (x,), {"use_cache": False, "scale": 2.0}, {"x": {0: "batch"}, "use_cache": None, "scale": None})
-    assert model.signature == "(x: float32[batch, 4], use_cache: False (fixed at conversion), scale: 2.0 (fixed at conversion))"
+    flags = {"use_cache": False, "scale": 2.0, "mode": "shifted"}
+    model = torch2jax.convert(module, (x,), flags, {"x": {0: "batch"}, "use_cache": None, "scale": None, "mode": None})
+    assert model.signature == ("(x: float32[batch, 4], use_cache: False (fixed at conversion), scale: 2.0 (fixed at "
+                               "conversion), mode: 'shifted' (fixed at conversion))")
     torch2jax.save(model, tmp_path / "flagged")  # refused before: "input 'use_cache' is not a tensor"
     x = torch.randn(3, 4)
-    want = torch_out(module, x, use_cache=False, scale=2.0)
+    want = torch_out(module, x, **flags)
     for loaded in (model, torch2jax.load(tmp_path / "flagged"), torch2jax.load(tmp_path / "flagged", from_graph=True)):
-        assert max_err(loaded(x.numpy(), use_cache=False, scale=2.0), want) < 1e-6
+        assert max_err(loaded(x.numpy(), **flags), want) < 1e-6
         assert max_err(loaded(x.numpy()), want) < 1e-6  # left out: the baked values
-        assert max_err(loaded.apply(loaded.params, x.numpy(), use_cache=False, scale=2), want) < 1e-6  # 2 == 2.0
+        assert max_err(loaded.apply(loaded.params, x.numpy(), use_cache=False, scale=2, mode="shifted"), want) < 1e-6  # 2 == 2.0
         with pytest.raises(torch2jax.SignatureError, match="'use_cache' was False when the model was converted.*use_cache=True"):
             loaded(x.numpy(), use_cache=True, scale=2.0)
     graph_inputs = json.loads((tmp_path / "flagged" / "graph.json").read_text())["inputs"]
-    assert [i.get("value") for i in graph_inputs if i["name"] in ("use_cache", "scale")] == [False, 2.0]
+    assert [i.get("value") for i in graph_inputs if i["name"] in flags] == [False, 2.0, "shifted"]
     loaded = torch2jax.load(tmp_path / "flagged")
     assert [i["name"] for i in loaded.manifest["inputs"]] == ["x"]  # the StableHLO's inputs: tensors only
     assert max_err(loaded.call_flat([x.numpy()]), want) < 1e-6

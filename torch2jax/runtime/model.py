@@ -44,6 +44,7 @@ class Model:
         # weight-only quantization (runtime/quantize.py): scheme, which params, bytes before and after; {} if none
         self.quantization: dict[str, Any] = {}
         self._jitted = jax.jit(self._checked_call)
+        self._jitted_tensors = jax.jit(self._tensors_call)
 
     # -- public API -------------------------------------------------------------------------
     def apply(self, params: dict, *args: Any, rng: jax.Array | None = None, mutable: bool = False, **kwargs: Any) -> Any:
@@ -58,11 +59,17 @@ class Model:
 
     def __call__(self, *args: Any, rng: jax.Array | None = None, **kwargs: Any) -> Any:
         """Run on `self.params` (compiled once per input shape); mutated buffers update `self.params`."""
+        python = [inp.baked and inp.meta is None for inp in self.graph.user_inputs]
         if any(inp.baked for inp in self.graph.user_inputs):  # python values are checked here, where they are not traced
             check_inputs(self.graph, flatten_inputs(self.graph, args, kwargs), baked_only=True)
             kwargs = with_baked_defaults(self.graph, kwargs)
         try:
-            outputs, updates = self._jitted(self.params, args, kwargs, rng)
+            if any(python):  # jit takes no strings: the baked python values stay out of its arguments
+                leaves = flatten_inputs(self.graph, args, kwargs)
+                tensors = [leaf for leaf, baked in zip(leaves, python) if not baked]
+                outputs, updates = self._jitted_tensors(self.params, tensors, rng)
+            else:
+                outputs, updates = self._jitted(self.params, args, kwargs, rng)
         except TypeError:
             # jax refused an argument before tracing it (a string, an arbitrary object): name the input
             check_inputs(self.graph, flatten_inputs(self.graph, args, kwargs))
@@ -123,6 +130,13 @@ class Model:
         if self.sharding is not None:
             leaves = self.sharding.constrain_inputs(self.graph, leaves)
         return self._run(params, leaves, rng)
+
+    def _tensors_call(self, params: dict, tensors: list, rng: Any) -> tuple[list, dict]:
+        """`_checked_call` on the call's array inputs, the baked python values put back in place as constants."""
+        arrays = iter(tensors)
+        leaves = [baked_leaf(inp) if inp.baked and inp.meta is None else next(arrays) for inp in self.graph.user_inputs]
+        args, kwargs = structure.unflatten(self.graph.in_spec, leaves)
+        return self._checked_call(params, args, kwargs, rng)
 
     def _finish(self, outputs: list, updates: dict, mutable: bool) -> Any:
         result = structure.unflatten(self.graph.out_spec, outputs)
