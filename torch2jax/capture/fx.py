@@ -49,9 +49,13 @@ def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str],
     (specialize.FixedInput), baked in like python values."""
     compacted = _masked_rows_into_scatter(ep.graph_module)
     _refuse_data_dependent_shapes(ep.graph_module, allowed=set(compacted))
+    selected = _masked_rows_of_static_count(ep.graph_module)
     capturer = _Capturer(symbol_names)
     graph = capturer.graph(ep.graph_module, ep.graph_signature)
     _bound_masked_rows(graph, compacted)
+    for node in graph.nodes:
+        if node.name in selected:
+            node.op = SELECTED_ROWS
     _refuse_input_mutation(graph)
     call_spec = ep.call_spec  # torch rebuilds it on every access
     graph.in_spec = treespec_to_json(call_spec.in_spec)
@@ -144,6 +148,35 @@ def _masked_rows_into_scatter(graph_module: torch.fx.GraphModule) -> dict[str, i
         if all(_reads_as_scatter_source(user, node) for user in node.users):
             found[node.name] = math.prod(mask.shape)
     return found
+
+
+# x[mask] whose row count torch proved static (the model checked it against another tensor's size)
+SELECTED_ROWS = "torch2jax.selected_rows.default"
+
+
+def _masked_rows_of_static_count(graph_module: torch.fx.GraphModule) -> set[str]:
+    """The `x[mask]` nodes (one bool mask over x's leading dims) whose output shape is static: JAX cannot size a
+    boolean selection from the values, so these take the count from the shape (ops/indexing.selected_rows)."""
+    found = set()
+    for node in graph_module.graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.aten.index.Tensor:
+            continue
+        indices, value = node.args[1], node.meta.get("val")
+        if len(indices) != 1 or not isinstance(indices[0], torch.fx.Node) or not isinstance(value, torch.Tensor):
+            continue
+        mask = indices[0].meta.get("val")
+        if (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.ndim >= 1
+                and all(_known_size(d) for d in (*mask.shape, *value.shape))):
+            found.add(node.name)
+    return found
+
+
+def _known_size(size: Any) -> bool:
+    """An int, or a symbol torch has since proved equal to one (a count checked against a static size)."""
+    if isinstance(size, int):
+        return True
+    node = getattr(size, "node", None)
+    return node is not None and node.shape_env.replace(node.expr).is_number
 
 
 def _reads_as_scatter_source(user: torch.fx.Node, rows: torch.fx.Node) -> bool:

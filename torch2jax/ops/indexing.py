@@ -84,19 +84,10 @@ def _index_key(x, indices):
     return tuple(key)
 
 
-@lowers("aten.index.Tensor", ctx=True)
-def index(ctx, x, indices):
-    """Advanced indexing with a list of optional index tensors (None keeps a dim whole).
-
-    A bool mask selects as many entries as torch's shape for the node says (it reaches here only when that count is
-    static: the model asserted it, e.g. image features against image tokens): its first so many true positions."""
-    key = _index_key(x, indices)
-    masks = [i for i, k in enumerate(key) if not isinstance(k, slice) and k.dtype == jnp.bool_]
-    if len(masks) == 1 and all(isinstance(k, slice) for i, k in enumerate(key) if i != masks[0]):
-        (at,) = masks
-        count = ctx.out_shape[at]  # the dims before the mask are whole slices, one output dim each
-        key = key[:at] + tuple(jnp.nonzero(key[at], size=count, fill_value=0)) + key[at + 1:]
-    return x[key]
+@lowers("aten.index.Tensor")
+def index(x, indices):
+    """Advanced indexing with a list of optional index tensors (None keeps a dim whole)."""
+    return x[_index_key(x, indices)]
 
 
 @lowers("aten.index_put.default", "aten._unsafe_index_put.default")
@@ -143,9 +134,9 @@ def _nonzero_padded(mask, dims):
     return [jnp.where(valid, c, size) for c, size in zip(coords, dims)]
 
 
-@lowers("aten._unsafe_index.Tensor", ctx=True)
-def unsafe_index(ctx, x, indices):
-    return index(ctx, x, indices)
+@lowers("aten._unsafe_index.Tensor")
+def unsafe_index(x, indices):
+    return index(x, indices)
 
 
 @lowers("aten.gather.default")
@@ -263,6 +254,17 @@ def masked_rows(x, indices):
     rows = x.reshape(-1, *x.shape[mask.ndim:])
     flat = mask.reshape(-1)
     (index,) = jnp.nonzero(flat, size=flat.shape[0], fill_value=0)
+    return rows[index]
+
+
+@lowers("torch2jax.selected_rows.default", ctx=True)
+def selected_rows(ctx, x, indices):
+    """x[mask] for a bool mask over x's leading dims whose count torch proved static (the model checks it, e.g. its
+    image features against its image tokens; capture.fx.SELECTED_ROWS): the first so many selected rows, which are
+    all of them whenever torch's own check holds."""
+    (mask,) = indices
+    rows = x.reshape(-1, *x.shape[mask.ndim:])
+    (index,) = jnp.nonzero(mask.reshape(-1), size=ctx.out_shape[0], fill_value=0)
     return rows[index]
 
 
