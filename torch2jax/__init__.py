@@ -63,8 +63,9 @@ def convert(module: Any, args: Any = (), kwargs: dict | None = None, dynamic_sha
     """
     from .capture.converter import convert as _convert  # imports torch, only now
 
-    if type(module).__module__.startswith("transformers."):
-        from .hf import stand_ins  # noqa: F401 - registers the trace-time stand-ins for transformers code
+    # the trace-time stand-ins for transformers code, wherever its modules sit in the user's (matched by class name;
+    # importing them imports neither transformers nor any model)
+    from .hf import stand_ins  # noqa: F401
 
     return _convert(module, args, kwargs, dynamic_shapes, strict=strict, dtype=dtype, progress=progress, quantize=quantize,
                     group_size=group_size, specialize=specialize)

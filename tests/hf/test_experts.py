@@ -32,3 +32,41 @@ def test_jetmoe_dense_experts_equal_the_split_loop():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_moa, want_moa, rtol=1e-5, atol=1e-5)
     assert isinstance(moe(x), torch.Tensor) and "forward" not in moe.router.__dict__  # its own forward again
+
+
+_WRAPPED = """
+import numpy as np, torch, torch2jax
+from transformers import JetMoeConfig
+from transformers.models.jetmoe.modeling_jetmoe import JetMoeMoE
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(32)
+        self.moe = JetMoeMoE(JetMoeConfig(hidden_size=32, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2))
+
+    def forward(self, x):
+        return x + self.moe(self.norm(x))
+
+torch.manual_seed(0)
+block = Block().eval()
+for param in block.moe.parameters():  # JetMoE leaves its weights uninitialized (torch.empty)
+    torch.nn.init.normal_(param, std=0.2)
+x = torch.randn(2, 6, 32)
+model = torch2jax.convert(block, (x,))
+np.testing.assert_allclose(np.asarray(model(x.numpy())), block(x).detach().numpy(), rtol=1e-5, atol=1e-5)
+print("matched")
+"""
+
+
+def test_a_transformers_layer_inside_a_users_module_gets_its_stand_in():
+    """torch2jax.convert registers the stand-ins whatever the top module is: here JetMoE's experts, whose own split
+    by `.tolist()` torch.export cannot capture, inside a plain torch module, in a fresh process (this one has them
+    registered already)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", _WRAPPED], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0 and "matched" in done.stdout, done.stderr[-2000:]

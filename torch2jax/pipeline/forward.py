@@ -38,8 +38,7 @@ def export_forward(target: str, out: Path, *, inputs: Sequence[str], weights: st
                 if resolved.weights is not None:
                     resolved.weights.cast = True  # the files' floating tensors are converted to `dtype` as they are read
         model = None
-        if type(resolved.module).__module__.startswith("transformers."):
-            from ..hf import stand_ins  # noqa: F401 - registers the trace-time stand-ins for transformers code
+        from ..hf import stand_ins  # noqa: F401 - the trace-time stand-ins for transformers code, wherever it sits
         try:
             model = convert(resolved.module, resolved.args, resolved.kwargs, resolved.dynamic_shapes, timer=timer,
                             weights=resolved.weights, quantize=quantize, group_size=group_size, specialize=specialize)
