@@ -18,6 +18,7 @@ from typing import Any
 
 from .errors import (
     ArtifactError,
+    ExamplePathError,
     ExportError,
     InputSpecError,
     LoweringError,
@@ -149,6 +150,7 @@ def load_into_torch(module: Any, model: Model, params: dict | None = None, stric
 
 __all__ = [
     "ArtifactError",
+    "ExamplePathError",
     "ExportError",
     "Generator",
     "InputSpecError",

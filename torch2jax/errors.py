@@ -24,6 +24,23 @@ class UnsupportedOpsError(Torch2JaxError):
         self.graph = graph  # the portable graph the ops were found in, for a reproduction script
 
 
+class ExamplePathError(Torch2JaxError, ValueError):
+    """The inputs gave another value, at a place where the model reads one from its tensors to decide a shape or a
+    branch, than the example inputs the model was converted with (capture/example_path.py)."""
+
+    def __init__(self, example_values: dict, flags):
+        self.failed = [(symbol, info) for (symbol, info), ok in zip(example_values.items(), flags) if not ok]
+        lines = ["these inputs take another path through the model than the example inputs it was converted with; "
+                 "the model reads a value from its tensors to decide a shape or a branch, and these inputs give another:"]
+        for symbol, info in self.failed:
+            where = (info.get("source") or "").strip().splitlines()
+            taken = f"gave {info['value']} ({symbol})" if "value" in info else f"satisfied `{info['condition']}`"
+            lines.append(f"  - the example {taken}" + (f" at {where[-1].strip()}" if where else ""))
+        lines.append("Convert the model with example inputs that take the path these take (the same counts of selected "
+                     "tokens or patches, the same branch), or one converted model per such path.")
+        super().__init__("\n".join(lines))
+
+
 class LoweringError(Torch2JaxError):
     """A lowering failed while tracing one node of the graph."""
 

@@ -178,6 +178,12 @@ def render(results: dict[str, Any], configs: dict[str, Any]) -> str:
         "the artifact refuses any other value. Such a row's status says which input, e.g. `ok (fixed: image_sizes)`. "
         "A torch.export failure's row gives the model's own line it stopped at (`at file:line in function: code`).",
         "",
+        "Where the model reads values from its tensors to decide shapes or branches (`if mask.any():`, `x[mask]`, a size "
+        "summed from a mask), torch2jax converts along the example inputs' path and the artifact checks those values "
+        "on every call, refusing inputs that give others (torch2jax/capture/example_path.py). Such a row's status "
+        "says how many values, e.g. `ok (example path: 3 values)`; when the fresh random inputs take another path, "
+        "the artifact's refusal is the expected answer and that comparison is not made.",
+        "",
         "## Rows",
         "",
         "| model type | class | config | torch2jax | error | worst abs err | time (s) | ONNX | ONNX time (s) |",
@@ -202,7 +208,10 @@ def _where(row: dict) -> str:
 
 
 def _fixed(row: dict) -> str:
-    return f" (fixed: {', '.join(row['fixed'])})" if row.get("fixed") else ""
+    notes = [f"fixed: {', '.join(row['fixed'])}"] if row.get("fixed") else []
+    if row.get("example_values"):
+        notes.append(f"example path: {row['example_values']} value{'s' if row['example_values'] > 1 else ''}")
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def main() -> None:

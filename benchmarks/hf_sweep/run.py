@@ -219,6 +219,11 @@ def run_torch2jax(module: Any, inputs: dict[str, Any], workdir: Path) -> dict[st
         return {**row, "status": LOWERING, "error": _first_line(err), "stage": "run"}
     row["seconds"]["run"] = time.perf_counter() - start - torch_seconds["total"]
     row["max_abs"] = report.max_abs
+    if loaded.graph.example_values:  # converted along the example's path (torch2jax/capture/example_path.py)
+        row["example_values"] = len(loaded.graph.example_values)
+    skipped = [f"{run.label}: {run.skipped}" for run in report.runs if run.skipped]
+    if skipped:
+        row["skipped"] = skipped
     if not report.passed:
         failed = [f"{o.path} max abs {o.max_abs:.3g}" for r in report.runs for o in r.outputs if not o.passed]
         try:

@@ -197,9 +197,11 @@ def test_classic_library_op_with_a_registered_lowering_converts_and_saves(tmp_pa
 
 
 class Branchy(torch.nn.Module):
+    """A branch on a value, then NumPy: not even the example's path can be traced."""
+
     def forward(self, x):
         if x.sum() > 0:
-            return x + 1
+            return torch.from_numpy(x.numpy() + 1)
         return x - 1
 
 
@@ -303,6 +305,11 @@ def test_selected_rows_written_at_tokens_convert_for_any_count():
         assert max_err(model(*(t.numpy() for t in inputs)), FeaturesAtTokens()(*inputs)) == 0
 
 
-def test_selected_rows_read_otherwise_are_refused_by_name():
-    with pytest.raises(torch2jax.UnsupportedOpsError, match="aten.index.Tensor"):
-        torch2jax.convert(SummedSelection(), (torch.randn(2, 6, 4), _masks([3, 2], (2, 6), 0)))
+def test_selected_rows_read_otherwise_take_the_examples_count():
+    """Read otherwise than as a scatter's source, the rows' count is the example's, checked at run time."""
+    with pytest.warns(UserWarning, match="refuses inputs that give another"):
+        model = torch2jax.convert(SummedSelection(), (torch.randn(2, 6, 4), _masks([3, 2], (2, 6), 0)))
+    features, same = torch.randn(2, 6, 4), _masks([1, 4], (2, 6), 1)  # five rows, as in the example
+    assert max_err(model(features.numpy(), same.numpy()), SummedSelection()(features, same)) < 1e-5
+    with pytest.raises(torch2jax.ExamplePathError, match="example gave 5"):
+        model(features.numpy(), _masks([3, 3], (2, 6), 1).numpy())

@@ -155,13 +155,25 @@ def test_in_place_writes_to_inputs_are_refused_with_the_fix():
         torch2jax.convert(Bump(), (torch.randn(3),))
 
 
-def test_data_dependent_shapes_are_refused_with_the_bounded_alternative():
+def test_data_dependent_shapes_are_taken_from_the_example_or_refused_with_the_bounded_alternative():
     class Positive(torch.nn.Module):
         def forward(self, x):
             return torch.nonzero(x > 0)
 
-    with pytest.raises(UnsupportedOpsError, match=r"(?s)aten.nonzero.default.*depends on the input values.*nonzero_static.*test_state.py"):
-        torch2jax.convert(Positive(), (torch.randn(5),))
+    x = torch.tensor([0.5, -1.0, 2.0, 0.0, 3.0])
+    with pytest.warns(UserWarning, match="refuses inputs that give another"):
+        model = torch2jax.convert(Positive(), (x,))  # the count (3) is the example's, checked at run time
+    other = torch.tensor([-0.5, 1.0, 2.0, 0.0, 3.0])
+    assert np.array_equal(np.asarray(model(other.numpy())), Positive()(other).numpy())
+    with pytest.raises(torch2jax.ExamplePathError, match="example gave 3"):
+        model(np.ones(5, np.float32))
+
+    class Distinct(torch.nn.Module):  # no run-time check of the count is possible: refused, with the alternative
+        def forward(self, x):
+            return torch.unique(x)
+
+    with pytest.raises(UnsupportedOpsError, match=r"(?s)depends on the input values.*torch.unique.*test_state.py"):
+        torch2jax.convert(Distinct(), (torch.tensor([1.0, 2.0, 1.0]),))
 
     class Bounded(torch.nn.Module):
         def forward(self, x):

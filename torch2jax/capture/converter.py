@@ -6,7 +6,7 @@ import copy
 import time
 import warnings
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -17,7 +17,7 @@ from ..lowering import interpreter, passes
 from ..runtime.checkpoint import is_deferred
 from ..runtime.model import Model
 from ..runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, dequantize_array, quantize_array, quantize_model, weight_format
-from . import exporter
+from . import example_path, exporter
 from . import specialize as specialize_inputs
 from .fake_params import has_fake_parameters, is_fake, to_dtype
 from .fx import Captured, capture
@@ -98,7 +98,7 @@ def trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_sha
     `what` tells the progress output what is traced, e.g. " of 3 of the 32 layers"; `specialize` names inputs
     fixed to their example values (capture/specialize.py)."""
     with timer.stage("export", f"torch.export{what}"):
-        ep, names, fixed = exporter.export(module, args, kwargs, dynamic_shapes, strict=strict, specialize=specialize)
+        ep, names, fixed, followed = exporter.export(module, args, kwargs, dynamic_shapes, strict=strict, specialize=specialize)
     for f in fixed:
         notice = (f"input {f.name!r} is fixed to its example value {f.values} (torch.export needs its values to decide "
                   "shapes); the model refuses any other value")
@@ -110,8 +110,18 @@ def trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_sha
         renames = exporter.subclass_param_names(ep)
         if fixed:
             specialize_inputs.fold_constants(ep)
-        ep = exporter.decompose(ep)
-        return capture(ep, names, renames, fixed), ep
+        with example_path.following_example() if followed else nullcontext():
+            ep = exporter.decompose(ep)
+        decomposed = ep
+        captured = capture(ep, names, renames, fixed, example=lambda: example_path.example_values(decomposed, args, kwargs or {}),
+                           followed_example=followed)
+    if captured.graph.example_values:
+        notice = example_path.describe(captured.graph.example_values)
+        if timer.progress:
+            timer.progress("export", notice)
+        else:
+            warnings.warn(notice, stacklevel=4)
+    return captured, ep
 
 
 def model_from(captured: Captured, timer: StageTimer, weights: WeightSource | None = None,

@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 import torch
 
 from ..errors import ExportError, InputSpecError
+from . import example_path, trace_forwards
 from . import specialize as specialize_inputs
-from . import trace_forwards
 
 # Ops torch2jax lowers better whole than decomposed (design: keep high-level ops whole).
 KEEP_WHOLE = (
@@ -38,25 +38,29 @@ def export(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_sh
     args = tuple(args)
     dims = normalize_dynamic_shapes(dynamic_shapes)
     fixed = specialize_inputs.by_name(module, args, kwargs, list(specialize or []))
+    followed: list[bool] = []
     try:
         if fix_automatically:
-            ep = _export_fixing(module, args, kwargs, dims, strict, fixed)
+            ep = _export_fixing(module, args, kwargs, dims, strict, fixed, followed)
         else:
             ep = _export_once(module, args, kwargs, dims, strict, fixed)
     except Exception as err:  # torch's own reason is the useful part
         raise ExportError(_export_failure_message(err, fixed)) from err
-    return Exported(ep, symbol_names(ep, module, args, kwargs, dims), fixed)
+    return Exported(ep, symbol_names(ep, module, args, kwargs, dims), fixed, bool(followed))
 
 
 class Exported(NamedTuple):
     program: torch.export.ExportedProgram
     names: dict[str, str]  # torch's symbols -> the user's dim names
     fixed: list  # specialize.FixedInput: inputs the graph is fixed to
+    followed_example: bool = False  # data-dependent guards took the example's side (example_path.py)
 
 
-def _export_fixing(module, args: tuple, kwargs: dict, dims: Any, strict: bool, fixed: list):
+def _export_fixing(module, args: tuple, kwargs: dict, dims: Any, strict: bool, fixed: list, followed: list):
     """_export_once; on a data-dependent guard, again with each automatic candidate fixed in turn, keeping (in
-    `fixed`) those that move the guard, until the export succeeds or no candidate is left."""
+    `fixed`) those that move the guard, until the export succeeds or no candidate is left; then once more along the
+    example inputs' side of every such guard (example_path.py; `followed` gets True), the first guard's error if
+    even that fails."""
     try:
         return _export_once(module, args, kwargs, dims, strict, fixed)
     except Exception as err:
@@ -80,12 +84,21 @@ def _export_fixing(module, args: tuple, kwargs: dict, dims: Any, strict: bool, f
             continue
         fixed.append(candidate)
         return ep
+    try:  # the guard reads values no input fixes: along the example's side of it, checked at run time
+        with example_path.following_example():  # no dynamic dims: no guard on them that deferring could hide
+            ep = _export_once(module, args, kwargs, dims, strict, fixed, deferred=dims is None)
+        followed.append(True)
+        return ep
+    except Exception:  # noqa: BLE001 - the first guard, at the model's line, is the one to report
+        pass
     raise failure
 
 
-def _export_once(module, args: tuple, kwargs: dict, dims: Any, strict: bool, fixed: list):
+def _export_once(module, args: tuple, kwargs: dict, dims: Any, strict: bool, fixed: list, deferred: bool = False):
     """torch.export once. torch prints the partial graph of a failed export to stderr; that is dropped (the error
-    says where the model stopped), whatever else is written there is passed on."""
+    says where the model stopped), whatever else is written there is passed on. `deferred`: torch's
+    prefer_deferred_runtime_asserts_over_guards, which the example path needs where a selection's count is read
+    again (torch otherwise loses track of it: PendingUnbackedSymbolNotFound)."""
     plain = module.register_forward_hook(lambda _module, _args, output: plain_containers(output))
     written = io.StringIO()
     partial = ""
@@ -93,7 +106,8 @@ def _export_once(module, args: tuple, kwargs: dict, dims: Any, strict: bool, fix
         with warnings.catch_warnings(), specialize_inputs.fixed_while_tracing(module, fixed), \
                 trace_forwards.installed(module), contextlib.redirect_stderr(written):
             warnings.simplefilter("ignore", FutureWarning)  # torch-internal deprecations, not the user's concern
-            return torch.export.export(module, args, kwargs, dynamic_shapes=dims, strict=strict)
+            return torch.export.export(module, args, kwargs, dynamic_shapes=dims, strict=strict,
+                                       **({"prefer_deferred_runtime_asserts_over_guards": True} if deferred else {}))
     except Exception as err:
         partial = str(getattr(err, "partial_fx_graph", "") or "")
         raise

@@ -8,6 +8,7 @@ symbolic dims are renamed to the user's dim names.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..errors import ExportError, UnsupportedOpsError
 from ..ir.graph import BAKED_TYPES, Graph, GraphInput, GraphOutput, Node, TensorMeta, encode_float
+from ..lowering.interpreter import CHECKS_EXAMPLE_VALUES
 
 _INPUT_KIND = {
     "PARAMETER": "parameter",
@@ -43,15 +45,29 @@ class Captured:
 
 
 def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str],
-            param_renames: dict[str, str] | None = None, fixed: list | None = None) -> Captured:
+            param_renames: dict[str, str] | None = None, fixed: list | None = None,
+            example: Callable[[], dict[str, dict[str, Any]]] | None = None, followed_example: bool = False) -> Captured:
     """Build the portable graph of `ep`; `symbol_names` renames torch symbols (s0) to dim names, `param_renames`
     state_dict names (exporter.subclass_param_names); `fixed` lists the tensor inputs the graph was fixed to
-    (specialize.FixedInput), baked in like python values."""
+    (specialize.FixedInput), baked in like python values. `example()` gives the values torch left free on the example
+    inputs (example_path.example_values); they are taken, and checked at run time, when the graph would otherwise be
+    refused for data-dependent shapes or when the export followed the example (`followed_example`)."""
     compacted = _masked_rows_into_scatter(ep.graph_module)
-    _refuse_data_dependent_shapes(ep.graph_module, allowed=set(compacted))
-    selected = _masked_rows_of_static_count(ep.graph_module)
+    pending = _data_dependent_shapes(ep.graph_module, allowed=set(compacted))
+    taken: dict[str, dict[str, Any]] = {}
+    if example is not None and (pending or followed_example):
+        checked = {node.name for node in ep.graph.nodes if node.op == "call_function" and (
+            _mask_selection(node) or (op_name(node.target) in CHECKS_EXAMPLE_VALUES and node.target is not torch.ops.aten.index.Tensor))}
+        taken = {symbol: info for symbol, info in example().items() if info["node"] in checked and info["node"] not in compacted}
+        pending = [(op, node) for op, node in pending if not _unbacked_of(node) <= set(taken)]
+    _refuse_data_dependent_shapes(pending)
+    selected = _masked_rows_of_static_count(ep.graph_module, set(taken))
     capturer = _Capturer(symbol_names)
     graph = capturer.graph(ep.graph_module, ep.graph_signature)
+    if example is not None and (taken or followed_example):
+        sources = {node.name: node.source for node in graph.nodes}
+        entries = {**taken, **_assertions_left_free(ep.graph_module, set(taken))}
+        graph.example_values = {key: {**info, "source": sources.get(info["node"])} for key, info in entries.items()}
     _bound_masked_rows(graph, compacted)
     for node in graph.nodes:
         if node.name in selected:
@@ -154,29 +170,35 @@ def _masked_rows_into_scatter(graph_module: torch.fx.GraphModule) -> dict[str, i
 SELECTED_ROWS = "torch2jax.selected_rows.default"
 
 
-def _masked_rows_of_static_count(graph_module: torch.fx.GraphModule) -> set[str]:
-    """The `x[mask]` nodes (one bool mask over x's leading dims) whose output shape is static: JAX cannot size a
-    boolean selection from the values, so these take the count from the shape (ops/indexing.selected_rows)."""
-    found = set()
-    for node in graph_module.graph.nodes:
-        if node.op != "call_function" or node.target is not torch.ops.aten.index.Tensor:
-            continue
-        indices, value = node.args[1], node.meta.get("val")
-        if len(indices) != 1 or not isinstance(indices[0], torch.fx.Node) or not isinstance(value, torch.Tensor):
-            continue
-        mask = indices[0].meta.get("val")
-        if (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.ndim >= 1
-                and all(_known_size(d) for d in (*mask.shape, *value.shape))):
-            found.add(node.name)
-    return found
+def _masked_rows_of_static_count(graph_module: torch.fx.GraphModule, taken: set[str] = frozenset()) -> set[str]:
+    """The `x[mask]` nodes (one bool mask over x's leading dims) whose output shape is static, or whose count was taken
+    from the example: JAX cannot size a boolean selection from the values, so these take the count from the shape
+    (ops/indexing.selected_rows, which checks a count taken from the example)."""
+    return {node.name for node in graph_module.graph.nodes if _mask_selection(node)
+            and all(_known_size(d, taken) for d in (*node.args[1][0].meta["val"].shape, *node.meta["val"].shape))}
 
 
-def _known_size(size: Any) -> bool:
-    """An int, or a symbol torch has since proved equal to one (a count checked against a static size)."""
+def _mask_selection(node: torch.fx.Node) -> bool:
+    """`x[mask]`: aten.index with one bool mask over x's leading dims."""
+    if node.op != "call_function" or node.target is not torch.ops.aten.index.Tensor:
+        return False
+    indices, value = node.args[1], node.meta.get("val")
+    if len(indices) != 1 or not isinstance(indices[0], torch.fx.Node) or not isinstance(value, torch.Tensor):
+        return False
+    mask = indices[0].meta.get("val")
+    return isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.ndim >= 1
+
+
+def _known_size(size: Any, taken: set[str] = frozenset()) -> bool:
+    """An int, a symbol torch has since proved equal to one (a count checked against a static size), or one taken from
+    the example (example_path.py)."""
     if isinstance(size, int):
         return True
     node = getattr(size, "node", None)
-    return node is not None and node.shape_env.replace(node.expr).is_number
+    if node is None:
+        return False
+    expr = node.shape_env.replace(node.expr)
+    return expr.is_number or {str(s) for s in expr.free_symbols} <= taken
 
 
 def _reads_as_scatter_source(user: torch.fx.Node, rows: torch.fx.Node) -> bool:
@@ -197,37 +219,74 @@ def _bound_masked_rows(graph: Graph, compacted: dict[str, int]) -> None:
             node.meta = TensorMeta(node.meta.dtype, [compacted[node.name], *node.meta.shape[1:]])
 
 
-def _refuse_data_dependent_shapes(graph_module: torch.fx.GraphModule, allowed: set[str] = frozenset()) -> None:
-    """XLA compiles static (or symbolic) shapes only: name every op whose output size torch could only
-    express with an unbacked symbol (a size read from tensor values), and how to bound it; `allowed` nodes are
-    given a bound by the converter."""
+def _assertions_left_free(graph_module: torch.fx.GraphModule, taken: set[str]) -> dict[str, dict[str, Any]]:
+    """torch's runtime assertions on values no example value fixes (a branch the example took on a float read with
+    `.item()`): {assertion node: {"condition": text, "node": it}}, checked on every call (example_path.py)."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-    found: dict[str, torch.fx.Node] = {}
+    found = {}
+    for node in graph_module.graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.aten._assert_scalar.default:
+            continue
+        condition = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        if condition is not None and {str(s) for s in free_unbacked_symbols(condition)} - taken:
+            found.setdefault(str(condition.node.expr), {"condition": str(condition.node.expr), "node": node.name})
+    return {info["node"]: info for info in found.values()}  # torch may assert one condition twice
+
+
+def _data_dependent_shapes(graph_module: torch.fx.GraphModule, allowed: set[str] = frozenset()) -> list[tuple[str, torch.fx.Node]]:
+    """(op, node) for every node whose output size torch could only express with an unbacked symbol (a size read from
+    tensor values), subgraphs included; `allowed` nodes are given a bound by the converter."""
+    found = []
     for module in graph_module.modules():
         if not isinstance(module, torch.fx.GraphModule):
             continue
         for node in module.graph.nodes:
             if node.name in allowed and module is graph_module:
                 continue
-            values = node.meta.get("val")
-            values = values if isinstance(values, (list, tuple)) else [values]
-            shaped = [v for v in values if isinstance(v, torch.Tensor)]
-            if node.op == "call_function" and any(free_unbacked_symbols(v.shape) for v in shaped):
-                found.setdefault(op_name(node.target), node)
+            if node.op == "call_function" and _unbacked_of(node):
+                found.append((op_name(node.target), node) if module is graph_module else (op_name(node.target), _Nested(node)))
+    return found
+
+
+class _Nested:
+    """A node inside a control-flow body: values taken from the example cannot reach it (refused as before)."""
+
+    def __init__(self, node: torch.fx.Node):
+        self.name, self.meta = node.name, node.meta
+
+
+def _unbacked_of(node: Any) -> set[str]:
+    """The unbacked symbols (sizes read from tensor values) in a node's output shapes; a body's node: a marker no
+    example value can cover."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    if isinstance(node, _Nested):
+        return {"<inside a control-flow body>"}
+    values = node.meta.get("val")
+    values = values if isinstance(values, (list, tuple)) else [values]
+    return {str(s) for v in values if isinstance(v, torch.Tensor) for s in free_unbacked_symbols(v.shape)}
+
+
+def _refuse_data_dependent_shapes(found: list[tuple[str, Any]]) -> None:
+    """XLA compiles static (or symbolic) shapes only: name every op whose output size depends on tensor values and
+    that no bound or example value covers, and how to bound it."""
     if not found:
         return
+    first: dict[str, Any] = {}
+    for op, node in found:
+        first.setdefault(op, node)
     generic = ("a size or bound read from tensor values (.item(), .tolist(), a tensor of split points): pass it as "
                "a Python int, or keep the shape fixed and mask with torch.where")
-    lines = [f"{len(found)} op(s) in this model make tensors whose shape depends on the input values:"]
-    for op, node in found.items():
+    lines = [f"{len(first)} op(s) in this model make tensors whose shape depends on the input values:"]
+    for op, node in first.items():
         lines.append(f"  - {op} (node {node.name})")
         lines.append(f"      its output shape depends on the input values, which XLA cannot compile: "
                      f"{DATA_DEPENDENT_SHAPES.get(op, generic)}")
         source = _user_frame(node.meta.get("stack_trace"))
         if source:
             lines.append("      at " + "\n         ".join(source.strip().splitlines()))
-    raise UnsupportedOpsError("\n".join(lines), list(found))
+    raise UnsupportedOpsError("\n".join(lines), list(first))
 
 
 def _refuse_input_mutation(graph: Graph) -> None:

@@ -45,7 +45,7 @@ class Divergence:
 def bisect(module: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> tuple[Divergence | None, int]:
     """(the first divergent node or None, how many nodes were compared)."""
     kwargs = kwargs or {}
-    ep, names, fixed = exporter.export(module, args, kwargs, None)
+    ep, names, fixed, _followed = exporter.export(module, args, kwargs, None)
     ep = exporter.decompose(ep)
     captured = capture(ep, names, None, fixed)
     graph = captured.graph

@@ -26,12 +26,14 @@ from typing import Any
 
 from ..errors import GraphFormatError
 
-GRAPH_FORMAT_VERSION = 1
+GRAPH_FORMAT_VERSION = 2  # 2: example_values (written only by graphs that have them; others stay 1)
 
 INPUT_KINDS = ("parameter", "buffer", "constant", "user_input", "token")
 BAKED_TYPES = (bool, int, float, str, type(None))  # python input values baked into a graph (GraphInput.baked)
 OUTPUT_KINDS = ("user_output", "buffer_mutation", "user_input_mutation", "token")
 PARAM_KINDS = ("parameter", "buffer", "constant")
+# the key, among a run's updates, of the flags that say whether the inputs gave the example's values (example_values)
+EXAMPLE_CHECKS = "torch2jax:example_checks"
 
 
 @dataclass
@@ -120,6 +122,14 @@ class GraphInput:
         return GraphInput(data["name"], data["kind"], meta, target, baked, data.get("value"))
 
 
+def _example_values_from_json(data: Any) -> dict[str, dict]:
+    _expect(isinstance(data, dict) and all(
+        isinstance(v, dict) and isinstance(v.get("node"), str)
+        and (isinstance(v.get("value"), int) or isinstance(v.get("condition"), str)) for v in data.values()),
+        "example_values maps keys to {node, value or condition}", data)
+    return {str(k): dict(v) for k, v in data.items()}
+
+
 def _nested_numbers(value: Any) -> bool:
     if isinstance(value, list):
         return all(_nested_numbers(item) for item in value)
@@ -157,6 +167,10 @@ class Graph:
     symbols: dict[str, dict] = field(default_factory=dict)  # name -> {"min": int, "max": int | None}
     aliases: dict[str, str] = field(default_factory=dict)  # tied weight name -> the name kept in params
     subgraphs: dict[str, Graph] = field(default_factory=dict)
+    # what the model reads from its tensors to decide shapes and branches, taken from the example inputs
+    # (capture/example_path.py), checked at run time: symbol -> {"value": int, "node": the node that reads it,
+    # "source": the model's line}, or assertion node -> {"condition": text, "node": it, "source": ...}
+    example_values: dict[str, dict] = field(default_factory=dict)
 
     def with_fixed_dims(self, values: dict[str, int]) -> Graph:
         """The same program with some symbolic dims pinned to one size (range [v, v]): one traced graph serves
@@ -197,7 +211,7 @@ class Graph:
 
     def to_json(self) -> dict:
         return {
-            "format_version": GRAPH_FORMAT_VERSION,
+            "format_version": GRAPH_FORMAT_VERSION if self.example_values else 1,  # older readers would skip the checks
             "inputs": [i.to_json() for i in self.inputs],
             "nodes": [n.to_json() for n in self.nodes],
             "outputs": [o.to_json() for o in self.outputs],
@@ -206,6 +220,7 @@ class Graph:
             "symbols": self.symbols,
             "aliases": self.aliases,
             "subgraphs": {k: g.to_json() for k, g in self.subgraphs.items()},
+            **({"example_values": self.example_values} if self.example_values else {}),
         }
 
     def dumps(self) -> str:
@@ -234,6 +249,7 @@ class Graph:
             symbols={str(k): v for k, v in symbols.items()},
             aliases={str(k): str(v) for k, v in aliases.items()},
             subgraphs={str(k): Graph.from_json(v) for k, v in subgraphs.items()},
+            example_values=_example_values_from_json(data.get("example_values", {})),
         )
         _check_references(graph)
         return graph

@@ -16,18 +16,26 @@ import jax.numpy as jnp
 
 from ..errors import LoweringError, Torch2JaxError, UnsupportedOpsError
 from ..ir import dtypes, symbolic
-from ..ir.graph import PARAM_KINDS, Graph, Node, TensorMeta
+from ..ir.graph import EXAMPLE_CHECKS, PARAM_KINDS, Graph, Node, TensorMeta
 from ..ops import lookup
 
 
 class LoweringContext:
     """What a `ctx=True` lowering may ask about its node: output dtype/shape and a PRNG key."""
 
-    def __init__(self, node: Node, symbols: dict[str, Any], rng: jax.Array | None, index: int):
+    def __init__(self, node: Node, symbols: dict[str, Any], rng: jax.Array | None, index: int,
+                 checks: ExampleChecks | None = None):
         self.node = node
         self._symbols = symbols
         self._rng = rng
         self._index = index
+        self._checks = checks
+
+    def check_example(self, dim: Any, actual: Any) -> None:
+        """`dim` of the output is a size the conversion took from the example inputs (a count of selected elements):
+        `actual`, that count computed from these inputs, must equal it (capture/example_path.py)."""
+        if self._checks is not None and isinstance(dim, str):
+            self._checks.record(dim, actual)
 
     @property
     def out_meta(self) -> Any:
@@ -126,9 +134,14 @@ def build(graph: Graph, observe: Callable[[Node, Any], None] | None = None) -> C
         for inp in graph.inputs:
             if inp.kind == "token":
                 env[inp.name] = None
-        program.run_nodes(env, symbols, rng)
+        checks = ExampleChecks(graph) if graph.example_values else None
+        if checks is not None:
+            symbols.update(checks.values)
+        program.run_nodes(env, symbols, rng, checks)
         outputs = [decode(o.value, env) for o in graph.user_outputs]
         updates = {o.target: decode(o.value, env) for o in graph.mutations}
+        if checks is not None:
+            updates[EXAMPLE_CHECKS] = checks.flags()
         return outputs, updates
 
     return run
@@ -153,9 +166,11 @@ class _Program:
         self.lowerings = [lookup(node.op) for node in graph.nodes]
         self.subprograms = {name: _Program(sub) for name, sub in graph.subgraphs.items()}
 
-    def run_nodes(self, env: dict, symbols: dict, rng: jax.Array | None) -> None:
+    def run_nodes(self, env: dict, symbols: dict, rng: jax.Array | None, checks: ExampleChecks | None = None) -> None:
         for index, (node, lowering) in enumerate(zip(self.graph.nodes, self.lowerings)):
-            env[node.name] = _run_node(node, lowering, env, symbols, rng, index, self)
+            env[node.name] = _run_node(node, lowering, env, symbols, rng, index, self, checks)
+            if checks is not None and node.name in checks.defined_at:
+                env[node.name] = checks.after(node, env[node.name], env)
             if self.observe is not None:
                 self.observe(node, env[node.name])
 
@@ -178,7 +193,8 @@ class _Program:
         return call
 
 
-def _run_node(node: Node, lowering, env: dict, symbols: dict, rng, index: int, program: _Program) -> Any:
+def _run_node(node: Node, lowering, env: dict, symbols: dict, rng, index: int, program: _Program,
+              checks: ExampleChecks | None = None) -> Any:
     def subgraph(name: str) -> Callable:
         return program.subgraph_function(name, symbols, rng, index)
 
@@ -186,7 +202,7 @@ def _run_node(node: Node, lowering, env: dict, symbols: dict, rng, index: int, p
     kwargs = {key: decode(value, env, subgraph) for key, value in node.kwargs.items()}
     try:
         if lowering.ctx:
-            result = lowering.fn(LoweringContext(node, symbols, rng, index), *args, **kwargs)
+            result = lowering.fn(LoweringContext(node, symbols, rng, index, checks), *args, **kwargs)
         else:
             result = lowering.fn(*args, **kwargs)
     except Torch2JaxError:
@@ -200,6 +216,71 @@ def _run_node(node: Node, lowering, env: dict, symbols: dict, rng, index: int, p
             node=node,
         ) from err
     return _match_meta(result, node.meta)
+
+
+# ops whose output size follows from their scalar arguments alone: when such an argument was taken from the example
+# (and is checked where it was read), the size needs no check of its own
+SIZED_BY_ARGUMENTS = {"aten.slice.Tensor", "aten.narrow.default", "aten.split_with_sizes.default", "aten.arange.start",
+                      "aten.arange.default", "aten.arange.start_step"}
+# ops that define a value the conversion may take from the example, because their lowering (or ExampleChecks.after)
+# checks it at run time: the others stay refused (capture/fx.py)
+CHECKS_EXAMPLE_VALUES = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.index.Tensor",
+                         "aten.repeat_interleave.Tensor", *SIZED_BY_ARGUMENTS}
+
+
+class ExampleChecks:
+    """One run's checks that these inputs take the path the conversion took from the example inputs
+    (graph.example_values): a flag per entry, returned with the updates under EXAMPLE_CHECKS (runtime/model.py reads
+    them). An entry is a value or a condition:
+
+    - a value ({"value": int}) read with `.item()` is compared where it is read and replaced by the example's value, so
+      the shapes that depend on it are static; a count of selected elements is compared by its op's lowering
+      (ctx.check_example);
+    - a condition ({"condition": text}) is torch's runtime assertion of a branch the example took on a value left
+      free (a float read with `.item()`): its truth on these inputs."""
+
+    def __init__(self, graph: Graph):
+        entries = graph.example_values
+        self.keys = list(entries)
+        self.values = {key: int(info["value"]) for key, info in entries.items() if "value" in info}
+        self.defined_at: dict[str, list[str]] = {}
+        for key, info in entries.items():
+            self.defined_at.setdefault(info["node"], []).append(key)
+        self._flags: dict[str, Any] = {}
+
+    def record(self, symbol: str, actual: Any) -> None:
+        if symbol in self.values:
+            self._flags[symbol] = jnp.asarray(actual) == self.values[symbol]
+
+    def after(self, node: Node, result: Any, env: dict) -> Any:
+        """Check what `node` defines or asserts; a scalar read from a tensor becomes the example's value."""
+        for key in self.defined_at[node.name]:
+            if key in self._flags:
+                continue
+            if key not in self.values:  # a condition: the assertion's argument
+                self._flags[key] = decode(node.args[0], env)
+                continue
+            value = self.values[key]
+            read = node.meta.get("sym") if isinstance(node.meta, dict) else None
+            if read in (key, f"Eq({key}, 1)"):  # an int read with .item(), or a bool (torch's Eq(u, 1))
+                if isinstance(result, (bool, int)):
+                    self._flags[key] = int(result) == value
+                else:
+                    self._flags[key] = jnp.asarray(result).astype(jnp.int32) == value
+                    result = bool(value) if read != key else value
+            elif node.op in SIZED_BY_ARGUMENTS:
+                self._flags[key] = True
+            else:
+                raise LoweringError(
+                    f"{node.op} (node {node.name}) makes a tensor whose size ({key} = {value} on the example inputs) "
+                    "depends on the input values, and has no lowering that checks it at run time", node=node)
+        return result
+
+    def flags(self) -> jax.Array:
+        missing = [key for key in self.keys if key not in self._flags]
+        if missing:
+            raise LoweringError(f"no run-time check for what was taken from the example inputs: {', '.join(missing)}")
+        return jnp.stack([jnp.asarray(self._flags[key], jnp.bool_) for key in self.keys])
 
 
 def _match_meta(value: Any, meta: Any) -> Any:

@@ -265,6 +265,7 @@ def selected_rows(ctx, x, indices):
     (mask,) = indices
     rows = x.reshape(-1, *x.shape[mask.ndim:])
     (index,) = jnp.nonzero(mask.reshape(-1), size=ctx.out_shape[0], fill_value=0)
+    ctx.check_example(ctx.node.meta.shape[0], jnp.count_nonzero(mask))  # a count taken from the example inputs
     return rows[index]
 
 
@@ -278,11 +279,12 @@ def nonzero_static(x, size, fill_value=-1):
     return jnp.stack(out, axis=1).astype(jnp.int32)
 
 
-# nonzero and repeat_interleave(repeats) reach the interpreter only when torch knows their output
-# size without the values (an empty input; an explicit output_size): capture refuses the others,
-# whose size is an unbacked symbol. The size recorded in the node is then exact.
+# nonzero and repeat_interleave(repeats) reach the interpreter when torch knows their output size without the
+# values (an empty input; an explicit output_size), or when the conversion took the size from the example inputs
+# (capture/example_path.py), which is then checked at run time; capture refuses the others.
 @lowers("aten.nonzero.default", ctx=True)
 def nonzero(ctx, x):
+    ctx.check_example(ctx.node.meta.shape[0], jnp.count_nonzero(x))
     return nonzero_static(x, ctx.out_shape[0])
 
 
@@ -290,6 +292,7 @@ def nonzero(ctx, x):
 def repeat_interleave_counts(ctx, repeats, output_size=None):
     """Index i repeated repeats[i] times (torch's building block for repeat_interleave)."""
     positions = jnp.arange(repeats.shape[0], dtype=jnp.int32)
+    ctx.check_example(ctx.node.meta.shape[0], jnp.sum(repeats))
     return jnp.repeat(positions, repeats, total_repeat_length=ctx.out_shape[0])
 
 

@@ -48,6 +48,8 @@ lowers("operator.lt")(operator.lt)
 lowers("operator.le")(operator.le)
 lowers("operator.gt")(operator.gt)
 lowers("operator.ge")(operator.ge)
+lowers("operator.and_")(operator.and_)  # SymBools: python bools, or traced ones read from tensors
+lowers("operator.or_")(operator.or_)
 lowers("math.floor")(math.floor)
 lowers("math.ceil")(math.ceil)
 

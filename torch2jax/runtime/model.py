@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import SignatureError, Torch2JaxError
+from ..errors import ExamplePathError, SignatureError, Torch2JaxError
 from ..ir import dtypes, structure, symbolic
-from ..ir.graph import Graph, TensorMeta
+from ..ir.graph import EXAMPLE_CHECKS, Graph, TensorMeta
 from .sharding import ShardingPlan
 
 # run(params, leaves, rng) -> (flat user outputs, {mutated buffer name: new value})
@@ -55,6 +55,7 @@ class Model:
         """
         leaves = check_inputs(self.graph, flatten_inputs(self.graph, args, kwargs))
         outputs, updates = self._run(params, leaves, rng)
+        updates = self._checked_example_path(updates)
         return self._finish(outputs, updates, mutable)
 
     def __call__(self, *args: Any, rng: jax.Array | None = None, **kwargs: Any) -> Any:
@@ -74,6 +75,7 @@ class Model:
             # jax refused an argument before tracing it (a string, an arbitrary object): name the input
             check_inputs(self.graph, flatten_inputs(self.graph, args, kwargs))
             raise
+        updates = self._checked_example_path(updates)
         if updates:
             self.params = {**self.params, **updates}
         # rebuilt here, not inside jit: jax would return a dict output with its keys sorted, not in the module's order
@@ -137,6 +139,21 @@ class Model:
         leaves = [baked_leaf(inp) if inp.baked and inp.meta is None else next(arrays) for inp in self.graph.user_inputs]
         args, kwargs = structure.unflatten(self.graph.in_spec, leaves)
         return self._checked_call(params, args, kwargs, rng)
+
+    def _checked_example_path(self, updates: dict) -> dict:
+        """`updates` less the flags of a model converted along its example inputs' path (capture/example_path.py);
+        raises if these inputs gave another value than the example at any place the model reads one. Under the
+        caller's own jit the flags are not known yet and are dropped (docs/limitations.md)."""
+        if EXAMPLE_CHECKS not in updates:
+            return updates
+        updates = dict(updates)
+        flags = updates.pop(EXAMPLE_CHECKS)
+        if isinstance(flags, jax.core.Tracer):
+            return updates
+        flags = np.asarray(flags)
+        if not flags.all():
+            raise ExamplePathError(self.graph.example_values, flags)
+        return updates
 
     def _finish(self, outputs: list, updates: dict, mutable: bool) -> Any:
         result = structure.unflatten(self.graph.out_spec, outputs)

@@ -1,0 +1,127 @@
+"""Models that read values from their tensors to decide a shape or a branch convert along the example inputs' path,
+and the converted model refuses inputs that take another (capture/example_path.py)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import torch2jax
+from torch2jax.errors import ExamplePathError
+from torch2jax.ir.graph import Graph
+
+
+class Branch(torch.nn.Module):
+    """A branch on a tensor's value, as in `if is_global_attn:`."""
+
+    def forward(self, x, mask):
+        if mask.any():
+            return x * 2 + mask.sum()
+        return x - 1
+
+
+class Selected(torch.nn.Module):
+    """Rows selected by a mask (a data-dependent count), reduced and returned."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 3)
+
+    def forward(self, x, mask):
+        rows = self.proj(x[mask])
+        return rows.softmax(-1).cumsum(0), torch.nonzero(mask)
+
+
+class ReadSize(torch.nn.Module):
+    """A size read with .item(): the number of leading columns to keep."""
+
+    def forward(self, x, count):
+        return x[:, : count.item()] * 3
+
+
+class FloatBranch(torch.nn.Module):
+    """A branch on a float read with .item(): no value is fixed, the condition itself is checked."""
+
+    def forward(self, x):
+        if x.sum().item() > 0:
+            return x + 1
+        return x - 1
+
+
+def _convert(module, *inputs):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = torch2jax.convert(module, inputs)
+    return model, [str(w.message) for w in caught]
+
+
+def _close(model, module, *inputs):
+    got = model(*[np.asarray(i) for i in inputs])
+    with torch.no_grad():
+        want = module(*inputs)
+    for g, w in zip(got if isinstance(got, (list, tuple)) else [got], want if isinstance(want, tuple) else [want]):
+        np.testing.assert_allclose(np.asarray(g), w.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_branch_on_values_follows_the_example_and_refuses_the_other_side():
+    module = Branch()
+    x = torch.randn(3, 4)
+    model, said = _convert(module, x, torch.tensor([False, True, False]))
+    assert any("refuses inputs that give another" in s for s in said)  # the user is told
+    _close(model, module, torch.randn(3, 4), torch.tensor([True, True, False]))  # same side of the branch
+    with pytest.raises(ExamplePathError, match="example gave 1") as err:
+        model(np.ones((3, 4), np.float32), np.zeros(3, bool))
+    assert "mask.any()" in str(err.value)  # names the model's line
+
+
+def test_a_count_of_selected_rows_is_the_examples_and_checked():
+    module = Selected().eval()
+    mask = torch.tensor([True, False, True, True, False])
+    model, _ = _convert(module, torch.randn(5, 4), mask)
+    assert {info["value"] for info in model.graph.example_values.values()} == {3}
+    _close(model, module, torch.randn(5, 4), torch.tensor([False, True, True, False, True]))  # other rows, same count
+    with pytest.raises(ExamplePathError):
+        model(np.ones((5, 4), np.float32), np.ones(5, bool))
+
+
+def test_a_size_read_with_item_is_the_examples_and_checked():
+    module = ReadSize()
+    model, _ = _convert(module, torch.randn(2, 6), torch.tensor(4))
+    _close(model, module, torch.randn(2, 6), torch.tensor(4))
+    with pytest.raises(ExamplePathError, match="example gave 4"):
+        model(np.ones((2, 6), np.float32), np.asarray(5))
+
+
+def test_the_checks_survive_save_and_load(tmp_path):
+    module = Selected().eval()
+    mask = torch.tensor([True, False, True, True, False])
+    model, _ = _convert(module, torch.randn(5, 4), mask)
+    torch2jax.save(model, tmp_path / "art")
+    loaded = torch2jax.load(tmp_path / "art")
+    assert loaded.graph.example_values == model.graph.example_values
+    _close(loaded, module, torch.randn(5, 4), torch.tensor([True, True, False, False, True]))
+    with pytest.raises(ExamplePathError):
+        loaded(np.ones((5, 4), np.float32), np.zeros(5, bool))
+
+
+def test_graphs_with_example_values_are_a_newer_format():
+    """An older reader would run such a graph without its checks: it must refuse it instead."""
+    model, _ = _convert(ReadSize(), torch.randn(2, 6), torch.tensor(4))
+    data = model.graph.to_json()
+    assert data["format_version"] == 2 and data["example_values"]
+    assert Graph.from_json(data).example_values == model.graph.example_values
+    plain = torch2jax.convert(torch.nn.Linear(2, 2), (torch.randn(1, 2),)).graph.to_json()
+    assert plain["format_version"] == 1 and "example_values" not in plain
+
+
+def test_a_branch_on_a_float_checks_the_condition_not_the_value():
+    module = FloatBranch()
+    model, _ = _convert(module, torch.ones(3))
+    (entry,) = model.graph.example_values.values()
+    assert "value" not in entry and "> 0" in entry["condition"]
+    _close(model, module, torch.tensor([5.0, -1.0, 0.5]))  # another sum, the same side
+    with pytest.raises(ExamplePathError, match=r"(?s)satisfied .*x.sum\(\).item\(\) > 0"):
+        model(np.full(3, -1.0, np.float32))

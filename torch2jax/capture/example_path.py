@@ -1,0 +1,81 @@
+"""Models whose shapes or branches depend on tensor values: converted along the example inputs' path, checked at run time.
+
+torch.export stops where model code reads a tensor's value to decide a shape or a branch (`if mask.any():`, `x[mask]`,
+an interpolation size summed from a pixel mask). XLA compiles static shapes only, so such a value cannot stay free in
+the artifact. What a converter can do without changing the model's code:
+
+- `following_example()`: export with torch's real-tensor propagation, so that a data-dependent guard takes the branch
+  the example inputs take (torch records the guard as a runtime assertion in the graph);
+- `example_values()`: run the captured graph once on the example inputs and read each value torch left free (an
+  unbacked symbol: a count of selected rows, a `.item()`); the graph is then compiled with those values;
+- at run time the artifact computes each of those values again and returns whether it is the example's (the
+  interpreter's checks); a call whose inputs give another value is refused with an error naming the model's line,
+  rather than answering along a path the inputs do not take (runtime/model.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+
+
+@contextlib.contextmanager
+def following_example() -> Iterator[None]:
+    """torch.export takes the example inputs' side of each data-dependent guard, and records it as a runtime assertion."""
+    from torch._functorch import config  # not loaded by `import torch` alone
+
+    shapes_log = logging.getLogger("torch.fx.experimental.symbolic_shapes")  # logs each guard taken, as a warning
+    level = shapes_log.level
+    shapes_log.setLevel(logging.ERROR)
+    try:
+        with config.patch(fake_tensor_propagate_real_tensors=True):
+            yield
+    finally:
+        shapes_log.setLevel(level)
+
+
+def example_values(ep: torch.export.ExportedProgram, args: tuple, kwargs: dict) -> dict[str, dict[str, Any]]:
+    """{unbacked symbol: {"value": its value on the example inputs, "node": the node that defines it}} for the integer
+    and boolean values torch could not know while tracing (float `.item()`s are left out: no shape depends on them).
+    Empty when the graph has none (no graph run then)."""
+    defining = {node.name: node.meta["unbacked_bindings"] for node in ep.graph.nodes
+                if node.op == "call_function" and node.meta.get("unbacked_bindings")}
+    if not defining:
+        return {}
+    found: dict[str, dict[str, Any]] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, node: torch.fx.Node) -> Any:
+            result = super().run_node(node)
+            for symbol, path in defining.get(node.name, {}).items():
+                value = pytree.key_get(result, path)
+                if isinstance(value, (bool, int, torch.SymInt, torch.SymBool)) or (
+                        isinstance(value, torch.Tensor) and not value.is_floating_point()):
+                    found[str(symbol)] = {"value": int(value), "node": node.name}
+            return result
+
+    flat = ep._graph_module_flat_inputs(args, kwargs)
+    with torch.no_grad():
+        Recorder(ep.graph_module).run(*flat)
+    return found
+
+
+def describe(values: dict[str, dict[str, Any]]) -> str:
+    """What a user is told when a conversion follows the example: the values taken from it, by the model's line."""
+    by_line: dict[str, list] = {}
+    for info in values.values():
+        where = (info.get("source") or "").strip().splitlines()
+        taken = info["value"] if "value" in info else f"`{info['condition']}`"
+        by_line.setdefault(where[-1].strip() if where else f"node {info['node']}", []).append(taken)
+    lines = [f"the model reads {len(values)} value(s) from its tensors to decide shapes or branches; the conversion "
+             "takes each as the example inputs give it, and the converted model refuses inputs that give another:"]
+    for where, taken in by_line.items():
+        shown = ", ".join(str(v) for v in taken[:6]) + (f", ... ({len(taken)} values)" if len(taken) > 6 else "")
+        lines.append(f"  - {shown} at {where}")
+    return "\n".join(lines)
