@@ -207,7 +207,7 @@ class Branchy(torch.nn.Module):
 
 def test_export_failure_carries_torch_reason_and_hint():
     with pytest.raises(torch2jax.ExportError, match="torch.cond"):
-        torch2jax.convert(Branchy(), (torch.randn(3),))
+        torch2jax.convert(Branchy(), (torch.ones(3),))  # the side that calls NumPy
 
 
 def test_import_does_not_import_torch():
@@ -313,3 +313,19 @@ def test_selected_rows_read_otherwise_take_the_examples_count():
     assert max_err(model(features.numpy(), same.numpy()), SummedSelection()(features, same)) < 1e-5
     with pytest.raises(torch2jax.ExamplePathError, match="example gave 5"):
         model(features.numpy(), _masks([3, 3], (2, 6), 1).numpy())
+
+
+class Chunks(torch.nn.Module):
+    """Overlapping windows over a transposed tensor's storage, as Longformer's sliding chunks take them."""
+
+    def forward(self, x):
+        return (x * 2).transpose(0, 1).as_strided((2, 4, 4), (2, 1, 6)) + 1
+
+
+def test_as_strided_reads_a_views_storage_not_its_elements_in_order():
+    """torch's as_strided indexes the storage: the transposed view's elements lie there column by column."""
+    x = torch.randn(4, 6)
+    model = torch2jax.convert(Chunks(), (x,))
+    assert "torch2jax.as_strided_view.default" in model.graph.ops()
+    other = torch.randn(4, 6)
+    assert max_err(model(other.numpy()), Chunks()(other)) < 1e-6

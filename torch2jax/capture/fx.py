@@ -69,9 +69,14 @@ def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str],
         entries = {**taken, **_assertions_left_free(ep.graph_module, set(taken))}
         graph.example_values = {key: {**info, "source": sources.get(info["node"])} for key, info in entries.items()}
     _bound_masked_rows(graph, compacted)
+    views = _strided_views(ep.graph_module)
     for node in graph.nodes:
         if node.name in selected:
             node.op = SELECTED_ROWS
+        if node.name in views:
+            node.op = STRIDED_VIEW
+            node.args = [*node.args, *[None] * (4 - len(node.args)), *views[node.name]]
+            node.kwargs = {}
     _refuse_input_mutation(graph)
     call_spec = ep.call_spec  # torch rebuilds it on every access
     graph.in_spec = treespec_to_json(call_spec.in_spec)
@@ -189,6 +194,30 @@ def _mask_selection(node: torch.fx.Node) -> bool:
     return isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.ndim >= 1
 
 
+# as_strided of an input whose elements are not in row-major order in their storage: its strides and offset are given
+STRIDED_VIEW = "torch2jax.as_strided_view.default"
+
+
+def _strided_views(graph_module: torch.fx.GraphModule) -> dict[str, tuple[list[int], int]]:
+    """{as_strided node: (its input's strides, storage offset)} where those are not a fresh row-major buffer's: torch's
+    as_strided reads the storage, not the input's elements in order (Longformer's sliding chunks of a transposed
+    tensor). Static strides only (others stay as_strided, which reads the input as row-major)."""
+    found = {}
+    for node in graph_module.graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.aten.as_strided.default:
+            continue
+        value = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor):
+            continue
+        strides, offset = value.stride(), value.storage_offset()
+        if not all(isinstance(d, int) for d in (*value.shape, *strides, offset)):
+            continue
+        row_major = [math.prod(value.shape[d + 1:]) for d in range(value.ndim)]
+        if offset != 0 or any(n != 1 and s != r for n, s, r in zip(value.shape, strides, row_major)):
+            found[node.name] = (list(strides), offset)
+    return found
+
+
 def _known_size(size: Any, taken: set[str] = frozenset()) -> bool:
     """An int, a symbol torch has since proved equal to one (a count checked against a static size), or one taken from
     the example (example_path.py)."""
@@ -224,12 +253,17 @@ def _assertions_left_free(graph_module: torch.fx.GraphModule, taken: set[str]) -
     `.item()`): {assertion node: {"condition": text, "node": it}}, checked on every call (example_path.py)."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
+    # values read with .item() are the real values at run time; a selection's count may be padded (MASKED_ROWS), so
+    # an assertion on it would not hold there
+    read = {str(symbol) for node in graph_module.graph.nodes if node.target is torch.ops.aten._local_scalar_dense.default
+            for symbol in (node.meta.get("unbacked_bindings") or {})}
     found = {}
     for node in graph_module.graph.nodes:
         if node.op != "call_function" or node.target is not torch.ops.aten._assert_scalar.default:
             continue
         condition = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
-        if condition is not None and {str(s) for s in free_unbacked_symbols(condition)} - taken:
+        symbols = {str(s) for s in free_unbacked_symbols(condition)} if condition is not None else set()
+        if symbols - taken and symbols <= taken | read:
             found.setdefault(str(condition.node.expr), {"condition": str(condition.node.expr), "node": node.name})
     return {info["node"]: info for info in found.values()}  # torch may assert one condition twice
 

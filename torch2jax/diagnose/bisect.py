@@ -15,8 +15,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from ..capture import exporter
-from ..capture.fx import capture
+from ..capture.converter import StageTimer, trace
 from ..capture.torch_arrays import to_jax, to_numpy
 from ..ir.graph import Node, TensorMeta
 from ..lowering import interpreter
@@ -45,9 +44,7 @@ class Divergence:
 def bisect(module: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> tuple[Divergence | None, int]:
     """(the first divergent node or None, how many nodes were compared)."""
     kwargs = kwargs or {}
-    ep, names, fixed, _followed = exporter.export(module, args, kwargs, None)
-    ep = exporter.decompose(ep)
-    captured = capture(ep, names, None, fixed)
+    captured, ep = trace(module, tuple(args), kwargs, None, StageTimer())  # as convert captures it
     graph = captured.graph
     placeholders = _placeholder_values(ep, args, kwargs)
 

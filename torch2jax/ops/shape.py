@@ -316,6 +316,20 @@ def as_strided(x, size, stride, storage_offset=None):
     return x.reshape(-1)[jnp.asarray(pos.astype(np.int32))] if pos.size else jnp.zeros(tuple(size), x.dtype)
 
 
+@lowers("torch2jax.as_strided_view.default")
+def as_strided_view(x, size, stride, storage_offset, view_stride, view_offset):
+    """as_strided of a view whose elements do not lie in row-major order in their storage (a transposed tensor viewed
+    as another shape; capture.fx.STRIDED_VIEW): torch reads the storage, so each position read is first mapped back to
+    the element of x that lies there (x's own strides and offset, recorded at capture)."""
+    lies_at = _strided_positions(x.shape, view_stride, view_offset).reshape(-1)
+    element_at = np.full(int(lies_at.max()) + 1 if lies_at.size else 0, -1, np.int64)
+    element_at[lies_at] = np.arange(lies_at.size)
+    read = _strided_positions(size, stride, view_offset if storage_offset is None else storage_offset)
+    if read.size and (read.max() >= element_at.size or (element_at[read] < 0).any()):
+        raise ValueError("as_strided reads storage outside the view it is given, which a JAX array does not have")
+    return x.reshape(-1)[jnp.asarray(element_at[read].astype(np.int32))] if read.size else jnp.zeros(tuple(size), x.dtype)
+
+
 def _is_row_major(size, stride) -> bool:
     """True when `stride` is the contiguous layout of `size` (strides of size-1 dims do not matter)."""
     expected = 1
