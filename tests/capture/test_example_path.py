@@ -125,3 +125,16 @@ def test_a_branch_on_a_float_checks_the_condition_not_the_value():
     _close(model, module, torch.tensor([5.0, -1.0, 0.5]))  # another sum, the same side
     with pytest.raises(ExamplePathError, match=r"(?s)satisfied .*x.sum\(\).item\(\) > 0"):
         model(np.full(3, -1.0, np.float32))
+
+
+class Distinct(torch.nn.Module):
+    def forward(self, x):
+        return torch.unique(x, return_counts=True)
+
+
+def test_a_count_of_distinct_values_is_the_examples_and_checked():
+    module = Distinct()
+    model, _ = _convert(module, torch.tensor([3, 1, 3, 2]))
+    _close(model, module, torch.tensor([5, 5, 0, 7]))  # three distinct values, as in the example
+    with pytest.raises(ExamplePathError, match="example gave 3"):
+        model(np.array([1, 1, 1, 1]))

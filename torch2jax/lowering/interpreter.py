@@ -225,7 +225,8 @@ SIZED_BY_ARGUMENTS = {"aten.slice.Tensor", "aten.narrow.default", "aten.split_wi
 # ops that define a value the conversion may take from the example, because their lowering (or ExampleChecks.after)
 # checks it at run time: the others stay refused (capture/fx.py)
 CHECKS_EXAMPLE_VALUES = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.index.Tensor",
-                         "aten.repeat_interleave.Tensor", *SIZED_BY_ARGUMENTS}
+                         "aten.repeat_interleave.Tensor", "aten._unique2.default", "aten.unique_dim.default",
+                         "aten.unique_consecutive.default", *SIZED_BY_ARGUMENTS}
 
 
 class ExampleChecks:

@@ -165,26 +165,28 @@ def _unique_rows(rows, k, sort):
     inverse = jnp.zeros((n,), jnp.int32).at[order].set(group)
     counts = jnp.zeros((k,), jnp.int32).at[group].add(1)
     values = jnp.zeros((k, m), rows.dtype).at[group].set(ordered)
-    return values, inverse, counts
+    return values, inverse, counts, jnp.sum(starts)
 
 
 def _unique(ctx, x, dim, sort):
-    """unique / unique_consecutive, flattened (dim None) or along `dim`. Only graphs whose output
-    size torch knows without the values reach here (capture refuses the others as data-dependent),
-    so the size in the node's metadata is exact. Outputs torch was not asked for are empty, as the
-    metadata says. `sorted=False` leaves the order to the implementation in torch; it is sorted here."""
+    """unique / unique_consecutive, flattened (dim None) or along `dim`. Only graphs whose output size torch knows
+    without the values, or whose size the conversion took from the example inputs (checked here: the count of distinct
+    values), reach here (capture refuses the others as data-dependent). Outputs torch was not asked for are empty, as
+    the metadata says. `sorted=False` leaves the order to the implementation in torch; it is sorted here."""
     metas = ctx.out_meta
     if dim is None:
         k = ctx.shape_of(metas[0])[0]
-        values, inverse, counts = _unique_rows(x.reshape(-1, 1), k, sort)
+        values, inverse, counts, distinct = _unique_rows(x.reshape(-1, 1), k, sort)
         results = (values.reshape(-1), inverse.reshape(x.shape), counts)
+        ctx.check_example(metas[0].shape[0], distinct)
     else:
         axis = dim % x.ndim  # torch refuses a dim on a 0-d tensor
         moved = jnp.moveaxis(x, axis, 0)
         k = ctx.shape_of(metas[0])[axis]
         rows = moved.reshape(moved.shape[0], math.prod(moved.shape[1:]))
-        values, inverse, counts = _unique_rows(rows, k, sort)
+        values, inverse, counts, distinct = _unique_rows(rows, k, sort)
         results = (jnp.moveaxis(values.reshape((k,) + moved.shape[1:]), 0, axis), inverse, counts)
+        ctx.check_example(metas[0].shape[axis], distinct)
     wanted = [ctx.shape_of(meta) for meta in metas]
     return tuple(r if r.shape == shape else jnp.zeros(shape, r.dtype) for r, shape in zip(results, wanted))
 
