@@ -138,3 +138,16 @@ def test_a_count_of_distinct_values_is_the_examples_and_checked():
     _close(model, module, torch.tensor([5, 5, 0, 7]))  # three distinct values, as in the example
     with pytest.raises(ExamplePathError, match="example gave 3"):
         model(np.array([1, 1, 1, 1]))
+
+
+def test_inspect_shows_what_was_taken_from_the_example(tmp_path):
+    from click.testing import CliRunner
+
+    from torch2jax.cli.main import main
+
+    model, _ = _convert(ReadSize(), torch.randn(2, 6), torch.tensor(4))
+    torch2jax.save(model, tmp_path / "art")
+    shown = CliRunner().invoke(main, ["inspect", str(tmp_path / "art")])
+    assert shown.exit_code == 0, shown.output
+    assert "converted along the example inputs' path" in shown.output and "output: float32[2, 4]" in shown.output
+    assert "4 at return x[:, : count.item()] * 3" in shown.output

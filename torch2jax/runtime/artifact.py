@@ -305,6 +305,13 @@ def check_files(root: Path, manifest: dict) -> None:
             raise ArtifactError(f"{root}: {unlisted[0]} is not listed in the manifest; the artifact was changed after saving")
 
 
+def _example_path(graph) -> list[dict]:
+    """graph.example_values as `inspect` shows them: each value or condition, with the model's line."""
+    return [{**({"value": info["value"]} if "value" in info else {"condition": info["condition"]}),
+             "at": (info.get("source") or "").strip().splitlines()[-1].strip() if info.get("source") else None}
+            for info in graph.example_values.values()]
+
+
 def _manifest(model: Model, exported: Any, vjp_order: int, source: str | None) -> dict:
     graph = model.graph
     tree = {name: {"dtype": dtypes.name_of(a.dtype), "shape": list(a.shape)} for name, a in model.params.items()}
@@ -326,6 +333,8 @@ def _manifest(model: Model, exported: Any, vjp_order: int, source: str | None) -
         "outputs": out_metas,
         "symbols": graph.symbols,
         "mutated_buffers": [o.target for o in graph.mutations],
+        # what the model reads from its tensors, taken from the example inputs and checked on every call
+        **({"example_path": _example_path(graph)} if graph.example_values else {}),
         "platforms": list(exported.platforms),
         "vjp_order": vjp_order,
         "params": {
@@ -346,7 +355,8 @@ def _output_meta(graph: Graph, output) -> dict:
     meta = node.meta if node is not None else (inp.meta if inp is not None else None)
     if meta is None or not hasattr(meta, "dtype"):
         return {"dtype": None, "shape": None}
-    return {"dtype": meta.dtype, "shape": meta.shape}
+    taken = {key: info["value"] for key, info in graph.example_values.items() if "value" in info}
+    return {"dtype": meta.dtype, "shape": [taken.get(d, d) if isinstance(d, str) else d for d in meta.shape]}
 
 
 def _own_version() -> str:

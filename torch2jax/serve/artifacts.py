@@ -126,6 +126,15 @@ def _signature_lines(entry: dict, indent: str) -> list[str]:
     for name, bounds in entry.get("symbols", {}).items():
         hi = "inf" if bounds.get("max") is None else bounds["max"]
         lines.append(f"{indent}  dim {name} in [{bounds.get('min')}, {hi}]")
+    taken = entry.get("example_path") or []
+    if taken:
+        lines.append(f"{indent}  converted along the example inputs' path: {len(taken)} value(s) read from tensors, "
+                     "checked on every call (other values are refused)")
+        for item in taken[:8]:
+            what = item["value"] if "value" in item else f"`{item.get('condition')}`"
+            lines.append(f"{indent}    {what}" + (f" at {item['at']}" if item.get("at") else ""))
+        if len(taken) > 8:
+            lines.append(f"{indent}    ... and {len(taken) - 8} more (inspect --json)")
     lines.append(f"{indent}outputs")
     for item in entry.get("outputs", []):
         shape = "?" if item.get("shape") is None else ", ".join(map(str, item["shape"]))
