@@ -142,7 +142,6 @@ def test_a_count_of_distinct_values_is_the_examples_and_checked():
 
 def test_inspect_shows_what_was_taken_from_the_example(tmp_path):
     from click.testing import CliRunner
-
     from torch2jax.cli.main import main
 
     model, _ = _convert(ReadSize(), torch.randn(2, 6), torch.tensor(4))
