@@ -109,6 +109,7 @@ def _pool(x, n, init, op, kernel, stride, padding, dilation, geo):
     Dilated windows take the same path, since JAX has no gradient for a dilated max reduce_window.
     On CPU, max windows over (N, C, *spatial) take `_max_channels_last` instead, overlapping or not.
     """
+    kernel, geo = _clipped_to_input(x, n, kernel, dilation, geo)
     nonempty = all(out > 0 for out, _, _ in geo)
     small = math.prod(kernel) <= _MAX_SLICED_OFFSETS and nonempty
     if small and (_tiles_exactly(x, n, kernel, stride, padding, dilation, geo) or any(d > 1 for d in dilation)):
@@ -128,6 +129,17 @@ def _pool(x, n, init, op, kernel, stride, padding, dilation, geo):
 
         return lax.platform_dependent(x, cpu=channels_last, default=default)  # a CPU-only detour
     return default(x)
+
+
+def _clipped_to_input(x, n, kernel, dilation, geo):
+    """A single window larger than the padded input (EfficientNet's AvgPool2d(2560, ceil_mode=True) over 8x8) reads
+    what a window of the padded input's size reads; reduce_window would pad the input out to the whole window first
+    (13x2560x2560x2560 values there, which XLA:CPU fails to allocate)."""
+    kernel, geo = list(kernel), list(geo)
+    for i, (size, k, d, (out, lo, _hi)) in enumerate(zip(x.shape[-n:], kernel, dilation, geo)):
+        if out == 1 and d == 1 and isinstance(size, int) and k > size + 2 * lo:
+            kernel[i], geo[i] = size + 2 * lo, (out, lo, lo)
+    return tuple(kernel), geo
 
 
 def _strided_windows(x, n, init, op, kernel, stride, dilation, geo):
