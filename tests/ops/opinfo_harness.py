@@ -204,7 +204,7 @@ def prepare(opinfo, sample, copy_all_inputs: bool = False) -> Prepared:
 
 def convert_sample(prepared: Prepared) -> Model:
     try:
-        ep, names, _ = exporter.export(prepared.module, prepared.inputs, None, None, fix_automatically=False)
+        ep, names, *_ = exporter.export(prepared.module, prepared.inputs, None, None, fix_automatically=False)
         ep = exporter.decompose(ep)
     except Exception as err:  # torch's limit, recorded as such
         raise TorchLimit(str(err).split("\n")[0][:200]) from err
