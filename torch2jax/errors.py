@@ -28,7 +28,7 @@ class ExamplePathError(Torch2JaxError, ValueError):
     """The inputs gave another value, at a place where the model reads one from its tensors to decide a shape or a
     branch, than the example inputs the model was converted with (capture/example_path.py)."""
 
-    def __init__(self, example_values: dict, flags):
+    def __init__(self, example_values: dict, flags, draws_random: bool = False):
         self.failed = [(symbol, info) for (symbol, info), ok in zip(example_values.items(), flags) if not ok]
         lines = ["these inputs take another path through the model than the example inputs it was converted with; "
                  "the model reads a value from its tensors to decide a shape or a branch, and these inputs give another:"]
@@ -38,6 +38,9 @@ class ExamplePathError(Torch2JaxError, ValueError):
             lines.append(f"  - the example {taken}" + (f" at {where[-1].strip()}" if where else ""))
         lines.append("Convert the model with example inputs that take the path these take (the same counts of selected "
                      "tokens or patches, the same branch), or one converted model per such path.")
+        if draws_random:
+            lines.append("This model draws random numbers: where such a value depends on them (a length sampled from noise), "
+                         "no input takes the example's path reliably, and the model cannot be converted this way.")
         super().__init__("\n".join(lines))
 
 

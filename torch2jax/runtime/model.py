@@ -152,7 +152,7 @@ class Model:
             return updates
         flags = np.asarray(flags)
         if not flags.all():
-            raise ExamplePathError(self.graph.example_values, flags)
+            raise ExamplePathError(self.graph.example_values, flags, draws_random=self.needs_rng)
         return updates
 
     def _finish(self, outputs: list, updates: dict, mutable: bool) -> Any:
