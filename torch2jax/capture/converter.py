@@ -6,7 +6,7 @@ import copy
 import time
 import warnings
 from collections.abc import Callable
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -110,8 +110,7 @@ def trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_sha
         renames = exporter.subclass_param_names(ep)
         if fixed:
             specialize_inputs.fold_constants(ep)
-        with example_path.following_example() if followed else nullcontext():
-            ep = exporter.decompose(ep)
+        ep = exporter.decompose(ep)
         decomposed = ep
         captured = capture(ep, names, renames, fixed, example=lambda: example_path.example_values(decomposed, args, kwargs or {}),
                            followed_example=followed)
