@@ -78,6 +78,8 @@ class Model:
         updates = self._checked_example_path(updates)
         if updates:
             self.params = {**self.params, **updates}
+        # python values the graph returns as they are (a model's spatial sizes as ints), not as jit's arrays
+        outputs = [o.value if isinstance(o.value, (bool, int, float)) else value for o, value in zip(self.graph.user_outputs, outputs)]
         # rebuilt here, not inside jit: jax would return a dict output with its keys sorted, not in the module's order
         return structure.unflatten(self.graph.out_spec, outputs)
 
