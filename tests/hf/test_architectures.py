@@ -27,8 +27,12 @@ FAMILIES = [
     # rotary positions from the token types (hf/rope_index.py), patch interpolation from the fixed grid
     # (hf/vision_grids.py), image features placed by a bool mask whose count the model asserts (ops/indexing.py)
     ("qwen3_vl", "Qwen3VLModel"),
+    # branches on tensor values (`if is_global_attn:`) and selections by a mask: converted along the example's path,
+    # checked on every call (capture/example_path.py); sliding chunks as_strided over a transposed view's storage
+    ("longformer", "LongformerModel"),
 ]
 FIXED = {"llava_next": ["image_sizes"], "qwen3_vl": ["image_grid_thw"]}
+ALONG_EXAMPLE = {"longformer"}
 
 
 @pytest.fixture(scope="module")
@@ -44,3 +48,4 @@ def test_architecture_converts_matches_and_round_trips(model_type, class_name, c
     assert row["status"] == run.OK, f"{model_type} {class_name}: {row['status']}: {row.get('error')}"
     assert {"convert", "save", "load"} <= set(row["seconds"]) and row["max_abs"] < 1e-3
     assert row.get("fixed") == FIXED.get(model_type)
+    assert bool(row.get("example_values")) == (model_type in ALONG_EXAMPLE)

@@ -112,8 +112,10 @@ def trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_sha
             specialize_inputs.fold_constants(ep)
         ep = exporter.decompose(ep)
         decomposed = ep
-        captured = capture(ep, names, renames, fixed, example=lambda: example_path.example_values(decomposed, args, kwargs or {}),
-                           followed_example=followed)
+        # along the example's path only where no dim is dynamic: the generation steps' graphs, traced on placeholder
+        # inputs for every size, run without the per-call checks
+        example = None if dynamic_shapes is not None else (lambda: example_path.example_values(decomposed, args, kwargs or {}))
+        captured = capture(ep, names, renames, fixed, example=example, followed_example=followed)
     if captured.graph.example_values:
         notice = example_path.describe(captured.graph.example_values)
         if timer.progress:

@@ -84,9 +84,11 @@ def _export_fixing(module, args: tuple, kwargs: dict, dims: Any, strict: bool, f
             continue
         fixed.append(candidate)
         return ep
+    if dims is not None:  # a graph for every size of a dynamic dim: no one example's path (example_path.py)
+        raise failure
     try:  # the guard reads values no input fixes: along the example's side of it, checked at run time
-        with example_path.following_example():  # no dynamic dims: no guard on them that deferring could hide
-            ep = _export_once(module, args, kwargs, dims, strict, fixed, deferred=dims is None)
+        with example_path.following_example():
+            ep = _export_once(module, args, kwargs, dims, strict, fixed, deferred=True)
         followed.append(True)
         return ep
     except Exception:  # noqa: BLE001 - the first guard, at the model's line, is the one to report
