@@ -150,3 +150,18 @@ def test_inspect_shows_what_was_taken_from_the_example(tmp_path):
     assert shown.exit_code == 0, shown.output
     assert "converted along the example inputs' path" in shown.output and "output: float32[2, 4]" in shown.output
     assert "4 at return x[:, : count.item()] * 3" in shown.output
+
+
+def test_the_cli_converts_along_the_example_and_says_so(tmp_path):
+    from click.testing import CliRunner
+
+    from torch2jax.cli.main import main
+
+    source = tmp_path / "branchy.py"
+    source.write_text("import torch\nclass M(torch.nn.Module):\n    def forward(self, x, mask):\n"
+                      "        return x[mask].sum(0) * 2\n")
+    result = CliRunner().invoke(main, ["convert", f"{source}:M", "--input", "x=float32[6,3]", "--input", "mask=bool[6]",
+                                       "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "refuses inputs that give another" in result.output and "x[mask]" in result.output
+    assert "converted along the example inputs' path" in CliRunner().invoke(main, ["inspect", str(tmp_path / "out")]).output

@@ -102,8 +102,8 @@ def test_error_cases_give_one_paragraph_and_nonzero_exit(tmp_path):
     branchy = _write(
         tmp_path, "branchy.py",
         "import torch\nclass M(torch.nn.Module):\n    def forward(self, x):\n"
-        "        return x + 1 if x.sum() > 0 else x - 1\n",
-    )
+        "        return torch.from_numpy(x.numpy() + 1 if x.sum() > 0 else x.numpy() - 1)\n",
+    )  # a branch on a value, then NumPy: not even the example's path can be traced
     cases.append((["convert", f"{branchy}:M", "--input", "x=float32[3]"], 1, "torch.cond"))
     fixed = _write(
         tmp_path, "fixed.py", "import torch\nclass M(torch.nn.Module):\n    def forward(self, x):\n        return x.reshape(4, -1)\n"
