@@ -154,7 +154,6 @@ def test_inspect_shows_what_was_taken_from_the_example(tmp_path):
 
 def test_the_cli_converts_along_the_example_and_says_so(tmp_path):
     from click.testing import CliRunner
-
     from torch2jax.cli.main import main
 
     source = tmp_path / "branchy.py"
