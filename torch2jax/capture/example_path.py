@@ -66,6 +66,49 @@ def example_values(ep: torch.export.ExportedProgram, args: tuple, kwargs: dict) 
     return found
 
 
+def checkable(graph_module: torch.fx.GraphModule, values: dict[str, dict[str, Any]], excluded: set[str] = frozenset(),
+              ) -> dict[str, dict[str, Any]]:
+    """The example values whose defining op a lowering checks at run time (interpreter.CHECKS_EXAMPLE_VALUES: a read
+    with `.item()`, a count of selected or distinct elements, ...); `excluded` nodes are bounded otherwise."""
+    from ..lowering.interpreter import CHECKS_EXAMPLE_VALUES
+    from .fx import op_name
+
+    checked = {node.name for node in graph_module.graph.nodes if node.op == "call_function" and (
+        is_mask_selection(node) or (op_name(node.target) in CHECKS_EXAMPLE_VALUES and node.target is not torch.ops.aten.index.Tensor))}
+    return {symbol: info for symbol, info in values.items() if info["node"] in checked and info["node"] not in excluded}
+
+
+def is_mask_selection(node: torch.fx.Node) -> bool:
+    """`x[mask]`: aten.index with one bool mask over x's leading dims (lowered as torch2jax.selected_rows)."""
+    if node.op != "call_function" or node.target is not torch.ops.aten.index.Tensor:
+        return False
+    indices, value = node.args[1], node.meta.get("val")
+    if len(indices) != 1 or not isinstance(indices[0], torch.fx.Node) or not isinstance(value, torch.Tensor):
+        return False
+    mask = indices[0].meta.get("val")
+    return isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.ndim >= 1
+
+
+def conditions_left_free(graph_module: torch.fx.GraphModule, taken: set[str]) -> dict[str, dict[str, Any]]:
+    """torch's runtime assertions on values no example value fixes (a branch the example took on a float read with
+    `.item()`): {assertion node: {"condition": text, "node": it}}, checked on every call."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    # values read with .item() are the real values at run time; a selection's count may be padded (MASKED_ROWS), so
+    # an assertion on it would not hold there
+    read = {str(symbol) for node in graph_module.graph.nodes if node.target is torch.ops.aten._local_scalar_dense.default
+            for symbol in (node.meta.get("unbacked_bindings") or {})}
+    found = {}
+    for node in graph_module.graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.aten._assert_scalar.default:
+            continue
+        condition = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        symbols = {str(s) for s in free_unbacked_symbols(condition)} if condition is not None else set()
+        if symbols - taken and symbols <= taken | read:
+            found.setdefault(str(condition.node.expr), {"condition": str(condition.node.expr), "node": node.name})
+    return {info["node"]: info for info in found.values()}  # torch may assert one condition twice
+
+
 def describe(values: dict[str, dict[str, Any]]) -> str:
     """What a user is told when a conversion follows the example: the values taken from it, by the model's line."""
     by_line: dict[str, list] = {}

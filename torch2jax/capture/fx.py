@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..errors import ExportError, UnsupportedOpsError
 from ..ir.graph import BAKED_TYPES, Graph, GraphInput, GraphOutput, Node, TensorMeta, encode_float
-from ..lowering.interpreter import CHECKS_EXAMPLE_VALUES
+from . import example_path
 
 _INPUT_KIND = {
     "PARAMETER": "parameter",
@@ -56,9 +56,7 @@ def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str],
     pending = _data_dependent_shapes(ep.graph_module, allowed=set(compacted))
     taken: dict[str, dict[str, Any]] = {}
     if example is not None and (pending or followed_example):
-        checked = {node.name for node in ep.graph.nodes if node.op == "call_function" and (
-            _mask_selection(node) or (op_name(node.target) in CHECKS_EXAMPLE_VALUES and node.target is not torch.ops.aten.index.Tensor))}
-        taken = {symbol: info for symbol, info in example().items() if info["node"] in checked and info["node"] not in compacted}
+        taken = example_path.checkable(ep.graph_module, example(), excluded=set(compacted))
         pending = [(op, node) for op, node in pending if not _unbacked_of(node) <= set(taken)]
     _refuse_data_dependent_shapes(pending)
     selected = _masked_rows_of_static_count(ep.graph_module, set(taken))
@@ -66,7 +64,7 @@ def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str],
     graph = capturer.graph(ep.graph_module, ep.graph_signature)
     if example is not None and (taken or followed_example):
         sources = {node.name: node.source for node in graph.nodes}
-        entries = {**taken, **_assertions_left_free(ep.graph_module, set(taken))}
+        entries = {**taken, **example_path.conditions_left_free(ep.graph_module, set(taken))}
         graph.example_values = {key: {**info, "source": sources.get(info["node"])} for key, info in entries.items()}
     _bound_masked_rows(graph, compacted)
     views = _strided_views(ep.graph_module)
@@ -179,19 +177,8 @@ def _masked_rows_of_static_count(graph_module: torch.fx.GraphModule, taken: set[
     """The `x[mask]` nodes (one bool mask over x's leading dims) whose output shape is static, or whose count was taken
     from the example: JAX cannot size a boolean selection from the values, so these take the count from the shape
     (ops/indexing.selected_rows, which checks a count taken from the example)."""
-    return {node.name for node in graph_module.graph.nodes if _mask_selection(node)
+    return {node.name for node in graph_module.graph.nodes if example_path.is_mask_selection(node)
             and all(_known_size(d, taken) for d in (*node.args[1][0].meta["val"].shape, *node.meta["val"].shape))}
-
-
-def _mask_selection(node: torch.fx.Node) -> bool:
-    """`x[mask]`: aten.index with one bool mask over x's leading dims."""
-    if node.op != "call_function" or node.target is not torch.ops.aten.index.Tensor:
-        return False
-    indices, value = node.args[1], node.meta.get("val")
-    if len(indices) != 1 or not isinstance(indices[0], torch.fx.Node) or not isinstance(value, torch.Tensor):
-        return False
-    mask = indices[0].meta.get("val")
-    return isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.ndim >= 1
 
 
 # as_strided of an input whose elements are not in row-major order in their storage: its strides and offset are given
@@ -246,26 +233,6 @@ def _bound_masked_rows(graph: Graph, compacted: dict[str, int]) -> None:
         if node.name in compacted:
             node.op = MASKED_ROWS
             node.meta = TensorMeta(node.meta.dtype, [compacted[node.name], *node.meta.shape[1:]])
-
-
-def _assertions_left_free(graph_module: torch.fx.GraphModule, taken: set[str]) -> dict[str, dict[str, Any]]:
-    """torch's runtime assertions on values no example value fixes (a branch the example took on a float read with
-    `.item()`): {assertion node: {"condition": text, "node": it}}, checked on every call (example_path.py)."""
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-
-    # values read with .item() are the real values at run time; a selection's count may be padded (MASKED_ROWS), so
-    # an assertion on it would not hold there
-    read = {str(symbol) for node in graph_module.graph.nodes if node.target is torch.ops.aten._local_scalar_dense.default
-            for symbol in (node.meta.get("unbacked_bindings") or {})}
-    found = {}
-    for node in graph_module.graph.nodes:
-        if node.op != "call_function" or node.target is not torch.ops.aten._assert_scalar.default:
-            continue
-        condition = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
-        symbols = {str(s) for s in free_unbacked_symbols(condition)} if condition is not None else set()
-        if symbols - taken and symbols <= taken | read:
-            found.setdefault(str(condition.node.expr), {"condition": str(condition.node.expr), "node": node.name})
-    return {info["node"]: info for info in found.values()}  # torch may assert one condition twice
 
 
 def _data_dependent_shapes(graph_module: torch.fx.GraphModule, allowed: set[str] = frozenset()) -> list[tuple[str, torch.fx.Node]]:
