@@ -106,7 +106,8 @@ def _sweep_section() -> list[str]:
         "samples match (ops whose results torch leaves partly open, such as the order of ties or the signs of "
         "singular vectors, are compared by what is defined: tests/ops/comparisons.py); `torch-limit` means "
         "torch.export itself could not export any sample; `refused` means every sample's output shape depends on "
-        "the input values, which torch2jax refuses by design with the bounded alternative (docs/limitations.md). "
+        "the input values: an op on its own is not given a size from its example (a model conversion takes such sizes "
+        "from its example inputs and checks them on every call, docs/limitations.md). "
         "The pass rate counts skipped and refused cases as not passed.",
         "",
         "| dtype | samples per case | passed | failed | skipped (listed gap) | refused (data-dependent shape) | torch-limit "
