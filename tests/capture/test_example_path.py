@@ -164,3 +164,22 @@ def test_the_cli_converts_along_the_example_and_says_so(tmp_path):
     assert result.exit_code == 0, result.output
     assert "refuses inputs that give another" in result.output and "x[mask]" in result.output
     assert "converted along the example inputs' path" in CliRunner().invoke(main, ["inspect", str(tmp_path / "out")]).output
+
+
+def test_under_the_callers_jit_the_checks_are_a_value_to_act_on():
+    import jax
+
+    module = Selected().eval()
+    model, _ = _convert(module, torch.randn(5, 4), torch.tensor([True, False, True, True, False]))
+
+    @jax.jit
+    def run(params, x, mask):
+        return model.apply(params, x, mask), model.example_checks(params, x, mask)
+
+    x = np.ones((5, 4), np.float32)
+    (_, ok) = run(model.params, x, np.array([True, True, True, False, False]))
+    assert ok.dtype == bool and ok.all()
+    (_, ok) = run(model.params, x, np.ones(5, bool))
+    assert not ok.all()
+    plain = torch2jax.convert(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
+    assert plain.example_checks(plain.params, np.ones((1, 2), np.float32)).shape == (0,)

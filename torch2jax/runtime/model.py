@@ -58,6 +58,14 @@ class Model:
         updates = self._checked_example_path(updates)
         return self._finish(outputs, updates, mutable)
 
+    def example_checks(self, params: dict, *args: Any, rng: jax.Array | None = None, **kwargs: Any) -> jax.Array:
+        """For a model converted along its example inputs' path (graph.example_values): a bool per value or condition
+        taken from the example, True where these inputs give the same. Pure and traceable, for code that runs `apply`
+        under its own jit, where the check cannot raise: `jnp.all(model.example_checks(params, x))`. Empty otherwise."""
+        leaves = check_inputs(self.graph, flatten_inputs(self.graph, args, kwargs))
+        _outputs, updates = self._run(params, leaves, rng)
+        return updates.get(EXAMPLE_CHECKS, jnp.ones((0,), jnp.bool_))
+
     def __call__(self, *args: Any, rng: jax.Array | None = None, **kwargs: Any) -> Any:
         """Run on `self.params` (compiled once per input shape); mutated buffers update `self.params`."""
         python = [inp.baked and inp.meta is None for inp in self.graph.user_inputs]
