@@ -24,6 +24,8 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
+from .fake_params import is_fake
+
 
 @contextlib.contextmanager
 def following_example() -> Iterator[None]:
@@ -46,8 +48,9 @@ def example_values(ep: torch.export.ExportedProgram, args: tuple, kwargs: dict) 
     Empty when the graph has none (no graph run then)."""
     defining = {node.name: node.meta["unbacked_bindings"] for node in ep.graph.nodes
                 if node.op == "call_function" and node.meta.get("unbacked_bindings")}
-    if not defining:
-        return {}
+    if not defining or any(is_fake(t) or t.device.type == "meta" for t in (*ep.state_dict.values(), *ep.constants.values())
+                           if isinstance(t, torch.Tensor)):
+        return {}  # nothing to read, or no weights to run the graph with (streamed from a checkpoint when saved)
     found: dict[str, dict[str, Any]] = {}
 
     class Recorder(torch.fx.Interpreter):
