@@ -329,3 +329,20 @@ def test_as_strided_reads_a_views_storage_not_its_elements_in_order():
     assert "torch2jax.as_strided_view.default" in model.graph.ops()
     other = torch.randn(4, 6)
     assert max_err(model(other.numpy()), Chunks()(other)) < 1e-6
+
+
+def test_a_kv_cache_returned_as_an_output_is_plain_tensors():
+    """A base model called with use_cache=True returns transformers' cache object, which torch.export refuses as an
+    output: it comes back as {"keys": [per layer], "values": [per layer]}, as torch computed them."""
+    from transformers import LlamaConfig, LlamaModel
+
+    config = LlamaConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                         vocab_size=64, intermediate_size=32)
+    module, ids = LlamaModel(config).eval(), torch.randint(0, 64, (2, 5))
+    model = torch2jax.convert(module, (), {"input_ids": ids, "use_cache": True})
+    got = model(input_ids=ids.numpy(), use_cache=True)["cache"]
+    with torch.no_grad():
+        want = module(input_ids=ids, use_cache=True).cache
+    assert len(got["keys"]) == len(got["values"]) == 2
+    for layer, keys, values in zip(want.layers, got["keys"], got["values"]):
+        assert max_err(keys, layer.keys) < 1e-5 and max_err(values, layer.values) < 1e-5

@@ -130,7 +130,8 @@ def _dynamic_inputs(module, args: tuple, kwargs: dict, dims: Any) -> set[str]:
 
 
 def plain_containers(value: Any) -> Any:
-    """`value` with dict subclasses (transformers' ModelOutput) made plain dicts, keys in the same order.
+    """`value` with dict subclasses (transformers' ModelOutput) made plain dicts, keys in the same order, and KV caches
+    plain tensors (`_cache_as_dict`).
 
     A ModelOutput flattens in the order its fields were set but is rebuilt in its class's field order, so
     run_decompositions, which retraces through a rebuild, can reorder the graph's outputs while keeping the
@@ -140,7 +141,24 @@ def plain_containers(value: Any) -> Any:
         return {key: plain_containers(item) for key, item in value.items()}
     if type(value) in (tuple, list):
         return type(value)(plain_containers(item) for item in value)
-    return value
+    return _cache_as_dict(value)
+
+
+def _cache_as_dict(value: Any) -> Any:
+    """A transformers KV cache returned as an output (a base model called with use_cache=True) as plain tensors:
+    {"keys": [per layer], "values": [per layer]}, an encoder-decoder's as {"self_attention": ..., "cross_attention": ...};
+    torch.export refuses the cache object itself as an output. Anything else is returned as it is."""
+    kind = type(value).__name__
+    if not kind.endswith("Cache"):
+        return value
+    if hasattr(value, "self_attention_cache") and hasattr(value, "cross_attention_cache"):
+        return {"self_attention": _cache_as_dict(value.self_attention_cache),
+                "cross_attention": _cache_as_dict(value.cross_attention_cache)}
+    layers = getattr(value, "layers", None)
+    if not isinstance(layers, (list, tuple)) or not all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers):
+        return value
+    filled = [layer for layer in layers if isinstance(layer.keys, torch.Tensor) and isinstance(layer.values, torch.Tensor)]
+    return {"keys": [layer.keys for layer in filled], "values": [layer.values for layer in filled]}
 
 
 def decompose(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
+from ..capture.exporter import plain_containers
 from ..capture.torch_arrays import to_numpy, to_torch
 from ..errors import ExamplePathError, VerificationError
 from ..ir import structure
@@ -125,7 +126,7 @@ def _compare(label: str, module, model: Model, args: tuple, kwargs: dict) -> Run
         got = model(*np_args, rng=jax.random.key(0), **np_kwargs)
     else:
         got = model(*np_args, **np_kwargs)
-    want_leaves, _ = pytree.tree_flatten(expected)
+    want_leaves, _ = pytree.tree_flatten(plain_containers(expected))  # as the converter saw it (a KV cache as tensors)
     want_leaves = [w for w in want_leaves if isinstance(w, torch.Tensor)]
     got_leaves = [g for g in pytree.tree_flatten(_as_torch_tree(got))[0] if isinstance(g, torch.Tensor)]
     run = Run(label)
