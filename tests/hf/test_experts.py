@@ -34,6 +34,26 @@ def test_jetmoe_dense_experts_equal_the_split_loop():
     assert isinstance(moe(x), torch.Tensor) and "forward" not in moe.router.__dict__  # its own forward again
 
 
+def test_switch_transformers_dense_experts_equal_the_loop_with_capacity():
+    """Top-1 routing with an expert capacity of 2 over 10 tokens: tokens over capacity get no expert, as in the loop."""
+    from transformers import SwitchTransformersConfig
+    from transformers.models.switch_transformers.modeling_switch_transformers import SwitchTransformersSparseMLP
+
+    config = SwitchTransformersConfig(d_model=16, d_ff=24, num_experts=4, expert_capacity=2)
+    torch.manual_seed(0)
+    mlp = SwitchTransformersSparseMLP(config).eval()
+    for param in mlp.parameters():
+        torch.nn.init.normal_(param, std=0.3)
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        want = mlp(x)
+        with trace_forwards.installed(mlp) as replaced:
+            got = mlp(x)
+    assert sorted(replaced) == ["SwitchTransformersExperts", "SwitchTransformersTop1Router"]
+    assert (want == 0).all(-1).any()  # some token was over capacity: the case the dense form must keep
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 _WRAPPED = """
 import numpy as np, torch, torch2jax
 from transformers import JetMoeConfig

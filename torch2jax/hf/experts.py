@@ -1,6 +1,6 @@
 """Mixture-of-experts layers whose transformers code loops over the experts its tokens hit, written densely for
-torch.export (registered with capture/trace_forwards.py; installed only while tracing): DBRX, LongCat-Flash, JetMoE
-and NLLB-MoE (whose router also casts its classifier inside forward).
+torch.export (registered with capture/trace_forwards.py; installed only while tracing): DBRX, LongCat-Flash, JetMoE,
+NLLB-MoE and SwitchTransformers (whose routers also cast their classifier inside forward).
 
 `for e in hit.nonzero(): idx, tok = torch.where(mask[e]); ... index_add_(0, tok, ...)` gives every shape from the
 routing, which torch.export cannot capture. The forms here run every expert on every token and weight each result
@@ -77,6 +77,33 @@ def nllb_moe_router(self, hidden_states: torch.Tensor, padding_mask: torch.Tenso
     return top_1_mask, router_probs, router_logits
 
 
+def switch_transformers_router(self, hidden_states: torch.Tensor) -> tuple:
+    """transformers' SwitchTransformersTop1Router.forward without `self.classifier = self.classifier.to(dtype)` (as for
+    NLLB-MoE): top-1 routing with each expert's capacity, as one-hot expert indices and the chosen probability."""
+    self.input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(self.dtype)
+    if self.training and self.jitter_noise > 0:
+        hidden_states = hidden_states * torch.empty_like(hidden_states).uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
+    weight = self.classifier.weight.to(self.dtype)
+    bias = None if self.classifier.bias is None else self.classifier.bias.to(self.dtype)
+    router_logits = torch.nn.functional.linear(hidden_states, weight, bias)
+    router_probs = torch.nn.functional.softmax(router_logits, dim=-1, dtype=self.dtype).to(self.input_dtype)
+    expert_index = torch.nn.functional.one_hot(torch.argmax(router_probs, dim=-1), num_classes=self.num_experts)
+    expert_index = expert_index * (torch.cumsum(expert_index, dim=-2) <= self.expert_capacity)  # over capacity: dropped
+    return expert_index, torch.max(router_probs, dim=-1).values.unsqueeze(-1), router_logits
+
+
+def switch_transformers_experts(self, hidden_states: torch.Tensor, selected_experts: torch.Tensor,
+                                routing_weights: torch.Tensor) -> torch.Tensor:
+    """transformers' SwitchTransformersExperts.forward: `selected_experts` (tokens, 1, experts) is one-hot (all zeros
+    for a token over capacity), `routing_weights` (tokens, 1) the chosen expert's probability."""
+    weights = selected_experts[:, 0, :].to(routing_weights.dtype) * routing_weights
+    out = torch.zeros_like(hidden_states)
+    for e in range(self.num_experts):
+        out = out + (self[f"expert_{e}"](hidden_states) * weights[:, e, None]).to(hidden_states.dtype)
+    return out
+
+
 def jetmoe_gating(self, hidden_states: torch.Tensor) -> tuple:
     """transformers' JetMoeTopKGating.forward with the tokens per expert kept a tensor (it calls `.tolist()`, whose
     values then size a split): the same sort of the (token, choice) rows by expert, and the same gates."""
@@ -106,3 +133,7 @@ trace_forwards.register("transformers.models.jetmoe.modeling_jetmoe.JetMoeParall
 trace_forwards.register("transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeExperts", nllb_moe_experts)
 trace_forwards.register("transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeTop2Router", nllb_moe_router)
 trace_forwards.register("transformers.models.longcat_flash.modeling_longcat_flash.LongcatFlashExperts", longcat_flash_experts)
+trace_forwards.register("transformers.models.switch_transformers.modeling_switch_transformers.SwitchTransformersTop1Router",
+                        switch_transformers_router)
+trace_forwards.register("transformers.models.switch_transformers.modeling_switch_transformers.SwitchTransformersExperts",
+                        switch_transformers_experts)
