@@ -110,19 +110,18 @@ def trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_sha
         renames = exporter.subclass_param_names(ep)
         if fixed:
             specialize_inputs.fold_constants(ep)
-        ep = exporter.decompose(ep)
-        decomposed = ep
+        decomposed = exporter.decompose(ep)
         # along the example's path only where no dim is dynamic: the generation steps' graphs, traced on placeholder
         # inputs for every size, run without the per-call checks
         example = None if dynamic_shapes is not None else (lambda: example_path.example_values(decomposed, args, kwargs or {}))
-        captured = capture(ep, names, renames, fixed, example=example, followed_example=followed)
+        captured = capture(decomposed, names, renames, fixed, example=example, followed_example=followed)
     if captured.graph.example_values:
         notice = example_path.describe(captured.graph.example_values)
         if timer.progress:
             timer.progress("export", notice)
         else:
             warnings.warn(notice, stacklevel=4)
-    return captured, ep
+    return captured, decomposed
 
 
 def model_from(captured: Captured, timer: StageTimer, weights: WeightSource | None = None,
