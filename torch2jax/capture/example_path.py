@@ -74,10 +74,13 @@ def checkable(graph_module: torch.fx.GraphModule, values: dict[str, dict[str, An
     """The example values whose defining op a lowering checks at run time (interpreter.CHECKS_EXAMPLE_VALUES: a read
     with `.item()`, a count of selected or distinct elements, ...); `excluded` nodes are bounded otherwise."""
     from ..lowering.interpreter import CHECKS_EXAMPLE_VALUES
-    from .fx import op_name
 
-    checked = {node.name for node in graph_module.graph.nodes if node.op == "call_function" and (
-        is_mask_selection(node) or (op_name(node.target) in CHECKS_EXAMPLE_VALUES and node.target is not torch.ops.aten.index.Tensor))}
+    def checks(target: Any) -> bool:  # an aten op's registry key is its overload's name
+        return isinstance(target, torch._ops.OpOverload) and target is not torch.ops.aten.index.Tensor \
+            and str(target) in CHECKS_EXAMPLE_VALUES
+
+    checked = {node.name for node in graph_module.graph.nodes
+               if node.op == "call_function" and (is_mask_selection(node) or checks(node.target))}
     return {symbol: info for symbol, info in values.items() if info["node"] in checked and info["node"] not in excluded}
 
 
