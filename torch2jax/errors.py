@@ -33,9 +33,8 @@ class ExamplePathError(Torch2JaxError, ValueError):
         lines = ["these inputs take another path through the model than the example inputs it was converted with; "
                  "the model reads a value from its tensors to decide a shape or a branch, and these inputs give another:"]
         for symbol, info in self.failed[:10]:
-            where = (info.get("source") or "").strip().splitlines()
             taken = f"gave {info['value']} ({symbol})" if "value" in info else f"satisfied `{info['condition']}`"
-            lines.append(f"  - the example {taken}" + (f" at {where[-1].strip()}" if where else ""))
+            lines.append(f"  - the example {taken}" + (f" at {info['at']}" if info.get("at") else ""))
         if len(self.failed) > 10:
             lines.append(f"  - and {len(self.failed) - 10} more (.failed lists them)")
         lines.append("Convert the model with example inputs that take the path these take (the same counts of selected "

@@ -284,19 +284,3 @@ def test_python_keyword_inputs_are_baked_in_so_the_model_saves(tmp_path):
     assert [i["name"] for i in loaded.manifest["inputs"]] == ["x"]  # the StableHLO's inputs: tensors only
     assert max_err(loaded.call_flat([x.numpy()]), want) < 1e-6
 
-
-class WithSizes(torch.nn.Module):
-    """Returns python ints beside a tensor, as MaskFormer-Swin returns its stages' spatial sizes."""
-
-    def forward(self, x):
-        return {"y": x * 2, "sizes": (x.shape[-1], x.shape[-1] // 2)}
-
-
-def test_python_values_a_model_returns_stay_python_values(tmp_path):
-    x = torch.randn(2, 8)
-    model = torch2jax.convert(WithSizes(), (x,))
-    torch2jax.save(model, tmp_path / "sizes")
-    for m in (model, torch2jax.load(tmp_path / "sizes")):
-        out = m(x.numpy())
-        assert out["sizes"] == (8, 4) and all(type(v) is int for v in out["sizes"])
-        assert max_err(out["y"], x * 2) == 0

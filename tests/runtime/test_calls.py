@@ -111,6 +111,23 @@ def test_outputs_keep_the_modules_key_order(tmp_path):
         assert max_err(out["alpha"]["b"], x - 1) < 1e-6 and max_err(out["mid"][1], x * 3) < 1e-6
 
 
+class WithSizes(torch.nn.Module):
+    """Returns python ints beside a tensor, as MaskFormer-Swin returns its stages' spatial sizes."""
+
+    def forward(self, x):
+        return {"y": x * 2, "sizes": (x.shape[-1], x.shape[-1] // 2)}
+
+
+def test_python_values_a_model_returns_stay_python_values(tmp_path):
+    x = torch.randn(2, 8)
+    model = torch2jax.convert(WithSizes(), (x,))
+    torch2jax.save(model, tmp_path / "sizes")
+    for m in (model, torch2jax.load(tmp_path / "sizes")):
+        out = m(x.numpy())
+        assert out["sizes"] == (8, 4) and all(type(v) is int for v in out["sizes"])
+        assert max_err(out["y"], x * 2) == 0
+
+
 
 class LateField(torch.nn.Module):
     """Returns a transformers ModelOutput whose field set last comes first in its class: it flattens in the

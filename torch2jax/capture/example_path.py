@@ -75,12 +75,9 @@ def checkable(graph_module: torch.fx.GraphModule, values: dict[str, dict[str, An
     with `.item()`, a count of selected or distinct elements, ...); `excluded` nodes are bounded otherwise."""
     from ..lowering.interpreter import CHECKS_EXAMPLE_VALUES
 
-    def checks(target: Any) -> bool:  # an aten op's registry key is its overload's name
-        return isinstance(target, torch._ops.OpOverload) and target is not torch.ops.aten.index.Tensor \
-            and str(target) in CHECKS_EXAMPLE_VALUES
-
-    checked = {node.name for node in graph_module.graph.nodes
-               if node.op == "call_function" and (is_mask_selection(node) or checks(node.target))}
+    checked = {node.name for node in graph_module.graph.nodes if node.op == "call_function" and (
+        is_mask_selection(node)  # an aten op's registry key is its overload's name
+        or (isinstance(node.target, torch._ops.OpOverload) and str(node.target) in CHECKS_EXAMPLE_VALUES))}
     return {symbol: info for symbol, info in values.items() if info["node"] in checked and info["node"] not in excluded}
 
 
@@ -119,9 +116,8 @@ def describe(values: dict[str, dict[str, Any]]) -> str:
     """What a user is told when a conversion follows the example: the values taken from it, by the model's line."""
     by_line: dict[str, list] = {}
     for info in values.values():
-        where = (info.get("source") or "").strip().splitlines()
         taken = info["value"] if "value" in info else f"`{info['condition']}`"
-        by_line.setdefault(where[-1].strip() if where else f"node {info['node']}", []).append(taken)
+        by_line.setdefault(info.get("at") or f"node {info['node']}", []).append(taken)
     lines = [f"the model reads {len(values)} value(s) from its tensors to decide shapes or branches; the conversion "
              "takes each as the example inputs give it, and the converted model refuses inputs that give another:"]
     for where, taken in by_line.items():

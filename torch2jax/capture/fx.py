@@ -57,15 +57,15 @@ def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str],
     taken: dict[str, dict[str, Any]] = {}
     if example is not None and (pending or followed_example):
         taken = example_path.checkable(ep.graph_module, example(), excluded=set(compacted))
-        pending = [(op, node) for op, node in pending if not _unbacked_of(node) <= set(taken)]
+        pending = [(op, node, symbols) for op, node, symbols in pending if symbols is None or not symbols <= set(taken)]
     _refuse_data_dependent_shapes(pending)
     selected = _masked_rows_of_static_count(ep.graph_module, set(taken))
     capturer = _Capturer(symbol_names)
     graph = capturer.graph(ep.graph_module, ep.graph_signature)
     if example is not None and (taken or followed_example):
-        sources = {node.name: node.source for node in graph.nodes}
+        lines = {node.name: node.source.strip().splitlines()[-1].strip() for node in graph.nodes if node.source}
         entries = {**taken, **example_path.conditions_left_free(ep.graph_module, set(taken))}
-        graph.example_values = {key: {**info, "source": sources.get(info["node"])} for key, info in entries.items()}
+        graph.example_values = {key: {**info, "at": lines.get(info["node"])} for key, info in entries.items()}
     _bound_masked_rows(graph, compacted)
     views = _strided_views(ep.graph_module)
     for node in graph.nodes:
@@ -235,47 +235,40 @@ def _bound_masked_rows(graph: Graph, compacted: dict[str, int]) -> None:
             node.meta = TensorMeta(node.meta.dtype, [compacted[node.name], *node.meta.shape[1:]])
 
 
-def _data_dependent_shapes(graph_module: torch.fx.GraphModule, allowed: set[str] = frozenset()) -> list[tuple[str, torch.fx.Node]]:
-    """(op, node) for every node whose output size torch could only express with an unbacked symbol (a size read from
-    tensor values), subgraphs included; `allowed` nodes are given a bound by the converter."""
+def _data_dependent_shapes(graph_module: torch.fx.GraphModule, allowed: set[str] = frozenset(),
+                           ) -> list[tuple[str, torch.fx.Node, set[str] | None]]:
+    """(op, node, its unbacked symbols) for every node whose output size torch could only express with an unbacked
+    symbol (a size read from tensor values); the symbols are None inside a control-flow body, where no value taken from
+    the example reaches. `allowed` nodes are given a bound by the converter."""
     found = []
     for module in graph_module.modules():
         if not isinstance(module, torch.fx.GraphModule):
             continue
         for node in module.graph.nodes:
-            if node.name in allowed and module is graph_module:
+            if node.op != "call_function" or (node.name in allowed and module is graph_module):
                 continue
-            if node.op == "call_function" and _unbacked_of(node):
-                found.append((op_name(node.target), node) if module is graph_module else (op_name(node.target), _Nested(node)))
+            symbols = _unbacked_of(node)
+            if symbols:
+                found.append((op_name(node.target), node, symbols if module is graph_module else None))
     return found
 
 
-class _Nested:
-    """A node inside a control-flow body: values taken from the example cannot reach it (refused as before)."""
-
-    def __init__(self, node: torch.fx.Node):
-        self.name, self.meta = node.name, node.meta
-
-
-def _unbacked_of(node: Any) -> set[str]:
-    """The unbacked symbols (sizes read from tensor values) in a node's output shapes; a body's node: a marker no
-    example value can cover."""
+def _unbacked_of(node: torch.fx.Node) -> set[str]:
+    """The unbacked symbols (sizes read from tensor values) in a node's output shapes."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-    if isinstance(node, _Nested):
-        return {"<inside a control-flow body>"}
     values = node.meta.get("val")
     values = values if isinstance(values, (list, tuple)) else [values]
     return {str(s) for v in values if isinstance(v, torch.Tensor) for s in free_unbacked_symbols(v.shape)}
 
 
-def _refuse_data_dependent_shapes(found: list[tuple[str, Any]]) -> None:
+def _refuse_data_dependent_shapes(found: list[tuple[str, torch.fx.Node, set[str] | None]]) -> None:
     """XLA compiles static (or symbolic) shapes only: name every op whose output size depends on tensor values and
     that no bound or example value covers, and how to bound it."""
     if not found:
         return
     first: dict[str, Any] = {}
-    for op, node in found:
+    for op, node, _symbols in found:
         first.setdefault(op, node)
     generic = ("a size or bound read from tensor values (.item(), .tolist(), a tensor of split points): pass it as "
                "a Python int, or keep the shape fixed and mask with torch.where")

@@ -169,7 +169,7 @@ class Graph:
     subgraphs: dict[str, Graph] = field(default_factory=dict)
     # what the model reads from its tensors to decide shapes and branches, taken from the example inputs
     # (capture/example_path.py), checked at run time: symbol -> {"value": int, "node": the node that reads it,
-    # "source": the model's line}, or assertion node -> {"condition": text, "node": it, "source": ...}
+    # "at": the model's line}, or assertion node -> {"condition": text, "node": it, "at": ...}
     example_values: dict[str, dict] = field(default_factory=dict)
 
     def with_fixed_dims(self, values: dict[str, int]) -> Graph:

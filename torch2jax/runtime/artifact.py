@@ -307,9 +307,7 @@ def check_files(root: Path, manifest: dict) -> None:
 
 def _example_path(graph) -> list[dict]:
     """graph.example_values as `inspect` shows them: each value or condition, with the model's line."""
-    return [{**({"value": info["value"]} if "value" in info else {"condition": info["condition"]}),
-             "at": (info.get("source") or "").strip().splitlines()[-1].strip() if info.get("source") else None}
-            for info in graph.example_values.values()]
+    return [{key: info[key] for key in ("value", "condition", "at") if key in info} for info in graph.example_values.values()]
 
 
 def _manifest(model: Model, exported: Any, vjp_order: int, source: str | None) -> dict:
