@@ -31,7 +31,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--only", nargs="+", choices=[label.split()[0] for label in VARIANTS],
+                        help="measure these (float32 always, as the baseline); implies --no-write")
     args = parser.parse_args()
+    variants = {label: options for label, options in VARIANTS.items()
+                if not args.only or label.split()[0] in {"float32", *args.only}}
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[-1]})
     import torch
 
@@ -42,7 +46,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         model = llama(Path(work) / "llama")
         bandwidth = bandwidth_bytes_per_s()
-        for label, options in VARIANTS.items():
+        for label, options in variants.items():
             start = time.perf_counter()
             g = torch2jax.convert_hf(Path(work) / "llama", max_cache_len=PROMPT + NEW, max_batch=8, stream_weights=True, **options)
             out = torch2jax.save(g, Path(work) / label.split()[0], platforms=["cpu"])
@@ -74,7 +78,7 @@ memory bound counts the bytes that artifact's decode step reads, at {bandwidth /
 {chr(10).join(lines)}
 {END}"""
     print(text)
-    if not args.no_write:
+    if not args.no_write and not args.only:
         write_section(args.out, text, BEGIN, END)
         print(f"wrote the quantized section of {args.out}")
 

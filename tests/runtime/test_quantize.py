@@ -28,12 +28,20 @@ def test_quantized_weights_are_within_half_a_step_of_the_float_ones(scheme, leve
     assert np.all(back[3] == 0) and np.abs(w).max() <= levels * step.max() + 1e-6
 
 
-def test_int4_packs_two_columns_per_byte_low_nibble_first():
-    w = np.array([[-7, 6, 0, -1]], np.float32)  # one group of 4 whose scale is max|w| / 7 = 1
-    values, scale = quantize_array(w, "int4", 4)
-    assert scale.tolist() == [[1.0]]
-    assert values.tolist() == [[0x69, 0xF0]]  # (-7 & 0xF) | (6 << 4), 0 | ((-1 & 0xF) << 4): two's complement nibbles
-    assert dequantize_array(values, scale, "int4", 4).tolist() == w.tolist()
+def test_int4_packs_the_column_halves_in_the_low_and_high_nibbles():
+    w = np.array([[-7, 6, 0, -7]], np.float32)  # two groups of 2, each with scale max|w| / 7 = 1
+    values, scale = quantize_array(w, "int4", 2)
+    assert scale.tolist() == [[1.0, 1.0]]
+    assert values.tolist() == [[0x09, 0x96]]  # (-7 & 0xF) | (0 << 4), 6 | ((-7 & 0xF) << 4): two's complement nibbles
+    assert dequantize_array(values, scale, "int4", 2).tolist() == w.tolist()
+
+
+def test_int4_with_an_odd_number_of_groups_pads_the_high_half():
+    w = np.array([[1, -2, 3, -4, 5, -7]], np.float32)  # three groups of 2: columns 0-3 low, 4-5 high, then zeros
+    values, scale = quantize_array(w, "int4", 2)
+    assert values.shape == (1, 4) and scale.shape == (1, 3)
+    assert [v >> 4 for v in values[0, 2:]] == [0, 0]
+    np.testing.assert_allclose(dequantize_array(values, scale, "int4", 2), w, rtol=0, atol=scale.max() / 2)
 
 
 class MLP(torch.nn.Module):
@@ -67,6 +75,17 @@ def test_a_quantized_model_computes_what_torch_does_with_the_weights_dequantized
         np.testing.assert_allclose(np.asarray(loaded(ids.numpy())), want.numpy(), rtol=1e-5, atol=1e-5)
     quantized = jm.quantization
     assert quantized["bytes_after"] < quantized["bytes_before"]
+
+
+def test_int4_with_an_odd_number_of_groups_computes_what_torch_does():
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(96, 64), torch.nn.ReLU(), torch.nn.Linear(64, 96)).eval()  # 3 groups of 32
+    for rows in (1, 3, 100):  # the matrix-vector product, the blocked rows, the whole weight
+        x = torch.randn(rows, 96)
+        jm = torch2jax.convert(module, (x,), quantize="int4", group_size=32)
+        assert jm.params["0.weight"].shape == (64, 64)  # 96 columns: 64 in the low nibbles, 32 and padding in the high
+        want = torch_out(quantize_like(module, jm.quantization), x)
+        np.testing.assert_allclose(np.asarray(jm(x.numpy())), want.numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_quantize_asks_for_a_known_scheme():
@@ -145,5 +164,6 @@ def test_few_rows_never_write_the_float_weight_out_whole(scheme, rows):
     np.testing.assert_allclose(np.asarray(jm(x.numpy())), want.numpy(), rtol=1e-5, atol=1e-5)
     hlo = jax.jit(jm.apply).lower(jm.params, x.numpy()).compile().as_text()
     entry = hlo[hlo.index("ENTRY"):]
-    whole = [shape for shape in ("f32[512,64]", "f32[64,512]", "f32[512,512]") if shape in entry]
+    halves = ("f32[512,32]", "f32[512,256]") if scheme == "int4" else ()  # int4 unpacks each column half whole
+    whole = [shape for shape in ("f32[512,64]", "f32[64,512]", "f32[512,512]", *halves) if shape in entry]
     assert bool(whole) == (rows > 64), whole

@@ -33,4 +33,7 @@ def sharded_lms(tmp_path_factory) -> tuple[list[str], list[str]]:
         hf_dir = write_lm(name, root / "hf")
         forwards.append(str(convert_forward(hf_dir, root / f"{name}_forward")))
         gens.append(str(torch2jax.save(torch2jax.convert_hf(hf_dir, max_cache_len=32, max_batch=4), root / f"{name}_generate")))
+    # int4 in halves: a row-parallel device slice of the bytes holds two separate column ranges (runtime/quantize.py)
+    int4 = torch2jax.convert_hf(root / "hf" / "llama", max_cache_len=32, max_batch=4, quantize="int4", group_size=16)
+    gens.append(str(torch2jax.save(int4, root / "llama_int4_generate")))
     return forwards, gens

@@ -56,6 +56,11 @@ def test_sharded_generate_equals_the_unsharded_one(probe, name):
     assert out["decode_collectives"]["all-reduce"] > 0  # the report compiles a decode step: row-parallel sums
 
 
+def test_sharded_int4_generate_equals_the_unsharded_one(probe):
+    out = probe["generate"]["llama_int4_generate"]
+    assert out["equal"] and not out["q_replicated"]
+
+
 def test_collective_counts_of_the_compiled_step_are_pinned(probe):
     """A 2-layer Llama (4 heads, 2 kv heads) on (data=2, model=4), jax 0.10's XLA: a sharding change that adds
     communication shows up here. Sharding the embedding on its hidden dim costs more collectives."""

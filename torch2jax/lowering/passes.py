@@ -41,9 +41,11 @@ PERMUTE, MM, ADDMM = "aten.permute.default", "aten.mm.default", "aten.addmm.defa
 LINEAR = "torch2jax.linear.default"
 DYNAMIC_INT8_WEIGHT, DYNAMIC_INT8_LINEAR = "torch2jax.dynamic_int8_weight.default", "torch2jax.dynamic_int8_linear.default"
 DEQUANTIZE_INT8, DEQUANTIZE_INT4 = "torch2jax.dequantize_int8.default", "torch2jax.dequantize_int4.default"
+DEQUANTIZE_INT4_HALVES = "torch2jax.dequantize_int4_halves.default"
 # a quantized weight's op (runtime/quantize.py) -> the op of a Linear reading it, made from the stored form (ops/quantized.py)
 _QUANTIZED_LINEAR = {DYNAMIC_INT8_WEIGHT: DYNAMIC_INT8_LINEAR, DEQUANTIZE_INT8: "torch2jax.int8_linear.default",
-                     DEQUANTIZE_INT4: "torch2jax.int4_linear.default"}
+                     DEQUANTIZE_INT4: "torch2jax.int4_linear.default",
+                     DEQUANTIZE_INT4_HALVES: "torch2jax.int4_halves_linear.default"}
 _BINARY = frozenset({"aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.div.Tensor", "aten.where.self",
                      "aten.maximum.default", "aten.minimum.default"})
 
@@ -319,10 +321,10 @@ def _is_transpose_2d(node: Node) -> bool:
 
 def quantized_products(graph: Graph) -> Graph:
     """torch2jax.linear(x, w[, bias]) and matmul(x, permute(w)) of a quantized weight w (dynamic_int8_weight,
-    dequantize_int8 or dequantize_int4 of the stored params: runtime/quantize.py) become one op over the stored form
-    (ops/quantized.py): dynamic_int8_linear(x, q, scale[, bias]) makes the product in int8; int8_linear(x, q, scale,
-    dtype[, bias]) and int4_linear(x, packed, scale, group_size, dtype[, bias]) dequantize the weight where the product
-    needs it. A weight or transpose node left with no reader is dropped."""
+    dequantize_int8 or dequantize_int4(_halves) of the stored params: runtime/quantize.py) become one op over the stored
+    form (ops/quantized.py): dynamic_int8_linear(x, q, scale[, bias]) makes the product in int8; int8_linear(x, q,
+    scale, dtype[, bias]) and int4(_halves)_linear(x, packed, scale, group_size, dtype[, bias]) dequantize the weight
+    where the product needs it. A weight or transpose node left with no reader is dropped."""
     by_name = {node.name: node for node in graph.nodes}
     uses = _uses(graph)
     replaced: dict[str, Node] = {}

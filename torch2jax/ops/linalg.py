@@ -144,7 +144,7 @@ def linear(x, weight, bias=None):
         product = _weight_last(x, weight)
     if len(lead) != 1:
         product = product.reshape(*lead, weight.shape[0])
-    return _with_bias(product, bias, dtype)
+    return with_bias(product, bias, dtype)
 
 
 def blocked_linear(x, weight_rows, rows: int, block: int, dtype, bias=None):
@@ -162,10 +162,10 @@ def blocked_linear(x, weight_rows, rows: int, block: int, dtype, bias=None):
         return lax.dynamic_update_slice(out, product.astype(acc), (i * block, 0))
 
     product = lax.fori_loop(0, rows // block, one_block, jnp.zeros((rows, x2.shape[0]), acc)).T
-    return _with_bias(product.reshape(*lead, rows), bias, dtype)
+    return with_bias(product.reshape(*lead, rows), bias, dtype)
 
 
-def _with_bias(product, bias, dtype):
+def with_bias(product, bias, dtype):
     """A Linear's product (in its accumulation dtype) with the bias added as torch's addmm adds it, in `dtype`."""
     if bias is None:
         return product.astype(dtype)

@@ -8,7 +8,8 @@ its `graph.json` and the StableHLO all hold the quantized form, and the artifact
 
     int8   symmetric, one scale per output row: q = round(w / s), s = max|w_row| / 127
     int4   symmetric, one scale per group of `group_size` input columns: s = max|w_group| / 7,
-           q in [-8, 7], two per byte (column 2j in the low nibble)
+           q in [-8, 7], two per byte: the low nibbles hold the first h columns (h = group_size *
+           ceil(groups / 2)), the high nibbles the rest, so unpacking is elementwise (ops/quantized.py)
     int8-dynamic  the int8 weights, and each row of a Linear's input quantized the same way when it is
            multiplied (one scale per row, max|x_row| / 127): int8 x int8 products accumulated in int32, which
            x86 and GPU units run natively, so no float copy of the weight is made (ops/quantized.py)
@@ -37,7 +38,8 @@ from .sharding import SCALE_SUFFIX
 
 SCHEMES = ("int8", "int4", "int8-dynamic")
 DEFAULT_GROUP_SIZE = 64
-_DEQUANTIZE = {"int8": "torch2jax.dequantize_int8.default", "int4": "torch2jax.dequantize_int4.default",
+INT4_PACKING = "halves"  # the manifest's name for int4's byte layout (see the module docstring)
+_DEQUANTIZE = {"int8": "torch2jax.dequantize_int8.default", "int4": "torch2jax.dequantize_int4_halves.default",
                "int8-dynamic": "torch2jax.dynamic_int8_weight.default"}
 _PERMUTE = "aten.permute.default"
 _PRODUCTS = {"aten.mm.default": 1, "aten.addmm.default": 2, "aten.bmm.default": 1}  # op -> its weight operand
@@ -60,7 +62,7 @@ def quantize_model(model: Model, scheme: str, group_size: int = DEFAULT_GROUP_SI
     quantized.timings = getattr(model, "timings", {})
     quantized.quantization = {
         "scheme": scheme,
-        **({"group_size": group_size} if scheme == "int4" else {}),
+        **({"group_size": group_size, "packing": INT4_PACKING} if scheme == "int4" else {}),
         "params": [inp.target for inp in chosen],
         "bytes_before": _nbytes(model.params),
         "bytes_after": _nbytes(params),
@@ -128,7 +130,7 @@ def _rewrite(graph: Graph, params: dict, chosen: list[GraphInput], scheme: str, 
             inputs.append(inp)
             continue
         rows, cols = inp.meta.shape
-        values = GraphInput(f"{inp.name}_q", "parameter", _values_meta(scheme, rows, cols), inp.target)
+        values = GraphInput(f"{inp.name}_q", "parameter", _values_meta(scheme, rows, cols, group_size), inp.target)
         scale = GraphInput(f"{inp.name}{SCALE_SUFFIX}", "parameter", _scale_meta(scheme, rows, cols, group_size),
                            inp.target + SCALE_SUFFIX)
         inputs += [values, scale]
@@ -143,8 +145,13 @@ def _rewrite(graph: Graph, params: dict, chosen: list[GraphInput], scheme: str, 
     return dataclasses.replace(graph, inputs=inputs, nodes=nodes + list(graph.nodes)), new_params
 
 
-def _values_meta(scheme: str, rows: int, cols: int) -> TensorMeta:
-    return TensorMeta("uint8", [rows, cols // 2]) if scheme == "int4" else TensorMeta("int8", [rows, cols])
+def _values_meta(scheme: str, rows: int, cols: int, group_size: int) -> TensorMeta:
+    return TensorMeta("uint8", [rows, int4_half(cols, group_size)]) if scheme == "int4" else TensorMeta("int8", [rows, cols])
+
+
+def int4_half(cols: int, group_size: int) -> int:
+    """The columns in the low nibbles of an int4 weight: the first half of its groups, rounded up (the bytes' width)."""
+    return group_size * -(-(cols // group_size) // 2)
 
 
 def _scale_meta(scheme: str, rows: int, cols: int, group_size: int) -> TensorMeta:
@@ -163,7 +170,10 @@ def quantize_array(weight: np.ndarray, scheme: str, group_size: int = DEFAULT_GR
     scale = np.abs(grouped).max(axis=2) / 7
     scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
     q = np.clip(np.rint(grouped / scale[:, :, None]), -8, 7).astype(np.int8).reshape(rows, cols)
-    packed = (q[:, 0::2] & 0xF) | ((q[:, 1::2] & 0xF) << 4)
+    half = int4_half(cols, group_size)
+    high = np.zeros((rows, half), np.int8)  # the high half is a group shorter when the groups are odd in number
+    high[:, : cols - half] = q[:, half:]
+    packed = (q[:, :half] & 0xF) | ((high & 0xF) << 4)
     return packed.astype(np.uint8), scale
 
 
@@ -172,9 +182,9 @@ def dequantize_array(values: np.ndarray, scale: np.ndarray, scheme: str, group_s
     if scheme == "int8":
         return values.astype(np.float32) * scale[:, None]
     low, high = (values & 0xF).astype(np.int8), (values >> 4).astype(np.int8)
-    q = np.stack([np.where(low > 7, low - 16, low), np.where(high > 7, high - 16, high)], axis=-1).reshape(values.shape[0], -1)
-    rows = q.shape[0]
-    return (q.reshape(rows, -1, group_size).astype(np.float32) * scale[:, :, None]).reshape(rows, -1)
+    rows, cols = values.shape[0], scale.shape[1] * group_size
+    q = np.concatenate([np.where(low > 7, low - 16, low), np.where(high > 7, high - 16, high)], axis=1)[:, :cols]
+    return (q.reshape(rows, -1, group_size).astype(np.float32) * scale[:, :, None]).reshape(rows, cols)
 
 
 def _quantized_pair(value: Any, scheme: str, group_size: int, name: str) -> tuple[Any, Any]:
@@ -185,7 +195,7 @@ def _quantized_pair(value: Any, scheme: str, group_size: int, name: str) -> tupl
         return jnp.asarray(values), jnp.asarray(scale)
     rows, cols = value.shape
     pair = _ReadOnce(value, scheme, group_size)
-    values_shape = (rows, cols) if scheme == "int8" else (rows, cols // 2)
+    values_shape = (rows, cols) if scheme == "int8" else (rows, int4_half(cols, group_size))
     scale_shape = (rows,) if scheme == "int8" else (rows, cols // group_size)
     label = f"{value.source} ({scheme})"
     return (DeferredArray(values_shape, np.int8 if scheme == "int8" else np.uint8, lambda: pair.take(0), label),
