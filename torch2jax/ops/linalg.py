@@ -149,20 +149,34 @@ def linear(x, weight, bias=None):
 
 def blocked_linear(x, weight_rows, rows: int, block: int, dtype, bias=None):
     """linear(x, w, bias) for a weight w of `rows` rows that `weight_rows(start)` makes `block` rows at a time (a
-    dequantization): a loop over blocks, each block's rows made and multiplied (weight first, as `linear` at few
-    rows) while they are in cache. XLA:CPU otherwise writes the whole float32 weight out before a matrix product
-    (a bfloat16 or int8 weight: 2 to 5 times float32's time at 8 rows); a matrix-vector product (one row of x) needs
-    none of this (see _weight_first). Same values as `linear` of the whole weight."""
+    dequantization), as one array or as a tuple of its column parts (an int4 weight's halves, each multiplied with
+    x's matching columns: the parts are never joined): a loop over blocks, each block's rows made and multiplied
+    (weight first, as `linear` at few rows) while they are in cache. XLA:CPU otherwise writes the whole float32
+    weight out before a matrix product (a bfloat16 or int8 weight: 2 to 5 times float32's time at 8 rows); a
+    matrix-vector product (one row of x) needs none of this (see _weight_first). Same values as `linear` of the whole
+    weight."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     acc = _acc_dtype(dtype) or dtype
 
     def one_block(i, out):
-        product = lax.optimization_barrier(_product(weight_rows(i * block), x2.T))
+        product = lax.optimization_barrier(_parts_product(weight_rows(i * block), x2.T))
         return lax.dynamic_update_slice(out, product.astype(acc), (i * block, 0))
 
     product = lax.fori_loop(0, rows // block, one_block, jnp.zeros((rows, x2.shape[0]), acc)).T
     return with_bias(product.reshape(*lead, rows), bias, dtype)
+
+
+def _parts_product(weight, xt):
+    """weight @ xt, `weight` given whole or as a tuple of its column parts."""
+    if not isinstance(weight, tuple):
+        return _product(weight, xt)
+    total, start = None, 0
+    for part in weight:
+        product = _product(part, xt[start:start + part.shape[1]])
+        total = product if total is None else total + product
+        start += part.shape[1]
+    return total
 
 
 def with_bias(product, bias, dtype):
@@ -190,12 +204,24 @@ def _weight_first(x, weight):
         return lax.optimization_barrier(_product(weight, x.T)).T
 
     def one():  # the barrier keeps a bias add out of the dot's fusion, which would take the weight's producer's place
-        return lax.optimization_barrier(_weight_last(x, weight))
+        return lax.optimization_barrier(_weight_last(_computed_once(x), weight))
 
     def many():
         return _weight_last(x, weight)
 
     return by_row_count(x.shape[0], one, first, many)
+
+
+def _computed_once(row):
+    """`row` as it is, but written out before a matrix-vector product reads it. XLA:CPU fuses the row's elementwise
+    producers (an RMSNorm's scaling) into the product's loop, which then computes them again for every weight element
+    (40% more time on an int8 1408x512 product); optimization_barrier does not stop it (XLA:CPU drops barriers before
+    fusing). A reduce-window is never fused into a loop: max(row, -inf) over a window of the row and a padding is the
+    row, NaN and -inf included."""
+    column = row[..., None]
+    window = (1,) * row.ndim + (2,)
+    padding = ((0, 0),) * row.ndim + ((0, 1),)
+    return lax.reduce_window(column, -jnp.inf, lax.max, window, (1,) * column.ndim, padding)[..., 0]
 
 
 def _low_precision_rows(x, weight):

@@ -125,9 +125,10 @@ def int8_linear(x, q, scale, dtype, bias=None):
 def int4_halves_linear(x, packed, scale, group_size, dtype, bias=None):
     """linear(x, dequantize_int4_halves(packed, scale, group_size, dtype), bias), see _dequantized_linear. Whole, it is
     the sum of the products of x's column halves with the weight's, each unpacked where its product reads it."""
-    def rows(start, size):
-        return dequantize_int4_halves(lax.dynamic_slice_in_dim(packed, start, size),
-                                      lax.dynamic_slice_in_dim(scale, start, size), group_size, dtype)
+    def rows(start, size):  # the block's column halves, as blocked_linear multiplies them
+        low, high = _int4_halves(lax.dynamic_slice_in_dim(packed, start, size), lax.dynamic_slice_in_dim(scale, start, size),
+                                 group_size)
+        return low.astype(dtype), high.astype(dtype)
 
     def whole(x):  # in float32, rounded to the model's dtype once, as one product would be
         low, high = _int4_halves(packed, scale, group_size)
