@@ -361,3 +361,48 @@ def test_grouped_mm_is_a_ragged_dot_over_the_selected_experts(fallback):
         want = module(x, offs).float()
     assert max_err(got[:7], want[:7]) <= (1e-5 if fallback else 0.0)  # bfloat16: one rounding of a float32 sum, as torch
     assert not got[7:].any()  # rows past the last offset: zeros (transformers' fallback; torch's kernel leaves them unset)
+
+
+class Scaled(nn.Module):
+    """A Linear of a row scaled elementwise first, as an RMSNorm's weight scales it."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(64))
+        self.proj = nn.Linear(64, 256, bias=False)
+
+    def forward(self, x):
+        return self.proj(x * self.scale * 2.0)
+
+
+def _dot_operand_sources(hlo: str) -> list[str]:
+    """For each dot in the compiled HLO, the op that makes its first operand inside the dot's computation (through
+    bitcasts and reshapes): 'parameter' when the operand was written out before."""
+    sources = []
+    for computation in re.split(r"\n(?=%|ENTRY)", hlo):
+        defs = dict(re.findall(r"^\s*(?:ROOT )?(%\S+) = \S+ (\S+?)\(", computation, re.M))
+        for lhs in re.findall(r" dot\((%[^,\s)]+)", computation):
+            op = defs.get(lhs)
+            while op in ("bitcast", "reshape", "copy"):
+                lhs = re.search(rf"{re.escape(lhs)} = \S+ \S+?\((%[^,\s)]+)", computation).group(1)
+                op = defs.get(lhs)
+            sources.append(op)
+    return sources
+
+
+def test_one_row_product_reads_its_row_written_out():
+    """At one row (batch-1 decode) XLA:CPU fuses what makes the weight (a dequantization) into a matrix-vector loop.
+    What makes the row (a norm's scaling) is written out first (linalg._computed_once): fused, the loop computes it
+    again for every weight element. Values, NaN and -inf included, as torch's."""
+    torch.manual_seed(0)
+    module = Scaled().eval()
+    x = torch.randn(1, 64)
+    model = torch2jax.convert(module, (x,))
+    for special in (None, float("nan"), float("-inf")):
+        row = x.clone()
+        if special is not None:
+            row[0, 5] = special
+        with torch.no_grad():
+            np.testing.assert_allclose(np.asarray(model(row.numpy())), module(row).numpy(), rtol=1e-5, atol=1e-5)
+    hlo = jax.jit(model.apply).lower(model.params, x.numpy()).compile().as_text()
+    assert _dot_operand_sources(hlo) == ["parameter"], hlo
