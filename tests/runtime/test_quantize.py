@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -167,3 +169,6 @@ def test_few_rows_never_write_the_float_weight_out_whole(scheme, rows):
     halves = ("f32[512,32]", "f32[512,256]") if scheme == "int4" else ()  # int4 unpacks each column half whole
     whole = [shape for shape in ("f32[512,64]", "f32[64,512]", "f32[512,512]", *halves) if shape in entry]
     assert bool(whole) == (rows > 64), whole
+    if scheme == "int4" and rows == 1:  # each column half unpacks elementwise inside its product: nothing interleaved
+        products = [c for c in re.split(r"\n(?=%|ENTRY)", hlo) if " dot(" in c]
+        assert products and not any("concatenate(" in c for c in products), products
