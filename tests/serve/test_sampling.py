@@ -154,6 +154,20 @@ def test_greedy_ties_and_top_k_1_equals_greedy():
         np.testing.assert_array_equal(np.asarray(step(logits, jax.random.key(i), temperature, top_k, top_p)), want)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, "bfloat16"])
+def test_greedy_is_torch_argmax_with_nan_and_infinities(dtype):
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(6, 32000)).astype(np.float32)
+    logits[1, [7, 40]] = np.nan  # the first NaN wins
+    logits[2, [3, 9]] = np.inf
+    logits[3] = -np.inf  # every token -inf: index 0
+    logits[4, [100, 50]] = 1e9  # a tie at the max: the lower index
+    want = torch.argmax(torch.from_numpy(logits).to(torch.float32 if dtype is np.float32 else torch.bfloat16), dim=-1)
+    got = jax.jit(greedy)(jnp.asarray(logits, dtype))
+    np.testing.assert_array_equal(np.asarray(got), want.numpy())
+    assert got.dtype == jnp.int32
+
+
 def test_same_key_same_tokens_different_keys_different_tokens():
     logits = jnp.zeros((8, 1000), jnp.float32)  # flat: every token equally likely
     params = sampling_params(8)

@@ -23,8 +23,14 @@ __all__ = ["filter_logits", "greedy", "sample", "sampling_params"]
 
 
 def greedy(logits: jax.Array) -> jax.Array:
-    """[B, V] -> [B] int32: index of the max logit; ties go to the lowest index, as torch.argmax does."""
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    """[B, V] -> [B] int32: index of the max logit; ties go to the lowest index and a NaN wins, as torch.argmax does.
+
+    Two plain reductions, the max and then the lowest index holding it: XLA:CPU runs argmax's (value, index) pair
+    reduction element by element, 7x slower over a 32000-token vocabulary at one row and 10x at eight."""
+    top = jnp.max(logits, axis=-1, keepdims=True)  # NaN if any is: then the first NaN is the answer
+    hit = (logits == top) | jnp.isnan(logits)
+    index = jnp.arange(logits.shape[-1], dtype=jnp.int32)
+    return jnp.min(jnp.where(hit, index, logits.shape[-1]), axis=-1)
 
 
 def filter_logits(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
