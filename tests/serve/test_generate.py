@@ -237,3 +237,19 @@ def test_the_step_is_traced_once_and_decode_pins_one_token(lm_dirs, monkeypatch,
     np.testing.assert_array_equal(loaded.generate(ids, max_new_tokens=8, eos_token_id=[]),
                                   hf_greedy(load_lm(lm_dirs["llama"]), torch.from_numpy(ids), 8))
     assert loaded._decode._cache_size() == 1  # the first step's carried inputs are placed as later steps' are
+
+
+def test_prompts_are_padded_to_four_buckets_per_octave(lm_dirs):
+    """A prompt is left-padded to the next of 1.25, 1.5, 1.75 and 2 times a power of two (a quarter at most of its
+    prefill is padding, where a power of two could double it); prompts in one bucket share a compiled prefill, and the
+    tokens are transformers' at every width."""
+    from torch2jax.serve.loop import prompt_bucket
+
+    assert [prompt_bucket(n, 4096, 16) for n in (5, 17, 20, 21, 33, 212, 596)] == [16, 20, 20, 24, 40, 224, 640]
+    assert prompt_bucket(212, 220, 16) == 212 and prompt_bucket(3, 8, 16) == 3  # no bucket fits the cache: as it is
+    g = torch2jax.convert_hf(f"hf:{lm_dirs['llama']}", max_cache_len=CACHE, max_batch=BATCH)
+    lm = load_lm(lm_dirs["llama"])
+    for length in (17, 19, 20, 21):  # buckets 20, 20, 20, 24
+        ids = prompt(length, 1)
+        np.testing.assert_array_equal(g.generate(ids, max_new_tokens=4, eos_token_id=[]), hf_greedy(lm, torch.from_numpy(ids), 4))
+    assert g._prefill._cache_size() == 2

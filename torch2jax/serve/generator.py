@@ -9,9 +9,9 @@
 The cache is state: allocated here for each call, passed to every step and donated, so XLA updates
 it in place. Each row's positions come from its attention mask, and the cache slots it may attend
 to are tracked in `kv_valid`, so a left-padded batch gives each row what the row alone would get.
-Prompts are left-padded further to a length bucket (a power of two), so prompts of nearby lengths
-share one compiled prefill; each step attends only to the filled part of the cache, rounded up to a
-power of two (one compiled decode step per such span). Decode steps run `steps_per_call` at a time inside one
+Prompts are left-padded further to a length bucket (four per octave: loop.prompt_bucket), so prompts of
+nearby lengths share one compiled prefill; each step attends only to the filled part of the cache, rounded
+up to a power of two (one compiled decode step per such span). Decode steps run `steps_per_call` at a time inside one
 compiled loop, which stops on the device once every row has ended: the host dispatches and reads tokens once per
 block instead of once per token, which on a GPU is most of a small model's step time.
 """
@@ -39,10 +39,10 @@ from .loop import (
     Request,
     TokenLoop,
     attended_span,
-    bucket,
     call_entry,
     decode_block,
     finish,
+    prompt_bucket,
     run_blocks,
 )
 
@@ -154,7 +154,7 @@ class Generator(TokenLoop):
         """`prefill_inputs(width)`: further inputs of the prefill step once the prompt is padded to `width` (images);
         `position_delta` [B]: added to each row's decode positions (Qwen2-VL's rope deltas)."""
         batch, length = ids.shape
-        width = bucket(length, self.spec.max_cache_len - max_new_tokens, MIN_BUCKET)
+        width = prompt_bucket(length, self.spec.max_cache_len - max_new_tokens, MIN_BUCKET)
         padded_ids = np.full((batch, width), int(request.pad), np.int64)
         padded_ids[:, width - length :] = ids
         padded_mask = np.zeros((batch, width), bool)

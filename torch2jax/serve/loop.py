@@ -174,6 +174,23 @@ def bucket(length: int, limit: int, smallest: int) -> int:
     return size if size <= limit else length
 
 
+PROMPT_BUCKETS_PER_OCTAVE = 4
+
+
+def prompt_bucket(length: int, limit: int, smallest: int) -> int:
+    """The width a prompt is left-padded to for `generate`'s prefill: the next of 4 sizes per octave (1.25, 1.5, 1.75
+    and 2 times a power of two; at least `smallest`) that fits `limit`, else `length`. Padding costs at most a quarter
+    of the prompt's prefill, where a power of two costs up to all of it (a 576-token image's prompt padded to 1024),
+    for up to four compiled prefills per octave of prompt lengths, each compiled when first met."""
+    if length <= smallest:
+        size = smallest
+    else:
+        half = 1 << ((length - 1).bit_length() - 1)  # the power of two below length
+        step = max(half // PROMPT_BUCKETS_PER_OCTAVE, 1)
+        size = half + -(-(length - half) // step) * step
+    return size if size <= limit else length
+
+
 def attended_span(filled: int, max_cache_len: int) -> int:
     """How much of the cache a decode step attends to: the filled slots rounded up to a power of two (at least
     MIN_SPAN), so a step costs O(tokens so far) and there are only log2(max_cache_len) compiled decode steps."""
