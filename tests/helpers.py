@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,11 @@ def torch_out(module, *args, **kwargs):
 
     with torch.no_grad():
         return module(*args, **kwargs)
+
+
+def hlo_computations(hlo: str) -> list[str]:
+    """The computations of a compiled module's HLO text (fused ones and the entry), each as its own text."""
+    return re.split(r"\n(?=%|ENTRY)", hlo)
 
 
 def as_jax(t):

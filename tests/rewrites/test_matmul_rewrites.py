@@ -18,7 +18,7 @@ from torch2jax import ops
 from torch2jax.lowering import passes
 from torch2jax.ops.linalg import LINEAR_WEIGHT_FIRST_ROWS
 
-from ..helpers import as_jax, max_err
+from ..helpers import as_jax, hlo_computations, max_err
 
 # --- bmm of a weight broadcast over the batch: one matmul ---
 
@@ -379,7 +379,7 @@ def _dot_operand_sources(hlo: str) -> list[str]:
     """For each dot in the compiled HLO, the op that makes its first operand inside the dot's computation (through
     bitcasts and reshapes): 'parameter' when the operand was written out before."""
     sources = []
-    for computation in re.split(r"\n(?=%|ENTRY)", hlo):
+    for computation in hlo_computations(hlo):
         defs = dict(re.findall(r"^\s*(?:ROOT )?(%\S+) = \S+ (\S+?)\(", computation, re.M))
         for lhs in re.findall(r" dot\((%[^,\s)]+)", computation):
             op = defs.get(lhs)

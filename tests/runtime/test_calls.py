@@ -101,11 +101,15 @@ class Unsorted(torch.nn.Module):
         return {"zeta": x + 1, "alpha": {"y": x * 2, "b": x - 1}, "mid": (x, x * 3)}
 
 
+def _converted_and_loaded(module: torch.nn.Module, x: torch.Tensor, out) -> tuple:
+    """The model `convert` gives, and the same model saved to `out` and loaded: each output check runs on both."""
+    model = torch2jax.convert(module, (x,))
+    return model, torch2jax.load(torch2jax.save(model, out))
+
+
 def test_outputs_keep_the_modules_key_order(tmp_path):
     x = torch.randn(2, 3)
-    model = torch2jax.convert(Unsorted(), (x,))
-    torch2jax.save(model, tmp_path / "unsorted")
-    for m in (model, torch2jax.load(tmp_path / "unsorted")):
+    for m in _converted_and_loaded(Unsorted(), x, tmp_path / "unsorted"):
         out = m(x.numpy())
         assert list(out) == ["zeta", "alpha", "mid"] and list(out["alpha"]) == ["y", "b"]
         assert max_err(out["alpha"]["b"], x - 1) < 1e-6 and max_err(out["mid"][1], x * 3) < 1e-6
@@ -120,9 +124,7 @@ class WithSizes(torch.nn.Module):
 
 def test_python_values_a_model_returns_stay_python_values(tmp_path):
     x = torch.randn(2, 8)
-    model = torch2jax.convert(WithSizes(), (x,))
-    torch2jax.save(model, tmp_path / "sizes")
-    for m in (model, torch2jax.load(tmp_path / "sizes")):
+    for m in _converted_and_loaded(WithSizes(), x, tmp_path / "sizes"):
         out = m(x.numpy())
         assert out["sizes"] == (8, 4) and all(type(v) is int for v in out["sizes"])
         assert max_err(out["y"], x * 2) == 0

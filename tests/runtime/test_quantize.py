@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 import jax
 import numpy as np
 import pytest
@@ -14,7 +12,7 @@ from torch2jax.capture.converter import quantize_like
 from torch2jax.errors import InputSpecError
 from torch2jax.runtime.quantize import dequantize_array, quantize_array
 
-from ..helpers import torch_out
+from ..helpers import hlo_computations, torch_out
 
 
 @pytest.mark.parametrize("scheme, levels", [("int8", 127), ("int4", 7)])
@@ -170,5 +168,5 @@ def test_few_rows_never_write_the_float_weight_out_whole(scheme, rows):
     whole = [shape for shape in ("f32[512,64]", "f32[64,512]", "f32[512,512]", *halves) if shape in entry]
     assert bool(whole) == (rows > 64), whole
     if scheme == "int4" and rows == 1:  # each column half unpacks elementwise inside its product: nothing interleaved
-        products = [c for c in re.split(r"\n(?=%|ENTRY)", hlo) if " dot(" in c]
+        products = [c for c in hlo_computations(hlo) if " dot(" in c]
         assert products and not any("concatenate(" in c for c in products), products
