@@ -13,12 +13,13 @@ import io
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 
 from ..errors import ExportError, InputSpecError
-from . import example_path, trace_forwards
+from . import example_path, node_decompose, trace_forwards
 from . import specialize as specialize_inputs
 
 # Ops torch2jax lowers better whole than decomposed (design: keep high-level ops whole).
@@ -162,13 +163,35 @@ def _cache_as_dict(value: Any) -> Any:
 
 
 def decompose(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """Decompose to the core ATen opset, keeping KEEP_WHOLE ops as they are."""
+    """Decompose to the core ATen opset, keeping KEEP_WHOLE ops as they are: node by node where the program
+    allows it (node_decompose.py), else by torch's retrace of the whole program."""
     try:
         with warnings.catch_warnings(), _cia_ops_remembered():
             warnings.simplefilter("ignore", FutureWarning)
-            return ep.run_decompositions(decompositions())
+            table = decompositions()
+            try:
+                by_node = node_decompose.decompose_nodes(ep, table, _decomposed_by_retrace(table))
+            except Exception:  # noqa: BLE001 - torch internals it leans on moved: the retrace is the reference
+                by_node = None
+            return by_node if by_node is not None else ep.run_decompositions(table)
     except Exception as err:
         raise ExportError(f"torch could not decompose the exported program to core ATen: {_first_paragraph(err)}") from err
+
+
+def _decomposed_by_retrace(table) -> Callable[[Any], bool]:
+    """Which ops run_decompositions(table) replaces: those in the table, and the CompositeImplicitAutograd ops
+    torch does not offer to keep (reshape, dropout, to, ...), which decompose whenever they are traced."""
+    from torch.export import decomp_utils
+
+    keepable = decomp_utils._collect_all_valid_cia_ops()  # remembered inside _cia_ops_remembered
+
+    def decomposed(op: Any) -> bool:
+        if op in table:
+            return True
+        return (isinstance(op, torch._ops.OpOverload) and op not in keepable
+                and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"))
+
+    return decomposed
 
 
 _CIA_MODULES = ("torch.export.exported_program", "torch.export.decomp_utils")
