@@ -165,8 +165,8 @@ def targets(results: list[dict]) -> list[tuple[str, str, bool]]:
     text = f"{min(size.values()):+.1%} to {max(size.values()):+.1%} ({scope})" if size else "no data"
     if small:
         text += f"; small models {min(small.values()):+.1%} to {max(small.values()):+.1%}"
-    out.append(("artifact size within 2% of the weights (met when no more than 2% larger; Orbax zstd-compresses params, "
-                "so it can be smaller)", text, bool(size) and max(size.values()) <= 0.02))
+    out.append(("artifact size within 2% of the weights (met when no more than 2% larger)", text,
+                bool(size) and max(size.values()) <= 0.02))
     return out
 
 

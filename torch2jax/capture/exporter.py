@@ -179,17 +179,21 @@ def decompose(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
 
 
 def _decomposed_by_retrace(table) -> Callable[[Any], bool]:
-    """Which ops run_decompositions(table) replaces: those in the table, and the CompositeImplicitAutograd ops
-    torch does not offer to keep (reshape, dropout, to, ...), which decompose whenever they are traced."""
+    """Which ops run_decompositions(table) replaces: those in the table, the CompositeImplicitAutograd ops torch
+    does not offer to keep (reshape, dropout, to, ...), which decompose whenever they are traced, and those with a
+    python kernel at autograd (native_batch_norm, the upsamplings), which the retrace's python dispatcher runs."""
+    from torch._C import DispatchKey
     from torch.export import decomp_utils
 
     keepable = decomp_utils._collect_all_valid_cia_ops()  # remembered inside _cia_ops_remembered
+    python_kernels = {DispatchKey.Autograd, DispatchKey.CompositeImplicitAutograd}
 
     def decomposed(op: Any) -> bool:
         if op in table:
             return True
-        return (isinstance(op, torch._ops.OpOverload) and op not in keepable
-                and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"))
+        return isinstance(op, torch._ops.OpOverload) and op not in keepable and (
+            torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
+            or not python_kernels.isdisjoint(op.py_kernels))
 
     return decomposed
 

@@ -101,7 +101,9 @@ def start_saving_params(params: dict, path: Path, on_bytes: Callable[[int, int],
     # One zarr array per param, written in 8 MiB chunks, instead of Orbax's default OCDBT store:
     # OCDBT holds every compressed chunk in memory until it commits (1x the weights on top of the
     # params during save), chunked plain zarr streams them (0.2x). Restore reads either layout.
-    handler = ocp.StandardCheckpointHandler(use_ocdbt=False)
+    # Uncompressed, as the streamed save writes: zstd saves 7% of 1 GB of float32 weights and makes saving
+    # 2-4x slower and loading 1.2-2x slower (side by side on two shared cores).
+    handler = ocp.PyTreeCheckpointHandler(use_ocdbt=False, use_compression=False)
     save_args = {name: ocp.SaveArgs(chunk_byte_size=_CHUNK_BYTES) for name in params}
     quiet = _DropLogRecords("Skipping merge of OCDBT checkpoints")  # Orbax tries the merge for any layout
     absl_log = logging.getLogger("absl")
@@ -121,7 +123,7 @@ def start_saving_params(params: dict, path: Path, on_bytes: Callable[[int, int],
             raise ArtifactError(f"saving the params checkpoint to {path} left no files")
 
     try:
-        checkpointer.save(path.resolve(), args=ocp.args.StandardSave(params, save_args=save_args))
+        checkpointer.save(path.resolve(), args=ocp.args.PyTreeSave(params, save_args=save_args))
     except Exception as err:
         finish(wait=False)
         raise ArtifactError(f"saving the params checkpoint failed: {type(err).__name__}: {err}") from err
