@@ -15,6 +15,7 @@ import torch.utils._pytree as pytree
 from ..errors import InputSpecError
 from ..lowering import interpreter, passes
 from ..runtime.checkpoint import is_deferred
+from ..runtime.collector import existing_objects_frozen
 from ..runtime.model import Model
 from ..runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, dequantize_array, quantize_array, quantize_model, weight_format
 from . import example_path, exporter
@@ -91,6 +92,7 @@ def convert(
     return model
 
 
+@existing_objects_frozen()
 def trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_shapes: Any, timer: StageTimer, *,
           strict: bool = False, what: str = "", specialize: list[str] | None = None,
           ) -> tuple[Captured, torch.export.ExportedProgram]:
@@ -124,6 +126,7 @@ def trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_sha
     return captured, decomposed
 
 
+@existing_objects_frozen()
 def model_from(captured: Captured, timer: StageTimer, weights: WeightSource | None = None,
                hints_from: torch.nn.Module | None = None) -> Model:
     """The JAX `Model` of a captured graph: lowered, with its params copied to JAX (or mapped onto `weights`)."""

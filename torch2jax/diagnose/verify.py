@@ -22,6 +22,7 @@ from ..errors import ExamplePathError, VerificationError
 from ..ir import structure
 from ..ir.graph import Graph
 from ..lowering import interpreter
+from ..runtime.collector import existing_objects_frozen
 from ..runtime.model import Model
 
 # A float32 output beyond tolerance is judged against torch's own float64 run up to this many params (a copy of the
@@ -85,6 +86,7 @@ class Report:
         return "\n".join(lines)
 
 
+@existing_objects_frozen()
 def verify(module: torch.nn.Module, model: Model, args: tuple, kwargs: dict, seed: int = 0) -> Report:
     """Compare `model` with `module` on the example inputs, fresh random inputs of the same shapes,
     and a second size of each symbolic dim."""

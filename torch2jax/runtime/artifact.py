@@ -32,6 +32,7 @@ from ..ir.graph import Graph
 from ..lowering import interpreter, passes
 from . import stablehlo
 from .checkpoint import restore_params, start_saving_params
+from .collector import existing_objects_frozen
 from .model import Model
 
 FORMAT = "torch2jax-artifact"
@@ -45,6 +46,7 @@ PLAIN_FORMAT_VERSION = 1  # one function: exported.bin and graph.json at the top
 ENTRIES_FORMAT_VERSION = 2  # several entry points over one params tree: entries/<name>/{exported.bin,graph.json}
 
 
+@existing_objects_frozen()
 def save(
     model: Model,
     path: str | os.PathLike,
@@ -78,6 +80,7 @@ def save(
     return write_atomically(path, write, force=force, check=check)
 
 
+@existing_objects_frozen()
 def save_entries(
     models: dict[str, Model],
     path: str | os.PathLike,
@@ -163,6 +166,7 @@ def write_atomically(path: str | os.PathLike, write: Callable[[Path], dict], *, 
     return out
 
 
+@existing_objects_frozen()
 def load(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bool = True,
          shardings: dict[str, Any] | None = None) -> Model:
     """Load an artifact: check format and hashes, restore params onto the declared tree, call the Exported.
@@ -180,6 +184,7 @@ def load(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bo
     return _entry(root, root, manifest, params, from_graph)
 
 
+@existing_objects_frozen()
 def load_entries(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bool = True,
                  shardings: dict[str, Any] | None = None) -> tuple[dict[str, Model], dict]:
     """Load every entry point of a save_entries artifact over one restored params tree: ({name: Model}, manifest)."""

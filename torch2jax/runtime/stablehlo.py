@@ -16,6 +16,7 @@ from ..errors import Torch2JaxError
 from ..ir import dtypes
 from ..ir.graph import Graph
 from ..lowering import interpreter
+from .collector import existing_objects_frozen
 from .model import Model, baked_leaf
 
 DEFAULT_PLATFORMS = ("cpu", "cuda", "tpu")
@@ -48,6 +49,7 @@ def input_specs(graph: Graph) -> list:
     return specs
 
 
+@existing_objects_frozen()
 def export(model: Model, platforms: Sequence[str] = DEFAULT_PLATFORMS) -> jax_export.Exported:
     """jax.export the model's function for `platforms`."""
     params_spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), model.params)
