@@ -1,6 +1,7 @@
 """Record a tiny config and example-input specs for every model type transformers registers.
 
     python -m benchmarks.hf_sweep.extract_configs /path/to/transformers-checkout [--out configs.json]
+    python -m benchmarks.hf_sweep.extract_configs --generic-only --only TYPE ...
 
 The checkout is a transformers source tree (its tests/ and utils/ folders). transformers' test suite
 builds a tiny config and inputs per architecture in its `*Tester` classes; this script imports each
@@ -11,7 +12,8 @@ them), and the model classes its test class lists. Nothing of the tests' code is
 
 Model types without a tester that runs on the installed transformers get a generic config: the
 default config with its sizes shrunk (GENERIC_SIZES, applied to every nested sub-config) and inputs
-guessed from the base model's main input name. Such entries say `"source": "generic"`.
+guessed from the main input name of the model they run (the auto-mapped base model, else the first of
+the classes transformers exports for that config). Such entries say `"source": "generic"`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import contextlib
 import importlib
 import importlib.machinery
+import inspect
 import io
 import json
 import os
@@ -246,22 +249,50 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def own_classes(model_type: str) -> list[str]:
+    """The model classes transformers exports whose config is this model type's, abstract bases left out.
+    A model type with no auto-mapped base model (a depth estimator, a backbone, a vision tower that is also
+    a sub-config) runs these; one with none is a part of another model with no class of its own."""
+    import pkgutil
+
+    import transformers
+    from transformers import CONFIG_MAPPING, PreTrainedModel
+
+    config_cls = CONFIG_MAPPING[model_type]
+    package = importlib.import_module(config_cls.__module__.rsplit(".", 1)[0])
+    found: list[str] = []
+    for info in pkgutil.iter_modules(package.__path__):
+        if not info.name.startswith("modeling_"):
+            continue
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for name, obj in vars(module).items():
+            if (isinstance(obj, type) and issubclass(obj, PreTrainedModel) and obj.__module__ == module.__name__
+                    and getattr(obj, "config_class", None) is config_cls and "PreTrainedModel" not in name
+                    and getattr(transformers, name, None) is obj and name not in found):
+                found.append(name)
+    return sorted(found, key=lambda name: "Head" in name)  # a head of parts (SLANetSLAHead) is no model to run
+
+
 def generic(model_type: str) -> dict[str, Any]:
-    """The default config shrunk to GENERIC_SIZES, with inputs guessed from the base model's main input."""
+    """The default config shrunk to GENERIC_SIZES, with inputs guessed from the main input of the model it
+    runs (the auto-mapped base model, else the first class of its own)."""
+    import transformers
     from transformers import CONFIG_MAPPING
     from transformers.models.auto import modeling_auto
 
     config_cls = CONFIG_MAPPING[model_type]
     config = config_cls.from_dict(_shrink(config_cls().to_dict()))
+    classes = [] if model_type in modeling_auto.MODEL_MAPPING_NAMES else own_classes(model_type)
     entry: dict[str, Any] = {"model_type": model_type, "source": "generic", "config": _config_dict(config),
-                             "inputs": [], "model_classes": []}
-    base = modeling_auto.MODEL_MAPPING_NAMES.get(model_type)
+                             "inputs": [], "model_classes": classes}
+    base = modeling_auto.MODEL_MAPPING_NAMES.get(model_type) or (classes[0] if classes else None)
     main = "input_ids"
     if base:
-        import transformers
-
         cls = getattr(transformers, base if isinstance(base, str) else base[0], None)
         main = getattr(cls, "main_input_name", "input_ids") if cls is not None else main
+        params = list(inspect.signature(cls.forward).parameters) if cls is not None else [main]
+        if main not in params:  # the default name, left unset by a model that takes another input
+            main = next((p for p in ("pixel_values", "input_ids") if p in params), params[1] if len(params) > 1 else main)
     if main == "input_ids":
         vocab = getattr(config, "vocab_size", None) or getattr(getattr(config, "text_config", None), "vocab_size", None) or 100
         entry["inputs"] = [{"name": "input_ids", "shape": [2, 8], "dtype": "int64", "kind": "int", "low": 0, "high": int(vocab)}]
@@ -287,19 +318,29 @@ def dump(data: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkout", type=Path, help="a transformers source tree with tests/ and utils/")
+    parser.add_argument("checkout", type=Path, nargs="?", help="a transformers source tree with tests/ and utils/")
     parser.add_argument("--out", type=Path, default=CONFIGS)
     parser.add_argument("--label", default="transformers tests/", help="how configs.json names the checkout")
     parser.add_argument("--only", nargs="*", help="model types to extract (default: all registered)")
     parser.add_argument("--merge", action="store_true", help="update these model types in the existing --out file")
+    parser.add_argument("--generic-only", action="store_true",
+                        help="recompute only the generic entries of these model types (no checkout needed; implies --merge)")
     ns = parser.parse_args()
+    if ns.checkout is None and not ns.generic_only:
+        parser.error("a transformers checkout is needed (or --generic-only)")
 
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     model_types = ns.only or sorted(CONFIG_MAPPING_NAMES)
-    found = scan_tests(ns.checkout.resolve(), model_types)
-    import_failures = found.pop("__failures__", {})
+    if ns.generic_only:
+        ns.merge = True
+        old = json.loads(ns.out.read_text())["configs"]
+        model_types = [t for t in model_types if old.get(t, {}).get("source", "generic") == "generic"]
+        import_failures = {t: old[t]["tester_failure"] for t in model_types if "tester_failure" in old.get(t, {})}
+    found = {} if ns.generic_only else scan_tests(ns.checkout.resolve(), model_types)
+    if not ns.generic_only:
+        import_failures = found.pop("__failures__", {})
     entries = {}
     for model_type in model_types:
         if model_type in found:
@@ -314,7 +355,8 @@ def main() -> None:
             entries[model_type]["tester_failure"] = import_failures[model_type]
     if ns.merge and ns.out.exists():
         entries = {**json.loads(ns.out.read_text())["configs"], **entries}
-    data = {"transformers": transformers.__version__, "tests_source": ns.label,
+    label = json.loads(ns.out.read_text()).get("tests_source", ns.label) if ns.generic_only else ns.label
+    data = {"transformers": transformers.__version__, "tests_source": label,
             "generic_sizes": GENERIC_SIZES, "configs": entries}
     tmp = ns.out.with_name(ns.out.name + ".tmp")
     tmp.write_text(dump(data))

@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .run import TIMING
+from .run import TIMING, row_key, rows_of
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -64,6 +64,9 @@ def render(results: dict[str, Any], configs: dict[str, Any]) -> str:
     registered = configs.get("configs", {})
     sources = Counter(e["source"] for e in registered.values())
     run_types = {r["model_type"] for r in rows}
+    planned = rows_of(registered)
+    parts = sorted(set(registered) - {t for t, _, _ in planned})
+    not_run = sorted(f"{t} ({c})" for t, c, _ in planned if row_key(t, c) not in results.get("rows", {}))
 
     def rates(selected: list[dict[str, Any]]) -> tuple[str, str]:
         eager = [r for r in selected if r["status"] not in NOT_RUN]
@@ -88,7 +91,8 @@ def render(results: dict[str, Any], configs: dict[str, Any]) -> str:
         "",
         f"transformers {configs.get('transformers', '?')} registers **{len(registered)}** model types "
         f"(`CONFIG_MAPPING_NAMES`, sub-configs such as `*_text_model` included). "
-        f"Run so far: **{len(run_types)}** of them, {len(rows)} rows (a row is one model class).",
+        f"Run: **{len(run_types)}** of them, {len(rows)} rows (a row is one model class); "
+        f"{len(parts)} are parts of other models with no class of their own (listed at the end).",
         "",
         "A row passes when torch2jax converts the model (`torch2jax.convert`, non-strict torch.export), its outputs match "
         "torch eager on the example inputs and on fresh random inputs of the same shapes (every output leaf; float32 "
@@ -197,8 +201,12 @@ def render(results: dict[str, Any], configs: dict[str, Any]) -> str:
             f"| {r['model_type']} | {r['class']} | {config} | {r['status']}{_fixed(r)} | {_cell(r.get('error'))}{_where(r)} | "
             f"{'—' if worst is None else f'{worst:.2g}'} | {_fmt_s(r.get('seconds', {}).get('total'))} | "
             f"{onnx.get('status', '—')} | {_fmt_s(onnx.get('seconds'))} |")
-    not_run = sorted(set(registered) - run_types)
     lines += ["", f"## Not run yet ({len(not_run)})", "", ", ".join(not_run) if not_run else "None."]
+    lines += ["", f"## Parts of other models ({len(parts)})", "",
+              "Model types for which transformers exports no model class: no auto mapping lists one and no exported "
+              "`PreTrainedModel` takes their config. Most are sub-configs (a vision tower's, a mask decoder's, a "
+              "codec's), whose modules are converted inside the model that holds them, in its row above; a few name "
+              "another architecture's checkpoints (nougat, layoutxlm).", "", ", ".join(parts) or "None."]
     return "\n".join(lines) + "\n"
 
 

@@ -75,20 +75,26 @@ def rows_of(configs: dict[str, dict[str, Any]]) -> list[tuple[str, str, str]]:
     """(model_type, class name, role) for every architecture: its base model and main task head.
     Tester configs first, then the generic ones; within each, in a fixed pseudo-random order (by a hash of
     the name), so that a partial sweep is a fair sample rather than the first letters of the alphabet."""
+    import transformers
     from transformers.models.auto import modeling_auto
 
+    exported = set(dir(transformers))  # a tester may list a class transformers keeps internal
     rows = []
     for model_type, entry in sorted(configs.items(), key=lambda kv: (kv[1]["source"] != "tester", _spread(kv[0]))):
+        classes = [c for c in entry.get("model_classes", []) if c in exported]
         base = _first(modeling_auto.MODEL_MAPPING_NAMES.get(model_type))
+        mapped = base is not None
         if base is None:
-            base = next((c for c in entry.get("model_classes", []) if c.endswith("Model")), None)
+            base = next((c for c in classes if c.endswith("Model")), None)
+        if base is None:  # no base model of that name: a backbone, a codec, a vision tower of its own
+            base = next((c for c in classes if "For" not in c), None)
         if base is not None:
             rows.append((model_type, base, "base"))
-        for mapping in HEAD_MAPPINGS:
-            head = _first(getattr(modeling_auto, mapping).get(model_type))
-            if head is not None:
-                rows.append((model_type, head, "head"))
-                break
+        head = next((h for h in (_first(getattr(modeling_auto, m).get(model_type)) for m in HEAD_MAPPINGS) if h), None)
+        if head is None and not mapped:  # a task the main mappings leave out: depth, segmentation, pose, ...
+            head = next((c for c in classes if "For" in c and c != base), None)
+        if head is not None:
+            rows.append((model_type, head, "head"))
     return rows
 
 
