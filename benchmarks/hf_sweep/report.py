@@ -121,7 +121,8 @@ def render(results: dict[str, Any], configs: dict[str, Any]) -> str:
             "params) + load + the loaded artifact's runs (its compilation included); for ONNX, export + save + "
             "session + one run. Torch's own forward passes and the comparisons are not counted for either. One row "
             "at a time on a shared 2-core machine"
-            + (f"; the {len(rows) - len(timed)} rows run before this way of timing are left out until run again"
+            + (f"; the {len(rows) - len(timed)} rows timed another way or with an earlier converter (TIMING in "
+               "run.py) are left out until run again"
                if len(timed) < len(rows) else "") + ":",
             "",
             "| | median | worst |",
