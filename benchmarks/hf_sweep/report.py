@@ -133,8 +133,10 @@ def render(results: dict[str, Any], configs: dict[str, Any]) -> str:
         ]
         if both:
             over = sum(a > 4 * b for a, b in both)
-            lines += ["", f"On the {len(both)} rows both pass, the median ratio torch2jax / ONNX is "
-                      f"{statistics.median(a / b for a, b in both):.2f}; {over} of them take over 4x ONNX's time."]
+            lines += ["", f"On the {len(both)} rows both pass, the same models for both: median "
+                      f"{statistics.median(a for a, _ in both):.1f} s for torch2jax, {statistics.median(b for _, b in both):.1f} s "
+                      f"for ONNX; the median ratio torch2jax / ONNX is {statistics.median(a / b for a, b in both):.2f}; "
+                      f"{over} of them take over 4x ONNX's time."]
         lines.append("")
     failures = Counter(cause(r) for r in rows if r["status"] != OK)
     examples: dict[str, list[str]] = {}
