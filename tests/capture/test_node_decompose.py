@@ -85,6 +85,26 @@ def test_in_place_ops_on_new_tensors_are_made_functional(monkeypatch):
     torch.testing.assert_close(decomposed.module()(x), InPlaceOnFresh()(x), rtol=0, atol=0)
 
 
+class InPlaceThroughHighLevelAlias(torch.nn.Module):
+    """type_as and to return their input when the dtype already matches, which their schemas do not say: the write
+    must reach what they returned."""
+
+    def forward(self, x):
+        h = x * 2
+        same = h.type_as(x)
+        also = h.to(torch.float32)
+        h.add_(1)
+        return same, also
+
+
+def test_in_place_ops_reach_tensors_a_high_level_op_returned_as_is(monkeypatch):
+    x = torch.randn(3, 4)
+    ep = torch.export.export(InPlaceThroughHighLevelAlias(), (x,))
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", _refused)
+    decomposed = exporter.decompose(ep)
+    torch.testing.assert_close(decomposed.module()(x), InPlaceThroughHighLevelAlias()(x), rtol=0, atol=0)
+
+
 class InPlaceOnBuffer(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -37,20 +37,35 @@ def decompose_nodes(ep: torch.export.ExportedProgram, table: Mapping, to_decompo
     # the program's own fake mode: new nodes' values must come from the mode its other values come from
     mode = detect_fake_mode([n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"]) or FakeTensorMode()
     graph = copy.deepcopy(ep.graph)  # the nodes, not the weights: those are the program's inputs
-    if not _in_place_ops_made_functional(graph, mode) or not _plain_graph(graph):
+    if not _traceable(graph):
         return None
     traced: dict[str, torch.fx.GraphModule | None] = {}
+    # High-level ops first: their schemas do not say when they return an input (type_as, to), core ATen's do, so
+    # in-place ops are judged on the decomposed graph; their out-of-place twins may need decomposing in turn.
+    if not _decompose_ops(graph, table, to_decompose, mode, traced):
+        return None
+    if not _in_place_ops_made_functional(graph, mode) or not _nothing_mutated(graph):
+        return None
+    if not _decompose_ops(graph, table, to_decompose, mode, traced):
+        return None
+    graph.eliminate_dead_code()
+    return ep._update(torch.fx.GraphModule(ep.graph_module, graph), _outputs_renamed(ep.graph_signature, graph))
+
+
+def _decompose_ops(graph: torch.fx.Graph, table: Mapping, to_decompose: Callable[[Any], bool], mode: Any,
+                   traced: dict[str, torch.fx.GraphModule | None]) -> bool:
+    """Splice the decomposition of every functional node `to_decompose` selects; False where one cannot be traced."""
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is operator.getitem or not to_decompose(node.target):
+        if (node.op != "call_function" or node.target is operator.getitem or node.target._schema.is_mutable
+                or not to_decompose(node.target)):
             continue
         key = _signature(node)
         if key not in traced:
             traced[key] = _trace_alone(node, table, mode)
         if traced[key] is None:
-            return None
+            return False
         _splice(graph, node, traced[key])
-    graph.eliminate_dead_code()
-    return ep._update(torch.fx.GraphModule(ep.graph_module, graph), _outputs_renamed(ep.graph_signature, graph))
+    return True
 
 
 def _outputs_renamed(signature: Any, graph: torch.fx.Graph) -> Any:
@@ -66,11 +81,11 @@ def _outputs_renamed(signature: Any, graph: torch.fx.Graph) -> Any:
     return ExportGraphSignature(input_specs=signature.input_specs, output_specs=specs)
 
 
-def _plain_graph(graph: torch.fx.Graph) -> bool:
-    """Nothing to functionalize (no in-place op, no higher-order op) and no symbolic shape."""
+def _traceable(graph: torch.fx.Graph) -> bool:
+    """ATen ops only (no higher-order op, no module call) and no symbolic shape."""
     for node in graph.nodes:
         if node.op == "call_function" and node.target is not operator.getitem:
-            if not isinstance(node.target, torch._ops.OpOverload) or node.target._schema.is_mutable:
+            if not isinstance(node.target, torch._ops.OpOverload):
                 return False
         elif node.op in ("call_module", "call_method"):
             return False
@@ -79,10 +94,16 @@ def _plain_graph(graph: torch.fx.Graph) -> bool:
     return True
 
 
+def _nothing_mutated(graph: torch.fx.Graph) -> bool:
+    return not any(node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+                   and node.target._schema.is_mutable for node in graph.nodes)
+
+
 def _in_place_ops_made_functional(graph: torch.fx.Graph, mode: Any) -> bool:
     """Rewrite `x.op_(...)` as `y = op(x, ...)`, later readers of `x` reading `y`, where that is exact: `x` is a
-    fresh tensor (no view of anything) that nothing views, and `op` gives `x`'s dtype and shape. False where an
-    in-place op is left that this cannot rewrite (then torch's functionalization is needed)."""
+    fresh tensor (no view of anything) that nothing views, and `op` gives `x`'s dtype and shape. Run on core ATen
+    ops, whose schemas say which results alias an input. False where an in-place op is left that this cannot
+    rewrite (then torch's functionalization is needed)."""
     order = {node: i for i, node in enumerate(graph.nodes)}
     for node in list(graph.nodes):
         functional = _functional_twin(node.target) if node.op == "call_function" else None
