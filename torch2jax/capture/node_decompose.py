@@ -62,9 +62,13 @@ def _decompose_ops(graph: torch.fx.Graph, table: Mapping, to_decompose: Callable
         key = _signature(node)
         if key not in traced:
             traced[key] = _trace_alone(node, table, mode)
-        if traced[key] is None:
+        sub = traced[key]
+        if sub is None:
             return False
-        _splice(graph, node, traced[key])
+        output = next(iter(sub.graph.find_nodes(op="output"))).args[0]
+        if isinstance(output, (list, tuple)) and not all(u.target is operator.getitem for u in node.users):
+            return False  # a tuple result read whole: only its items can be rewired
+        _splice(graph, node, sub)
     return True
 
 
@@ -180,8 +184,7 @@ def _signature(node: _Node) -> str:
 def _trace_alone(node: _Node, table: Mapping, mode: Any) -> torch.fx.GraphModule | None:
     """The op's core ATen graph, its placeholders the node's tensor inputs in argument order; None when it
     holds anything but functional ATen ops (a constant, a mutation, another decomposition's leftovers)."""
-    inputs: list[_Node] = []
-    map_arg((node.args, node.kwargs), lambda arg: inputs.append(arg))
+    inputs = _tensor_inputs(node)
     if not all(isinstance(arg.meta.get("val"), torch.Tensor) for arg in inputs):
         return None
 
@@ -207,17 +210,19 @@ def _trace_alone(node: _Node, table: Mapping, mode: Any) -> torch.fx.GraphModule
         if sub_node.op != "call_function" or not (sub_node.target is operator.getitem or (
                 isinstance(sub_node.target, torch._ops.OpOverload) and not sub_node.target._schema.is_mutable)):
             return None
-    output = next(iter(sub.graph.find_nodes(op="output"))).args[0]
-    if isinstance(output, (list, tuple)) and not all(u.target is operator.getitem for u in node.users):
-        return None  # a tuple result read whole: only its items can be rewired
     return sub
+
+
+def _tensor_inputs(node: _Node) -> list[_Node]:
+    """The node's input nodes in argument order, repeats kept: the traced decomposition's placeholders."""
+    inputs: list[_Node] = []
+    map_arg((node.args, node.kwargs), inputs.append)
+    return inputs
 
 
 def _splice(graph: torch.fx.Graph, node: _Node, sub: torch.fx.GraphModule) -> None:
     """Put `sub`'s nodes in `node`'s place, its placeholders bound to `node`'s tensor inputs."""
-    inputs: list[_Node] = []
-    map_arg((node.args, node.kwargs), lambda arg: inputs.append(arg))
-    env: dict[_Node, Any] = dict(zip(sub.graph.find_nodes(op="placeholder"), inputs))
+    env: dict[_Node, Any] = dict(zip(sub.graph.find_nodes(op="placeholder"), _tensor_inputs(node)))
     result: Any = None
     with graph.inserting_before(node):
         for sub_node in sub.graph.nodes:
