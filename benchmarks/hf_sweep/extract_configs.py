@@ -11,7 +11,8 @@ inputs with their values, since token ids such as image placeholders must sit wh
 them), and the model classes its test class lists. Nothing of the tests' code is kept.
 
 Model types without a tester that runs on the installed transformers get a generic config: the
-default config with its sizes shrunk (GENERIC_SIZES, applied to every nested sub-config) and inputs
+default config with its sizes shrunk (GENERIC_SIZES, applied to every nested sub-config, and STAGE_SIZES for the
+few whose per-stage lists keep them large) and inputs
 guessed from the main input name of the model they run (the auto-mapped base model, else the first of
 the classes transformers exports for that config). Such entries say `"source": "generic"`.
 """
@@ -48,6 +49,13 @@ GENERIC_SIZES = {
     "intermediate_size": 64, "ffn_dim": 64, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "d_ff": 64, "n_inner": 64,
     "head_dim": 8, "vocab_size": 1000, "max_position_embeddings": 128, "n_positions": 128,
     "image_size": 32, "num_experts": 4, "num_local_experts": 4, "moe_intermediate_size": 32,
+}
+# Per-stage lists GENERIC_SIZES cannot shrink, since their lengths are tied to each other, by (sub-)config type.
+# Without them a default config stays large however small its widths: VibeVoice's acoustic tokenizers double their
+# channels over seven stages, which left its generic model at 1.03 B params (the forward on text reads 83 K).
+STAGE_SIZES = {
+    "vibevoice_acoustic_tokenizer": {"downsampling_ratios": [2], "depths": [1, 1], "kernel_size": 3},
+    "vibevoice_acoustic_tokenizer_encoder": {"downsampling_ratios": [2], "depths": [1, 1], "kernel_size": 3},
 }
 INT_VALUES_MAX = 10_000  # integer/bool inputs up to this many elements are recorded with their values
 
@@ -229,8 +237,9 @@ def scan_tests(root: Path, model_types: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def _shrink(d: dict[str, Any]) -> dict[str, Any]:
-    """GENERIC_SIZES applied to a config dict and its sub-configs; per-layer lists (layer_types and the
-    like, as long as the old layer count) cut to the new count."""
+    """GENERIC_SIZES (and STAGE_SIZES) applied to a config dict and its sub-configs; per-layer lists (layer_types
+    and the like, as long as the old layer count) cut to the new count."""
+    d = {**d, **STAGE_SIZES.get(d.get("model_type"), {})}
     out = {}
     for key, value in d.items():
         if isinstance(value, dict) and "model_type" in value:

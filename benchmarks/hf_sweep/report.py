@@ -94,6 +94,10 @@ def render(results: dict[str, Any], configs: dict[str, Any]) -> str:
         f"Run: **{len(run_types)}** of them, {len(rows)} rows (a row is one model class); "
         f"{len(parts)} are parts of other models with no class of their own (listed at the end).",
         "",
+        "Each model is built from its config with seeded random weights. Params its init leaves all zero (biases "
+        "aside: a router, a gate, a mask token) are drawn at random too, so that nothing behind them is hidden from "
+        "the comparison and no router's scores tie.",
+        "",
         "A row passes when torch2jax converts the model (`torch2jax.convert`, non-strict torch.export), its outputs match "
         "torch eager on the example inputs and on fresh random inputs of the same shapes (every output leaf; float32 "
         "within rtol 1e-4, atol 1e-5 as `torch2jax.diagnose.verify` checks, or, beyond that, at most twice as far "

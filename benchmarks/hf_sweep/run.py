@@ -149,7 +149,22 @@ def build(entry: dict[str, Any], class_name: str) -> Any:
         if hasattr(sub, "use_cache"):
             sub.use_cache = False
     torch.manual_seed(0)
-    return getattr(transformers, class_name)(config).eval()
+    model = getattr(transformers, class_name)(config).eval()
+    _draw_zero_params(model, getattr(config, "initializer_range", None) or 0.02)
+    return model
+
+
+def _draw_zero_params(model: Any, std: float) -> None:
+    """Params the model's init leaves all zero, biases aside, drawn at random (seeded): a zero-initialized gate or
+    projection (a router, a cross-attention gate, a mask token) would hide what follows it from the comparison, and
+    a zero router ties its experts' scores, whose top-k order torch leaves unspecified."""
+    import torch
+
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.is_floating_point() and param.numel() and not name.endswith("bias") and not param.any():
+                param.copy_(torch.randn(param.shape, generator=generator, dtype=torch.float32).to(param.dtype) * std)
 
 
 def _accepted(module: Any, inputs: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,8 @@ FAMILIES = [
     # a python keyword input (use_cache=False), baked in so that it saves (fast: tests/runtime/test_artifact.py)
     pytest.param("prophetnet", "ProphetNetModel", marks=pytest.mark.slow),
     ("mixtral", "MixtralForCausalLM"),  # experts through transformers' grouped_mm custom op
+    # a sigmoid router's top-k over biased scores; its gate is zero at init, drawn by the sweep (else tied scores)
+    ("afmoe", "AfmoeModel"),
     ("dbrx", "DbrxModel"),  # experts looped over in its own code: replaced while tracing (torch2jax/hf/experts.py)
     ("llava_next", "LlavaNextModel"),  # image_sizes decides shapes: fixed to its example value (capture/specialize.py)
     # rotary positions from the token types (hf/rope_index.py), patch interpolation from the fixed grid
@@ -49,3 +51,30 @@ def test_architecture_converts_matches_and_round_trips(model_type, class_name, c
     assert {"convert", "save", "load"} <= set(row["seconds"]) and row["max_abs"] < 1e-3
     assert row.get("fixed") == FIXED.get(model_type)
     assert bool(row.get("example_values")) == (model_type in ALONG_EXAMPLE)
+
+
+def test_zero_initialized_params_are_drawn_but_not_biases():
+    """A zero router gate ties every expert's score, and torch's top-k order among ties is unspecified: the sweep
+    draws such params, so the comparison sees the routing (and whatever a zero gate would hide)."""
+    import torch
+
+    module = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    with torch.no_grad():
+        module[0].weight.zero_()
+        module[0].bias.zero_()
+    kept = module[1].weight.clone()
+    run._draw_zero_params(module, 0.02)
+    assert module[0].weight.any() and module[0].weight.abs().max() < 0.2
+    assert not module[0].bias.any(), "zero biases are ordinary: left alone"
+    assert torch.equal(module[1].weight, kept), "params init drew are left alone"
+
+
+def test_generic_configs_stay_tiny_where_stage_lists_would_keep_them_large():
+    """VibeVoice's acoustic tokenizers double their channels over seven stages: with its widths shrunk alone its
+    generic model kept 1.03 B params. STAGE_SIZES cuts the stages (benchmarks/hf_sweep/extract_configs.py)."""
+    from benchmarks.hf_sweep import extract_configs
+
+    entry = extract_configs.generic("vibevoice")
+    assert entry["config"]["audio_config"]["depths"] == [1, 1]
+    model = run.build(entry, "VibeVoiceForConditionalGeneration")
+    assert sum(p.numel() for p in model.parameters()) < 1_000_000
