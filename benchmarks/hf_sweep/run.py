@@ -382,9 +382,42 @@ def run_row(entry: dict[str, Any], class_name: str, *, onnx: bool = True, workdi
             done(**run_torch2jax(module, inputs, workdir))
         except Exception as err:  # noqa: BLE001 - the harness records, it does not stop
             done(status=LOWERING, error=_first_line(err), stage="harness", trace=traceback.format_exc()[-1000:])
+        if row.get("status") == MISMATCH and row.get("stage") == "compare":
+            why = mismatch_cause(module, inputs, expected)
+            if why:
+                done(error=f"{why}: {row['error']}"[:300])
         if onnx and not onnx_first:
             done(onnx=run_onnx(module, inputs, expected, workdir))
     return row
+
+
+def mismatch_cause(module: Any, inputs: dict[str, Any], expected: Any) -> str | None:
+    """Where a mismatch comes from, in a few words: torch.export's own program already departs from eager (the model
+    takes another path when traced, which no exporter can follow), else the first departing node (diagnose.bisect),
+    named as an order of tied values where it is one. None when the diagnosis itself fails."""
+    import torch
+
+    from torch2jax.diagnose.bisect import bisect
+
+    try:
+        program = torch.export.export(module, (), kwargs=inputs, strict=False)
+        with torch.no_grad():
+            traced = program.module()(**inputs)
+        pairs = list(zip(_tensor_leaves(expected), _tensor_leaves(traced)))
+        worst = max((float((w.double() - t.double()).abs().max()) for w, t in pairs
+                     if w.is_floating_point() and w.shape == t.shape and w.numel()
+                     and not torch.allclose(w, t, rtol=1e-4, atol=1e-5, equal_nan=True)), default=0.0)
+        if worst:
+            return f"torch.export's own program departs from eager by {worst:.3g} (the model takes another path when traced)"
+        divergence, _ = bisect(module, (), inputs)
+    except Exception:  # noqa: BLE001 - a diagnosis that fails leaves the row's error as it is
+        return None
+    if divergence is None:
+        return None
+    line = divergence.source.strip().splitlines()[-1].strip() if divergence.source else "?"
+    if divergence.ties:
+        return f"an order of tied values ({divergence.op}), which torch leaves unspecified, at `{line}`"
+    return f"first departs at {divergence.op}, `{line}`"
 
 
 def _warm_torch_export() -> None:

@@ -32,12 +32,16 @@ class Divergence:
     inputs: list[str]
     source: str | None
     checked: int
+    ties: bool = False  # an order among equal values, which torch leaves unspecified (ORDER_OPS)
 
     def __str__(self) -> str:
         where = f"\n  at {self.source}" if self.source else ""
+        ties = ("\n  its input holds equal values where the order is decided: torch leaves the order of ties "
+                "unspecified (its kernels pick one by algorithm), so JAX picks another without either being wrong; "
+                "with trained weights ties are rare") if self.ties else ""
         return (
             f"first divergent node: {self.node} = {self.op}({', '.join(self.inputs)}) -> {self.dtype}{self.shape}, "
-            f"max abs error {self.max_abs:.3g} (after {self.checked} matching nodes){where}"
+            f"max abs error {self.max_abs:.3g} (after {self.checked} matching nodes){where}{ties}"
         )
 
 
@@ -68,8 +72,37 @@ def bisect(module: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> 
             return Divergence(
                 node.name, node.op, meta.dtype if meta else "?", meta.shape if meta else [], error,
                 [_describe_arg(a, expected) for a in node.args], node.source, checked - 1,
+                ties=_order_of_ties(node, {n.name: n for n in graph.nodes}, expected),
             ), checked
     return None, checked
+
+
+# ops whose indices are an order that torch leaves unspecified among equal values (a stable sort's is specified)
+ORDER_OPS = {"aten.topk.default": 1, "aten.sort.default": None}  # op -> the arg giving k (None: the whole dim)
+
+
+def _order_of_ties(node: Node, nodes: dict[str, Node], expected: dict[str, Any]) -> bool:
+    """Whether `node` (or the tuple it takes an item of) orders values of which torch's input holds equal ones
+    among those that decide the result: for top-k the first k + 1, for a sort the whole dim."""
+    if node.op == "operator.getitem" and isinstance(node.args[0], dict) and node.args[0].get("ref") in nodes:
+        node = nodes[node.args[0]["ref"]]
+    if node.op not in ORDER_OPS or not node.args or not isinstance(node.args[0], dict):
+        return False
+    values = expected.get(node.args[0].get("ref"))
+    if not isinstance(values, torch.Tensor) or values.dim() == 0:
+        return False
+    args = [*node.args, *[None] * 4]
+    if node.op == "aten.topk.default":
+        k, dim, largest = args[1], node.kwargs.get("dim", args[2]), node.kwargs.get("largest", args[3])
+    else:
+        k, dim, largest = None, node.kwargs.get("dim", args[1]), node.kwargs.get("descending", args[2])
+    dim = -1 if dim is None else dim
+    largest = True if largest is None else bool(largest)
+    ordered = values.detach().float().sort(dim=dim, descending=largest).values
+    deciding = ordered.narrow(dim, 0, min(k + 1, ordered.shape[dim])) if isinstance(k, int) else ordered
+    if deciding.shape[dim] < 2:
+        return False
+    return bool((deciding.narrow(dim, 1, deciding.shape[dim] - 1) == deciding.narrow(dim, 0, deciding.shape[dim] - 1)).any())
 
 
 def _placeholder_values(ep, args: tuple, kwargs: dict) -> list:
