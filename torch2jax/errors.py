@@ -11,6 +11,11 @@ class InputSpecError(Torch2JaxError, ValueError):
     """An input description (CLI `--input`, dynamic shapes) could not be understood."""
 
 
+class InputMutationWarning(UserWarning):
+    """forward() writes into its inputs in place: the JAX function returns the same outputs, but its caller's arrays
+    keep their values (JAX arrays are immutable)."""
+
+
 class ExportError(Torch2JaxError):
     """torch.export could not capture the module; the message carries torch's reason."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -15,7 +16,7 @@ from torch.testing._internal.opinfo import core as _opinfo_core
 from torch2jax.capture import exporter
 from torch2jax.capture.fx import capture, dtype_name
 from torch2jax.capture.torch_arrays import to_jax, to_numpy
-from torch2jax.errors import ExportError, UnsupportedOpsError
+from torch2jax.errors import ExportError, InputMutationWarning, UnsupportedOpsError
 from torch2jax.ir import dtypes
 from torch2jax.lowering import interpreter
 from torch2jax.runtime.model import Model
@@ -124,8 +125,9 @@ class _OpModule(torch.nn.Module):
     """Calls the op with the sample's tensors as inputs and its other arguments baked in.
 
     An op that writes to its inputs (`uniform_`, training batch norm's running stats, ...) gets
-    copies of those inputs, returned after its output: the converter refuses models that modify
-    their inputs (a JAX function cannot), so the op's in-place effect is checked as an output.
+    copies of those inputs, returned after its output: a converted function cannot write into its
+    inputs (JAX arrays are immutable; the converter drops such writes with a warning), so the op's
+    in-place effect is checked as an output.
     """
 
     def __init__(self, op, template, written: tuple[int, ...] = ()):
@@ -208,7 +210,9 @@ def convert_sample(prepared: Prepared) -> Model:
         ep = exporter.decompose(ep)
     except Exception as err:  # torch's limit, recorded as such
         raise TorchLimit(str(err).split("\n")[0][:200]) from err
-    captured = capture(ep, names)  # raises ExportError if the op writes to an input not copied
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InputMutationWarning)  # the op writes to an input not copied: compared below
+        captured = capture(ep, names)
     interpreter.check_supported(captured.graph, captured.schemas)
     run = interpreter.build(captured.graph)
     params = {name: to_jax(t) for name, t in captured.tensors.items()}
@@ -219,8 +223,8 @@ def convert_op_sample(opinfo, sample, prepared: Prepared) -> tuple[Prepared, Mod
     """convert_sample, again with every input copied when the op writes to one the probe missed."""
     try:
         return prepared, convert_sample(prepared)
-    except ExportError as err:
-        if "modifies its input" not in str(err):
+    except (InputMutationWarning, ExportError) as err:
+        if isinstance(err, ExportError) and "modifies its input" not in str(err):
             raise
         prepared = prepare(opinfo, sample, copy_all_inputs=True)
         return prepared, convert_sample(prepared)

@@ -8,6 +8,7 @@ symbolic dims are renamed to the user's dim names.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from ..errors import ExportError, UnsupportedOpsError
+from ..errors import ExportError, InputMutationWarning, UnsupportedOpsError
 from ..ir.graph import BAKED_TYPES, Graph, GraphInput, GraphOutput, Node, TensorMeta, encode_float
 from . import example_path
 
@@ -75,7 +76,7 @@ def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str],
             node.op = STRIDED_VIEW
             node.args = [*node.args, *[None] * (4 - len(node.args)), *views[node.name]]
             node.kwargs = {}
-    _refuse_input_mutation(graph)
+    _drop_input_mutations(graph)
     call_spec = ep.call_spec  # torch rebuilds it on every access
     graph.in_spec = treespec_to_json(call_spec.in_spec)
     graph.out_spec = treespec_to_json(call_spec.out_spec)
@@ -283,8 +284,10 @@ def _refuse_data_dependent_shapes(found: list[tuple[str, torch.fx.Node, set[str]
     raise UnsupportedOpsError("\n".join(lines), list(first))
 
 
-def _refuse_input_mutation(graph: Graph) -> None:
-    """A JAX function cannot change its caller's arrays: say so instead of dropping the write."""
+def _drop_input_mutations(graph: Graph) -> None:
+    """A JAX function cannot write into its caller's arrays: the writes torch.export records on user inputs are
+    dropped, with a warning naming each input and line. The outputs are unaffected (the graph is functional: what
+    reads an input after the write reads the new value). A forward whose only effect is such a write is refused."""
     mutations = [o for o in graph.outputs if o.kind == "user_input_mutation"]
     if not mutations:
         return
@@ -294,10 +297,19 @@ def _refuse_input_mutation(graph: Graph) -> None:
         ref = out.value.get("ref") if isinstance(out.value, dict) else None
         where = sources.get(ref) or ""
         lines.append(f"  - input {out.target!r}" + (f", at {where.strip().splitlines()[-1].strip()}" if where else ""))
-    raise ExportError(
-        "forward() modifies its input(s) in place, which a JAX function cannot do to its caller's arrays:\n"
-        + "\n".join(lines)
-        + "\nReturn the new value instead (x = x + 1 rather than x.add_(1)), or work on a copy (x = x.clone())."
+    if not any(o.value is not None for o in graph.user_outputs):
+        raise ExportError(
+            "forward() returns nothing and modifies its input(s) in place, which a JAX function cannot do to its "
+            "caller's arrays:\n" + "\n".join(lines)
+            + "\nReturn the new value instead (return x + 1 rather than x.add_(1))."
+        )
+    graph.outputs = [o for o in graph.outputs if o.kind != "user_input_mutation"]
+    warnings.warn(
+        "forward() modifies its input(s) in place:\n" + "\n".join(lines)
+        + "\nThe converted function returns the same outputs, but cannot write into its caller's arrays (JAX arrays "
+        "are immutable): after a call they keep their values. Returning the new value (x = x + 1 rather than "
+        "x.add_(1)), or working on a copy, silences this.",
+        InputMutationWarning, stacklevel=5,  # capture <- trace <- convert <- the caller
     )
 
 
