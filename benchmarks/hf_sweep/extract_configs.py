@@ -237,8 +237,9 @@ def scan_tests(root: Path, model_types: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def _shrink(d: dict[str, Any]) -> dict[str, Any]:
-    """GENERIC_SIZES (and STAGE_SIZES) applied to a config dict and its sub-configs; per-layer lists (layer_types
-    and the like, as long as the old layer count) cut to the new count."""
+    """GENERIC_SIZES (and STAGE_SIZES) applied to a config dict and its sub-configs. The layers kept are
+    representative (_kept_layers): per-layer lists (layer_types and the like, as long as the old layer count) and
+    per-layer configs keyed by layer index follow them. Token ids stay inside the shrunk vocabulary."""
     d = {**d, **STAGE_SIZES.get(d.get("model_type"), {})}
     out = {}
     for key, value in d.items():
@@ -250,11 +251,41 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
             out[key] = value
     layers = d.get("num_hidden_layers")
     if isinstance(layers, int) and layers != out["num_hidden_layers"]:
+        kept = _kept_layers(d.get("layer_types"), layers, out["num_hidden_layers"])
+        out["num_hidden_layers"] = len(kept)
         for key, value in out.items():
             if isinstance(value, list) and len(value) == layers:
-                out[key] = value[: out["num_hidden_layers"]]
+                out[key] = [value[i] for i in kept]
+        if isinstance(out.get("per_layer_config"), dict):
+            out["per_layer_config"] = _per_layer(out["per_layer_config"], kept)
     if "num_attention_heads" in out and "num_key_value_heads" in out and isinstance(out["num_key_value_heads"], int):
         out["num_key_value_heads"] = min(out["num_key_value_heads"], out["num_attention_heads"])
+    ids = [v for k, v in out.items() if k.endswith("token_id") and isinstance(v, int) and not isinstance(v, bool)]
+    if isinstance(out.get("vocab_size"), int) and ids and max(ids) >= out["vocab_size"]:
+        out["vocab_size"] = max(ids) + 1  # a pad id past the vocabulary fails nn.Embedding's padding_idx check
+    return out
+
+
+def _kept_layers(layer_types: Any, layers: int, count: int) -> list[int]:
+    """The first layer of each kind (sliding and full attention, linear attention, ...), then the first others, up to
+    `count` or the number of kinds: two sliding layers would leave a model's full attention untested, and some
+    configs refuse a layer list without one."""
+    if not isinstance(layer_types, list) or len(layer_types) != layers:
+        return list(range(count))
+    kinds = [layer_types.index(kind) for kind in dict.fromkeys(map(str, layer_types))]
+    rest = [i for i in range(layers) if i not in kinds]
+    return sorted(kinds + rest[: max(0, count - len(kinds))])
+
+
+def _per_layer(config: dict[str, Any], kept: list[int]) -> dict[str, Any]:
+    """A per-layer config keyed by layer index (an int, or its digits as a string), keyed by the kept layers' new
+    indices; the layers left out drop their entries."""
+    out = {}
+    for key, value in config.items():
+        index = int(key) if str(key).isdigit() else None
+        if index in kept:
+            new = kept.index(index)
+            out[str(new).zfill(len(key)) if isinstance(key, str) else new] = value
     return out
 
 

@@ -78,3 +78,20 @@ def test_generic_configs_stay_tiny_where_stage_lists_would_keep_them_large():
     assert entry["config"]["audio_config"]["depths"] == [1, 1]
     model = run.build(entry, "VibeVoiceForConditionalGeneration")
     assert sum(p.numel() for p in model.parameters()) < 1_000_000
+
+
+def test_generic_shrink_keeps_a_layer_of_each_kind_and_token_ids_in_the_vocabulary():
+    """Two sliding layers out of Gemma 4's five-and-one would leave its full attention untested, and its per-layer
+    config (keyed by layer index) would name layers the shrunk model lacks; a pad id past the shrunk vocabulary fails
+    nn.Embedding's check."""
+    from benchmarks.hf_sweep.extract_configs import _shrink
+
+    kinds = (["sliding_attention"] * 5 + ["full_attention"]) * 2
+    config = {"model_type": "x", "num_hidden_layers": 12, "layer_types": kinds, "vocab_size": 262144, "pad_token_id": 70000,
+              "per_layer_config": {"05": {"window": None}, "11": {"window": None}, "01": {"window": 512}}}
+    out = _shrink(config)
+    assert out["num_hidden_layers"] == 2 and out["layer_types"] == ["sliding_attention", "full_attention"]
+    assert out["per_layer_config"] == {"01": {"window": None}}, "layer 5 is now layer 1; layers 1 and 11 are gone"
+    assert out["vocab_size"] == 70001
+    plain = _shrink({"model_type": "y", "num_hidden_layers": 12, "layer_types": ["full_attention"] * 12, "vocab_size": 5000})
+    assert plain["layer_types"] == ["full_attention"] * 2 and plain["vocab_size"] == 1000
