@@ -138,3 +138,47 @@ def test_a_folded_value_written_in_place_leaves_the_graph_whole():
     model = torch2jax.convert(WrittenLater(), (patches, grid), specialize=["grid"])
     np.testing.assert_allclose(np.asarray(model(patches.numpy(), grid.numpy())),
                                WrittenLater()(patches, grid.clone()).numpy(), rtol=1e-6)
+
+
+class StridedPad(torch.nn.Module):
+    """A padding computed from integer buffers kept out of the state_dict (as EnCodec keeps its convs' stride and
+    kernel size): a constant of the module, which torch.export traces as an unknown value unless told otherwise."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(2, 2, 3)
+        self.register_buffer("stride", torch.tensor(2), persistent=False)
+        self.register_buffer("kernel", torch.tensor(3), persistent=False)
+
+    def forward(self, x):
+        frames = torch.ceil((x.shape[-1] - self.kernel) / self.stride).to(torch.int64) + 1
+        extra = int((frames - 1) * self.stride + self.kernel - x.shape[-1])
+        if extra > 0:  # a branch on a buffer's value
+            x = torch.nn.functional.pad(x, (0, extra))
+        return self.conv(x)
+
+
+class CountingPad(StridedPad):
+    """The same, with its buffer written in forward: state, not a constant, so never traced as one."""
+
+    def forward(self, x):
+        self.stride += 0
+        return super().forward(x)
+
+
+def test_constant_buffers_are_traced_as_constants_where_a_guard_reads_them():
+    module = StridedPad().eval()
+    x = torch.randn(2, 2, 8)
+    model = torch2jax.convert(module, (x,))
+    assert verify(module, model, (x,), {}).passed
+    assert not model.graph.example_values, "the padding is a constant of the graph: nothing taken from the example"
+    assert module.stride.item() == 2 and type(module.stride) is torch.Tensor, "the module keeps its own buffers"
+
+
+def test_a_buffer_written_in_forward_is_not_traced_as_a_constant():
+    """Its value is then taken from the example and checked on every call (capture/example_path.py)."""
+    module = CountingPad().eval()
+    with pytest.warns(UserWarning, match="reads 1 value"):
+        model = torch2jax.convert(module, (torch.randn(2, 2, 8),))
+    assert model.graph.example_values
+    assert module.stride.item() == 2 and type(module.stride) is torch.Tensor

@@ -69,12 +69,22 @@ def _export_fixing(module, args: tuple, kwargs: dict, dims: Any, strict: bool, f
         if guard is None:
             raise
         failure = err
+    buffers = specialize_inputs.constant_buffers(module)
+    if buffers:  # the guard may read a constant the module keeps as a buffer (a conv's stride): traced as constants
+        try:
+            return _export_once(module, args, kwargs, dims, strict, fixed, buffers=buffers)
+        except Exception as err:
+            moved = specialize_inputs.data_dependent_guard(err)
+            if moved is not None and moved != guard:
+                guard, failure = moved, err
+            else:  # no further, or a buffer written in forward (state, not a constant): traced as inputs again
+                buffers = []
     taken = {f.name for f in fixed}
     for candidate in specialize_inputs.candidates(module, args, kwargs, _dynamic_inputs(module, args, kwargs, dims)):
         if candidate.name in taken:
             continue
         try:
-            ep = _export_once(module, args, kwargs, dims, strict, [*fixed, candidate])
+            ep = _export_once(module, args, kwargs, dims, strict, [*fixed, candidate], buffers=buffers)
         except Exception as err:
             moved = specialize_inputs.data_dependent_guard(err)
             if moved is None:
@@ -89,7 +99,7 @@ def _export_fixing(module, args: tuple, kwargs: dict, dims: Any, strict: bool, f
         raise failure
     try:  # the guard reads values no input fixes: along the example's side of it, checked at run time
         with example_path.following_example():
-            ep = _export_once(module, args, kwargs, dims, strict, fixed, deferred=True)
+            ep = _export_once(module, args, kwargs, dims, strict, fixed, deferred=True, buffers=buffers)
         followed.append(True)
         return ep
     except Exception:  # noqa: BLE001 - the first guard, at the model's line, is the one to report
@@ -97,16 +107,18 @@ def _export_fixing(module, args: tuple, kwargs: dict, dims: Any, strict: bool, f
     raise failure
 
 
-def _export_once(module, args: tuple, kwargs: dict, dims: Any, strict: bool, fixed: list, deferred: bool = False):
+def _export_once(module, args: tuple, kwargs: dict, dims: Any, strict: bool, fixed: list, deferred: bool = False,
+                 buffers: list | None = None):
     """torch.export once. torch prints the partial graph of a failed export to stderr; that is dropped (the error
     says where the model stopped), whatever else is written there is passed on. `deferred`: torch's
     prefer_deferred_runtime_asserts_over_guards, which the example path needs where a selection's count is read
-    again (torch otherwise loses track of it: PendingUnbackedSymbolNotFound)."""
+    again (torch otherwise loses track of it: PendingUnbackedSymbolNotFound). `buffers`: constant buffers traced
+    as constants (specialize.ConstantBuffer)."""
     plain = module.register_forward_hook(lambda _module, _args, output: plain_containers(output))
     written = io.StringIO()
     partial = ""
     try:
-        with warnings.catch_warnings(), specialize_inputs.fixed_while_tracing(module, fixed), \
+        with warnings.catch_warnings(), specialize_inputs.fixed_while_tracing(module, fixed, buffers), \
                 trace_forwards.installed(module), contextlib.redirect_stderr(written):
             warnings.simplefilter("ignore", FutureWarning)  # torch-internal deprecations, not the user's concern
             return torch.export.export(module, args, kwargs, dynamic_shapes=dims, strict=strict,

@@ -11,6 +11,10 @@ Only inputs that describe images or other side data are tried automatically: an 
 MAX_ELEMENTS elements with no dynamic dim, whose name is not a per-token input (ids, masks, positions, labels).
 Fixing those would make an artifact that only runs its example prompt; `specialize=[name]` asks for any input
 by name.
+
+Before any input, the module's small integer buffers kept out of its state_dict (ConstantBuffer: a convolution's
+stride or padding, as EnCodec keeps them) are traced as constants the same way: values the module fixed when it was
+built. A forward that writes into one shows it is state, and the export runs without them.
 """
 
 from __future__ import annotations
@@ -80,13 +84,49 @@ def by_name(module: torch.nn.Module, args: tuple, kwargs: dict, names: list[str]
     return fixed
 
 
+@dataclass
+class ConstantBuffer:
+    """A small integer buffer kept out of the state_dict (`persistent=False`): a value the module derived when it
+    was built (a convolution's stride or padding, as EnCodec keeps them), not state. Its name in named_buffers,
+    the module that holds it, and its value."""
+
+    path: str
+    owner: torch.nn.Module
+    name: str
+    value: torch.Tensor
+
+
+class BufferWritten(RuntimeError):
+    """forward() wrote into a buffer it was tracing as a constant: that buffer is state, not a constant."""
+
+
+def constant_buffers(module: torch.nn.Module) -> list[ConstantBuffer]:
+    """The buffers a data-dependent guard may read that are constants of the module (see ConstantBuffer); buffers
+    without values (fake or meta, before streamed weights arrive) are left out."""
+    from .fake_params import is_fake
+
+    saved = set(module.state_dict(keep_vars=True))
+    found = []
+    for path, buffer in module.named_buffers(remove_duplicate=False):
+        if (path in saved or buffer.is_floating_point() or buffer.is_complex() or buffer.numel() > MAX_ELEMENTS
+                or buffer.device.type == "meta" or is_fake(buffer)):
+            continue
+        owner, _, name = path.rpartition(".")
+        found.append(ConstantBuffer(path, module.get_submodule(owner) if owner else module, name, buffer.detach().clone()))
+    return found
+
+
 @contextmanager
-def fixed_while_tracing(module: torch.nn.Module, fixed: list[FixedInput]) -> Iterator[None]:
-    """While torch.export traces `module`, its forward sees each fixed input as a constant made inside the trace,
-    and torch propagates constants of up to MAX_ELEMENTS elements (its own limit is 1: scalars only)."""
-    if not fixed:
+def fixed_while_tracing(module: torch.nn.Module, fixed: list[FixedInput],
+                        buffers: list[ConstantBuffer] | None = None) -> Iterator[None]:
+    """While torch.export traces `module`, its forward sees each fixed input, and each of `buffers`, as a constant
+    made inside the trace, and torch propagates constants of up to MAX_ELEMENTS elements (its own limit is 1:
+    scalars only). A forward that writes into one of those buffers raises BufferWritten: it is state after all."""
+    buffers = buffers or []
+    if not fixed and not buffers:
         yield
         return
+    swapped: list[tuple[ConstantBuffer, Any, torch.Tensor, int]] = []
 
     def swap(_module, args, kwargs):
         args, kwargs = list(args), dict(kwargs)
@@ -96,18 +136,39 @@ def fixed_while_tracing(module: torch.nn.Module, fixed: list[FixedInput]) -> Ite
                 kwargs[f.name] = constant
             elif f.position < len(args):
                 args[f.position] = constant
+        for b in buffers:
+            constant = torch.tensor(b.value.tolist(), dtype=b.value.dtype).reshape(b.value.shape)
+            swapped.append((b, b.owner._buffers[b.name], constant, constant._version))
+            b.owner._buffers[b.name] = constant
         return tuple(args), kwargs
+
+    def restore(*_):
+        written = [b.path for b, _traced, constant, version in swapped if constant._version != version]
+        while swapped:
+            b, traced, _constant, _version = swapped.pop()
+            b.owner._buffers[b.name] = traced
+        if written:
+            raise BufferWritten(f"forward() writes into buffer(s) {', '.join(written)}")
 
     from torch._subclasses import fake_tensor
     from torch.fx.experimental import proxy_tensor
 
-    handle = module.register_forward_pre_hook(swap, with_kwargs=True, prepend=True)
+    originals = [(b, b.owner._buffers[b.name]) for b in buffers]
+    handles = [module.register_forward_pre_hook(swap, with_kwargs=True, prepend=True)]
+    if buffers:
+        handles.append(module.register_forward_hook(restore))
     try:
         with mock.patch.object(fake_tensor, "CONSTANT_NUMEL_LIMIT", MAX_ELEMENTS), \
                 mock.patch.object(proxy_tensor, "CONSTANT_NUMEL_LIMIT", MAX_ELEMENTS):
             yield
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
+        constants = {id(constant) for _b, _traced, constant, _version in swapped}
+        for b, original in originals:  # a forward that raised left a constant in place of the module's own buffer
+            if id(b.owner._buffers.get(b.name)) in constants:
+                b.owner._buffers[b.name] = original
+        swapped.clear()
 
 
 def data_dependent_guard(err: BaseException) -> str | None:

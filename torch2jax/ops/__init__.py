@@ -37,6 +37,7 @@ FAMILIES = (
     "python_values",
     "quantized",
     "random",
+    "recurrent",
     "reductions",
     "shape",
     "sorting",
