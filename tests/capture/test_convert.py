@@ -346,3 +346,24 @@ def test_a_kv_cache_returned_as_an_output_is_plain_tensors():
     assert len(got["keys"]) == len(got["values"]) == 2
     for layer, keys, values in zip(want.layers, got["keys"], got["values"]):
         assert max_err(keys, layer.keys) < 1e-5 and max_err(values, layer.values) < 1e-5
+
+
+class Entropy(torch.nn.Module):
+    """torch.distributions checks its arguments' values when built (as BLT's patcher builds a Categorical)."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(6, 10)
+
+    def forward(self, x):
+        return torch.distributions.Categorical(logits=self.head(x)).entropy()
+
+
+def test_distribution_argument_checks_do_not_stop_the_export_and_stay_on_afterwards():
+    validating = torch.distributions.Distribution._validate_args
+    module = Entropy().eval()
+    x = torch.randn(3, 6)
+    model = torch2jax.convert(module, (x,))
+    assert max_err(model(x.numpy()), torch_out(module, x)) < 1e-5
+    assert not model.graph.example_values, "no check of the logits' values taken from the example, or kept"
+    assert torch.distributions.Distribution._validate_args == validating

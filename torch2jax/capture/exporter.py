@@ -119,7 +119,7 @@ def _export_once(module, args: tuple, kwargs: dict, dims: Any, strict: bool, fix
     partial = ""
     try:
         with warnings.catch_warnings(), specialize_inputs.fixed_while_tracing(module, fixed, buffers), \
-                trace_forwards.installed(module), contextlib.redirect_stderr(written):
+                trace_forwards.installed(module), _distribution_checks_off(), contextlib.redirect_stderr(written):
             warnings.simplefilter("ignore", FutureWarning)  # torch-internal deprecations, not the user's concern
             return torch.export.export(module, args, kwargs, dynamic_shapes=dims, strict=strict,
                                        **({"prefer_deferred_runtime_asserts_over_guards": True} if deferred else {}))
@@ -130,6 +130,21 @@ def _export_once(module, args: tuple, kwargs: dict, dims: Any, strict: bool, fix
         plain.remove()
         text = written.getvalue()
         sys.stderr.write(text.replace(partial + "\n", "") if partial else text)
+
+
+@contextlib.contextmanager
+def _distribution_checks_off():
+    """torch.distributions checks its arguments' values when built (Categorical(logits=...) in BLT's patcher) and
+    raises on invalid ones: a branch on data, where torch.export stops. A converted function cannot raise on data
+    (docs/limitations.md), so the checks are off while tracing; valid inputs give the same graph."""
+    from torch.distributions import Distribution
+
+    default = Distribution._validate_args
+    Distribution.set_default_validate_args(False)
+    try:
+        yield
+    finally:
+        Distribution.set_default_validate_args(default)
 
 
 def _dynamic_inputs(module, args: tuple, kwargs: dict, dims: Any) -> set[str]:
