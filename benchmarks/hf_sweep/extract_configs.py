@@ -342,9 +342,50 @@ def generic(model_type: str) -> dict[str, Any]:
         size = size[0] if isinstance(size, (list, tuple)) else size
         channels = getattr(vision, "num_channels", 3)
         entry["inputs"] = [{"name": "pixel_values", "shape": [2, channels, size, size], "dtype": "float32", "kind": "randn"}]
+    elif main in ("input_features", "input_values") and base:
+        entry["inputs"] = _audio_inputs(model_type, entry, main, base if isinstance(base, str) else base[0])
+        if not entry["inputs"]:
+            entry["note"] = f"no generic {main} shape that the model runs"
     else:
         entry["note"] = f"no generic inputs for main input {main!r}"
     return entry
+
+
+def _audio_inputs(model_type: str, entry: dict[str, Any], main: str, class_name: str) -> list[dict[str, Any]]:
+    """Audio inputs lay their dims out per model (features channel-first as Whisper's, or time-first as a
+    Conformer's; waveforms with or without a channel dim), so each usual layout is tried on the model itself, built
+    from the generic config, and the first its forward runs on is kept ([] if none)."""
+    import torch
+
+    from benchmarks.hf_sweep import run
+
+    config = entry["config"]
+    def sub(*names):
+        for holder in (config, *(v for v in config.values() if isinstance(v, dict))):
+            for name in names:
+                if isinstance(holder.get(name), int):
+                    return holder[name]
+        return None
+
+    if main == "input_features":
+        bins = sub("num_mel_bins", "feature_size", "input_feat_size", "n_mels", "num_mel_filters") or 80
+        shapes = [[2, bins, frames] for frames in (64, 3000)] + [[2, frames, bins] for frames in (64, 200)]
+    else:
+        channels = sub("audio_channels", "channels", "num_channels") or 1
+        shapes = [[2, 1600], [2, channels, 1600], [2, 16000], [2, channels, 16000]]
+    try:
+        model = run.build({**entry, "model_type": model_type}, class_name)
+    except Exception:  # noqa: BLE001 - a model that does not build has no inputs to find
+        return []
+    for shape in shapes:
+        spec = [{"name": main, "shape": shape, "dtype": "float32", "kind": "randn"}]
+        try:
+            with torch.no_grad():
+                model(**run.make_inputs(spec))
+        except Exception:  # noqa: BLE001 - the next layout
+            continue
+        return spec
+    return []
 
 
 def dump(data: dict[str, Any]) -> str:
