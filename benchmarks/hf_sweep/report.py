@@ -175,9 +175,11 @@ def render(results: dict[str, Any], configs: dict[str, Any]) -> str:
         "inputs the architecture's authors test with, so a failure here is the model's, not a guessed config's.",
         f"- **generic** ({sources.get('generic', 0)} model types): no tester ran on the installed transformers (no "
         "test folder, or one written for another version), so the default config with its sizes shrunk "
-        "(layers 2, hidden 32, heads 4, ...: `generic_sizes` in configs.json, applied to every sub-config) and "
-        "inputs guessed from the base model's main input (`input_ids` or `pixel_values`). A generic row that "
-        "torch eager cannot run says so; it is not counted against either converter.",
+        "(layers 2, hidden 32, heads 4, ...: `generic_sizes` in configs.json, applied to every sub-config; the layers "
+        "kept include one of each kind, e.g. a full-attention layer among sliding ones) and inputs guessed from the "
+        "base model's main input (`input_ids` or `pixel_values`; audio features or waveforms in the first usual layout "
+        "the model runs on). A generic row that torch eager cannot run says so; it is not counted against either "
+        "converter.",
         "",
         "A mixture-of-experts row whose torch eager forward fails in torch's CPU `grouped_mm` (the tester's expert "
         "sizes leave its strides unaligned) is run with the model's own batched experts (`set_experts_implementation"

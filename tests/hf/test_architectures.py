@@ -95,3 +95,11 @@ def test_generic_shrink_keeps_a_layer_of_each_kind_and_token_ids_in_the_vocabula
     assert out["vocab_size"] == 70001
     plain = _shrink({"model_type": "y", "num_hidden_layers": 12, "layer_types": ["full_attention"] * 12, "vocab_size": 5000})
     assert plain["layer_types"] == ["full_attention"] * 2 and plain["vocab_size"] == 1000
+
+
+def test_generic_audio_inputs_take_the_layout_the_model_runs_on():
+    """Waveforms with a channel dim for a codec's encoder (Mimi's), found by trying the usual layouts on the model."""
+    from benchmarks.hf_sweep import extract_configs
+
+    entry = extract_configs.generic("mimi_encoder")
+    assert [(i["name"], i["shape"]) for i in entry["inputs"]] == [("input_values", [2, 1, 1600])]
