@@ -48,8 +48,12 @@ GENERIC_SIZES = {
     "num_heads": 4, "num_key_value_heads": 2,
     "intermediate_size": 64, "ffn_dim": 64, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "d_ff": 64, "n_inner": 64,
     "head_dim": 8, "vocab_size": 1000, "max_position_embeddings": 128, "n_positions": 128,
-    "image_size": 32, "num_experts": 4, "num_local_experts": 4, "moe_intermediate_size": 32,
+    "image_size": 32, "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_intermediate_size": 32,
+    # multi-head latent attention (DeepSeek V3's): its head parts and low ranks, head_dim being the rotary part
+    "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8, "kv_lora_rank": 16, "q_lora_rank": 16,
+    "index_n_heads": 4, "index_head_dim": 16,  # DeepSeek V3.2's indexer
 }
+ROUTING_SIZES = {"num_experts_per_tok": 2, "num_experts_per_token": 2, "n_group": 2}  # capped where the experts were shrunk (4 left)
 # Per-stage lists GENERIC_SIZES cannot shrink, since their lengths are tied to each other, by (sub-)config type.
 # Without them a default config stays large however small its widths: VibeVoice's acoustic tokenizers double their
 # channels over seven stages, which left its generic model at 1.03 B params (the forward on text reads 83 K).
@@ -260,10 +264,57 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
             out["per_layer_config"] = _per_layer(out["per_layer_config"], kept)
     if "num_attention_heads" in out and "num_key_value_heads" in out and isinstance(out["num_key_value_heads"], int):
         out["num_key_value_heads"] = min(out["num_key_value_heads"], out["num_attention_heads"])
+    if isinstance(out.get("kv_lora_rank"), int):  # latent attention: one key and value per head, derived sizes kept
+        if isinstance(out.get("num_key_value_heads"), int):
+            out["num_key_value_heads"] = out["num_attention_heads"]
+        if isinstance(out.get("qk_head_dim"), int):
+            out["qk_head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]
+    if any(out.get(k) != d.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts")):
+        for key, cap in ROUTING_SIZES.items():  # top-k and expert groups within the experts left
+            if isinstance(out.get(key), int) and out[key] > cap:
+                out[key] = cap
+        if isinstance(out.get("topk_group"), int) and isinstance(out.get("n_group"), int):
+            out["topk_group"] = min(out["topk_group"], out["n_group"])
+    if _takes_mrope(d.get("model_type")) and isinstance(out.get("rope_parameters"), dict):
+        out["rope_parameters"].setdefault("mrope_section", [16, 24, 24])  # the modeling code's default when unset
+    for key in ("rope_parameters", "rope_scaling"):
+        if isinstance(out.get(key), dict) and isinstance(out[key].get("mrope_section"), list):
+            partial = out[key].get("partial_rotary_factor", out.get("partial_rotary_factor")) or 1.0
+            rotary = int((_head_dim(out) or 0) * partial)
+            out[key] = {**out[key], "mrope_section": _mrope_section(out[key]["mrope_section"], rotary)}
     ids = [v for k, v in out.items() if k.endswith("token_id") and isinstance(v, int) and not isinstance(v, bool)]
     if isinstance(out.get("vocab_size"), int) and ids and max(ids) >= out["vocab_size"]:
         out["vocab_size"] = max(ids) + 1  # a pad id past the vocabulary fails nn.Embedding's padding_idx check
     return out
+
+
+def _takes_mrope(model_type: Any) -> bool:
+    """Whether the config class reads multimodal rotary sections (Qwen2-VL's, GLM-4V's) from its rope parameters."""
+    from transformers import CONFIG_MAPPING
+
+    try:
+        config_cls = CONFIG_MAPPING[model_type]
+    except KeyError:
+        return False
+    return "mrope_section" in getattr(config_cls, "ignore_keys_at_rope_validation", ())
+
+
+def _head_dim(config: dict[str, Any]) -> int | None:
+    head_dim = config.get("head_dim")
+    if isinstance(head_dim, int):
+        return head_dim
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
+
+
+def _mrope_section(section: list[int], rotary_dim: int) -> list[int]:
+    """Qwen2-VL's rotary sections (time, height, width) sum to half the rotary dims: scaled to the shrunk ones, each
+    at least 1, the last taking what rounding left."""
+    total = rotary_dim // 2
+    if total < len(section) or sum(section) == total:
+        return section
+    scaled = [max(1, round(part * total / sum(section))) for part in section[:-1]]
+    return [*scaled, max(1, total - sum(scaled))]
 
 
 def _kept_layers(layer_types: Any, layers: int, count: int) -> list[int]:

@@ -103,3 +103,18 @@ def test_generic_audio_inputs_take_the_layout_the_model_runs_on():
 
     entry = extract_configs.generic("mimi_encoder")
     assert [(i["name"], i["shape"]) for i in entry["inputs"]] == [("input_values", [2, 1, 1600])]
+
+
+def test_generic_shrink_keeps_latent_attention_routing_and_rotary_sections_consistent():
+    """DeepSeek-style latent attention (one key per head, qk_head_dim derived), top-k within the 4 experts left, and
+    Qwen2-VL's rotary sections summing to half the shrunk rotary dims."""
+    from benchmarks.hf_sweep.extract_configs import _shrink
+
+    mla = _shrink({"model_type": "x", "num_attention_heads": 128, "num_key_value_heads": 128, "kv_lora_rank": 512,
+                   "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "qk_head_dim": 192, "n_routed_experts": 256,
+                   "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4})
+    assert mla["num_key_value_heads"] == mla["num_attention_heads"] == 4 and mla["qk_head_dim"] == 16
+    assert (mla["n_routed_experts"], mla["num_experts_per_tok"], mla["n_group"], mla["topk_group"]) == (4, 2, 2, 2)
+    vl = _shrink({"model_type": "qwen2_vl_text", "hidden_size": 3584, "num_attention_heads": 28,
+                  "rope_parameters": {"rope_type": "default"}})
+    assert sum(vl["rope_parameters"]["mrope_section"]) == 32 // 4 // 2
