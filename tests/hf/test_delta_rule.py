@@ -1,0 +1,39 @@
+"""The gated delta rule (Qwen3-Next and its kin) traced with its triangular solver rather than transformers' export
+fallback, a Python loop over the chunk's rows (torch2jax/hf/delta_rule.py)."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+
+import torch2jax
+from benchmarks.hf_sweep import run
+from torch2jax.hf import delta_rule
+
+
+def test_qwen3_next_traces_one_triangular_solve_and_matches_torch():
+    entry = run.load_configs()["qwen3_next"]
+    module = run.build(entry, "Qwen3NextModel")
+    inputs = run._accepted(module, run.make_inputs(entry["inputs"]))
+    model = torch2jax.convert(module, (), inputs)
+    ops = model.graph.ops()
+    assert "aten.linalg_solve_triangular.default" in ops
+    assert sum(node.op == "aten.slice_scatter.default" for node in model.graph.nodes) < 8, "no row-by-row inverse"
+    with torch.no_grad():
+        want = module(**inputs).last_hidden_state.numpy()
+    got = model(**{k: v.numpy() for k, v in inputs.items()})
+    np.testing.assert_allclose(np.asarray(got["last_hidden_state"]), want, rtol=1e-4, atol=1e-4)
+    scope = sys.modules["transformers.models.qwen3_next.modeling_qwen3_next"].__dict__
+    assert scope["is_torchdynamo_exporting"].__module__.startswith("transformers"), "the module's check is restored"
+
+
+def test_every_listed_model_has_the_function_and_the_check_it_patches():
+    """A transformers release that renames either would silently bring the loop back: fail here instead."""
+    import importlib
+
+    for name in delta_rule.MODELS:
+        module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        assert callable(getattr(module, "torch_chunk_gated_delta_rule", None)), name
+        assert callable(getattr(module, "is_torchdynamo_exporting", None)), name
