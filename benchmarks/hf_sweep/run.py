@@ -148,10 +148,22 @@ def build(entry: dict[str, Any], class_name: str) -> Any:
     for sub in [config] + [getattr(config, k) for k in ("text_config", "decoder", "language_config") if hasattr(config, k)]:
         if hasattr(sub, "use_cache"):
             sub.use_cache = False
+    cls = getattr(transformers, class_name)
+    config = _config_for(cls, config)
     torch.manual_seed(0)
-    model = getattr(transformers, class_name)(config).eval()
+    model = cls(config).eval()
     _draw_zero_params(model, getattr(config, "initializer_range", None) or 0.02)
     return model
+
+
+def _config_for(cls: Any, config: Any) -> Any:
+    """The config a model class takes: a language-model head of a multimodal type (Qwen3_5ForCausalLM, Llama4's,
+    Emu3's, Musicgen's decoder) is built from the composite config's sub-config of its own class."""
+    want = getattr(cls, "config_class", None)
+    if want is None or isinstance(config, want):
+        return config
+    subs = [v for v in vars(config).values() if isinstance(v, want)]
+    return subs[0] if len(subs) == 1 else config
 
 
 def _draw_zero_params(model: Any, std: float) -> None:
