@@ -118,3 +118,9 @@ def test_generic_shrink_keeps_latent_attention_routing_and_rotary_sections_consi
     vl = _shrink({"model_type": "qwen2_vl_text", "hidden_size": 3584, "num_attention_heads": 28,
                   "rope_parameters": {"rope_type": "default"}})
     assert sum(vl["rope_parameters"]["mrope_section"]) == 32 // 4 // 2
+
+
+def test_a_language_model_head_of_a_multimodal_type_takes_its_own_sub_config(configs):
+    """Qwen3_5ForCausalLM is registered under the composite qwen3_5 type but is built from its text config."""
+    model = run.build(configs["qwen3_5"], "Qwen3_5ForCausalLM")
+    assert type(model.config).__name__ == "Qwen3_5TextConfig"
