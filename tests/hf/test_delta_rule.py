@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 import torch2jax
@@ -37,3 +38,11 @@ def test_every_listed_model_has_the_function_and_the_check_it_patches():
         module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
         assert callable(getattr(module, "torch_chunk_gated_delta_rule", None)), name
         assert callable(getattr(module, "is_torchdynamo_exporting", None)), name
+
+
+def test_generation_of_a_model_with_recurrent_state_is_refused_by_name(tmp_path):
+    """Qwen3.5's linear-attention layers keep a recurrent state, which the generation artifact's cache does not hold."""
+    entry = run.load_configs()["qwen3_5_text"]
+    run.build(entry, "Qwen3_5ForCausalLM").save_pretrained(tmp_path)
+    with pytest.raises(torch2jax.ExportError, match=r"recurrent state in its cache \(LinearAttentionLayer.*forward converts"):
+        torch2jax.convert_hf(str(tmp_path), task="text-generation", max_cache_len=16, max_batch=1)

@@ -50,6 +50,13 @@ def cache_layout(lm: torch.nn.Module, max_cache_len: int) -> CacheLayout:
     cache = DynamicCache(config=lm.config)
     with torch.no_grad():
         lm(input_ids=torch.zeros((1, 1), dtype=torch.long), past_key_values=cache, use_cache=True)
+    stateful = sorted({type(layer).__name__ for layer in cache.layers if not hasattr(layer, "keys")})
+    if stateful:
+        raise ExportError(
+            f"{type(lm).__name__} keeps a recurrent state in its cache ({', '.join(stateful)}: linear-attention or "
+            "state-space layers) besides attention keys and values; text-generation artifacts hold attention caches "
+            "only, so it cannot generate yet. Its forward converts: torch2jax.convert(model, args), or "
+            "`torch2jax convert hf:DIR --task feature-extraction`.")
     keys = [layer.keys for layer in cache.layers]
     values = [layer.values for layer in cache.layers]
     if not keys or any(k is None for k in keys):
