@@ -196,6 +196,10 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {line}"[:300]
 
 
+def _copies(inputs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.clone() if hasattr(v, "clone") else v for k, v in inputs.items()}
+
+
 def _tensor_leaves(value: Any) -> list[Any]:
     import torch
     import torch.utils._pytree as pytree
@@ -371,7 +375,7 @@ def run_row(entry: dict[str, Any], class_name: str, *, onnx: bool = True, workdi
             start = time.perf_counter()
             try:
                 with torch.no_grad():
-                    expected = module(**inputs)
+                    expected = module(**_copies(inputs))  # a forward that writes into its inputs (TVP) leaves them as drawn
             except RuntimeError:
                 # torch's CPU grouped_mm refuses the tester's odd expert sizes (unaligned strides): the model's own
                 # batched experts, which the converter selects for MoE models anyway (torch2jax.hf), run them
@@ -381,7 +385,7 @@ def run_row(entry: dict[str, Any], class_name: str, *, onnx: bool = True, workdi
                 row["experts"] = "batched_mm"
                 start = time.perf_counter()
                 with torch.no_grad():
-                    expected = module(**inputs)
+                    expected = module(**_copies(inputs))  # a forward that writes into its inputs (TVP) leaves them as drawn
             row["torch_seconds"] = time.perf_counter() - start
         except Exception as err:
             return done(status=EAGER, error=_first_line(err))

@@ -46,3 +46,17 @@ def test_writes_into_an_input_are_dropped_with_a_warning_and_outputs_match():
 def test_a_forward_whose_only_effect_is_a_write_into_an_input_is_refused():
     with pytest.raises(ExportError, match=r"returns nothing and modifies its input\(s\) in place(.|\n)*input 'out'"):
         torch2jax.convert(FillsItsArgument(), (torch.zeros(3), torch.ones(3)))
+
+
+def test_verification_gives_each_run_its_own_copy_of_the_inputs():
+    """torch's forward writes into the example; the converted model and the float64 reference must see the values the
+    caller gave, else the comparison measures the write, not the conversion."""
+    from torch2jax.diagnose.verify import verify
+
+    module = Prompter()
+    pixels = torch.randn(2, 3, 8, 8)
+    with pytest.warns(InputMutationWarning):
+        model = torch2jax.convert(module, (pixels.clone(),))
+    report = verify(module, model, (pixels,), {})
+    assert report.passed and report.max_abs < 1e-5
+    assert not any(o.note for r in report.runs for o in r.outputs), "passed within tolerance, not as ill-conditioned"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -210,9 +209,9 @@ def convert_sample(prepared: Prepared) -> Model:
         ep = exporter.decompose(ep)
     except Exception as err:  # torch's limit, recorded as such
         raise TorchLimit(str(err).split("\n")[0][:200]) from err
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", InputMutationWarning)  # the op writes to an input not copied: compared below
-        captured = capture(ep, names)
+    captured = capture(ep, names)
+    if captured.input_writes:  # the op writes to an input not copied: again with copies, compared as outputs
+        raise InputMutationWarning("\n".join(captured.input_writes))
     interpreter.check_supported(captured.graph, captured.schemas)
     run = interpreter.build(captured.graph)
     params = {name: to_jax(t) for name, t in captured.tensors.items()}

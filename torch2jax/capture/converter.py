@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from ..errors import InputSpecError
+from ..errors import InputMutationWarning, InputSpecError
 from ..lowering import interpreter, passes
 from ..runtime.checkpoint import is_deferred
 from ..runtime.collector import existing_objects_frozen
@@ -21,7 +21,7 @@ from ..runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, dequantize_arra
 from . import example_path, exporter
 from . import specialize as specialize_inputs
 from .fake_params import has_fake_parameters, is_fake, to_dtype
-from .fx import Captured, capture
+from .fx import Captured, capture, input_writes_notice
 from .torch_arrays import to_jax, to_torch
 from .weight_source import WeightSource
 
@@ -117,6 +117,12 @@ def trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_sha
         # inputs for every size, run without the per-call checks
         example = None if dynamic_shapes is not None else (lambda: example_path.example_values(decomposed, args, kwargs or {}))
         captured = capture(decomposed, names, renames, fixed, example=example, followed_example=followed)
+    if captured.input_writes:
+        notice = input_writes_notice(captured.input_writes)
+        if timer.progress:
+            timer.progress("export", notice)
+        else:
+            warnings.warn(notice, InputMutationWarning, stacklevel=4)
     if captured.graph.example_values:
         notice = example_path.describe(captured.graph.example_values)
         if timer.progress:

@@ -8,7 +8,6 @@ symbolic dims are renamed to the user's dim names.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from ..errors import ExportError, InputMutationWarning, UnsupportedOpsError
+from ..errors import ExportError, UnsupportedOpsError
 from ..ir.graph import BAKED_TYPES, Graph, GraphInput, GraphOutput, Node, TensorMeta, encode_float
 from . import example_path
 
@@ -43,6 +42,7 @@ class Captured:
         self.graph = graph
         self.tensors = tensors
         self.schemas = schemas
+        self.input_writes: list[str] = []  # the user inputs forward() writes into, with their lines (dropped)
 
 
 def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str],
@@ -76,7 +76,7 @@ def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str],
             node.op = STRIDED_VIEW
             node.args = [*node.args, *[None] * (4 - len(node.args)), *views[node.name]]
             node.kwargs = {}
-    _drop_input_mutations(graph)
+    input_writes = _drop_input_mutations(graph)
     call_spec = ep.call_spec  # torch rebuilds it on every access
     graph.in_spec = treespec_to_json(call_spec.in_spec)
     graph.out_spec = treespec_to_json(call_spec.out_spec)
@@ -89,7 +89,17 @@ def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str],
             inp.target = param_renames.get(inp.target, inp.target)
         tensors = {param_renames.get(name, name): t for name, t in tensors.items()}
         graph.aliases = {param_renames.get(k, k): param_renames.get(v, v) for k, v in graph.aliases.items()}
-    return Captured(graph, tensors, capturer.schemas)
+    captured = Captured(graph, tensors, capturer.schemas)
+    captured.input_writes = input_writes
+    return captured
+
+
+def input_writes_notice(lines: list[str]) -> str:
+    """What a user is told when forward() writes into its inputs (the writes are dropped, the outputs kept)."""
+    return ("forward() modifies its input(s) in place:\n" + "\n".join(lines)
+            + "\nThe converted function returns the same outputs, but cannot write into its caller's arrays (JAX arrays "
+            "are immutable): after a call they keep their values. Returning the new value (x = x + 1 rather than "
+            "x.add_(1)), or working on a copy, silences this.")
 
 
 def _bake_python_inputs(graph: Graph, graph_module: torch.fx.GraphModule) -> None:
@@ -284,13 +294,14 @@ def _refuse_data_dependent_shapes(found: list[tuple[str, torch.fx.Node, set[str]
     raise UnsupportedOpsError("\n".join(lines), list(first))
 
 
-def _drop_input_mutations(graph: Graph) -> None:
+def _drop_input_mutations(graph: Graph) -> list[str]:
     """A JAX function cannot write into its caller's arrays: the writes torch.export records on user inputs are
-    dropped, with a warning naming each input and line. The outputs are unaffected (the graph is functional: what
-    reads an input after the write reads the new value). A forward whose only effect is such a write is refused."""
+    dropped, and returned as lines naming each input and its line (trace() tells the user). The outputs are
+    unaffected (the graph is functional: what reads an input after the write reads the new value). A forward whose
+    only effect is such a write is refused."""
     mutations = [o for o in graph.outputs if o.kind == "user_input_mutation"]
     if not mutations:
-        return
+        return []
     sources = {node.name: node.source for node in graph.nodes}
     lines = []
     for out in mutations:
@@ -304,13 +315,7 @@ def _drop_input_mutations(graph: Graph) -> None:
             + "\nReturn the new value instead (return x + 1 rather than x.add_(1))."
         )
     graph.outputs = [o for o in graph.outputs if o.kind != "user_input_mutation"]
-    warnings.warn(
-        "forward() modifies its input(s) in place:\n" + "\n".join(lines)
-        + "\nThe converted function returns the same outputs, but cannot write into its caller's arrays (JAX arrays "
-        "are immutable): after a call they keep their values. Returning the new value (x = x + 1 rather than "
-        "x.add_(1)), or working on a copy, silences this.",
-        InputMutationWarning, stacklevel=5,  # capture <- trace <- convert <- the caller
-    )
+    return lines
 
 
 class _Capturer:

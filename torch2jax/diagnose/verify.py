@@ -114,10 +114,16 @@ class _TorchFailed(Exception):
     pass
 
 
+def _fresh(tree: Any) -> Any:
+    """Copies of the tensors in `tree`: each run (torch's, torch's float64 one) gets its own, so that a forward that
+    writes into its inputs leaves the others' values, and the converted model's, as the caller gave them."""
+    return pytree.tree_map_only(torch.Tensor, torch.clone, tree)
+
+
 def _compare(label: str, module, model: Model, args: tuple, kwargs: dict) -> Run:
     with torch.no_grad():
         try:
-            expected = module(*args, **kwargs)
+            expected = module(*_fresh(args), **_fresh(kwargs))
         except Exception as err:
             raise _TorchFailed(str(err).splitlines()[0] if str(err) else type(err).__name__) from err
     np_args = pytree.tree_map_only(torch.Tensor, to_numpy, args)
@@ -155,7 +161,8 @@ def _judge_against_float64(run: Run, module, args: tuple, kwargs: dict, want: li
     try:
         exact = copy.deepcopy(module).to(torch.float64)
         with torch.no_grad():
-            reference = exact(*pytree.tree_map_only(torch.Tensor, widen, args), **pytree.tree_map_only(torch.Tensor, widen, kwargs))
+            reference = exact(*pytree.tree_map_only(torch.Tensor, widen, _fresh(args)),
+                              **pytree.tree_map_only(torch.Tensor, widen, _fresh(kwargs)))
     except Exception:  # noqa: BLE001 - a module torch cannot run in float64 keeps its verdict
         return
     exact_leaves = [leaf for leaf in pytree.tree_flatten(reference)[0] if isinstance(leaf, torch.Tensor)]
