@@ -90,3 +90,25 @@ def test_a_transformers_layer_inside_a_users_module_gets_its_stand_in():
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-c", _WRAPPED], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0 and "matched" in done.stdout, done.stderr[-2000:]
+
+
+def test_privacy_filter_dense_experts_equal_the_loop():
+    """OpenAI's privacy filter: GPT-OSS's experts accumulated in float32, biases on both products, a clamped gate."""
+    from transformers.models.openai_privacy_filter.modeling_openai_privacy_filter import OpenAIPrivacyFilterExperts
+
+    from benchmarks.hf_sweep import run
+
+    config = run.build(run.load_configs()["openai_privacy_filter"], "OpenAIPrivacyFilterModel").config
+    torch.manual_seed(0)
+    experts = OpenAIPrivacyFilterExperts(config)
+    for param in experts.parameters():
+        torch.nn.init.normal_(param, std=0.2)
+    tokens, k = 10, 2
+    x = torch.randn(tokens, config.hidden_size)
+    index = torch.stack([torch.randperm(experts.num_experts)[:k] for _ in range(tokens)])
+    weights = torch.rand(tokens, k).softmax(-1)
+    want = experts(x, router_indices=index, routing_weights=weights)
+    with trace_forwards.installed(experts) as replaced:
+        got = experts(x, router_indices=index, routing_weights=weights)
+    assert replaced == ["OpenAIPrivacyFilterExperts"]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

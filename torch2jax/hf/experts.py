@@ -1,12 +1,13 @@
 """Mixture-of-experts layers whose transformers code loops over the experts its tokens hit, written densely for
 torch.export (registered with capture/trace_forwards.py; installed only while tracing): DBRX, LongCat-Flash, JetMoE,
-NLLB-MoE and SwitchTransformers (whose routers also cast their classifier inside forward).
+NLLB-MoE, SwitchTransformers (whose routers also cast their classifier inside forward) and OpenAI's privacy filter.
 
 `for e in hit.nonzero(): idx, tok = torch.where(mask[e]); ... index_add_(0, tok, ...)` gives every shape from the
 routing, which torch.export cannot capture. The forms here run every expert on every token and weight each result
 by the token's routing weight for that expert (0 where it was not routed there): the same sums in another order,
 static shapes, and E/k times the expert FLOPs of the sparse loop. Classes decorated with transformers'
-`use_experts_implementation` need none of this: `set_experts_implementation("batched_mm")` covers them.
+`use_experts_implementation` need none of this once `set_experts_implementation("batched_mm")` is called (as
+torch2jax.hf does); the privacy filter's is registered because its own loop is what runs otherwise.
 """
 
 from __future__ import annotations
@@ -127,7 +128,21 @@ def jetmoe_parallel_experts(self, inputs: torch.Tensor, expert_size: torch.Tenso
     return every.gather(1, expert[:, None, None].expand(-1, 1, every.shape[-1])).squeeze(1)
 
 
+def privacy_filter_experts(self, hidden_states: torch.Tensor, router_indices: torch.Tensor,
+                           routing_weights: torch.Tensor) -> torch.Tensor:
+    """transformers' OpenAIPrivacyFilterExperts.forward (GPT-OSS's experts, accumulated in float32): gate_up holds
+    each expert's (hidden, 2 * ffn) block with its bias, the gate half first."""
+    x = hidden_states.float()
+    gate_up = torch.einsum("th,ehf->etf", x, self.gate_up_proj.float()) + self.gate_up_proj_bias.float()[:, None]
+    gated = self._apply_gate(gate_up).float()
+    out = torch.einsum("etf,efh->eth", gated, self.down_proj.float()) + self.down_proj_bias.float()[:, None]
+    weights = _routing_weights(router_indices, routing_weights, self.num_experts + 1)[:, : self.num_experts]
+    return torch.einsum("eth,te->th", out, weights).to(hidden_states.dtype)
+
+
 trace_forwards.register("transformers.models.dbrx.modeling_dbrx.DbrxExperts", dbrx_experts)
+trace_forwards.register("transformers.models.openai_privacy_filter.modeling_openai_privacy_filter."
+                        "OpenAIPrivacyFilterExperts", privacy_filter_experts)
 trace_forwards.register("transformers.models.jetmoe.modeling_jetmoe.JetMoeTopKGating", jetmoe_gating)
 trace_forwards.register("transformers.models.jetmoe.modeling_jetmoe.JetMoeParallelExperts", jetmoe_parallel_experts)
 trace_forwards.register("transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeExperts", nllb_moe_experts)
