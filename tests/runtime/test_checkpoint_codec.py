@@ -41,3 +41,21 @@ def test_a_zstd_checkpoint_still_loads(tmp_path):
     restored = checkpoint.restore_params(tmp_path / "params", _tree(params))
     for name, value in params.items():
         np.testing.assert_array_equal(np.asarray(restored[name]), np.asarray(value))
+
+
+def _chunk_files(root) -> int:
+    return sum(1 for path in root.rglob("*") if path.is_file() and not path.name.startswith(".") and path.name[0].isdigit())
+
+
+def test_a_dim_with_a_large_prime_factor_is_not_cut_into_tiny_chunks(tmp_path):
+    """167842 = 2 x 83921 rows: at an 8 MiB target Orbax, which cuts dims only at their divisors, wrote two rows per
+    chunk (84 K files for 21 MB). In memory and streamed, the chunks are now at least 1 MiB: two of them."""
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((167842, 32), dtype=np.float32)
+    checkpoint.save_params({"embed.weight": jax.device_put(table)}, tmp_path / "memory")
+    streamed = {"embed.weight": checkpoint.DeferredArray(table.shape, table.dtype, lambda: table.copy())}
+    checkpoint.save_streamed_params(streamed, tmp_path / "streamed")
+    for root in (tmp_path / "memory", tmp_path / "streamed"):
+        assert 1 <= _chunk_files(root) <= 4, root.name
+        restored = checkpoint.restore_params(root, {"embed.weight": ((167842, 32), "float32")})
+        np.testing.assert_array_equal(np.asarray(restored["embed.weight"]), table)
