@@ -77,6 +77,7 @@ def render(results: dict[str, Any], configs: dict[str, Any]) -> str:
     base = [r for r in rows if r.get("role") == "base"]
     heads = [r for r in rows if r.get("role") == "head"]
     timed = [r for r in rows if r.get("timing") == TIMING]  # rows timed as run.py times them now
+    untimed = sum(r["status"] == OK and r.get("timing") != TIMING for r in rows)
     ours_times = [r["seconds"]["total"] for r in timed if r["status"] == OK and "total" in r.get("seconds", {})]
     onnx_times = [r["onnx"]["seconds"] for r in timed if r.get("onnx", {}).get("status") == OK and r["onnx"].get("seconds")]
     both = [(r["seconds"]["total"], r["onnx"]["seconds"]) for r in timed
@@ -125,9 +126,8 @@ def render(results: dict[str, Any], configs: dict[str, Any]) -> str:
             "params) + load + the loaded artifact's runs (its compilation included); for ONNX, export + save + "
             "session + one run. Torch's own forward passes and the comparisons are not counted for either. One row "
             "at a time on a shared 2-core machine"
-            + (f"; the {len(rows) - len(timed)} rows timed another way or with an earlier converter (TIMING in "
-               "run.py) are left out until run again"
-               if len(timed) < len(rows) else "") + ":",
+            + (f"; the {untimed} passing rows timed another way or with an earlier converter (TIMING in "
+               "run.py) are left out until run again" if untimed else "") + ":",
             "",
             "| | median | worst |",
             "|---|---|---|",
