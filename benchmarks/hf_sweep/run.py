@@ -412,18 +412,20 @@ def mismatch_cause(module: Any, inputs: dict[str, Any], expected: Any) -> str | 
     import torch
 
     from torch2jax.diagnose.bisect import bisect
+    from torch2jax.diagnose.verify import TOLERANCES
 
+    rtol, atol = TOLERANCES["float32"]
     try:
-        program = torch.export.export(module, (), kwargs=inputs, strict=False)
+        program = torch.export.export(module, (), kwargs=_copies(inputs), strict=False)
         with torch.no_grad():
-            traced = program.module()(**inputs)
+            traced = program.module()(**_copies(inputs))
         pairs = list(zip(_tensor_leaves(expected), _tensor_leaves(traced)))
         worst = max((float((w.double() - t.double()).abs().max()) for w, t in pairs
                      if w.is_floating_point() and w.shape == t.shape and w.numel()
-                     and not torch.allclose(w, t, rtol=1e-4, atol=1e-5, equal_nan=True)), default=0.0)
+                     and not torch.allclose(w, t, rtol=rtol, atol=atol, equal_nan=True)), default=0.0)
         if worst:
             return f"torch.export's own program departs from eager by {worst:.3g} (the model takes another path when traced)"
-        divergence, _ = bisect(module, (), inputs)
+        divergence, _ = bisect(module, (), _copies(inputs))
     except Exception:  # noqa: BLE001 - a diagnosis that fails leaves the row's error as it is
         return None
     if divergence is None:
@@ -514,14 +516,8 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--rerun", action="store_true", help="run rows already in the results again")
     parser.add_argument("--retime", action="store_true", help="run again the passing rows timed another way (TIMING)")
-    parser.add_argument("--row", help=argparse.SUPPRESS)  # child mode: TYPE:CLASS
-    parser.add_argument("--partial", type=Path, help=argparse.SUPPRESS)
     ns = parser.parse_args()
     configs = load_configs()
-    if ns.row:
-        model_type, class_name = ns.row.split(":", 1)
-        run_row(configs[model_type], class_name, partial=ns.partial)
-        return
     index, count = (int(x) for x in ns.shard.split("/"))
     rows = [r for i, r in enumerate(rows_of(configs)) if i % count == index]
     if ns.only:

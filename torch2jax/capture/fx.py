@@ -38,11 +38,12 @@ _OUTPUT_KIND = {
 class Captured:
     """The portable graph plus what only torch could tell: params as tensors and op schemas."""
 
-    def __init__(self, graph: Graph, tensors: dict[str, torch.Tensor], schemas: dict[str, str]):
+    def __init__(self, graph: Graph, tensors: dict[str, torch.Tensor], schemas: dict[str, str],
+                 input_writes: list[str] | None = None):
         self.graph = graph
         self.tensors = tensors
         self.schemas = schemas
-        self.input_writes: list[str] = []  # the user inputs forward() writes into, with their lines (dropped)
+        self.input_writes = input_writes or []  # the user inputs forward() writes into, with their lines (dropped)
 
 
 def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str],
@@ -89,9 +90,7 @@ def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str],
             inp.target = param_renames.get(inp.target, inp.target)
         tensors = {param_renames.get(name, name): t for name, t in tensors.items()}
         graph.aliases = {param_renames.get(k, k): param_renames.get(v, v) for k, v in graph.aliases.items()}
-    captured = Captured(graph, tensors, capturer.schemas)
-    captured.input_writes = input_writes
-    return captured
+    return Captured(graph, tensors, capturer.schemas, input_writes)
 
 
 def input_writes_notice(lines: list[str]) -> str:

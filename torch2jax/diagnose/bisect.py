@@ -78,7 +78,7 @@ def bisect(module: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> 
 
 
 # ops whose indices are an order that torch leaves unspecified among equal values (a stable sort's is specified)
-ORDER_OPS = {"aten.topk.default": 1, "aten.sort.default": None}  # op -> the arg giving k (None: the whole dim)
+ORDER_OPS = {"aten.topk.default", "aten.sort.default"}
 
 
 def _order_of_ties(node: Node, nodes: dict[str, Node], expected: dict[str, Any]) -> bool:

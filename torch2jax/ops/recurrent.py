@@ -28,13 +28,12 @@ def mkldnn_rnn_layer(x, weight_ih, weight_hh, bias_ih, bias_hh, hx, cx, reverse,
                             f"{num_layers} layers, bidirectional={bidirectional}, packed={bool(batch_sizes)})")
     steps = jnp.swapaxes(x, 0, 1) if batch_first else x  # [T, B, I]
     projected = steps @ weight_ih.T
-    recurrent_bias = bias_hh if has_biases else 0
-    if has_biases:
-        projected = projected + bias_ih
+    if has_biases:  # both biases are per step and constant: added once, ahead of the loop
+        projected = projected + (bias_ih + bias_hh)
 
     def step(carry, inputs):
         h, c = carry
-        gates = inputs + h @ weight_hh.T + recurrent_bias
+        gates = inputs + h @ weight_hh.T
         i, f, g, o = jnp.split(gates, 4, axis=-1)
         c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
         h = jax.nn.sigmoid(o) * jnp.tanh(c)
