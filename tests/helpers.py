@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -52,6 +53,20 @@ def run_without_torch(code: str, timeout: int = 300) -> subprocess.CompletedProc
 def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """Run the installed `torch2jax` console script as a user would."""
     return subprocess.run([CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+def cli_convert_int4(source: Path, out: Path, stage: str) -> dict:
+    """`torch2jax convert hf:SOURCE --quantize int4 --group-size 32` (streamed, verified): checks that the `stage`
+    progress line was shown and that verification ran with the int4 weights dequantized and matched every greedy
+    token; returns the manifest's quantization section."""
+    result = cli("convert", f"hf:{source}", "--max-cache-len", "96", "--max-batch", "2", "--quantize", "int4",
+                 "--group-size", "32", "--platforms", "cpu", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert f"[quantize] {stage} to int4" in result.stderr
+    assert "its int4 weights dequantized" in result.stdout and "row 1: 16 of 16 greedy tokens equal" in result.stdout
+    quantized = json.loads((out / "manifest.json").read_text())["params"]["quantization"]
+    assert quantized["scheme"] == "int4" and quantized["group_size"] == 32
+    return quantized
 
 
 def cli_convert_streamed(source: Path, out: Path) -> str:

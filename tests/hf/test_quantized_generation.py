@@ -12,7 +12,7 @@ import torch2jax
 from torch2jax.capture.converter import quantize_like
 from torch2jax.hf.verify import check_generation, verify_generation
 
-from ..helpers import cli
+from ..helpers import cli, cli_convert_int4
 from ..serve.lms import load_lm, write_lm
 
 
@@ -32,27 +32,14 @@ def test_int8_generates_as_transformers_does_with_the_weights_dequantized(llama)
 
 def test_int4_streamed_through_the_cli_is_verified_and_inspected(llama, tmp_path):
     out = tmp_path / "int4"
-    result = cli("convert", f"hf:{llama}", "--max-cache-len", "48", "--max-batch", "2", "--quantize", "int4", "--group-size", "32",
-                 "--platforms", "cpu", "--out", str(out))
-    assert result.returncode == 0, result.stderr
-    assert "[quantize] quantize the matmul weights to int4" in result.stderr
-    assert "its int4 weights dequantized" in result.stdout and "row 1: 16 of 16 greedy tokens equal" in result.stdout
+    quantized = cli_convert_int4(llama, out, "quantize the matmul weights")
+    assert len(quantized["params"]) == 15
     manifest = json.loads((out / "manifest.json").read_text())
-    quantized = manifest["params"]["quantization"]
-    assert quantized["scheme"] == "int4" and quantized["group_size"] == 32 and len(quantized["params"]) == 15
     tree = manifest["params"]["tree"]
     up = "model.layers.0.mlp.up_proj.weight"
     assert tree[up] == {"dtype": "uint8", "shape": [128, 32]} and tree[f"{up}_scale"] == {"dtype": "float32", "shape": [128, 2]}
     inspected = cli("inspect", str(out))
     assert "quantized int4 weight-only, groups of 32 input columns: 15 matmul weights" in inspected.stdout
-
-
-def test_quantize_is_refused_for_encoder_decoders(tmp_path):
-    from ..serve.seq2seqs import write_seq2seq
-
-    source = write_seq2seq("t5", tmp_path)
-    with pytest.raises(torch2jax.InputSpecError, match="quantize= is for causal LMs"):
-        torch2jax.convert_hf(source, max_cache_len=16, max_batch=2, quantize="int8")
 
 
 def test_a_checkpoint_quantized_by_another_tool_is_refused_naming_the_method(llama, tmp_path):

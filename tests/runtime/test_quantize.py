@@ -9,8 +9,8 @@ import torch
 
 import torch2jax
 from torch2jax.capture.converter import quantize_like
-from torch2jax.errors import InputSpecError
-from torch2jax.runtime.quantize import dequantize_array, quantize_array
+from torch2jax.errors import ExportError, InputSpecError
+from torch2jax.runtime.quantize import dequantize_array, quantize_array, share_quantized_params
 
 from ..helpers import hlo_computations, torch_out
 
@@ -86,6 +86,26 @@ def test_int4_with_an_odd_number_of_groups_computes_what_torch_does():
         assert jm.params["0.weight"].shape == (64, 64)  # 96 columns: 64 in the low nibbles, 32 and padding in the high
         want = torch_out(quantize_like(module, jm.quantization), x)
         np.testing.assert_allclose(np.asarray(jm(x.numpy())), want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+class EmbedOnly(MLP):
+    """The same params as MLP; forward reads only the embedding and the norm (as an image encoder reads none of the
+    language model's projections)."""
+
+    def forward(self, ids):
+        return self.norm(self.embed(ids))
+
+
+def test_another_entry_point_over_the_params_takes_the_quantized_placeholders():
+    ids = torch.randint(0, 50, (2, 7))
+    jm = torch2jax.convert(MLP().eval(), (ids,), quantize="int8")
+    other = torch2jax.convert(EmbedOnly().eval(), (ids,))
+    shared = share_quantized_params(other.graph, jm)
+    placeholders = {inp.target: inp.meta for inp in shared.inputs if inp.kind == "parameter"}
+    assert placeholders["up.weight"].dtype == "int8" and placeholders["up.weight_scale"].shape == [128]
+    assert placeholders["norm.weight"].dtype == "float32"
+    with pytest.raises(ExportError, match="2 quantized weights are also read by another entry point.*up.weight"):
+        share_quantized_params(torch2jax.convert(MLP().eval(), (ids,)).graph, jm)
 
 
 def test_quantize_asks_for_a_known_scheme():

@@ -54,31 +54,31 @@ def convert_hf(
         once saved and loaded).
       repeat_layers: False traces every decoder layer; by default a stack of alike layers is traced at 3 and 4 layers
         and a middle one repeated, after checking that this reproduces the 4-layer trace.
-      quantize: causal LMs: "int8" (per output row), "int4" (in groups of `group_size` input columns) or
-        "int8-dynamic" (int8 weights, inputs rounded to int8 rows at each product): the
-        weights of the decoder's projections and the LM head are stored quantized (runtime/quantize.py).
+      quantize: causal LMs and image-text-to-text models: "int8" (per output row), "int4" (in groups of `group_size`
+        input columns) or "int8-dynamic" (int8 weights, inputs rounded to int8 rows at each product): the weights
+        of the decoder's projections and the LM head are stored quantized (runtime/quantize.py); a vision tower
+        keeps the model's dtype.
       group_size: int4's group of input columns sharing one scale.
       progress: called with (stage, message) as each conversion stage starts.
     """
     task = task_of(source, task)
     check_generation_task(task)
     if task == IMAGE_TEXT_TO_TEXT:
-        if quantize is not None:
-            raise InputSpecError("quantize= is for causal LMs (text-generation); convert image-text-to-text models without it")
         weights = None
         if stream_weights:
             vlm, directory, weights = _streamed(source, vision=True)
         else:
             vlm, directory = vision_language_from(source)
         generator = convert_vision_language(vlm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype,
-                                            progress=progress, weights=weights)
+                                            progress=progress, weights=weights, quantize=quantize, group_size=group_size)
         if directory is not None:
             generator.tokenizer_files = {**tokenizer_files(directory), **processor_files(directory)}
             generator.vision = with_processor_text(generator.vision, directory)
         return generator
     if task == TEXT2TEXT_GENERATION:
         if quantize is not None:
-            raise InputSpecError("quantize= is for causal LMs (text-generation); convert encoder-decoders without it")
+            raise InputSpecError("quantize= is for causal LMs and image-text-to-text models; convert encoder-decoders "
+                                 "(text2text-generation) without it")
         if stream_weights:
             raise InputSpecError("stream_weights=True is for causal LMs and image-text-to-text models; text2text-generation "
                                  "models load in memory: pass stream_weights=False")

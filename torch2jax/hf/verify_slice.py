@@ -70,7 +70,8 @@ def _convert_slice(directory: Path, config: Any, out: Path, dtype: str | None, m
     lm, _, weights = streamed_causal_lm(directory, config, vision=vision)
     if vision:
         generator = convert_vision_language(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype,
-                                            weights=weights)
+                                            weights=weights, quantize=quantization.get("scheme"),
+                                            group_size=quantization.get("group_size", DEFAULT_GROUP_SIZE))
     else:
         generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, weights=weights,
                                       repeat_layers=SLICE_UNITS if repeat_layers else False,

@@ -12,6 +12,9 @@ patches in merge groups, a per-image attention mask instead of cu_seqlens) and a
 [3, B, T]: its 3-D rotary positions minus the text positions (the runtime computes them, serve/vision_language.py
 rope_index; decode passes zeros and continues from each row's largest position + 1).
 
+With `quantize`, the language step's matrix-product weights (its projections and LM head) are stored quantized as a
+causal LM's are (runtime/quantize.py); the vision tower and projector, run once per image, keep the model's dtype.
+
 Where each image feature goes is what transformers computes in Python from the input ids (its
 `get_placeholder_mask` and `masked_scatter`: the image tokens in row-major order take the feature rows in
 order); the torch-free runtime computes `image_index` from the ids the same way (serve/vision_language.py).
@@ -33,6 +36,7 @@ from ..capture.fake_params import has_fake_parameters, to_dtype
 from ..capture.fx import dtype_name
 from ..errors import ExportError, InputSpecError
 from ..runtime.model import Model
+from ..runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_model, share_quantized_params
 from ..serve.generator import GenerationSpec
 from ..serve.vision_language import VisionLanguageGenerator, VisionSpec
 from .causal_lm import DecoderStep, example_step_inputs, step_dynamic_shapes
@@ -158,11 +162,15 @@ def check_supported(vlm: torch.nn.Module) -> None:
 
 
 def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, max_batch: int = 8, dtype: Any = None,
-                            progress: Any = None, weights: Any = None) -> VisionLanguageGenerator:
+                            progress: Any = None, weights: Any = None, quantize: str | None = None,
+                            group_size: int = DEFAULT_GROUP_SIZE) -> VisionLanguageGenerator:
     """A transformers vision-language model -> a torch-free `VisionLanguageGenerator` (encode_image, prefill, decode).
-    `weights` (a capture.weight_source.WeightSource) streams the params of a model built with fake parameters."""
+    `weights` (a capture.weight_source.WeightSource) streams the params of a model built with fake parameters;
+    `quantize` / `group_size` as in hf.causal_lm.convert_causal_lm, for the language step's weights."""
     check_limits(max_cache_len, max_batch)
     check_supported(vlm)
+    if quantize is not None:
+        check_scheme(quantize, group_size)
     vlm = vlm.eval()
     if dtype is not None:
         target = getattr(torch, dtype) if isinstance(dtype, str) else dtype
@@ -171,7 +179,7 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
             weights.cast = True  # the checkpoint's floating tensors are converted to `dtype` as they are read
     if type(vlm).__name__ in VARIABLE_RESOLUTION:
         return convert_variable_resolution(vlm, max_cache_len=max_cache_len, max_batch=max_batch, progress=progress,
-                                           weights=weights)
+                                           weights=weights, quantize=quantize, group_size=group_size)
     config = vlm.config
     vision = config.vision_config
     pixel_shape = (int(getattr(vision, "num_channels", 3)), int(vision.image_size), int(vision.image_size))
@@ -199,13 +207,7 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
     step = MultimodalStep(vlm, layout, blocks, prefix_lm=kind in PREFIX_LM, position_offset=POSITION_OFFSET.get(kind, 0))
     captured, _ = trace(step.eval(), (*step_args, features, index), None,
                         (*shapes, {0: feature_rows}, shapes[0]), timer, what=" of the multimodal step")
-    _drop_unused_symbols(captured.graph)
-    prefill = model_from(captured, timer, weights)
-    if set(encode.params) != set(prefill.params):
-        raise ExportError("the image encoder and the language step do not share one params tree: "
-                          f"{sorted(set(encode.params) ^ set(prefill.params))[:10]}")
-    encode = Model(encode._run, prefill.params, encode.graph)  # one params dict for all three
-    decode = Model(prefill._run, prefill.params, prefill.graph.with_fixed_dims({"tokens": 1, "image_rows": 1}))
+    encode, prefill, decode = _entry_points(encode, captured, timer, weights, quantize, group_size)
     spec = GenerationSpec(**generation_fields(vlm, layout, max_batch))
     image_token = getattr(config, "image_token_id", None)
     if image_token is None:
@@ -219,7 +221,8 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
 
 
 def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max_batch: int, progress: Any = None,
-                                weights: Any = None) -> VisionLanguageGenerator:
+                                weights: Any = None, quantize: str | None = None,
+                                group_size: int = DEFAULT_GROUP_SIZE) -> VisionLanguageGenerator:
     """Qwen2-VL: encode_image over merged groups of patches (PatchEncoder), prefill/decode with 3-D rotary offsets."""
     config, vision = vlm.config, vlm.config.vision_config
     merge = int(vision.spatial_merge_size)
@@ -249,18 +252,31 @@ def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max
     step = MultimodalStep(vlm, layout)
     captured, _ = trace(step.eval(), (*step_args, features, index, offsets), None,
                         (*shapes, {0: merged}, shapes[0], offset_dims), timer, what=" of the multimodal step")
-    _drop_unused_symbols(captured.graph)
-    prefill = model_from(captured, timer, weights)
-    if set(encode.params) != set(prefill.params):
-        raise ExportError("the image encoder and the language step do not share one params tree: "
-                          f"{sorted(set(encode.params) ^ set(prefill.params))[:10]}")
-    encode = Model(encode._run, prefill.params, encode.graph)
-    decode = Model(prefill._run, prefill.params, prefill.graph.with_fixed_dims({"tokens": 1, "image_rows": 1}))
+    encode, prefill, decode = _entry_points(encode, captured, timer, weights, quantize, group_size)
     spec = GenerationSpec(**generation_fields(vlm, layout, max_batch))
     spec_vision = VisionSpec(image_token_id=int(config.image_token_id), tokens_per_image=0, feature_size=feature_size,
                              feature_dtype=dtype_name(dtype), pixel_shape=(patch_dim,), max_images=max_rows,
                              spatial_merge_size=merge)
     return VisionLanguageGenerator(encode, prefill, decode, spec, spec_vision)
+
+
+def _entry_points(encode: Model, captured: Any, timer: StageTimer, weights: Any, quantize: str | None,
+                  group_size: int) -> tuple[Model, Model, Model]:
+    """(encode_image, prefill, decode) over one params dict, from the encoder's model and the traced multimodal step;
+    with `quantize`, the step's matrix-product weights quantized (the encoder reads none of them)."""
+    _drop_unused_symbols(captured.graph)
+    prefill = model_from(captured, timer, weights)
+    if set(encode.params) != set(prefill.params):
+        raise ExportError("the image encoder and the language step do not share one params tree: "
+                          f"{sorted(set(encode.params) ^ set(prefill.params))[:10]}")
+    if quantize is not None:
+        with timer.stage("quantize", f"quantize the language model's matmul weights to {quantize}"):
+            prefill = quantize_model(prefill, quantize, group_size)
+        encode = Model(encode._run, prefill.params, share_quantized_params(encode.graph, prefill))
+    encode = Model(encode._run, prefill.params, encode.graph)  # one params dict for all three
+    decode = Model(prefill._run, prefill.params, prefill.graph.with_fixed_dims({"tokens": 1, "image_rows": 1}))
+    decode.quantization = prefill.quantization
+    return encode, prefill, decode
 
 
 def _drop_unused_symbols(graph: Any) -> None:

@@ -14,7 +14,7 @@ from ..hf.convert import causal_lm_from, seq2seq_lm_from
 from ..hf.directory import tokenizer_files
 from ..hf.seq2seq import convert_seq2seq
 from ..hf.streamed import streamed_causal_lm
-from ..hf.tasks import IMAGE_TEXT_TO_TEXT, TEXT2TEXT_GENERATION, TEXT_GENERATION
+from ..hf.tasks import IMAGE_TEXT_TO_TEXT, TEXT2TEXT_GENERATION
 from ..hf.verify import check_generation, verify_generation, verify_seq2seq, verify_vision_language
 from ..hf.verify_slice import verify_streamed
 from ..hf.vision_language import convert_vision_language, processor_files, vision_language_from, with_processor_text
@@ -33,8 +33,8 @@ def export_generator(target: str, out: Path, *, task: str, stream: bool, platfor
             progress(stage, message)
 
     checks: list[str] = []
-    if quantize is not None and task != TEXT_GENERATION:
-        raise InputSpecError(f"--quantize is for causal LMs (text-generation); convert {task} models without it")
+    if quantize is not None and task == TEXT2TEXT_GENERATION:
+        raise InputSpecError(f"--quantize is for causal LMs and image-text-to-text models; convert {task} models without it")
     if stream:
         vision = task == IMAGE_TEXT_TO_TEXT
         report("build model", f"build {target} with fake parameters, map its safetensors files")
@@ -42,7 +42,7 @@ def export_generator(target: str, out: Path, *, task: str, stream: bool, platfor
         gigabytes = weights.checkpoint.nbytes / 1e9
         if vision:
             generator = convert_vision_language(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype,
-                                                progress=progress, weights=weights)
+                                                progress=progress, weights=weights, quantize=quantize, group_size=group_size)
         else:
             generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype,
                                           progress=progress, weights=weights, repeat_layers=repeat_layers, quantize=quantize,
@@ -61,7 +61,7 @@ def export_generator(target: str, out: Path, *, task: str, stream: bool, platfor
         if task == IMAGE_TEXT_TO_TEXT:
             lm, directory = vision_language_from(target)
             generator = convert_vision_language(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype,
-                                                progress=progress)
+                                                progress=progress, quantize=quantize, group_size=group_size)
             compare, entries = verify_vision_language, "encode_image, prefill and decode"
         elif task == TEXT2TEXT_GENERATION:
             lm, directory = seq2seq_lm_from(target)

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputSpecError
+from ..errors import ExportError, InputSpecError
 from ..ir import dtypes
 from ..ir.graph import Graph, GraphInput, Node, TensorMeta, iter_refs
 from ..lowering import interpreter, passes
@@ -68,6 +68,23 @@ def quantize_model(model: Model, scheme: str, group_size: int = DEFAULT_GROUP_SI
         "bytes_after": _nbytes(params),
     }
     return quantized
+
+
+def share_quantized_params(graph: Graph, quantized: Model) -> Graph:
+    """`graph`, another entry point over the params of `quantized` that reads none of its quantized weights (a
+    vision-language model's image encoder), with its placeholders of those weights replaced by the quantized pair
+    (values and scales), so that its graph.json describes the params it is given."""
+    names = set(quantized.quantization["params"])
+    placeholders = {inp.name: inp.target for inp in graph.inputs if inp.target in names}
+    read = {ref for node in graph.nodes for ref in iter_refs([node.args, node.kwargs])}
+    read |= {ref for out in graph.outputs for ref in iter_refs(out.value)}
+    shared = sorted(target for name, target in placeholders.items() if name in read)
+    if shared:
+        raise ExportError(f"{len(shared)} quantized weights are also read by another entry point, which would then "
+                          f"read them quantized: {', '.join(shared[:5])}")
+    pairs = {n for name in names for n in (name, name + SCALE_SUFFIX)}
+    kept = [inp for inp in graph.inputs if inp.name not in placeholders]
+    return dataclasses.replace(graph, inputs=kept + [inp for inp in quantized.graph.inputs if inp.target in pairs])
 
 
 def check_scheme(scheme: str | None, group_size: int) -> None:
