@@ -54,8 +54,8 @@ from .common import Progress, handles_errors
                    "4 layers and a middle layer's graph repeated for the rest (checked: 3 repeated to 4 must equal 4 traced, "
                    "else every layer is traced), which makes deep models several times faster to convert.")
 @click.option("--quantize", type=click.Choice(["int8", "int4", "int8-dynamic"]),
-              help="Store the weights of the matrix products (nn.Linear's: a decoder's projections and LM head; a "
-                   "vision-language model's language model, not its vision tower) quantized, "
+              help="Store the weights of the matrix products (nn.Linear's: the projections and LM head of a decoder, an "
+                   "encoder-decoder or a vision-language model's language model, not its vision tower) quantized, "
                    "weight-only: int8 with one scale per output row, int4 two per byte with one scale per --group-size "
                    "input columns; int8-dynamic stores int8 and also rounds each Linear's input rows to int8 as it "
                    "multiplies (int8 x int8 products: no float copy of a weight on CPU). Verification compares with torch "

@@ -55,12 +55,13 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
 
 
-def cli_convert_int4(source: Path, out: Path, stage: str) -> dict:
-    """`torch2jax convert hf:SOURCE --quantize int4 --group-size 32` (streamed, verified): checks that the `stage`
-    progress line was shown and that verification ran with the int4 weights dequantized and matched every greedy
-    token; returns the manifest's quantization section."""
-    result = cli("convert", f"hf:{source}", "--max-cache-len", "96", "--max-batch", "2", "--quantize", "int4",
-                 "--group-size", "32", "--platforms", "cpu", "--out", str(out))
+def cli_convert_int4(source: Path, out: Path, stage: str, *limits: str) -> dict:
+    """`torch2jax convert hf:SOURCE --quantize int4 --group-size 32` (verified; `limits` default to a cache of 96 and
+    a batch of 2): checks that the `stage` progress line was shown and that verification ran with the int4 weights
+    dequantized and matched every greedy token; returns the manifest's quantization section."""
+    limits = limits or ("--max-cache-len", "96", "--max-batch", "2")
+    result = cli("convert", f"hf:{source}", *limits, "--quantize", "int4", "--group-size", "32", "--platforms", "cpu",
+                 "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert f"[quantize] {stage} to int4" in result.stderr
     assert "its int4 weights dequantized" in result.stdout and "row 1: 16 of 16 greedy tokens equal" in result.stdout

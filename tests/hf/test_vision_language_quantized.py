@@ -96,11 +96,3 @@ def test_quantized_image_generation_from_the_cli(tmp_path):
                                pixel_values=torch.from_numpy(pixels))
     _, parts = vlms.build("llava")
     assert shown.stdout.strip() == parts.tokenizer.decode(want[0, ids.shape[1]:], skip_special_tokens=True)
-
-
-def test_encoder_decoders_are_still_refused(tmp_path):
-    from ..serve.seq2seqs import write_seq2seq
-
-    source = write_seq2seq("t5", tmp_path)
-    with pytest.raises(torch2jax.InputSpecError, match="quantize= is for causal LMs and image-text-to-text models"):
-        torch2jax.convert_hf(source, max_cache_len=16, max_batch=2, quantize="int8")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import torch
 import torch2jax
 from torch2jax.capture.converter import quantize_like
 from torch2jax.errors import ExportError, InputSpecError
+from torch2jax.lowering import passes
 from torch2jax.runtime.quantize import dequantize_array, quantize_array, share_quantized_params
 
 from ..helpers import hlo_computations, torch_out
@@ -106,6 +109,15 @@ def test_another_entry_point_over_the_params_takes_the_quantized_placeholders():
     assert placeholders["norm.weight"].dtype == "float32"
     with pytest.raises(ExportError, match="2 quantized weights are also read by another entry point.*up.weight"):
         share_quantized_params(torch2jax.convert(MLP().eval(), (ids,)).graph, jm)
+
+
+def test_dead_nodes_are_dropped_and_a_graph_without_any_is_kept():
+    ids = torch.randint(0, 50, (2, 7))
+    graph = torch2jax.convert(MLP().eval(), (ids,)).graph
+    assert passes.drop_dead_nodes(graph) is graph
+    product = next(node for node in graph.nodes if node.op == "aten.mm.default")
+    dead = dataclasses.replace(product, name="unused_product")
+    assert passes.drop_dead_nodes(dataclasses.replace(graph, nodes=[*graph.nodes, dead])).nodes == graph.nodes
 
 
 def test_quantize_asks_for_a_known_scheme():

@@ -54,10 +54,9 @@ def convert_hf(
         once saved and loaded).
       repeat_layers: False traces every decoder layer; by default a stack of alike layers is traced at 3 and 4 layers
         and a middle one repeated, after checking that this reproduces the 4-layer trace.
-      quantize: causal LMs and image-text-to-text models: "int8" (per output row), "int4" (in groups of `group_size`
-        input columns) or "int8-dynamic" (int8 weights, inputs rounded to int8 rows at each product): the weights
-        of the decoder's projections and the LM head are stored quantized (runtime/quantize.py); a vision tower
-        keeps the model's dtype.
+      quantize: "int8" (per output row), "int4" (in groups of `group_size` input columns) or "int8-dynamic" (int8
+        weights, inputs rounded to int8 rows at each product): the weights of the projections (an encoder's and a
+        decoder's) and the LM head are stored quantized (runtime/quantize.py); a vision tower keeps the model's dtype.
       group_size: int4's group of input columns sharing one scale.
       progress: called with (stage, message) as each conversion stage starts.
     """
@@ -76,15 +75,12 @@ def convert_hf(
             generator.vision = with_processor_text(generator.vision, directory)
         return generator
     if task == TEXT2TEXT_GENERATION:
-        if quantize is not None:
-            raise InputSpecError("quantize= is for causal LMs and image-text-to-text models; convert encoder-decoders "
-                                 "(text2text-generation) without it")
         if stream_weights:
             raise InputSpecError("stream_weights=True is for causal LMs and image-text-to-text models; text2text-generation "
                                  "models load in memory: pass stream_weights=False")
         lm, directory = seq2seq_lm_from(source)
         generator = convert_seq2seq(lm, max_cache_len=max_cache_len, max_batch=max_batch, max_source_len=max_source_len,
-                                    dtype=dtype, progress=progress)
+                                    dtype=dtype, progress=progress, quantize=quantize, group_size=group_size)
     else:
         weights = None
         if stream_weights:

@@ -23,8 +23,9 @@ from typing import Any
 
 import torch
 
-from ..capture.converter import convert, tp_plan_hints
+from ..capture.converter import StageTimer, convert, tp_plan_hints
 from ..errors import ExportError, InputSpecError
+from ..runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_entry_points
 from ..serve.seq2seq import Seq2SeqGenerator, Seq2SeqSpec
 from .kv_cache import CacheLayout, check_limits, explicit_layer_class, generation_fields
 
@@ -274,9 +275,14 @@ def decode_dynamic_shapes(layout: CacheLayout, max_batch: int, max_source_len: i
 
 
 def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch: int = 8, max_source_len: int = 512,
-                    dtype: Any = None, progress: Any = None) -> Seq2SeqGenerator:
-    """A transformers encoder-decoder -> a `Seq2SeqGenerator` (torch-free encode/decode over one params tree)."""
+                    dtype: Any = None, progress: Any = None, quantize: str | None = None,
+                    group_size: int = DEFAULT_GROUP_SIZE) -> Seq2SeqGenerator:
+    """A transformers encoder-decoder -> a `Seq2SeqGenerator` (torch-free encode/decode over one params tree).
+    `quantize` ("int8", "int4" with `group_size`, "int8-dynamic"): the matmul weights of both, the encoder's
+    projections and the decoder's (and its LM head, unless tied to the embedding), stored quantized."""
     check_limits(max_cache_len, max_batch)
+    if quantize is not None:
+        check_scheme(quantize, group_size)
     if not isinstance(max_source_len, int) or max_source_len < 2:
         raise InputSpecError(f"max_source_len must be an integer >= 2 (got {max_source_len!r})")
     if not getattr(lm.config, "is_encoder_decoder", False):
@@ -302,6 +308,9 @@ def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch:
                      dynamic_shapes=decode_dynamic_shapes(layout, max_batch, max_source_len), progress=progress)
     _share_params(encode, decode)
     encode.sharding_hints = decode.sharding_hints = tp_plan_hints(lm)
+    if quantize is not None:
+        with StageTimer(progress).stage("quantize", f"quantize the encoder's and decoder's matmul weights to {quantize}"):
+            encode, decode = quantize_entry_points([encode, decode], quantize, group_size)
     generation = getattr(lm, "generation_config", None)
     spec = Seq2SeqSpec(
         **generation_fields(lm, layout, max_batch),

@@ -89,6 +89,24 @@ def _rewritten(graph: Graph, replaced: dict[str, Node], dropped: set[str]) -> Gr
     return dataclasses.replace(graph, nodes=[replaced.get(n.name, n) for n in graph.nodes if n.name not in dropped])
 
 
+def drop_dead_nodes(graph: Graph) -> Graph:
+    """`graph` without the nodes no output (user outputs, buffer writes, effect tokens) depends on. XLA drops them
+    anyway; dropping them here matters where a pass reads which params the graph uses (an encoder-decoder's encode
+    runs the decoder once to fill its cross-attention cache and keeps only that)."""
+    by_name = {node.name: node for node in graph.nodes}
+    live: set[str] = set()
+    stack = [ref for out in graph.outputs for ref in iter_refs(out.value)]
+    while stack:
+        name = stack.pop()
+        if name in live or name not in by_name:
+            continue
+        live.add(name)
+        stack.extend(_node_refs(by_name[name]))
+    if len(live) == len(graph.nodes):
+        return graph
+    return dataclasses.replace(graph, nodes=[node for node in graph.nodes if node.name in live])
+
+
 def fold_conv_batch_norm(graph: Graph) -> Graph:
     """conv -> eval-mode batch norm becomes one conv whose weights are scaled by the norm, per call.
 

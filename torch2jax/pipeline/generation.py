@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..capture.converter import quantize_like
-from ..errors import InputSpecError
 from ..hf.causal_lm import convert_causal_lm, repeat_slice
 from ..hf.convert import causal_lm_from, seq2seq_lm_from
 from ..hf.directory import tokenizer_files
@@ -33,8 +32,6 @@ def export_generator(target: str, out: Path, *, task: str, stream: bool, platfor
             progress(stage, message)
 
     checks: list[str] = []
-    if quantize is not None and task == TEXT2TEXT_GENERATION:
-        raise InputSpecError(f"--quantize is for causal LMs and image-text-to-text models; convert {task} models without it")
     if stream:
         vision = task == IMAGE_TEXT_TO_TEXT
         report("build model", f"build {target} with fake parameters, map its safetensors files")
@@ -66,7 +63,7 @@ def export_generator(target: str, out: Path, *, task: str, stream: bool, platfor
         elif task == TEXT2TEXT_GENERATION:
             lm, directory = seq2seq_lm_from(target)
             generator = convert_seq2seq(lm, max_cache_len=max_cache_len, max_batch=max_batch, max_source_len=max_source_len,
-                                        dtype=dtype, progress=progress)
+                                        dtype=dtype, progress=progress, quantize=quantize, group_size=group_size)
             compare, entries = verify_seq2seq, "encode and decode"
         else:
             lm, directory = causal_lm_from(target)

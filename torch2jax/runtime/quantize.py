@@ -87,6 +87,32 @@ def share_quantized_params(graph: Graph, quantized: Model) -> Graph:
     return dataclasses.replace(graph, inputs=kept + [inp for inp in quantized.graph.inputs if inp.target in pairs])
 
 
+def quantize_entry_points(models: list[Model], scheme: str, group_size: int = DEFAULT_GROUP_SIZE) -> list[Model]:
+    """Entry points over one params dict (an encoder-decoder's encode and decode), each one's matmul weights
+    quantized as quantize_model does, in one params dict again; every graph's placeholders describe the quantized
+    params, and each model's `quantization` covers them all. A weight read by two entry points is refused."""
+    done: list[Model] = []
+    for model in models:  # each quantized over the params the ones before it left, its placeholders of those updated
+        graph = passes.drop_dead_nodes(model.graph)  # only what an entry point computes counts as its reads
+        for earlier in done:
+            graph = share_quantized_params(graph, earlier)
+        entry = Model(model._run, done[-1].params if done else model.params, graph)
+        entry.sharding_hints, entry.timings = model.sharding_hints, getattr(model, "timings", {})
+        done.append(quantize_model(entry, scheme, group_size))
+    final = done[-1].params
+    merged = {**done[0].quantization, "params": [name for model in done for name in model.quantization["params"]],
+              "bytes_after": _nbytes(final)}
+    result = []
+    for index, model in enumerate(done):  # and of the ones after it
+        graph = model.graph
+        for later in done[index + 1:]:
+            graph = share_quantized_params(graph, later)
+        entry = Model(model._run, final, graph)
+        entry.sharding_hints, entry.timings, entry.quantization = model.sharding_hints, model.timings, merged
+        result.append(entry)
+    return result
+
+
 def check_scheme(scheme: str | None, group_size: int) -> None:
     if scheme not in SCHEMES:
         raise InputSpecError(f"quantize must be one of {', '.join(SCHEMES)}, got {scheme!r}")
