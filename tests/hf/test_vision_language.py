@@ -17,7 +17,7 @@ from torch2jax.hf.tasks import IMAGE_TEXT_TO_TEXT, default_task, task_of
 from torch2jax.hf.verify import processor_token_types, transformers_greedy
 from torch2jax.serve.artifacts import describe
 from torch2jax.serve.generator import left_pad
-from torch2jax.serve.vision_language import image_index, rope_index
+from torch2jax.serve.vision_language import image_index, patch_windows, rope_index
 
 from ..helpers import cli, run_without_torch
 from . import vlms
@@ -267,6 +267,23 @@ def qwen_reference(model, ids, mask, pixels, grids, tokens=NEW):
                                mm_token_type_ids=torch.from_numpy((ids == vlms.IMAGE).astype(np.int32)))
 
 
+def check_qwen_batch(model, g, grids, pixels) -> tuple:
+    """A left-padded batch of two prompts of different lengths, one image each (`grids`, `pixels` in order): NEW greedy
+    tokens equal transformers' generate, and each row's equal its prompt alone; returns the batch's (ids, mask)."""
+    rows = qwen_prompts(grids, (6, 2))
+    ids, mask = left_pad(rows, vlms.PAD)
+    ours = g.generate(ids, attention_mask=mask, pixel_values=pixels, image_grid_thw=grids, max_new_tokens=NEW, eos_token_id=[])
+    np.testing.assert_array_equal(ours, qwen_reference(model, ids, mask, pixels, grids))
+    start = 0
+    for r, row in enumerate(rows):
+        patches = int(grids[r].prod())
+        alone = g.generate(np.asarray([row]), pixel_values=pixels[start:start + patches], image_grid_thw=grids[r:r + 1],
+                           max_new_tokens=NEW, eos_token_id=[])
+        np.testing.assert_array_equal(alone[0, len(row):], ours[r, ids.shape[1]:])
+        start += patches
+    return ids, mask
+
+
 def test_qwen2_vl_rope_index_equals_transformers():
     """The 3-D (temporal, height, width) positions and the decode deltas, computed in NumPy, against transformers'
     get_rope_index: left-padded rows, two images in one row, a text-only row."""
@@ -291,18 +308,8 @@ def test_qwen2_vl_greedy_equals_transformers_and_a_batch_equals_each_alone(qwen)
     row equals its prompt alone."""
     _, model, _, g = qwen
     grids = np.asarray([[1, 4, 6], [1, 6, 4]])
-    rows = qwen_prompts(grids, (6, 2))
-    ids, mask = left_pad(rows, vlms.PAD)
     pixels = np.random.default_rng(1).standard_normal((int(grids.prod(1).sum()), *g.vision.pixel_shape)).astype(np.float32)
-    ours = g.generate(ids, attention_mask=mask, pixel_values=pixels, image_grid_thw=grids, max_new_tokens=NEW, eos_token_id=[])
-    np.testing.assert_array_equal(ours, qwen_reference(model, ids, mask, pixels, grids))
-    start = 0
-    for r, row in enumerate(rows):
-        patches = int(grids[r].prod())
-        alone = g.generate(np.asarray([row]), pixel_values=pixels[start:start + patches], image_grid_thw=grids[r:r + 1],
-                           max_new_tokens=NEW, eos_token_id=[])
-        np.testing.assert_array_equal(alone[0, len(row):], ours[r, ids.shape[1]:])
-        start += patches
+    ids, mask = check_qwen_batch(model, g, grids, pixels)
     with pytest.raises(InputSpecError, match="give image_grid_thw with pixel_values"):
         g.generate(ids, attention_mask=mask, pixel_values=pixels)
     with pytest.raises(InputSpecError, match="image features and image tokens do not match"):
@@ -375,16 +382,42 @@ def test_qwen2_vl_cli_convert_and_generate_with_an_image(qwen, tmp_path):
     assert shown.stdout.strip() == parts.tokenizer.decode(want[0, ids.shape[1]:], skip_special_tokens=True)
 
 
-def test_qwen2_5_vl_is_refused_by_name():
-    """Qwen2.5-VL (window attention in its vision tower) is not converted yet: the conversion says so before tracing."""
-    import transformers as tf
+def test_qwen2_5_vl_windows_equal_transformers_window_index():
+    """The window of each merged token, computed in NumPy, groups the tokens as transformers' get_vision_window_index
+    does (its window order and cu_window_seqlens): grids whose merged sides are and are not multiples of the window."""
+    from transformers.vision_utils import get_vision_window_index
 
-    text = tf.Qwen2_5_VLTextConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                   num_attention_heads=4, num_key_value_heads=2,
-                                   rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
-    vision = tf.Qwen2_5_VLVisionConfig(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=64, num_heads=4,
-                                       patch_size=8, fullatt_block_indexes=[0])
-    model = tf.Qwen2_5_VLForConditionalGeneration(tf.Qwen2_5_VLConfig(text_config=text.to_dict(), vision_config=vision.to_dict()))
-    assert task_of(model) == IMAGE_TEXT_TO_TEXT
-    with pytest.raises(InputSpecError, match="Qwen2_5_VLForConditionalGeneration is not supported yet"):
-        torch2jax.convert_hf(model, max_cache_len=32, max_batch=1)
+    grids = np.asarray([[1, 6, 10], [1, 8, 4], [1, 2, 2], [1, 12, 6]])
+    order, bounds = get_vision_window_index(torch.from_numpy(grids), spatial_merge_size=2, window_size=32, patch_size=8)
+    bounds = bounds.numpy() // 4  # patches -> merged tokens
+    want = [sorted(order.numpy()[a:b].tolist()) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    windows = patch_windows(grids, 2, 2)
+    ours = [np.flatnonzero(windows == w).tolist() for w in np.unique(windows)]
+    assert sorted(ours) == sorted(want) and len(windows) == int(grids.prod(1).sum()) // 4
+
+
+@pytest.fixture(scope="module")
+def qwen2_5(tmp_path_factory):
+    """(the transformers model, the artifact loaded) of Qwen2.5-VL."""
+    import transformers
+
+    root = tmp_path_factory.mktemp("vlm-qwen2_5_vl")
+    source = vlms.write("qwen2_5_vl", root)
+    out = torch2jax.save(torch2jax.convert_hf(f"hf:{source}", max_cache_len=96, max_batch=2), root / "out")
+    model = transformers.AutoModelForImageTextToText.from_pretrained(source, local_files_only=True).eval()
+    return model, torch2jax.load(out)
+
+
+def test_qwen2_5_vl_greedy_equals_transformers_and_a_batch_equals_each_alone(qwen2_5):
+    """Qwen2.5-VL's windowed vision blocks (windows of 2x2 merged tokens, the grids cut into whole and partial windows)
+    and its full-attention block: the image features equal transformers', and 32 greedy tokens for a left-padded
+    batch of two images of different grids equal transformers' generate and each row alone."""
+    model, g = qwen2_5
+    assert g.vision.window_size == 2
+    grids = np.asarray([[1, 6, 10], [1, 8, 4]])
+    pixels = np.random.default_rng(1).standard_normal((int(grids.prod(1).sum()), *g.vision.pixel_shape)).astype(np.float32)
+    with torch.no_grad():
+        want = model.model.get_image_features(pixel_values=torch.from_numpy(pixels), image_grid_thw=torch.from_numpy(grids))
+    want = torch.cat(list(want.pooler_output)).numpy()
+    np.testing.assert_allclose(np.asarray(g.encode_patches(pixels, grids)), want, rtol=1e-5, atol=1e-5)
+    check_qwen_batch(model, g, grids, pixels)

@@ -103,7 +103,7 @@ def _key_styles(name: str, source: Path, model, root: Path) -> dict[str, Path]:
     styles = {"saved": source}
     stored = Checkpoint.open(source)
     styles["module"] = _rewritten(source, root / "module", {n: t.detach().numpy() for n, t in model.state_dict().items()})
-    if name != "qwen2_vl":
+    if not name.startswith("qwen2"):
         older = {n.replace("vision_tower.", "vision_tower.vision_model.", 1) if n.startswith("vision_tower.") else n:
                  stored.read(n) for n in stored.entries}
         styles["older"] = _rewritten(source, root / "older", older)
@@ -116,7 +116,7 @@ def _rewritten(source: Path, out: Path, tensors: dict) -> Path:
     return out
 
 
-@pytest.mark.parametrize("name", ["llava", "gemma3", "paligemma", "qwen2_vl"])
+@pytest.mark.parametrize("name", ["llava", "gemma3", "paligemma", "qwen2_vl", "qwen2_5_vl"])
 def test_every_key_style_maps_onto_the_same_params(name, tmp_path):
     """The four architectures' checkpoints, in each key style (transformers loads each to the same state), resolve every
     param of the fake-parameter model onto the tensor transformers loads there. No conversion: the mapping alone."""

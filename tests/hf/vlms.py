@@ -78,17 +78,30 @@ def build(name: str):
         images = tf.SiglipImageProcessorPil(size={"height": 32, "width": 32})
         images.image_seq_length = 16
         return model.eval(), tf.PaliGemmaProcessor(image_processor=images, tokenizer=tokenizer())
-    if name == "qwen2_vl":  # variable resolution: 8x8 patches merged 2x2, an image takes (h/16)*(w/16) tokens; 3-D rope
-        text_config = tf.Qwen2VLTextConfig(**text, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
-        vision = tf.Qwen2VLVisionConfig(depth=2, embed_dim=32, hidden_size=64, num_heads=4, patch_size=8, spatial_merge_size=2)
-        config = tf.Qwen2VLConfig(text_config=text_config.to_dict(), vision_config=vision.to_dict(), image_token_id=IMAGE,
-                                  vision_start_token_id=BOI, vision_end_token_id=EOI, video_token_id=SOFT)
-        model = tf.Qwen2VLForConditionalGeneration(config)
+    if name in QWEN:  # variable resolution: 8x8 patches merged 2x2, an image takes (h/16)*(w/16) tokens; 3-D rope
+        text_class, vision_class, config_class, model_class, vision = QWEN[name]
+        text_config = getattr(tf, text_class)(**text, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+        config = getattr(tf, config_class)(text_config=text_config.to_dict(), vision_config=getattr(tf, vision_class)(**vision).to_dict(),
+                                           image_token_id=IMAGE, vision_start_token_id=BOI, vision_end_token_id=EOI,
+                                           video_token_id=SOFT)
         images = tf.Qwen2VLImageProcessorPil(size={"shortest_edge": 16 * 16 * 4, "longest_edge": 16 * 16 * 24}, patch_size=8,
                                              merge_size=2)
         # Qwen2VLProcessor itself needs torchvision (its video processor): its parts, expanded as it does (qwen2_vl_inputs)
-        return model.eval(), QwenParts(images, tokenizer(), chat_template("<start_of_image><image><end_of_image>"))
+        parts = QwenParts(images, tokenizer(), chat_template("<start_of_image><image><end_of_image>"))
+        return getattr(tf, model_class)(config).eval(), parts
     raise KeyError(name)
+
+
+# (text config, vision config, config, model class, vision config's sizes) of the Qwen2-VL family
+QWEN = {
+    "qwen2_vl": ("Qwen2VLTextConfig", "Qwen2VLVisionConfig", "Qwen2VLConfig", "Qwen2VLForConditionalGeneration",
+                 dict(depth=2, embed_dim=32, hidden_size=64, num_heads=4, patch_size=8, spatial_merge_size=2)),
+    # RMSNorm / SwiGLU vision blocks, the first attending within windows of 2x2 merged tokens (window_size 32 = 2 merged
+    # tokens of 2 patches of 8 pixels), the second over the whole image
+    "qwen2_5_vl": ("Qwen2_5_VLTextConfig", "Qwen2_5_VLVisionConfig", "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration",
+                   dict(depth=2, hidden_size=32, out_hidden_size=64, intermediate_size=64, num_heads=4, patch_size=8,
+                        spatial_merge_size=2, window_size=32, fullatt_block_indexes=[1])),
+}
 
 
 class QwenParts:

@@ -46,9 +46,9 @@ from .kv_cache import cache_layout, check_limits, generation_fields
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "chat_template.jinja", "chat_template.json")
 IMAGES_PER_PROMPT = 4  # the encoder's symbolic image count goes up to this many images per prompt of the batch
 SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", "PaliGemmaForConditionalGeneration",
-             "Qwen2VLForConditionalGeneration")
+             "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
 # variable-resolution models: flattened patches + image_grid_thw in, multimodal (3-D) rotary positions
-VARIABLE_RESOLUTION = ("Qwen2VLForConditionalGeneration",)
+VARIABLE_RESOLUTION = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
 # models whose image tokens attend to each other both ways within one image (transformers' token_type_ids blocks)
 BIDIRECTIONAL_IMAGES = ("Gemma3ForConditionalGeneration",)
 # prefix-LMs: the whole prompt (image and text, token type 0) attends both ways; generated tokens causally
@@ -73,32 +73,47 @@ class ImageEncoder(torch.nn.Module):
 
 
 class PatchEncoder(torch.nn.Module):
-    """Qwen2-VL's vision tower over variable-resolution patches, exportable with a symbolic patch count:
+    """Qwen2-VL's (and Qwen2.5-VL's) vision tower over variable-resolution patches, exportable with a symbolic patch
+    count:
 
-        forward(pixel_values [M, merge^2, patch_dim], position_ids [M, merge^2, 2], image_ids [M]) -> features [M, hidden]
+        forward(pixel_values [M, merge^2, patch_dim], position_ids [M, merge^2, 2], image_ids [M][, window_ids [M]])
+            -> features [M, hidden]
 
     M is the number of merged tokens (one per image token); the patches come in the processor's order (each
     merge x merge block consecutive), and `position_ids` are each patch's (row, column) in its image, as
     transformers' get_vision_position_ids makes them. transformers splits the attention by image with cu_seqlens
     (data-dependent sizes); here every patch attends to the patches of its own image through a mask built from
-    `image_ids`, which is the same attention (images have one frame: grid_t 1)."""
+    `image_ids`, which is the same attention (images have one frame: grid_t 1).
+
+    Qwen2.5-VL's blocks other than `fullatt_block_indexes` attend within windows (tiles of merged tokens): transformers
+    reorders the tokens window by window, attends per window (cu_window_seqlens) and restores the order after the
+    merger. Attention, rotary embedding and the per-token layers commute with that reordering, so here the tokens
+    stay in order and those blocks take a mask built from `window_ids` (serve/vision_language.py patch_windows)."""
 
     def __init__(self, vlm: torch.nn.Module):
         super().__init__()
         for name, child in vlm.named_children():
             self.add_module(name, child)
         object.__setattr__(self, "vlm", vlm)
+        self.full_attention = set(getattr(vlm.model.visual, "fullatt_block_indexes", None) or ())
 
-    def forward(self, pixel_values, position_ids, image_ids):
-        from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
+    def forward(self, pixel_values, position_ids, image_ids, window_ids=None):
+        import sys
 
         visual = self.vlm.model.visual
+        apply_rotary_pos_emb_vision = sys.modules[type(visual).__module__].apply_rotary_pos_emb_vision
         group = pixel_values.shape[1]
         hidden = visual.patch_embed(pixel_values.reshape(-1, pixel_values.shape[-1]))
         cos, sin = visual.rotary_pos_emb(hidden, position_ids.reshape(-1, 2))
-        ids = image_ids[:, None].expand(-1, group).reshape(-1)
-        mask = (ids[:, None] == ids[None, :])[None, None]
-        for block in visual.blocks:
+
+        def same(ids):  # [1, 1, patches, patches]: patch i and j share the id of their merged token
+            ids = ids[:, None].expand(-1, group).reshape(-1)
+            return (ids[:, None] == ids[None, :])[None, None]
+
+        image = same(image_ids)
+        window = same(window_ids) if window_ids is not None else image
+        for index, block in enumerate(visual.blocks):
+            mask = image if index in self.full_attention else window
             x = block.norm1(hidden)
             attn, n = block.attn, x.shape[0]
             q, k, v = attn.qkv(x).reshape(n, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
@@ -223,9 +238,12 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
 def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max_batch: int, progress: Any = None,
                                 weights: Any = None, quantize: str | None = None,
                                 group_size: int = DEFAULT_GROUP_SIZE) -> VisionLanguageGenerator:
-    """Qwen2-VL: encode_image over merged groups of patches (PatchEncoder), prefill/decode with 3-D rotary offsets."""
+    """Qwen2-VL, Qwen2.5-VL: encode_image over merged groups of patches (PatchEncoder; with the window ids of
+    Qwen2.5-VL's windowed blocks), prefill/decode with 3-D rotary offsets."""
     config, vision = vlm.config, vlm.config.vision_config
     merge = int(vision.spatial_merge_size)
+    # Qwen2.5-VL: the side of its attention windows, in merged tokens (transformers' vit_merger_window_size)
+    window = int(vision.window_size) // merge // int(vision.patch_size) if getattr(vision, "window_size", None) else 0
     group = merge * merge
     patch_dim = int(vision.in_channels) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
     dtype = next(vlm.parameters()).dtype
@@ -235,11 +253,10 @@ def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max
     max_rows = max_batch * max_cache_len  # every image token sits in a prompt
     merged = {"name": "image_rows", "min": 1, "max": max_rows}
     example = (torch.zeros((3, group, patch_dim), dtype=dtype), torch.zeros((3, group, 2), dtype=torch.long),
-               torch.tensor([0, 0, 1]))
+               torch.tensor([0, 0, 1]), *([torch.tensor([0, 1, 2])] if window else []))
     with torch.no_grad():
         feature_size = int(encoder(*example).shape[-1])
-    encode_captured, _ = trace(encoder, example, None, ({0: merged}, {0: merged}, {0: merged}), timer,
-                               what=" of the image encoder")
+    encode_captured, _ = trace(encoder, example, None, ({0: merged},) * len(example), timer, what=" of the image encoder")
     encode = model_from(encode_captured, timer, weights)
 
     batch = min(max_batch, 2)
@@ -256,7 +273,7 @@ def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max
     spec = GenerationSpec(**generation_fields(vlm, layout, max_batch))
     spec_vision = VisionSpec(image_token_id=int(config.image_token_id), tokens_per_image=0, feature_size=feature_size,
                              feature_dtype=dtype_name(dtype), pixel_shape=(patch_dim,), max_images=max_rows,
-                             spatial_merge_size=merge)
+                             spatial_merge_size=merge, window_size=window)
     return VisionLanguageGenerator(encode, prefill, decode, spec, spec_vision)
 
 

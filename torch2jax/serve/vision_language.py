@@ -50,6 +50,9 @@ class VisionSpec:
     # variable resolution (Qwen2-VL): > 0 is the spatial merge; pixel_shape is then one flattened patch, an image
     # takes grid_t*grid_h*grid_w / merge^2 tokens, and the positions are 3-D (rope_index)
     spatial_merge_size: int = 0
+    # Qwen2.5-VL: > 0 is the side, in merged tokens, of the windows its windowed vision blocks attend within; encode
+    # then takes each merged token's window (patch_windows)
+    window_size: int = 0
 
     def to_json(self) -> dict:
         return {"image_token_id": self.image_token_id, "tokens_per_image": self.tokens_per_image,
@@ -57,7 +60,7 @@ class VisionSpec:
                 "pixel_shape": list(self.pixel_shape), "max_images": self.max_images,
                 "bidirectional_images": self.bidirectional_images, "image_placeholder": self.image_placeholder,
                 "image_expansion": self.image_expansion, "prefix_lm": self.prefix_lm, "prompt_format": self.prompt_format,
-                "spatial_merge_size": self.spatial_merge_size}
+                "spatial_merge_size": self.spatial_merge_size, "window_size": self.window_size}
 
     @staticmethod
     def from_json(data: Any) -> VisionSpec:
@@ -67,7 +70,7 @@ class VisionSpec:
             return VisionSpec(int(data["image_token_id"]), int(data["tokens_per_image"]), int(data["feature_size"]),
                               str(data["feature_dtype"]), tuple(int(d) for d in data["pixel_shape"]), int(data["max_images"]),
                               bool(data.get("bidirectional_images", False)), *text, bool(data.get("prefix_lm", False)), prompt,
-                              int(data.get("spatial_merge_size", 0)))
+                              int(data.get("spatial_merge_size", 0)), int(data.get("window_size", 0)))
         except (KeyError, TypeError, ValueError) as err:
             raise Torch2JaxError(f"the manifest's vision section is malformed ({type(err).__name__}: {err})") from None
 
@@ -129,6 +132,20 @@ def patch_positions(grids: np.ndarray, merge: int) -> np.ndarray:
     return np.concatenate(out).astype(np.int64)
 
 
+def patch_windows(grids: np.ndarray, merge: int, window: int) -> np.ndarray:
+    """[merged tokens] int64: the attention window of each merged token, in the processor's order (row-major over each
+    image's merged grid): windows tile each image's merged grid in squares of `window` (the last row and column of
+    tiles cut short), numbered across images, as transformers' get_vision_window_index groups the tokens."""
+    out, first = [], 0
+    for t, h, w in np.asarray(grids, np.int64).reshape(-1, 3).tolist():
+        rows, cols = np.meshgrid(np.arange(h // merge) // window, np.arange(w // merge) // window, indexing="ij")
+        across = -(-(w // merge) // window)  # tiles per row of tiles
+        ids = first + rows * across + cols
+        out.append(np.tile(ids.reshape(-1), t))
+        first += -(-(h // merge) // window) * across
+    return np.concatenate(out).astype(np.int64)
+
+
 class VisionLanguageGenerator(Generator):
     """A vision-language model's encode_image, prefill and decode over one params tree, with `generate`."""
 
@@ -178,9 +195,10 @@ class VisionLanguageGenerator(Generator):
         group = merge * merge
         positions = patch_positions(grids, merge).reshape(rows, group, 2)
         image_ids = np.repeat(np.arange(len(grids)), np.prod(grids, axis=1) // group)
+        windows = [patch_windows(grids, merge, self.vision.window_size)] if self.vision.window_size else []
         dtype = dtypes.jax_dtype(self.vision.feature_dtype)
         return self._encode(self.params, jnp.asarray(pixels.reshape(rows, group, -1), dtype),
-                            jnp.asarray(positions, self._id_dtype), jnp.asarray(image_ids, self._id_dtype))
+                            *(jnp.asarray(ids, self._id_dtype) for ids in (positions, image_ids, *windows)))
 
     def generate(self, input_ids: Any, attention_mask: Any = None, *, pixel_values: Any = None, image_grid_thw: Any = None,
                  pixel_values_videos: Any = None, token_type_ids: Any = None, max_new_tokens: int = 32, do_sample: bool = False,
