@@ -17,7 +17,7 @@ from torch2jax.hf.tasks import IMAGE_TEXT_TO_TEXT, default_task, task_of
 from torch2jax.hf.verify import processor_token_types, transformers_greedy
 from torch2jax.serve.artifacts import describe
 from torch2jax.serve.generator import left_pad
-from torch2jax.serve.vision_language import image_index, patch_windows, rope_index
+from torch2jax.serve.vision_language import image_index, patch_interpolation, patch_windows, rope_index
 
 from ..helpers import cli, run_without_torch
 from . import vlms
@@ -396,28 +396,43 @@ def test_qwen2_5_vl_windows_equal_transformers_window_index():
     assert sorted(ours) == sorted(want) and len(windows) == int(grids.prod(1).sum()) // 4
 
 
-@pytest.fixture(scope="module")
-def qwen2_5(tmp_path_factory):
-    """(the transformers model, the artifact loaded) of Qwen2.5-VL."""
+def test_qwen3_vl_position_taps_equal_transformers():
+    """The bilinear taps of Qwen3-VL's learned position table at each patch, computed in NumPy, equal transformers'
+    get_vision_interpolation_indices_and_weights (the model's align_corners bilinear, merge-block order)."""
+    from transformers.vision_utils import get_vision_interpolation_indices_and_weights
+
+    grids = np.asarray([[1, 6, 10], [1, 8, 4], [1, 2, 2], [1, 48, 30]])
+    indices, weights = patch_interpolation(grids, 2, 48)
+    want_indices, want_weights = get_vision_interpolation_indices_and_weights(
+        torch.from_numpy(grids), num_grid_per_side=48, mode="bilinear", align_corners=True, spatial_merge_size=2)
+    np.testing.assert_array_equal(indices, want_indices.numpy())
+    np.testing.assert_array_equal(weights, want_weights.numpy())
+
+
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def qwen_family(request, tmp_path_factory):
+    """(name, the transformers model, the artifact loaded) of a later Qwen-VL."""
     import transformers
 
-    root = tmp_path_factory.mktemp("vlm-qwen2_5_vl")
-    source = vlms.write("qwen2_5_vl", root)
+    root = tmp_path_factory.mktemp(f"vlm-{request.param}")
+    source = vlms.write(request.param, root)
     out = torch2jax.save(torch2jax.convert_hf(f"hf:{source}", max_cache_len=96, max_batch=2), root / "out")
     model = transformers.AutoModelForImageTextToText.from_pretrained(source, local_files_only=True).eval()
-    return model, torch2jax.load(out)
+    return request.param, model, torch2jax.load(out)
 
 
-def test_qwen2_5_vl_greedy_equals_transformers_and_a_batch_equals_each_alone(qwen2_5):
+def test_later_qwen_vl_features_and_greedy_equal_transformers(qwen_family):
     """Qwen2.5-VL's windowed vision blocks (windows of 2x2 merged tokens, the grids cut into whole and partial windows)
-    and its full-attention block: the image features equal transformers', and 32 greedy tokens for a left-padded
-    batch of two images of different grids equal transformers' generate and each row alone."""
-    model, g = qwen2_5
-    assert g.vision.window_size == 2
+    and its full-attention block; Qwen3-VL's resampled position table and deepstack features (added to the image
+    positions after the first text layers): the image features equal transformers', and 32 greedy tokens for a
+    left-padded batch of two images of different grids equal transformers' generate and each row alone."""
+    name, model, g = qwen_family
+    assert (g.vision.window_size, g.vision.position_table) == ((2, 0) if name == "qwen2_5_vl" else (0, 4))
     grids = np.asarray([[1, 6, 10], [1, 8, 4]])
     pixels = np.random.default_rng(1).standard_normal((int(grids.prod(1).sum()), *g.vision.pixel_shape)).astype(np.float32)
     with torch.no_grad():
         want = model.model.get_image_features(pixel_values=torch.from_numpy(pixels), image_grid_thw=torch.from_numpy(grids))
-    want = torch.cat(list(want.pooler_output)).numpy()
+    stacks = [torch.cat(list(feature)) for feature in getattr(want, "deepstack_features", None) or []]
+    want = torch.cat([torch.cat(list(want.pooler_output)), *stacks], dim=-1).numpy()
     np.testing.assert_allclose(np.asarray(g.encode_patches(pixels, grids)), want, rtol=1e-5, atol=1e-5)
     check_qwen_batch(model, g, grids, pixels)

@@ -116,7 +116,7 @@ def _rewritten(source: Path, out: Path, tensors: dict) -> Path:
     return out
 
 
-@pytest.mark.parametrize("name", ["llava", "gemma3", "paligemma", "qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("name", ["llava", "gemma3", "paligemma", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_every_key_style_maps_onto_the_same_params(name, tmp_path):
     """The four architectures' checkpoints, in each key style (transformers loads each to the same state), resolve every
     param of the fake-parameter model onto the tensor transformers loads there. No conversion: the mapping alone."""

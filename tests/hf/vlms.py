@@ -80,7 +80,9 @@ def build(name: str):
         return model.eval(), tf.PaliGemmaProcessor(image_processor=images, tokenizer=tokenizer())
     if name in QWEN:  # variable resolution: 8x8 patches merged 2x2, an image takes (h/16)*(w/16) tokens; 3-D rope
         text_class, vision_class, config_class, model_class, vision = QWEN[name]
-        text_config = getattr(tf, text_class)(**text, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+        rope = ({"rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}}
+                if name == "qwen3_vl" else {"rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}})
+        text_config = getattr(tf, text_class)(**text, **rope)
         config = getattr(tf, config_class)(text_config=text_config.to_dict(), vision_config=getattr(tf, vision_class)(**vision).to_dict(),
                                            image_token_id=IMAGE, vision_start_token_id=BOI, vision_end_token_id=EOI,
                                            video_token_id=SOFT)
@@ -101,6 +103,11 @@ QWEN = {
     "qwen2_5_vl": ("Qwen2_5_VLTextConfig", "Qwen2_5_VLVisionConfig", "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration",
                    dict(depth=2, hidden_size=32, out_hidden_size=64, intermediate_size=64, num_heads=4, patch_size=8,
                         spatial_merge_size=2, window_size=32, fullatt_block_indexes=[1])),
+    # a learned 4x4 position table resampled to each grid; deepstack features from both vision blocks, added to the
+    # image positions after the first two text layers
+    "qwen3_vl": ("Qwen3VLTextConfig", "Qwen3VLVisionConfig", "Qwen3VLConfig", "Qwen3VLForConditionalGeneration",
+                 dict(depth=2, hidden_size=32, out_hidden_size=64, intermediate_size=64, num_heads=4, patch_size=8,
+                      spatial_merge_size=2, num_position_embeddings=16, deepstack_visual_indexes=[0, 1])),
 }
 
 

@@ -24,6 +24,7 @@ outside the text vocabulary is safe.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from pathlib import Path
@@ -46,9 +47,10 @@ from .kv_cache import cache_layout, check_limits, generation_fields
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "chat_template.jinja", "chat_template.json")
 IMAGES_PER_PROMPT = 4  # the encoder's symbolic image count goes up to this many images per prompt of the batch
 SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", "PaliGemmaForConditionalGeneration",
-             "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
+             "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration")
 # variable-resolution models: flattened patches + image_grid_thw in, multimodal (3-D) rotary positions
-VARIABLE_RESOLUTION = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
+VARIABLE_RESOLUTION = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+                       "Qwen3VLForConditionalGeneration")
 # models whose image tokens attend to each other both ways within one image (transformers' token_type_ids blocks)
 BIDIRECTIONAL_IMAGES = ("Gemma3ForConditionalGeneration",)
 # prefix-LMs: the whole prompt (image and text, token type 0) attends both ways; generated tokens causally
@@ -76,7 +78,7 @@ class PatchEncoder(torch.nn.Module):
     """Qwen2-VL's (and Qwen2.5-VL's) vision tower over variable-resolution patches, exportable with a symbolic patch
     count:
 
-        forward(pixel_values [M, merge^2, patch_dim], position_ids [M, merge^2, 2], image_ids [M][, window_ids [M]])
+        forward(pixel_values [M, merge^2, patch_dim], position_ids [M, merge^2, 2], image_ids [M][, grid inputs])
             -> features [M, hidden]
 
     M is the number of merged tokens (one per image token); the patches come in the processor's order (each
@@ -88,22 +90,37 @@ class PatchEncoder(torch.nn.Module):
     Qwen2.5-VL's blocks other than `fullatt_block_indexes` attend within windows (tiles of merged tokens): transformers
     reorders the tokens window by window, attends per window (cu_window_seqlens) and restores the order after the
     merger. Attention, rotary embedding and the per-token layers commute with that reordering, so here the tokens
-    stay in order and those blocks take a mask built from `window_ids` (serve/vision_language.py patch_windows)."""
+    stay in order and those blocks take a mask built from `window_ids` (serve/vision_language.py patch_windows).
+
+    Qwen3-VL adds a learned position table resampled to each image's grid, which takes each patch's bilinear taps
+    `interp_indices` / `interp_weights` [M, merge^2, 4] (serve/vision_language.py patch_interpolation) in place of
+    `window_ids`, and returns its deepstack features (the mergers of `deepstack_visual_indexes`' outputs) after the
+    merged features, joined along the last axis: [M, hidden * (1 + deepstack layers)]."""
 
     def __init__(self, vlm: torch.nn.Module):
         super().__init__()
         for name, child in vlm.named_children():
             self.add_module(name, child)
         object.__setattr__(self, "vlm", vlm)
-        self.full_attention = set(getattr(vlm.model.visual, "fullatt_block_indexes", None) or ())
+        visual = vlm.model.visual
+        self.full_attention = set(getattr(visual, "fullatt_block_indexes", None) or ())
+        self.deepstack = list(getattr(visual, "deepstack_visual_indexes", None) or ())
+        self.interpolated = hasattr(visual, "pos_embed")
 
-    def forward(self, pixel_values, position_ids, image_ids, window_ids=None):
+    def forward(self, pixel_values, position_ids, image_ids, grid_input=None, grid_weights=None):
+        """`grid_input`: Qwen2.5-VL's window_ids, or Qwen3-VL's interp_indices (with `grid_weights`, its interp_weights)."""
         import sys
 
         visual = self.vlm.model.visual
         apply_rotary_pos_emb_vision = sys.modules[type(visual).__module__].apply_rotary_pos_emb_vision
         group = pixel_values.shape[1]
         hidden = visual.patch_embed(pixel_values.reshape(-1, pixel_values.shape[-1]))
+        window_ids = None
+        if self.interpolated:  # the learned position table at each patch: its bilinear taps, weighted
+            indices, weights = (t.reshape(-1, t.shape[-1]) for t in (grid_input, grid_weights))
+            hidden = hidden + (visual.pos_embed(indices) * weights[:, :, None]).sum(1).to(hidden.dtype)
+        else:
+            window_ids = grid_input
         cos, sin = visual.rotary_pos_emb(hidden, position_ids.reshape(-1, 2))
 
         def same(ids):  # [1, 1, patches, patches]: patch i and j share the id of their merged token
@@ -112,6 +129,7 @@ class PatchEncoder(torch.nn.Module):
 
         image = same(image_ids)
         window = same(window_ids) if window_ids is not None else image
+        stacks = []
         for index, block in enumerate(visual.blocks):
             mask = image if index in self.full_attention else window
             x = block.norm1(hidden)
@@ -122,7 +140,9 @@ class PatchEncoder(torch.nn.Module):
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
             hidden = hidden + attn.proj(out[0].transpose(0, 1).reshape(n, -1))
             hidden = hidden + block.mlp(block.norm2(hidden))
-        return visual.merger(hidden)
+            if index in self.deepstack:
+                stacks.append(visual.deepstack_merger_list[self.deepstack.index(index)](hidden))
+        return torch.cat([visual.merger(hidden), *stacks], dim=-1) if stacks else visual.merger(hidden)
 
 
 def llava_image_features(vlm: torch.nn.Module, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -145,11 +165,21 @@ class MultimodalStep(DecoderStep):
     transformers' token_type_ids blocks do: image token i belongs to image i // image_blocks."""
 
     def __init__(self, lm: torch.nn.Module, layout: Any, image_blocks: int | None = None, prefix_lm: bool = False,
-                 position_offset: int = 0):
+                 position_offset: int = 0, deepstack: int = 0):
         super().__init__(lm, layout)
         self.image_blocks, self.prefix_lm, self.position_offset = image_blocks, prefix_lm, position_offset
+        self.deepstack = deepstack  # Qwen3-VL: the feature rows also hold this many deepstack features (PatchEncoder)
 
     def forward(self, input_ids, position_ids, write_at, kv_valid, cache, image_features, image_index, rope_offsets=None):
+        if self.deepstack:  # the merged features, then one block per deepstack layer, each added after its layer
+            width = image_features.shape[-1] // (1 + self.deepstack)
+            layers = [image_features[:, width * (k + 1):width * (k + 2)] for k in range(self.deepstack)]
+            with deepstack_rows(self.lm, image_index, layers):
+                return self._forward(input_ids, position_ids, write_at, kv_valid, cache, image_features[:, :width],
+                                     image_index, rope_offsets)
+        return self._forward(input_ids, position_ids, write_at, kv_valid, cache, image_features, image_index, rope_offsets)
+
+    def _forward(self, input_ids, position_ids, write_at, kv_valid, cache, image_features, image_index, rope_offsets):
         is_image = image_index >= 0
         embeds = self.lm.get_input_embeddings()(torch.where(is_image, torch.zeros_like(input_ids), input_ids))
         rows = image_features.to(embeds.dtype).index_select(0, image_index.clamp(min=0).reshape(-1))
@@ -167,6 +197,31 @@ class MultimodalStep(DecoderStep):
         if rope_offsets is not None:  # Qwen2-VL's 3-D (temporal, height, width) positions: the text position + offsets
             positions = positions[None] + rope_offsets
         return self.step({"inputs_embeds": embeds}, positions, write_at, kv_valid, cache, also)
+
+
+@contextlib.contextmanager
+def deepstack_rows(vlm: torch.nn.Module, image_index: torch.Tensor, layers: list[torch.Tensor]):
+    """Qwen3-VL's text model adds deepstack features to the image positions' hidden states after its first layers
+    (`_deepstack_process`, given the image positions as a boolean mask and the features in their order). For the
+    call, its language model is handed `image_index` and the feature rows instead, and adds row image_index[b, t] at
+    each image position (0 elsewhere): the same sums, with no boolean indexing (which torch.export cannot size)."""
+    text = vlm.model.language_model
+    forward = text.forward
+
+    def with_deepstack(*args: Any, **kwargs: Any) -> Any:
+        kwargs.update(visual_pos_masks=image_index, deepstack_visual_embeds=layers)
+        return forward(*args, **kwargs)
+
+    def process(hidden_states, visual_pos_masks, visual_embeds):
+        rows = visual_embeds.to(hidden_states.dtype).index_select(0, visual_pos_masks.clamp(min=0).reshape(-1))
+        rows = rows.reshape(*visual_pos_masks.shape, -1)
+        return hidden_states + torch.where(visual_pos_masks[..., None] >= 0, rows, torch.zeros_like(rows))
+
+    text.forward, text._deepstack_process = with_deepstack, process
+    try:
+        yield
+    finally:
+        del text.forward, text._deepstack_process  # the class's own again
 
 
 def check_supported(vlm: torch.nn.Module) -> None:
@@ -244,6 +299,9 @@ def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max
     merge = int(vision.spatial_merge_size)
     # Qwen2.5-VL: the side of its attention windows, in merged tokens (transformers' vit_merger_window_size)
     window = int(vision.window_size) // merge // int(vision.patch_size) if getattr(vision, "window_size", None) else 0
+    # Qwen3-VL: the side of its learned position table, resampled to each grid; its deepstack layers
+    table = int(vision.num_position_embeddings ** 0.5) if getattr(vision, "num_position_embeddings", None) else 0
+    deepstack = len(getattr(vision, "deepstack_visual_indexes", None) or ())
     group = merge * merge
     patch_dim = int(vision.in_channels) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
     dtype = next(vlm.parameters()).dtype
@@ -252,8 +310,11 @@ def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max
     timer = StageTimer(progress)
     max_rows = max_batch * max_cache_len  # every image token sits in a prompt
     merged = {"name": "image_rows", "min": 1, "max": max_rows}
+    grid_inputs = [torch.tensor([0, 1, 2])] if window else []
+    if table:
+        grid_inputs = [torch.zeros((3, group, 4), dtype=torch.long), torch.full((3, group, 4), 0.25, dtype=dtype)]
     example = (torch.zeros((3, group, patch_dim), dtype=dtype), torch.zeros((3, group, 2), dtype=torch.long),
-               torch.tensor([0, 0, 1]), *([torch.tensor([0, 1, 2])] if window else []))
+               torch.tensor([0, 0, 1]), *grid_inputs)
     with torch.no_grad():
         feature_size = int(encoder(*example).shape[-1])
     encode_captured, _ = trace(encoder, example, None, ({0: merged},) * len(example), timer, what=" of the image encoder")
@@ -266,14 +327,14 @@ def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max
     offsets = torch.zeros((3, batch, 3), dtype=torch.long)
     shapes = step_dynamic_shapes(layout, max_batch)
     offset_dims = {axis + 1: d for axis, d in shapes[0].items()}
-    step = MultimodalStep(vlm, layout)
+    step = MultimodalStep(vlm, layout, deepstack=deepstack)
     captured, _ = trace(step.eval(), (*step_args, features, index, offsets), None,
                         (*shapes, {0: merged}, shapes[0], offset_dims), timer, what=" of the multimodal step")
     encode, prefill, decode = _entry_points(encode, captured, timer, weights, quantize, group_size)
     spec = GenerationSpec(**generation_fields(vlm, layout, max_batch))
     spec_vision = VisionSpec(image_token_id=int(config.image_token_id), tokens_per_image=0, feature_size=feature_size,
                              feature_dtype=dtype_name(dtype), pixel_shape=(patch_dim,), max_images=max_rows,
-                             spatial_merge_size=merge, window_size=window)
+                             spatial_merge_size=merge, window_size=window, position_table=table)
     return VisionLanguageGenerator(encode, prefill, decode, spec, spec_vision)
 
 

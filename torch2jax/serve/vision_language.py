@@ -53,6 +53,9 @@ class VisionSpec:
     # Qwen2.5-VL: > 0 is the side, in merged tokens, of the windows its windowed vision blocks attend within; encode
     # then takes each merged token's window (patch_windows)
     window_size: int = 0
+    # Qwen3-VL: > 0 is the side of its learned position table, resampled to each image's grid; encode then takes each
+    # patch's bilinear taps (patch_interpolation)
+    position_table: int = 0
 
     def to_json(self) -> dict:
         return {"image_token_id": self.image_token_id, "tokens_per_image": self.tokens_per_image,
@@ -60,7 +63,8 @@ class VisionSpec:
                 "pixel_shape": list(self.pixel_shape), "max_images": self.max_images,
                 "bidirectional_images": self.bidirectional_images, "image_placeholder": self.image_placeholder,
                 "image_expansion": self.image_expansion, "prefix_lm": self.prefix_lm, "prompt_format": self.prompt_format,
-                "spatial_merge_size": self.spatial_merge_size, "window_size": self.window_size}
+                "spatial_merge_size": self.spatial_merge_size, "window_size": self.window_size,
+                "position_table": self.position_table}
 
     @staticmethod
     def from_json(data: Any) -> VisionSpec:
@@ -70,7 +74,8 @@ class VisionSpec:
             return VisionSpec(int(data["image_token_id"]), int(data["tokens_per_image"]), int(data["feature_size"]),
                               str(data["feature_dtype"]), tuple(int(d) for d in data["pixel_shape"]), int(data["max_images"]),
                               bool(data.get("bidirectional_images", False)), *text, bool(data.get("prefix_lm", False)), prompt,
-                              int(data.get("spatial_merge_size", 0)), int(data.get("window_size", 0)))
+                              int(data.get("spatial_merge_size", 0)), int(data.get("window_size", 0)),
+                              int(data.get("position_table", 0)))
         except (KeyError, TypeError, ValueError) as err:
             raise Torch2JaxError(f"the manifest's vision section is malformed ({type(err).__name__}: {err})") from None
 
@@ -146,6 +151,26 @@ def patch_windows(grids: np.ndarray, merge: int, window: int) -> np.ndarray:
     return np.concatenate(out).astype(np.int64)
 
 
+def patch_interpolation(grids: np.ndarray, merge: int, side: int) -> tuple[np.ndarray, np.ndarray]:
+    """([patches, 4] int64, [patches, 4] float32): each patch's bilinear taps into a learned side x side position table
+    resampled to its image's grid (align_corners, taps clamped to the border), the flat table rows and their weights,
+    in the processor's patch order; as transformers' get_vision_interpolation_indices_and_weights makes them."""
+    positions = patch_positions(grids, merge)
+    sizes = np.concatenate([np.repeat([[h, w]], t * h * w, axis=0) for t, h, w in np.asarray(grids, np.int64).reshape(-1, 3).tolist()])
+    taps = []
+    for axis in (0, 1):
+        source = positions[:, axis].astype(np.float32) * np.float32(side - 1) / np.maximum(sizes[:, axis] - 1, 1).astype(np.float32)
+        floor = np.floor(source)
+        offsets = np.arange(2)
+        tap = np.clip(floor.astype(np.int64)[:, None] + offsets, 0, side - 1)
+        weight = np.clip(1 - np.abs(source[:, None] - floor[:, None] - offsets), 0, None).astype(np.float32)
+        taps.append((tap, weight))
+    (rows, row_weights), (cols, col_weights) = taps
+    indices = (rows[:, :, None] * side + cols[:, None, :]).reshape(-1, 4)
+    weights = (row_weights[:, :, None] * col_weights[:, None, :]).reshape(-1, 4)
+    return indices.astype(np.int64), weights.astype(np.float32)
+
+
 class VisionLanguageGenerator(Generator):
     """A vision-language model's encode_image, prefill and decode over one params tree, with `generate`."""
 
@@ -195,10 +220,17 @@ class VisionLanguageGenerator(Generator):
         group = merge * merge
         positions = patch_positions(grids, merge).reshape(rows, group, 2)
         image_ids = np.repeat(np.arange(len(grids)), np.prod(grids, axis=1) // group)
-        windows = [patch_windows(grids, merge, self.vision.window_size)] if self.vision.window_size else []
         dtype = dtypes.jax_dtype(self.vision.feature_dtype)
+        ids = [positions, image_ids]
+        if self.vision.window_size:
+            ids.append(patch_windows(grids, merge, self.vision.window_size))
+        taps = []
+        if self.vision.position_table:
+            indices, weights = patch_interpolation(grids, merge, self.vision.position_table)
+            ids.append(indices.reshape(rows, group, -1))
+            taps = [jnp.asarray(weights.reshape(rows, group, -1), dtype)]
         return self._encode(self.params, jnp.asarray(pixels.reshape(rows, group, -1), dtype),
-                            *(jnp.asarray(ids, self._id_dtype) for ids in (positions, image_ids, *windows)))
+                            *(jnp.asarray(i, self._id_dtype) for i in ids), *taps)
 
     def generate(self, input_ids: Any, attention_mask: Any = None, *, pixel_values: Any = None, image_grid_thw: Any = None,
                  pixel_values_videos: Any = None, token_type_ids: Any = None, max_new_tokens: int = 32, do_sample: bool = False,
