@@ -409,7 +409,7 @@ def test_qwen3_vl_position_taps_equal_transformers():
     np.testing.assert_array_equal(weights, want_weights.numpy())
 
 
-@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
 def qwen_family(request, tmp_path_factory):
     """(name, the transformers model, the artifact loaded) of a later Qwen-VL."""
     import transformers
@@ -424,10 +424,13 @@ def qwen_family(request, tmp_path_factory):
 def test_later_qwen_vl_features_and_greedy_equal_transformers(qwen_family):
     """Qwen2.5-VL's windowed vision blocks (windows of 2x2 merged tokens, the grids cut into whole and partial windows)
     and its full-attention block; Qwen3-VL's resampled position table and deepstack features (added to the image
-    positions after the first text layers): the image features equal transformers', and 32 greedy tokens for a
-    left-padded batch of two images of different grids equal transformers' generate and each row alone."""
+    positions after the first text layers), and with a mixture-of-experts text model: the image features equal
+    transformers', and 32 greedy tokens for a left-padded batch of two images of different grids equal transformers'
+    generate and each row alone."""
     name, model, g = qwen_family
     assert (g.vision.window_size, g.vision.position_table) == ((2, 0) if name == "qwen2_5_vl" else (0, 4))
+    if name.endswith("moe"):  # the experts are real (random), not left at zero by their init
+        assert model.model.language_model.layers[0].mlp.experts.gate_up_proj.detach().abs().min() > 0
     grids = np.asarray([[1, 6, 10], [1, 8, 4]])
     pixels = np.random.default_rng(1).standard_normal((int(grids.prod(1).sum()), *g.vision.pixel_shape)).astype(np.float32)
     with torch.no_grad():

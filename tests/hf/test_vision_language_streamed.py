@@ -103,10 +103,15 @@ def _key_styles(name: str, source: Path, model, root: Path) -> dict[str, Path]:
     styles = {"saved": source}
     stored = Checkpoint.open(source)
     styles["module"] = _rewritten(source, root / "module", {n: t.detach().numpy() for n, t in model.state_dict().items()})
-    if not name.startswith("qwen2"):
+    if not name.startswith("qwen"):
         older = {n.replace("vision_tower.", "vision_tower.vision_model.", 1) if n.startswith("vision_tower.") else n:
                  stored.read(n) for n in stored.entries}
         styles["older"] = _rewritten(source, root / "older", older)
+    if name == "qwen3_vl_moe":  # the experts' stacked weights with their last two axes exchanged, as the released
+        # checkpoints store them (transformers' Transpose(1, 2, check_dims=True) takes either layout)
+        swapped = {n: np.ascontiguousarray(np.swapaxes(stored.read(n), 1, 2)) if ".mlp.experts." in n else stored.read(n)
+                   for n in stored.entries}
+        styles["transposed"] = _rewritten(source, root / "transposed", swapped)
     return styles
 
 
@@ -116,9 +121,9 @@ def _rewritten(source: Path, out: Path, tensors: dict) -> Path:
     return out
 
 
-@pytest.mark.parametrize("name", ["llava", "gemma3", "paligemma", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("name", ["llava", "gemma3", "paligemma", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
 def test_every_key_style_maps_onto_the_same_params(name, tmp_path):
-    """The four architectures' checkpoints, in each key style (transformers loads each to the same state), resolve every
+    """Each architecture's checkpoint, in each key style (transformers loads each to the same state), resolves every
     param of the fake-parameter model onto the tensor transformers loads there. No conversion: the mapping alone."""
     source = vlms.write(name, tmp_path)
     model = load_model(_auto_class(), source)

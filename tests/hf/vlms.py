@@ -81,8 +81,9 @@ def build(name: str):
     if name in QWEN:  # variable resolution: 8x8 patches merged 2x2, an image takes (h/16)*(w/16) tokens; 3-D rope
         text_class, vision_class, config_class, model_class, vision = QWEN[name]
         rope = ({"rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}}
-                if name == "qwen3_vl" else {"rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}})
-        text_config = getattr(tf, text_class)(**text, **rope)
+                if name.startswith("qwen3") else {"rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}})
+        experts = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16) if name.endswith("moe") else {}
+        text_config = getattr(tf, text_class)(**text, **rope, **experts)
         config = getattr(tf, config_class)(text_config=text_config.to_dict(), vision_config=getattr(tf, vision_class)(**vision).to_dict(),
                                            image_token_id=IMAGE, vision_start_token_id=BOI, vision_end_token_id=EOI,
                                            video_token_id=SOFT)
@@ -108,6 +109,10 @@ QWEN = {
     "qwen3_vl": ("Qwen3VLTextConfig", "Qwen3VLVisionConfig", "Qwen3VLConfig", "Qwen3VLForConditionalGeneration",
                  dict(depth=2, hidden_size=32, out_hidden_size=64, intermediate_size=64, num_heads=4, patch_size=8,
                       spatial_merge_size=2, num_position_embeddings=16, deepstack_visual_indexes=[0, 1])),
+    # Qwen3-VL's vision tower before a mixture-of-experts text model (4 experts, 2 per token)
+    "qwen3_vl_moe": ("Qwen3VLMoeTextConfig", "Qwen3VLMoeVisionConfig", "Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration",
+                     dict(depth=2, hidden_size=32, out_hidden_size=64, intermediate_size=64, num_heads=4, patch_size=8,
+                          spatial_merge_size=2, num_position_embeddings=16, deepstack_visual_indexes=[0, 1])),
 }
 
 

@@ -41,12 +41,16 @@ class Rename:
 @dataclass(frozen=True)
 class Fuse:
     """Several checkpoint tensors -> one param: per source pattern (a `*` is the expert index) the matches
-    stacked along `stack_dim` in index order, then the patterns concatenated along `concat_dim`."""
+    stacked along `stack_dim` in index order, then the patterns concatenated along `concat_dim`, then the two axes
+    of `swap` exchanged (with `swap_if_needed`, only where that gives the param's shape and the stored one does not:
+    transformers' Transpose(check_dims=True), for checkpoints stored either way)."""
 
     sources: tuple[str, ...]
     target: str
     stack_dim: int | None
     concat_dim: int | None
+    swap: tuple[int, int] | None = None
+    swap_if_needed: bool = False
 
 
 @dataclass
@@ -92,7 +96,7 @@ class WeightSource:
                 continue
             used.add(found)
             recipe = self.recipes[found]
-            shape, dtype = self._result(recipe)
+            shape, dtype = self._result(recipe, tuple(tensor.shape))
             want = numpy_dtype(dtype_name(tensor.dtype))
             if shape != tuple(tensor.shape) or (dtype != want and not (self.cast and is_floating(dtype) and is_floating(want))):
                 mismatched.append(f"{name}: the module has {want}{list(tensor.shape)}, {recipe.label} is {dtype}{list(shape)}")
@@ -160,7 +164,21 @@ class WeightSource:
         shorter = [".".join(parts[i:]) for i in range(1, len(parts)) if ".".join(parts[i:]) in self.recipes]
         return shorter[0] if len(shorter) == 1 and not longer else None
 
-    def _result(self, recipe: Recipe) -> tuple[tuple[int, ...], np.dtype]:
+    def _result(self, recipe: Recipe, wanted: tuple[int, ...] | None = None) -> tuple[tuple[int, ...], np.dtype]:
+        """The param's shape and dtype as the recipe makes it (`wanted`: the module's shape, which decides a swap
+        made only if needed)."""
+        shape, dtype = self._assembled(recipe)
+        swap = recipe.fuse.swap if recipe.fuse is not None else None
+        if swap is None or shape == (-1,):
+            return shape, dtype
+        swapped = list(shape)
+        swapped[swap[0]], swapped[swap[1]] = shape[swap[1]], shape[swap[0]]
+        if recipe.fuse.swap_if_needed and (wanted is None or shape == wanted):
+            return shape, dtype
+        return tuple(swapped), dtype
+
+    def _assembled(self, recipe: Recipe) -> tuple[tuple[int, ...], np.dtype]:
+        """The shape and dtype of the recipe's stacked and joined parts, before any swap."""
         entries = [[self.checkpoint.entries[n] for n in names] for names in recipe.parts]
         first = entries[0][0]
         if recipe.fuse is None:
@@ -183,12 +201,19 @@ class WeightSource:
 
     def _reader(self, recipe: Recipe, shape: tuple[int, ...], stored: np.dtype, want: np.dtype):
         checkpoint = self.checkpoint
+        assembled = self._assembled(recipe)[0] if recipe.fuse is not None else shape
 
         def read() -> np.ndarray:
             if recipe.fuse is None:
                 values = checkpoint.read(recipe.parts[0][0])
                 return values if stored == want else values.astype(want)
             out = aligned_empty(shape, want)  # filled part by part: one part in memory besides the result
+            if assembled == shape:
+                return fill(out)
+            out[...] = np.swapaxes(fill(aligned_empty(assembled, want)), *recipe.fuse.swap)  # a swap: one more copy
+            return out
+
+        def fill(out: np.ndarray) -> np.ndarray:
             stack, axis = recipe.fuse.stack_dim, recipe.fuse.concat_dim
             offset = 0
             for names in recipe.parts:
@@ -197,7 +222,7 @@ class WeightSource:
                     stacked.insert(stack, len(names))
                 width = stacked[axis] if axis is not None else 0
                 for index, part in enumerate(names):
-                    where: list[Any] = [slice(None)] * len(shape)
+                    where: list[Any] = [slice(None)] * out.ndim
                     if stack is not None:
                         where[stack] = index
                     if axis is not None:

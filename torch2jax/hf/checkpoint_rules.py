@@ -16,12 +16,13 @@ from ..errors import InputSpecError
 def transformers_rules(model: Any) -> tuple[tuple[Rename, ...], tuple[Fuse, ...]]:
     """transformers' own load-time conversions for this model, as renames and fuses.
 
-    Only the operations streaming reproduces are taken (renaming, stacking a module list, concatenation);
+    Only the operations streaming reproduces are taken (renaming, stacking a module list, concatenation, then a
+    transpose);
     a model whose rules need another one fails here, naming it, rather than loading wrong weights.
     """
     try:
         from transformers.conversion_mapping import get_model_conversion_mapping
-        from transformers.core_model_loading import Concatenate, MergeModulelist, WeightConverter, WeightRenaming
+        from transformers.core_model_loading import Concatenate, MergeModulelist, Transpose, WeightConverter, WeightRenaming
     except ImportError:
         return (), ()
     renames, fuses = [], []
@@ -33,12 +34,15 @@ def transformers_rules(model: Any) -> tuple[tuple[Rename, ...], tuple[Fuse, ...]
             renames += [_scoped(Rename(source, rule.target_patterns[0]), getattr(rule, "scope_prefix", None),
                                 getattr(rule, "base_model_prefix", None) or "") for source in sources]
         elif isinstance(rule, WeightConverter):
-            stack = concat = None
+            stack = concat = swap = None
+            if_needed = False
             for op in rule.operations:
-                if isinstance(op, MergeModulelist) and stack is None:
+                if isinstance(op, MergeModulelist) and stack is None and swap is None:
                     stack = op.dim
-                elif isinstance(op, Concatenate) and concat is None:
+                elif isinstance(op, Concatenate) and concat is None and swap is None:
                     concat = op.dim
+                elif isinstance(op, Transpose) and swap is None:  # last: the fused result's axes exchanged
+                    swap, if_needed = (op.dim0, op.dim1), bool(getattr(op, "check_dims", False))
                 else:
                     raise InputSpecError(
                         f"{type(model).__name__}'s checkpoint conversion uses {type(op).__name__} ({sources} -> {targets}), "
@@ -47,7 +51,7 @@ def transformers_rules(model: Any) -> tuple[tuple[Rename, ...], tuple[Fuse, ...]
             if len(targets) != 1:
                 raise InputSpecError(f"{type(model).__name__}'s checkpoint conversion {sources} -> {targets} splits a tensor, "
                                      "which streamed weights do not reproduce: convert with --weights-in-memory")
-            fuses.append(Fuse(tuple(sources), targets[0], stack, concat))
+            fuses.append(Fuse(tuple(sources), targets[0], stack, concat, swap, if_needed))
     return tuple(renames), tuple(fuses)
 
 
