@@ -1,6 +1,7 @@
 """Convolution lowerings that exist for speed keep torch's values and gradients: channels padded onto
-XLA CPU's fast path, 1x1 convs as a dot over channels, grouped convs as taps or one conv per group, strided transposed convs as one conv
-per output phase, and an eval-mode batch norm folded into its conv."""
+XLA CPU's fast path, 1x1 convs as a dot over channels, patch embeddings as a dot over each patch, grouped
+convs as taps or one conv per group, strided transposed convs as one conv per output phase, and an eval-mode
+batch norm folded into its conv."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from torch import nn
 
 import torch2jax
 from torch2jax.lowering import interpreter, passes
-from torch2jax.ops.conv import _cpu_channel_padding, _cpu_grouped_route, _cpu_pointwise, convolution
+from torch2jax.ops.conv import _cpu_channel_padding, _cpu_grouped_route, _cpu_patches, _cpu_pointwise, convolution
 
 from ..helpers import as_jax, max_err
 
@@ -70,21 +71,26 @@ POINTWISE = [  # (input shape, out channels, stride)
 ]
 
 
-@pytest.mark.parametrize("case", POINTWISE, ids=[str(c) for c in POINTWISE])
-def test_pointwise_conv_is_a_dot_matching_torch(case):
-    xs, cout, stride = case
+def unpadded_conv_case(xs: tuple, cout: int, kernel: tuple, stride: tuple) -> tuple:
+    """(x, w, torch's biased conv of them, the same conv through `convolution`) for an unpadded conv."""
     n = len(xs) - 2
     conv = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d, 3: torch.nn.functional.conv3d}[n]
     torch.manual_seed(0)
     x = torch.randn(*xs, requires_grad=True)
-    w = torch.randn(cout, xs[1], *[1] * n, requires_grad=True)
+    w = torch.randn(cout, xs[1], *kernel, requires_grad=True)
     b = torch.randn(cout)
-    stride = stride if isinstance(stride, tuple) else (stride,) * n
-    want = conv(x, w, b, stride)
 
     def f(xj, wj):
         return convolution(xj, wj, as_jax(b), list(stride), [0] * n, [1] * n, False, [0] * n, 1)
 
+    return x, w, conv(x, w, b, stride), f
+
+
+@pytest.mark.parametrize("case", POINTWISE, ids=[str(c) for c in POINTWISE])
+def test_pointwise_conv_is_a_dot_matching_torch(case):
+    xs, cout, stride = case
+    n = len(xs) - 2
+    x, w, want, f = unpadded_conv_case(xs, cout, (1,) * n, stride if isinstance(stride, tuple) else (stride,) * n)
     assert_conv_and_grads_match(f, x, w, want)
     compiled = jax.jit(f).lower(as_jax(x), as_jax(w)).compile().as_text()
     assert "convolution(" not in compiled and " dot(" in compiled, "a dot over channels, not a conv"
@@ -101,6 +107,37 @@ def test_pointwise_conv_choices():
     assert not dot(32, groups=2)
     assert not dot(32, kernel=3)
     assert not dot(32, dtype=jnp.bfloat16), "measured on float32 only"
+
+
+# --- patch embedding (stride = kernel, no padding): one dot over each patch's values on CPU ---
+
+PATCHES = [  # (input shape, out channels, kernel)
+    ((2, 3, 32, 32), 64, (8, 8)),  # a ViT's patch embedding
+    ((2, 3, 30, 37), 96, (7, 9)),  # rows and columns past the last whole patch, dropped as the conv drops them
+    ((3, 3, 2, 6, 6), 64, (2, 6, 6)),  # Qwen2-VL's 3-d patch embedding: one output position per patch
+    ((2, 4, 24), 64, (4,)),
+]
+
+
+@pytest.mark.parametrize("case", PATCHES, ids=[str(c) for c in PATCHES])
+def test_patch_conv_is_a_dot_matching_torch(case):
+    xs, cout, kernel = case
+    x, w, want, f = unpadded_conv_case(xs, cout, kernel, kernel)
+    assert_conv_and_grads_match(f, x, w, want)
+    compiled = jax.jit(f).lower(as_jax(x), as_jax(w)).compile().as_text()
+    assert "convolution(" not in compiled, "a dot over each patch, not a conv"
+
+
+def test_patch_conv_choices():
+    def dot(cout=64, stride=4, padding=0, dilation=1, groups=1, dtype=jnp.float32):
+        x, w = jnp.zeros((1, 4, 16, 16), dtype), jnp.zeros((cout, 4 // groups, 4, 4), dtype)
+        return _cpu_patches(x, w, (stride, stride), (padding, padding), (dilation, dilation), groups)
+
+    assert dot()
+    assert not dot(stride=2), "overlapping windows stay a conv"
+    assert not dot(padding=1) and not dot(dilation=2) and not dot(groups=2)
+    assert not dot(cout=32), "few filters: the conv is as fast"
+    assert not dot(dtype=jnp.bfloat16), "measured on float32 only"
 
 
 # --- grouped convolution: taps (written out or looped) and one conv per group on CPU ---
