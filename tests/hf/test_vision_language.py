@@ -439,3 +439,27 @@ def test_later_qwen_vl_features_and_greedy_equal_transformers(qwen_family):
     want = torch.cat([torch.cat(list(want.pooler_output)), *stacks], dim=-1).numpy()
     np.testing.assert_allclose(np.asarray(g.encode_patches(pixels, grids)), want, rtol=1e-5, atol=1e-5)
     check_qwen_batch(model, g, grids, pixels)
+
+
+def test_internvl_greedy_equals_transformers():
+    """InternVL (its vision tower, pixel shuffle and projector: transformers' get_image_features, one image per tile of
+    the configured size): greedy tokens for two prompts, one left-padded, equal transformers' generate with the same
+    pixel values. Its processor's tiling (GotOcr2's crop_to_patches) is not run torch-free: refused by name."""
+    import transformers as tf
+
+    from torch2jax.hf.verify import check_generation, verify_vision_language
+    from torch2jax.serve.image_processing import ImageProcessor
+
+    torch.manual_seed(0)
+    text = tf.Qwen2Config(vocab_size=vlms.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, eos_token_id=vlms.EOS,
+                          bos_token_id=vlms.BOS, pad_token_id=vlms.PAD)
+    vision = tf.InternVLVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     image_size=[32, 32], patch_size=[8, 8])
+    model = tf.InternVLForConditionalGeneration(tf.InternVLConfig(vision_config=vision.to_dict(), text_config=text.to_dict(),
+                                                                  image_token_id=vlms.IMAGE, downsample_ratio=0.5)).eval()
+    g = torch2jax.convert_hf(model, max_cache_len=64, max_batch=2)
+    assert (g.vision.tokens_per_image, g.vision.pixel_shape) == (4, (3, 32, 32))  # 4x4 patches, pixel-shuffled by 2
+    check_generation(verify_vision_language(model, g, tokens=NEW))
+    with pytest.raises(torch2jax.Torch2JaxError, match="GotOcr2ImageProcessor is not supported"):
+        ImageProcessor({"image_processor_type": "GotOcr2ImageProcessorFast", "crop_to_patches": True})

@@ -47,6 +47,7 @@ from .kv_cache import cache_layout, check_limits, generation_fields
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "chat_template.jinja", "chat_template.json")
 IMAGES_PER_PROMPT = 4  # the encoder's symbolic image count goes up to this many images per prompt of the batch
 SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", "PaliGemmaForConditionalGeneration",
+             "InternVLForConditionalGeneration",
              "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
              "Qwen3VLMoeForConditionalGeneration")
 # variable-resolution models: flattened patches + image_grid_thw in, multimodal (3-D) rotary positions
@@ -253,7 +254,8 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
                                            weights=weights, quantize=quantize, group_size=group_size)
     config = vlm.config
     vision = config.vision_config
-    pixel_shape = (int(getattr(vision, "num_channels", 3)), int(vision.image_size), int(vision.image_size))
+    size = vision.image_size if isinstance(vision.image_size, (list, tuple)) else (vision.image_size,) * 2  # InternVL: [h, w]
+    pixel_shape = (int(getattr(vision, "num_channels", 3)), int(size[0]), int(size[1]))
     encoder = ImageEncoder(vlm).eval()
     with torch.no_grad():
         probe = encoder(torch.zeros((1, *pixel_shape), dtype=next(vlm.parameters()).dtype))
