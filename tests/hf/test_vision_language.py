@@ -441,25 +441,39 @@ def test_later_qwen_vl_features_and_greedy_equal_transformers(qwen_family):
     check_qwen_batch(model, g, grids, pixels)
 
 
-def test_internvl_greedy_equals_transformers():
-    """InternVL (its vision tower, pixel shuffle and projector: transformers' get_image_features, one image per tile of
-    the configured size): greedy tokens for two prompts, one left-padded, equal transformers' generate with the same
-    pixel values. Its processor's tiling (GotOcr2's crop_to_patches) is not run torch-free: refused by name."""
-    import transformers as tf
+def test_internvl_greedy_prompt_and_tiles_equal_transformers(tmp_path):
+    """InternVL (its vision tower, pixel shuffle and projector through get_image_features; each tile an image of the
+    model): greedy tokens for two prompts, one left-padded, equal transformers' generate with the same pixel values;
+    processor_inputs equals its processor's parts on three images (GotOcr2's crops: 3, 3 and 1 tiles, the image's
+    tokens between its start and end tokens, 4 per tile); `generate --image` equals transformers' generate on them."""
+    import transformers
 
     from torch2jax.hf.verify import check_generation, verify_vision_language
-    from torch2jax.serve.image_processing import ImageProcessor
 
-    torch.manual_seed(0)
-    text = tf.Qwen2Config(vocab_size=vlms.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, eos_token_id=vlms.EOS,
-                          bos_token_id=vlms.BOS, pad_token_id=vlms.PAD)
-    vision = tf.InternVLVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                     image_size=[32, 32], patch_size=[8, 8])
-    model = tf.InternVLForConditionalGeneration(tf.InternVLConfig(vision_config=vision.to_dict(), text_config=text.to_dict(),
-                                                                  image_token_id=vlms.IMAGE, downsample_ratio=0.5)).eval()
-    g = torch2jax.convert_hf(model, max_cache_len=64, max_batch=2)
-    assert (g.vision.tokens_per_image, g.vision.pixel_shape) == (4, (3, 32, 32))  # 4x4 patches, pixel-shuffled by 2
+    source = vlms.write("internvl", tmp_path)
+    out = tmp_path / "out"
+    converted = cli("convert", f"hf:{source}", "--max-cache-len", "64", "--max-batch", "2", "--out", str(out))
+    assert converted.returncode == 0, converted.stderr
+    g = torch2jax.load(out)
+    assert (g.vision.tokens_per_image, g.vision.tile_wrap) == (4, ("<start_of_image>", "<end_of_image>"))
+    model = transformers.AutoModelForImageTextToText.from_pretrained(source, local_files_only=True).eval()
     check_generation(verify_vision_language(model, g, tokens=NEW))
-    with pytest.raises(torch2jax.Torch2JaxError, match="GotOcr2ImageProcessor is not supported"):
-        ImageProcessor({"image_processor_type": "GotOcr2ImageProcessorFast", "crop_to_patches": True})
+    _, parts = vlms.build("internvl")
+    text = g.chat_template().render([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "w8 w9"}]}],
+                                    add_generation_prompt=True)
+    tiles = []
+    for image in vlms.images():
+        want = parts([image], text)
+        ids, pixels = g.processor_inputs("w8 w9", image)
+        np.testing.assert_array_equal(ids, want["input_ids"])
+        np.testing.assert_array_equal(pixels, want["pixel_values"])
+        tiles.append(len(pixels))
+    assert tiles == [3, 3, 1]
+    image = tmp_path / "picture.png"
+    vlms.images()[0].save(image)
+    shown = cli("generate", str(out), "--image", str(image), "--prompt", "w8 w9", "--max-new-tokens", "8")
+    assert shown.returncode == 0, shown.stderr
+    ids, pixels = g.processor_inputs("w8 w9", image)
+    want = transformers_greedy(model, ids, 8, vlms.PAD, np.ones_like(ids), eos_token_id=vlms.EOS,
+                               pixel_values=torch.from_numpy(pixels))
+    assert shown.stdout.strip() == parts.tokenizer.decode(want[0, ids.shape[1]:], skip_special_tokens=True)

@@ -4,6 +4,7 @@ together with their processor (image processor, a word-level tokenizer with the 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -22,8 +23,9 @@ def chat_template(image: str) -> str:
 ARCHITECTURES = ("llava", "gemma3", "paligemma")
 
 
-def tokenizer():
-    """A word-level tokenizer over the 128 ids: <pad> <s> </s>, the image tokens (special), w7 ... w127."""
+def tokenizer(special: dict | None = None):
+    """A word-level tokenizer over the 128 ids: <pad> <s> </s>, the image tokens (special), w7 ... w127; `special`
+    names them as a processor looks them up (default: LLaVA's and Gemma 3's names)."""
     import transformers as tf
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
@@ -32,8 +34,8 @@ def tokenizer():
     words = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     words.decoder = decoders.WordPiece()
-    special = {"image_token": "<image>", "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
-               "soft_token": "<image_soft_token>"}
+    special = special or {"image_token": "<image>", "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                          "soft_token": "<image_soft_token>"}
     return tf.PreTrainedTokenizerFast(tokenizer_object=words, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
                                       extra_special_tokens=special, padding_side="left")
 
@@ -78,6 +80,15 @@ def build(name: str):
         images = tf.SiglipImageProcessorPil(size={"height": 32, "width": 32})
         images.image_seq_length = 16
         return model.eval(), tf.PaliGemmaProcessor(image_processor=images, tokenizer=tokenizer())
+    if name == "internvl":  # an InternViT tower on 32x32 tiles of 8x8 patches, pixel-shuffled by 2: 4 tokens a tile
+        vision = tf.InternVLVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         image_size=[32, 32], patch_size=[8, 8])
+        config = tf.InternVLConfig(vision_config=vision.to_dict(), text_config=tf.Qwen2Config(**text).to_dict(),
+                                   image_token_id=IMAGE, downsample_ratio=0.5)
+        images = tf.GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=True, min_patches=1, max_patches=6)
+        words = tokenizer({"start_image_token": "<start_of_image>", "end_image_token": "<end_of_image>",
+                           "context_image_token": "<image>", "video_token": "<image_soft_token>"})
+        return tf.InternVLForConditionalGeneration(config).eval(), InternVLParts(images, words, chat_template("<image>"))
     if name in QWEN:  # variable resolution: 8x8 patches merged 2x2, an image takes (h/16)*(w/16) tokens; 3-D rope
         text_class, vision_class, config_class, model_class, vision = QWEN[name]
         rope = ({"rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}}
@@ -138,6 +149,24 @@ class QwenParts:
                                       for grid, part in zip(inputs["image_grid_thw"], parts[1:]))
         ids = np.asarray([self.tokenizer(expanded)["input_ids"]], np.int64)
         return {"input_ids": ids, "pixel_values": inputs["pixel_values"], "image_grid_thw": inputs["image_grid_thw"]}
+
+
+class InternVLParts(QwenParts):
+    """InternVLProcessor's parts (it needs torchvision for its video processor), expanded as it expands an image:
+    its start token, the image token 4 times per tile, its end token (transformers' replace_image_token)."""
+
+    def __call__(self, images: list, text: str) -> dict:
+        import transformers as tf
+
+        inputs = self.image_processor(images, return_tensors="np")
+        names = SimpleNamespace(start_image_token="<start_of_image>", end_image_token="<end_of_image>", image_token="<image>",
+                                image_seq_length=4)
+        parts = text.split("<image>")
+        assert len(parts) == len(images) + 1
+        expanded = parts[0] + "".join(tf.InternVLProcessor.replace_image_token(names, inputs, i) + part
+                                      for i, part in enumerate(parts[1:]))
+        ids = np.asarray([self.tokenizer(expanded)["input_ids"]], np.int64)
+        return {"input_ids": ids, "pixel_values": inputs["pixel_values"]}
 
 
 def write(name: str, directory: Path) -> Path:

@@ -70,3 +70,30 @@ def test_qwen2_vl_patches_equal_the_transformers_pil_processor(size, tmp_path):
     np.testing.assert_array_equal(grids, want["image_grid_thw"])
     np.testing.assert_array_equal(pixels, want["pixel_values"])
     assert len({tuple(g) for g in grids.tolist()}) == (3 if size else 2)  # the defaults scale the small images up alike
+
+
+@pytest.mark.parametrize("crop", [True, False])
+def test_gotocr2_tiles_equal_the_transformers_pil_processor(crop, tmp_path):
+    """InternVL's GotOcr2ImageProcessorPil: with crop_to_patches, each image resized onto its best grid of tiles, cut
+    into them and followed by a thumbnail (3, 3 and 1 tiles for the three images); without, one resized tile each."""
+    import transformers as tf
+
+    theirs = tf.GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=crop, min_patches=1, max_patches=6)
+    theirs.save_pretrained(tmp_path)
+    ours = ImageProcessor.from_files({"preprocessor_config.json": tmp_path / "preprocessor_config.json"})
+    want = theirs(images=vlms.images(), return_tensors="np")
+    pixels, tiles = ours.tiles(vlms.images())
+    assert tiles == list(want["num_patches"]) == ([3, 3, 1] if crop else [1, 1, 1])
+    np.testing.assert_array_equal(pixels, want["pixel_values"])
+
+
+def test_tile_grid_equals_transformers_choice():
+    """The grid of tiles for many image sizes and tile counts, ties included, as get_optimal_tiled_canvas picks it."""
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import get_optimal_tiled_canvas
+
+    from torch2jax.serve.image_processing import optimal_tile_grid
+
+    sizes = [(h, w) for h in (20, 32, 48, 64, 100, 448, 900) for w in (20, 32, 64, 96, 448, 1280)]
+    for size in sizes:
+        for low, high in ((1, 6), (1, 12), (2, 4)):
+            assert optimal_tile_grid(size, (32, 32), low, high) == get_optimal_tiled_canvas(size, (32, 32), low, high), size

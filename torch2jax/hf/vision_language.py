@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,9 @@ BIDIRECTIONAL_IMAGES = ("Gemma3ForConditionalGeneration",)
 # prefix-LMs: the whole prompt (image and text, token type 0) attends both ways; generated tokens causally
 PREFIX_LM = ("PaliGemmaForConditionalGeneration",)
 POSITION_OFFSET = {"PaliGemmaForConditionalGeneration": 1}  # PaliGemma's positions count from 1
+# models whose processor cuts an image into tiles, each an image of the model: the most per image (InternVL: GotOcr2's
+# default max_patches 12, and a thumbnail)
+MAX_TILES = {"InternVLForConditionalGeneration": 13}
 
 
 class ImageEncoder(torch.nn.Module):
@@ -262,7 +266,7 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
     tokens_per_image, feature_size = int(probe.shape[1]), int(probe.shape[2])
     layout = cache_layout(vlm, max_cache_len)
     timer = StageTimer(progress)
-    max_images = IMAGES_PER_PROMPT * max_batch
+    max_images = IMAGES_PER_PROMPT * max_batch * MAX_TILES.get(type(vlm).__name__, 1)
     images = {"name": "images", "min": 1, "max": max_images}
     encode_captured, _ = trace(encoder, (torch.zeros((2, *pixel_shape), dtype=probe.dtype),), None, ({0: images},), timer,
                                what=" of the image encoder")
@@ -388,6 +392,9 @@ def with_processor_text(vision: VisionSpec, directory: Path) -> VisionSpec:
     -> the full image sequence). Unchanged where the directory has no processor transformers can load."""
     if not (directory / "processor_config.json").is_file() and not (directory / "preprocessor_config.json").is_file():
         return vision
+    wrap = _tile_wrap(directory)
+    if wrap is not None:  # InternVL (its processor needs torchvision for videos: the tokenizer names what it writes)
+        return dataclasses.replace(vision, tile_wrap=wrap)
     try:
         processor = transformers().AutoProcessor.from_pretrained(directory, local_files_only=True)
     except (OSError, ValueError, TypeError, KeyError, ImportError):  # ImportError: Qwen2VLProcessor needs torchvision
@@ -403,6 +410,21 @@ def with_processor_text(vision: VisionSpec, directory: Path) -> VisionSpec:
     if type(processor).__name__ == "PaliGemmaProcessor":  # no chat template: the image tokens, BOS, the prompt, a newline
         prompt = f"{placeholder}{processor.tokenizer.bos_token}{{prompt}}\n"
     return dataclasses.replace(vision, image_placeholder=placeholder, image_expansion=expansion, prompt_format=prompt)
+
+
+def _tile_wrap(directory: Path) -> tuple[str, str] | None:
+    """InternVL's image start and end tokens, as its tokenizer config names them (start_image_token, end_image_token,
+    beside context_image_token: the image token); None for other tokenizers."""
+    try:
+        config = json.loads((directory / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    extra = config.get("extra_special_tokens")
+    named = {**config, **(extra if isinstance(extra, dict) else {})}
+    names = [named.get(key) for key in ("start_image_token", "end_image_token", "context_image_token")]
+    return (names[0], names[1]) if all(isinstance(name, str) for name in names) else None
 
 
 def processor_files(directory: Path) -> dict[str, Path]:

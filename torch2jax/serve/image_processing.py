@@ -21,8 +21,9 @@ from ..errors import InputSpecError, Torch2JaxError
 
 # the processors whose steps are the ones above (their PIL versions); others are refused by name
 SUPPORTED = ("LlavaImageProcessor", "CLIPImageProcessor", "SiglipImageProcessor", "Gemma3ImageProcessor",
-             "Qwen2VLImageProcessor")
+             "Qwen2VLImageProcessor", "GotOcr2ImageProcessor")
 VARIABLE_RESOLUTION = ("Qwen2VLImageProcessor",)  # resized to multiples of patch * merge, returned as flattened patches
+TILED = ("GotOcr2ImageProcessor",)  # InternVL's: with crop_to_patches, an image is several fixed-size crops (tiles)
 
 
 def pil() -> Any:
@@ -79,7 +80,30 @@ class ImageProcessor:
     def __call__(self, images: Sequence[Any]) -> np.ndarray:
         if self.variable_resolution:
             raise Torch2JaxError(f"{self.kind} makes flattened patches and a grid per image: call .patches(images)")
-        return np.stack([self.one(image) for image in images])
+        return self.tiles(images)[0]
+
+    def tiles(self, images: Sequence[Any]) -> tuple[np.ndarray, list[int]]:
+        """(pixel values [tiles, C, H, W] float32, each image's number of tiles). One tile an image, but for InternVL's
+        processor (GotOcr2ImageProcessorPil) with crop_to_patches: the image resized onto the grid of tiles whose
+        aspect ratio is closest to its own (between min_patches and max_patches tiles), cut into those tiles in
+        row-major order, and, when that is more than one, the whole image resized to one tile after them."""
+        c = self.config
+        if self.kind not in TILED or not c.get("crop_to_patches") or int(c.get("max_patches", 12)) <= 1:
+            return np.stack([self.one(image) for image in images]), [1] * len(images)
+        size = c.get("size") or {}
+        tile = (int(size["height"]), int(size["width"]))
+        out, counts = [], []
+        for image in images:
+            array = self._rgb(image)
+            columns, rows = optimal_tile_grid(array.shape[1:], tile, int(c.get("min_patches", 1)), int(c.get("max_patches", 12)))
+            resized = self._pil_resize(array, (tile[0] * rows, tile[1] * columns))
+            crops = [resized[:, r * tile[0]:(r + 1) * tile[0], col * tile[1]:(col + 1) * tile[1]]
+                     for r in range(rows) for col in range(columns)]
+            if len(crops) != 1:
+                crops.append(self._pil_resize(array, tile))
+            out += [self._rescaled(crop) for crop in crops]
+            counts.append(len(crops))
+        return np.stack(out), counts
 
     def patches(self, images: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
         """Qwen2-VL: (pixel_values [patches, C * temporal * patch * patch] float32, image_grid_thw [N, 3] int64),
@@ -103,18 +127,8 @@ class ImageProcessor:
 
     def one(self, image: Any) -> np.ndarray:
         """One PIL image (or a path) -> [C, H, W] float32."""
-        Image = pil()
         c = self.config
-        if isinstance(image, (str, Path)):
-            image = open_image(image)
-        if not isinstance(image, Image.Image):
-            raise InputSpecError(f"images are PIL images or file paths, got {type(image).__name__}")
-        if c.get("do_convert_rgb", True):
-            array = np.array(_to_rgb(image))
-        else:
-            array = np.array(image)
-        array = array[:, :, None] if array.ndim == 2 else array
-        array = np.ascontiguousarray(array.transpose(2, 0, 1))  # channels first, as the processors work
+        array = self._rgb(image)
         if c.get("do_pad") and self.kind == "LlavaImageProcessor":
             mean = c.get("image_mean")
             array = _pad_to_square(array, tuple(int(x * 255) for x in mean) if mean else 0)
@@ -123,6 +137,22 @@ class ImageProcessor:
         if c.get("do_center_crop"):
             crop = c.get("crop_size") or {}
             array = _center_crop(array, int(crop["height"]), int(crop["width"]))
+        return self._rescaled(array)
+
+    def _rgb(self, image: Any) -> np.ndarray:
+        """A PIL image (or a path) as the processors start from it: [C, H, W] uint8, RGB unless told otherwise."""
+        Image = pil()
+        if isinstance(image, (str, Path)):
+            image = open_image(image)
+        if not isinstance(image, Image.Image):
+            raise InputSpecError(f"images are PIL images or file paths, got {type(image).__name__}")
+        array = np.array(_to_rgb(image)) if self.config.get("do_convert_rgb", True) else np.array(image)
+        array = array[:, :, None] if array.ndim == 2 else array
+        return np.ascontiguousarray(array.transpose(2, 0, 1))  # channels first, as the processors work
+
+    def _rescaled(self, array: np.ndarray) -> np.ndarray:
+        """Rescaled and normalized as the config says: [C, H, W] float32."""
+        c = self.config
         if c.get("do_rescale", True):
             array = (array.astype(np.float64) * float(c.get("rescale_factor", 1 / 255))).astype(np.float32)
         if c.get("do_normalize", True):
@@ -150,6 +180,10 @@ class ImageProcessor:
             new = (int(size["height"]), int(size["width"]))
         else:
             raise Torch2JaxError(f"image processor size {size} is not supported (shortest_edge, or height and width)")
+        return self._pil_resize(array, new)
+
+    def _pil_resize(self, array: np.ndarray, new: tuple[int, int]) -> np.ndarray:
+        """[C, H, W] uint8 resized with PIL to (height, width) by the config's resample filter."""
         Image = pil()
         resample = self.config.get("resample")
         resample = Image.Resampling(int(resample)) if resample is not None else Image.Resampling.BILINEAR
@@ -158,6 +192,24 @@ class ImageProcessor:
         out = np.array(picture.resize((new[1], new[0]), resample=resample))
         out = out[:, :, None] if out.ndim == 2 else out
         return np.ascontiguousarray(out.transpose(2, 0, 1))
+
+
+def optimal_tile_grid(image_size: tuple[int, int], tile: tuple[int, int], min_tiles: int, max_tiles: int) -> tuple[int, int]:
+    """(columns, rows) of the tile grid whose aspect ratio is closest to the image's (height, width), between
+    `min_tiles` and `max_tiles` tiles; on a tie the grid with more tiles, while the image's area is over half of the
+    grid's (transformers' get_optimal_tiled_canvas for GotOcr2 / InternVL)."""
+    grids = sorted(((w, h) for w in range(1, max_tiles + 1) for h in range(1, max_tiles + 1) if min_tiles <= w * h <= max_tiles),
+                   key=lambda grid: grid[0] * grid[1])
+    height, width = image_size
+    aspect, area = width / height, width * height
+    best, best_diff = (1, 1), float("inf")
+    for grid in grids:
+        diff = abs(aspect - grid[0] / grid[1])
+        if diff < best_diff:
+            best, best_diff = grid, diff
+        elif diff == best_diff and area > 0.5 * tile[0] * tile[1] * grid[0] * grid[1]:
+            best = grid
+    return best
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:

@@ -56,6 +56,9 @@ class VisionSpec:
     # Qwen3-VL: > 0 is the side of its learned position table, resampled to each image's grid; encode then takes each
     # patch's bilinear taps (patch_interpolation)
     position_table: int = 0
+    # InternVL: the tokens its processor writes before and after an image's tokens, which number tokens_per_image for
+    # each of the image's tiles (its image processor cuts an image into tiles, each an image of the model)
+    tile_wrap: tuple[str, str] | None = None
 
     def to_json(self) -> dict:
         return {"image_token_id": self.image_token_id, "tokens_per_image": self.tokens_per_image,
@@ -64,7 +67,7 @@ class VisionSpec:
                 "bidirectional_images": self.bidirectional_images, "image_placeholder": self.image_placeholder,
                 "image_expansion": self.image_expansion, "prefix_lm": self.prefix_lm, "prompt_format": self.prompt_format,
                 "spatial_merge_size": self.spatial_merge_size, "window_size": self.window_size,
-                "position_table": self.position_table}
+                "position_table": self.position_table, "tile_wrap": list(self.tile_wrap) if self.tile_wrap else None}
 
     @staticmethod
     def from_json(data: Any) -> VisionSpec:
@@ -75,9 +78,17 @@ class VisionSpec:
                               str(data["feature_dtype"]), tuple(int(d) for d in data["pixel_shape"]), int(data["max_images"]),
                               bool(data.get("bidirectional_images", False)), *text, bool(data.get("prefix_lm", False)), prompt,
                               int(data.get("spatial_merge_size", 0)), int(data.get("window_size", 0)),
-                              int(data.get("position_table", 0)))
+                              int(data.get("position_table", 0)), _pair(data.get("tile_wrap")))
         except (KeyError, TypeError, ValueError) as err:
             raise Torch2JaxError(f"the manifest's vision section is malformed ({type(err).__name__}: {err})") from None
+
+
+def _pair(value: Any) -> tuple[str, str] | None:
+    if value is None:
+        return None
+    if not (isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, str) for v in value)):
+        raise TypeError(f"tile_wrap must be two strings, got {value!r}")
+    return value[0], value[1]
 
 
 def image_index(ids: np.ndarray, image_token_id: int) -> np.ndarray:
@@ -326,9 +337,10 @@ class VisionLanguageGenerator(Generator):
         return template
 
     def processor_inputs(self, prompt: str, image: Any) -> tuple[np.ndarray, ...]:
-        """(input_ids [1, L], pixel_values [1, C, H, W]) for one user turn of one image and `prompt`, as the model's
+        """(input_ids [1, L], pixel_values [tiles, C, H, W]) for one user turn of one image and `prompt`, as the model's
         processor makes them: the chat template (image, text, generation prompt), the image token repeated
-        `tokens_per_image` times, tokenized; the image preprocessed as the model's image processor does.
+        `tokens_per_image` times (InternVL: per tile, between its start and end tokens), tokenized; the image
+        preprocessed as the model's image processor does (one tile, but InternVL's crops).
         Variable resolution (Qwen2-VL): (input_ids, pixel_values [patches, patch_dim], image_grid_thw [1, 3]), the
         image token repeated grid_t*grid_h*grid_w / merge^2 times, as Qwen2VLProcessor does."""
         if self.vision.prompt_format is not None:  # the processor's own format, no chat template (PaliGemma)
@@ -348,11 +360,15 @@ class VisionLanguageGenerator(Generator):
             count = int(np.prod(grids[0])) // (merge * merge)
             expansion = image_token * count
         else:
-            count = self.vision.tokens_per_image
-            expansion = self.vision.image_expansion or image_token * count
+            pixels, tiles = self.image_processor.tiles([image])
+            count = self.vision.tokens_per_image * tiles[0]
+            if self.vision.tile_wrap:  # InternVL: start, the image tokens of every tile, end
+                expansion = self.vision.tile_wrap[0] + image_token * count + self.vision.tile_wrap[1]
+            else:
+                expansion = self.vision.image_expansion or image_token * count
         ids = tokenizer.encode(text.replace(placeholder, expansion)).ids
         if ids.count(self.vision.image_token_id) != count:
             raise Torch2JaxError("the tokenizer did not keep the image tokens whole")
         if merge:
             return np.asarray([ids], np.int64), pixels, grids
-        return np.asarray([ids], np.int64), self.image_processor([image])
+        return np.asarray([ids], np.int64), pixels
