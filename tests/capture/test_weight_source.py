@@ -22,6 +22,14 @@ def test_a_swap_exchanges_the_axes_of_the_stored_tensor(tmp_path):
     np.testing.assert_array_equal(resolved["experts.w"].read(), stored.swapaxes(1, 2))
 
 
+def test_a_swap_of_square_axes_still_exchanges_them(tmp_path):
+    """A transpose whose two axes have one length leaves the shape as it was: the values are swapped all the same."""
+    stored = np.arange(18, dtype=np.float32).reshape(2, 3, 3)
+    weights = _source(tmp_path, {"experts.w": stored}, Fuse(("experts.w",), "experts.w", None, None, (1, 2)))
+    resolved = weights.resolve({"experts.w": torch.zeros(2, 3, 3)}, {})
+    np.testing.assert_array_equal(resolved["experts.w"].read(), stored.swapaxes(1, 2))
+
+
 def test_a_swap_if_needed_keeps_a_tensor_stored_as_the_module_holds_it(tmp_path):
     """Transpose(check_dims=True): the stored layout is kept where it is already the module's, swapped where not."""
     stored = np.arange(24, dtype=np.float32).reshape(2, 3, 4)

@@ -202,13 +202,15 @@ class WeightSource:
     def _reader(self, recipe: Recipe, shape: tuple[int, ...], stored: np.dtype, want: np.dtype):
         checkpoint = self.checkpoint
         assembled = self._assembled(recipe)[0] if recipe.fuse is not None else shape
+        # a swap always, or only where the stored layout is not the param's (a square one is taken as stored)
+        swap = recipe.fuse is not None and recipe.fuse.swap is not None and (not recipe.fuse.swap_if_needed or assembled != shape)
 
         def read() -> np.ndarray:
             if recipe.fuse is None:
                 values = checkpoint.read(recipe.parts[0][0])
                 return values if stored == want else values.astype(want)
             out = aligned_empty(shape, want)  # filled part by part: one part in memory besides the result
-            if assembled == shape:
+            if not swap:
                 return fill(out)
             out[...] = np.swapaxes(fill(aligned_empty(assembled, want)), *recipe.fuse.swap)  # a swap: one more copy
             return out
