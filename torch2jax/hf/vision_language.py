@@ -36,10 +36,11 @@ import torch
 from ..capture.converter import StageTimer, model_from, trace
 from ..capture.fake_params import has_fake_parameters, to_dtype
 from ..capture.fx import dtype_name
-from ..errors import ExportError, InputSpecError
+from ..errors import ExportError, InputSpecError, Torch2JaxError
 from ..runtime.model import Model
 from ..runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_model, share_quantized_params
 from ..serve.generator import GenerationSpec
+from ..serve.image_processing import TILED, ImageProcessor
 from ..serve.vision_language import VisionLanguageGenerator, VisionSpec
 from .causal_lm import DecoderStep, example_step_inputs, step_dynamic_shapes
 from .directory import load_model, model_dir, prepare_for_export, read_config, transformers
@@ -393,7 +394,8 @@ def with_processor_text(vision: VisionSpec, directory: Path) -> VisionSpec:
     if not (directory / "processor_config.json").is_file() and not (directory / "preprocessor_config.json").is_file():
         return vision
     wrap = _tile_wrap(directory)
-    if wrap is not None:  # InternVL (its processor needs torchvision for videos: the tokenizer names what it writes)
+    if wrap is not None and _image_processor_kind(directory) in TILED:
+        # InternVL (its processor needs torchvision for videos): the tokenizer names what it writes around an image
         return dataclasses.replace(vision, tile_wrap=wrap)
     try:
         processor = transformers().AutoProcessor.from_pretrained(directory, local_files_only=True)
@@ -410,6 +412,14 @@ def with_processor_text(vision: VisionSpec, directory: Path) -> VisionSpec:
     if type(processor).__name__ == "PaliGemmaProcessor":  # no chat template: the image tokens, BOS, the prompt, a newline
         prompt = f"{placeholder}{processor.tokenizer.bos_token}{{prompt}}\n"
     return dataclasses.replace(vision, image_placeholder=placeholder, image_expansion=expansion, prompt_format=prompt)
+
+
+def _image_processor_kind(directory: Path) -> str | None:
+    try:
+        processor = ImageProcessor.from_files(processor_files(directory))
+    except Torch2JaxError:
+        return None
+    return processor.kind if processor is not None else None
 
 
 def _tile_wrap(directory: Path) -> tuple[str, str] | None:
