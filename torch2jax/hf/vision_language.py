@@ -82,8 +82,8 @@ class ImageEncoder(torch.nn.Module):
 
 
 class PatchEncoder(torch.nn.Module):
-    """Qwen2-VL's (and Qwen2.5-VL's) vision tower over variable-resolution patches, exportable with a symbolic patch
-    count:
+    """The Qwen2-VL family's vision tower (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) over variable-resolution patches,
+    exportable with a symbolic patch count:
 
         forward(pixel_values [M, merge^2, patch_dim], position_ids [M, merge^2, 2], image_ids [M][, grid inputs])
             -> features [M, hidden]
@@ -224,11 +224,15 @@ def deepstack_rows(vlm: torch.nn.Module, image_index: torch.Tensor, layers: list
         rows = rows.reshape(*visual_pos_masks.shape, -1)
         return hidden_states + torch.where(visual_pos_masks[..., None] >= 0, rows, torch.zeros_like(rows))
 
+    names = ("forward", "_deepstack_process")
+    saved = {name: text.__dict__[name] for name in names if name in text.__dict__}  # an instance's own, kept
     text.forward, text._deepstack_process = with_deepstack, process
     try:
         yield
     finally:
-        del text.forward, text._deepstack_process  # the class's own again
+        for name in names:
+            del text.__dict__[name]
+        text.__dict__.update(saved)
 
 
 def check_supported(vlm: torch.nn.Module) -> None:
@@ -301,8 +305,8 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
 def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max_batch: int, progress: Any = None,
                                 weights: Any = None, quantize: str | None = None,
                                 group_size: int = DEFAULT_GROUP_SIZE) -> VisionLanguageGenerator:
-    """Qwen2-VL, Qwen2.5-VL: encode_image over merged groups of patches (PatchEncoder; with the window ids of
-    Qwen2.5-VL's windowed blocks), prefill/decode with 3-D rotary offsets."""
+    """The Qwen2-VL family: encode_image over merged groups of patches (PatchEncoder; with Qwen2.5-VL's window ids or
+    Qwen3-VL's position-table taps), prefill/decode with 3-D rotary offsets (and Qwen3-VL's deepstack features)."""
     config, vision = vlm.config, vlm.config.vision_config
     merge = int(vision.spatial_merge_size)
     # Qwen2.5-VL: the side of its attention windows, in merged tokens (transformers' vit_merger_window_size)
@@ -358,8 +362,8 @@ def _entry_points(encode: Model, captured: Any, timer: StageTimer, weights: Any,
     if quantize is not None:
         with timer.stage("quantize", f"quantize the language model's matmul weights to {quantize}"):
             prefill = quantize_model(prefill, quantize, group_size)
-        encode = Model(encode._run, prefill.params, share_quantized_params(encode.graph, prefill))
-    encode = Model(encode._run, prefill.params, encode.graph)  # one params dict for all three
+    graph = share_quantized_params(encode.graph, prefill) if quantize is not None else encode.graph
+    encode = Model(encode._run, prefill.params, graph)  # one params dict for all three
     decode = Model(prefill._run, prefill.params, prefill.graph.with_fixed_dims({"tokens": 1, "image_rows": 1}))
     decode.quantization = prefill.quantization
     return encode, prefill, decode
