@@ -13,8 +13,9 @@ from .common import handles_errors
 @click.argument("artifact_dir", type=click.Path(file_okay=False))
 @click.option("--prompt", "prompts", multiple=True, help="Prompt text (repeatable: a batch); needs the model's tokenizer.")
 @click.option("--ids", "id_lists", multiple=True, help="Prompt token ids, comma-separated (repeatable: a batch), e.g. 1,450,7483.")
-@click.option("--image", type=click.Path(dir_okay=False, exists=True),
-              help="image-text-to-text: a PNG/JPEG for the prompt (one user turn: the image, then --prompt).")
+@click.option("--image", "images", multiple=True, type=click.Path(dir_okay=False, exists=True),
+              help="image-text-to-text: a PNG/JPEG for the prompt (repeatable: several images, in order; one user "
+                   "turn: the images, then --prompt).")
 @click.option("--max-new-tokens", default=32, show_default=True)
 @click.option("--temperature", type=float, help="Sample with this temperature (default: greedy decoding).")
 @click.option("--top-k", type=int, help="Sample from the k most likely tokens.")
@@ -22,7 +23,7 @@ from .common import handles_errors
 @click.option("--seed", default=0, show_default=True, help="PRNG seed for sampling.")
 @click.option("--from-graph", is_flag=True, help="Rebuild the functions from their graphs instead of the StableHLO.")
 @handles_errors
-def generate(artifact_dir, prompts, id_lists, image, max_new_tokens, temperature, top_k, top_p, seed, from_graph):
+def generate(artifact_dir, prompts, id_lists, images, max_new_tokens, temperature, top_k, top_p, seed, from_graph):
     """Generate text (or token ids) with a text-generation or text2text-generation artifact; needs no torch.
 
     A causal LM continues each prompt (printed with it); an encoder-decoder reads each prompt as its source
@@ -34,9 +35,10 @@ def generate(artifact_dir, prompts, id_lists, image, max_new_tokens, temperature
       torch2jax generate out/llm --ids 1,450,7483 --temperature 0.8 --top-p 0.9 --seed 0
       torch2jax generate out/t5 --prompt "translate English to German: Hello" --max-new-tokens 32
       torch2jax generate out/vlm --image cat.png --prompt "What is in the picture?" --max-new-tokens 32
+      torch2jax generate out/vlm --image a.png --image b.png --prompt "What differs?"
 
     With --image (an image-text-to-text artifact) the prompt is built as the model's processor builds one user
-    turn (chat template, the image's tokens, the generation prompt) and the reply is printed.
+    turn (chat template, each image's tokens, the generation prompt) and the reply is printed.
     """
 
     import torch2jax
@@ -56,14 +58,14 @@ def generate(artifact_dir, prompts, id_lists, image, max_new_tokens, temperature
         import jax
 
         options = {"do_sample": True, "rng": jax.random.key(seed), **sampling}
-    if image is not None or isinstance(g, torch2jax.VisionLanguageGenerator):
-        if image is not None and not isinstance(g, torch2jax.VisionLanguageGenerator):
+    if images or isinstance(g, torch2jax.VisionLanguageGenerator):
+        if images and not isinstance(g, torch2jax.VisionLanguageGenerator):
             raise InputSpecError(f"{artifact_dir} is a {g.TASK} artifact: --image needs an image-text-to-text artifact "
                                  "(convert hf:DIR --task image-text-to-text)")
-        if image is not None:
+        if images:
             if len(prompts) != 1:
-                raise InputSpecError("--image takes one --prompt (one image per prompt, one prompt per call)")
-            ids, pixels, *grid = g.processor_inputs(prompts[0], image)
+                raise InputSpecError("--image takes one --prompt (the images and one prompt make one user turn)")
+            ids, pixels, *grid = g.processor_inputs(prompts[0], list(images))
             if grid:  # variable resolution (Qwen2-VL): the image's patch grid
                 options["image_grid_thw"] = grid[0]
             start = time.perf_counter()

@@ -118,12 +118,12 @@ def test_image_positions_equal_transformers_placeholder_mask(vlm):
     np.testing.assert_array_equal(index[mask], np.arange(mask.sum()))
 
 
-def processor_text(processor, prompt: str) -> str:
-    """One user turn of one image and `prompt` as the processor takes it: through its chat template, or (PaliGemma,
-    which has none) the prompt alone, the processor adding the image tokens."""
+def processor_text(processor, prompt: str, images: int = 1) -> str:
+    """One user turn of `images` images and `prompt` as the processor takes it: through its chat template, or
+    (PaliGemma, which has none) the prompt alone, the processor adding the image tokens."""
     if processor.chat_template is None:
         return prompt
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    messages = [{"role": "user", "content": [{"type": "image"}] * images + [{"type": "text", "text": prompt}]}]
     return processor.apply_chat_template(messages, add_generation_prompt=True)
 
 
@@ -140,6 +140,11 @@ def test_prompt_and_pixels_equal_the_processor(vlm):
         ids, pixels = g.processor_inputs("w8 w9 w33", image)
         np.testing.assert_array_equal(ids, want["input_ids"])
         np.testing.assert_array_equal(pixels, want["pixel_values"])
+    two = vlms.images()[:2]  # several images in one turn, in order
+    want = processor(images=[two], text=processor_text(processor, "w8", images=2), return_tensors="np")  # one prompt's
+    ids, pixels = g.processor_inputs("w8", two)
+    np.testing.assert_array_equal(ids, want["input_ids"])
+    np.testing.assert_array_equal(pixels, want["pixel_values"])
 
 
 def test_loads_and_generates_without_torch(vlm, tmp_path):
@@ -210,6 +215,14 @@ def test_cli_convert_and_generate_with_an_image(vlm, tmp_path):
     assert shown.stdout.strip() == processor.tokenizer.decode(want[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
     text = cli("generate", str(out), "--image", str(image), "--prompt", "a", "--prompt", "b")
     assert text.returncode == 2 and "one --prompt" in text.stderr
+    second = tmp_path / "second.png"
+    vlms.images()[1].save(second)
+    shown = cli("generate", str(out), "--image", str(image), "--image", str(second), "--prompt", "w8", "--max-new-tokens", "8")
+    assert shown.returncode == 0, shown.stderr
+    inputs = processor(images=[vlms.images()[:2]], text=processor_text(processor, "w8", images=2), return_tensors="pt")
+    with torch.no_grad():
+        want = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    assert shown.stdout.strip() == processor.tokenizer.decode(want[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
 def test_prompt_from_the_parts_equals_the_processor_files(vlm, tmp_path):
@@ -331,6 +344,11 @@ def test_qwen2_vl_prompt_and_patches_equal_the_processor(qwen):
         np.testing.assert_array_equal(ids, want["input_ids"])
         np.testing.assert_array_equal(pixels, want["pixel_values"])
         np.testing.assert_array_equal(grids, want["image_grid_thw"])
+    two = g.chat_template().render([{"role": "user", "content": [{"type": "image"}] * 2 + [{"type": "text", "text": "w8"}]}],
+                                   add_generation_prompt=True)
+    want = parts(vlms.images()[:2], two)
+    for got, key in zip(g.processor_inputs("w8", vlms.images()[:2]), ("input_ids", "pixel_values", "image_grid_thw")):
+        np.testing.assert_array_equal(got, want[key])
     assert (ids == vlms.IMAGE).sum() == int(np.prod(grids)) // 4
 
 
@@ -469,6 +487,11 @@ def test_internvl_greedy_prompt_and_tiles_equal_transformers(tmp_path):
         np.testing.assert_array_equal(pixels, want["pixel_values"])
         tiles.append(len(pixels))
     assert tiles == [3, 3, 1]
+    two = g.chat_template().render([{"role": "user", "content": [{"type": "image"}] * 2 + [{"type": "text", "text": "w8"}]}],
+                                   add_generation_prompt=True)
+    want = parts(vlms.images()[1:], two)  # two images in one turn: 3 and 1 tiles
+    for got, key in zip(g.processor_inputs("w8", vlms.images()[1:]), ("input_ids", "pixel_values")):
+        np.testing.assert_array_equal(got, want[key])
     image = tmp_path / "picture.png"
     vlms.images()[0].save(image)
     shown = cli("generate", str(out), "--image", str(image), "--prompt", "w8 w9", "--max-new-tokens", "8")

@@ -337,37 +337,42 @@ class VisionLanguageGenerator(Generator):
         return template
 
     def processor_inputs(self, prompt: str, image: Any) -> tuple[np.ndarray, ...]:
-        """(input_ids [1, L], pixel_values [tiles, C, H, W]) for one user turn of one image and `prompt`, as the model's
-        processor makes them: the chat template (image, text, generation prompt), the image token repeated
-        `tokens_per_image` times (InternVL: per tile, between its start and end tokens), tokenized; the image
-        preprocessed as the model's image processor does (one tile, but InternVL's crops).
-        Variable resolution (Qwen2-VL): (input_ids, pixel_values [patches, patch_dim], image_grid_thw [1, 3]), the
-        image token repeated grid_t*grid_h*grid_w / merge^2 times, as Qwen2VLProcessor does."""
-        if self.vision.prompt_format is not None:  # the processor's own format, no chat template (PaliGemma)
-            text = self.vision.prompt_format.replace("{prompt}", prompt)
-        else:
-            text = self.chat_template().render([{"role": "user", "content": [{"type": "image"}, {"type": "text",
-                                                                                              "text": prompt}]}],
-                                               add_generation_prompt=True)
+        """(input_ids [1, L], pixel_values [tiles, C, H, W]) for one user turn of `image` (one image, or a list of them
+        in order) and `prompt`, as the model's processor makes them: the chat template (the images, the text, the
+        generation prompt), each image's placeholder expanded to its tokens (`tokens_per_image`; InternVL: that many
+        per tile, between its start and end tokens), tokenized; the images preprocessed as the model's image
+        processor does (one tile each, but InternVL's crops).
+        Variable resolution (Qwen2-VL): (input_ids, pixel_values [patches, patch_dim], image_grid_thw [images, 3]),
+        each image's token repeated grid_t*grid_h*grid_w / merge^2 times, as Qwen2VLProcessor does."""
+        images = list(image) if isinstance(image, (list, tuple)) else [image]
+        if not images:
+            raise InputSpecError("processor_inputs needs at least one image")
         tokenizer = self.tokenizer
         image_token = tokenizer.id_to_token(self.vision.image_token_id)
         placeholder = self.vision.image_placeholder or image_token
-        if placeholder is None or text.count(placeholder) != 1:
-            raise Torch2JaxError(f"the chat template did not place one image placeholder ({placeholder!r}) for the image")
+        if self.vision.prompt_format is not None:  # the processor's own format, no chat template (PaliGemma)
+            text = self.vision.prompt_format.replace(placeholder, placeholder * len(images)).replace("{prompt}", prompt)
+        else:
+            content = [{"type": "image"}] * len(images) + [{"type": "text", "text": prompt}]
+            text = self.chat_template().render([{"role": "user", "content": content}], add_generation_prompt=True)
+        if placeholder is None or text.count(placeholder) != len(images):
+            raise Torch2JaxError(f"the chat template did not place {len(images)} image placeholder(s) ({placeholder!r}) for "
+                                 f"the image(s)")
         merge = self.vision.spatial_merge_size
         if merge:
-            pixels, grids = self.image_processor.patches([image])
-            count = int(np.prod(grids[0])) // (merge * merge)
-            expansion = image_token * count
+            pixels, grids = self.image_processor.patches(images)
+            counts = [int(np.prod(grid)) // (merge * merge) for grid in grids]
+            expansions = [image_token * count for count in counts]
         else:
-            pixels, tiles = self.image_processor.tiles([image])
-            count = self.vision.tokens_per_image * tiles[0]
+            pixels, tiles = self.image_processor.tiles(images)
+            counts = [self.vision.tokens_per_image * n for n in tiles]
             if self.vision.tile_wrap:  # InternVL: start, the image tokens of every tile, end
-                expansion = self.vision.tile_wrap[0] + image_token * count + self.vision.tile_wrap[1]
+                expansions = [self.vision.tile_wrap[0] + image_token * count + self.vision.tile_wrap[1] for count in counts]
             else:
-                expansion = self.vision.image_expansion or image_token * count
-        ids = tokenizer.encode(text.replace(placeholder, expansion)).ids
-        if ids.count(self.vision.image_token_id) != count:
+                expansions = [self.vision.image_expansion or image_token * count for count in counts]
+        parts = text.split(placeholder)
+        ids = tokenizer.encode(parts[0] + "".join(e + part for e, part in zip(expansions, parts[1:]))).ids
+        if ids.count(self.vision.image_token_id) != sum(counts):
             raise Torch2JaxError("the tokenizer did not keep the image tokens whole")
         if merge:
             return np.asarray([ids], np.int64), pixels, grids
