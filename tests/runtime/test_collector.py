@@ -37,7 +37,9 @@ def test_a_process_that_froze_its_own_objects_keeps_them_frozen():
         count = gc.get_freeze_count()
         with collector.existing_objects_frozen():
             pass
-        assert gc.get_freeze_count() == count
+        # not thawed (0) and nothing more frozen (above count); frozen objects that other threads' refcounts free
+        # meanwhile leave the count, so it may drop a little
+        assert 0 < gc.get_freeze_count() <= count
     finally:
         gc.unfreeze()
 
