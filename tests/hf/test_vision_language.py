@@ -405,7 +405,7 @@ def test_qwen2_5_vl_windows_equal_transformers_window_index():
     does (its window order and cu_window_seqlens): grids whose merged sides are and are not multiples of the window."""
     from transformers.vision_utils import get_vision_window_index
 
-    grids = np.asarray([[1, 6, 10], [1, 8, 4], [1, 2, 2], [1, 12, 6]])
+    grids = np.asarray([[1, 6, 10], [1, 8, 4], [1, 2, 2], [1, 12, 6], [2, 4, 6]])  # the last: two frames, windows each
     order, bounds = get_vision_window_index(torch.from_numpy(grids), spatial_merge_size=2, window_size=32, patch_size=8)
     bounds = bounds.numpy() // 4  # patches -> merged tokens
     want = [sorted(order.numpy()[a:b].tolist()) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]

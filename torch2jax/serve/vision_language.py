@@ -151,14 +151,14 @@ def patch_positions(grids: np.ndarray, merge: int) -> np.ndarray:
 def patch_windows(grids: np.ndarray, merge: int, window: int) -> np.ndarray:
     """[merged tokens] int64: the attention window of each merged token, in the processor's order (row-major over each
     image's merged grid): windows tile each image's merged grid in squares of `window` (the last row and column of
-    tiles cut short), numbered across images, as transformers' get_vision_window_index groups the tokens."""
+    tiles cut short), numbered across frames and images, as transformers' get_vision_window_index groups the tokens."""
     out, first = [], 0
     for t, h, w in np.asarray(grids, np.int64).reshape(-1, 3).tolist():
         rows, cols = np.meshgrid(np.arange(h // merge) // window, np.arange(w // merge) // window, indexing="ij")
         across = -(-(w // merge) // window)  # tiles per row of tiles
-        ids = first + rows * across + cols
-        out.append(np.tile(ids.reshape(-1), t))
-        first += -(-(h // merge) // window) * across
+        per_frame = -(-(h // merge) // window) * across
+        out.append((first + np.arange(t)[:, None] * per_frame + (rows * across + cols).reshape(1, -1)).reshape(-1))
+        first += t * per_frame
     return np.concatenate(out).astype(np.int64)
 
 
