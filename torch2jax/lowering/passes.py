@@ -13,6 +13,7 @@ from typing import Any
 from ..ir import dtypes
 from ..ir.graph import PARAM_KINDS, Graph, Node, iter_refs
 from ..ops import lookup
+from .last_rows import fold_linear_views, keep_last_rows
 
 CONV = "aten.convolution.default"
 BATCH_NORM = "aten._native_batch_norm_legit_no_training.default"
@@ -374,5 +375,7 @@ _PASSES = [
     (expert_matmul, (BMM, INDEX, EXPAND, *VIEWS)),
     (computed_once, ()),
     (linear_products, (MM, ADDMM, MATMUL, PERMUTE)),
+    (fold_linear_views, (LINEAR, *VIEWS)),
+    (keep_last_rows, ("aten.slice.Tensor", "aten.scaled_dot_product_attention.default", LINEAR)),
     (quantized_products, (LINEAR, MATMUL, PERMUTE, *_QUANTIZED_LINEAR)),
 ]

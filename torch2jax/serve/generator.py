@@ -150,12 +150,14 @@ class Generator(TokenLoop):
 
     # -- the loop ---------------------------------------------------------------------------
     def _steps(self, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, request: Request,
-               prefill_inputs: Any = None, position_delta: Any = None) -> Iterator[np.ndarray]:
+               prefill_inputs: Any = None, position_delta: Any = None, unbucketed: int = 0) -> Iterator[np.ndarray]:
         """`prefill_inputs(width)`: further inputs of the prefill step once the prompt is padded to `width` (images);
-        `position_delta` [B]: added to each row's decode positions (Qwen2-VL's rope deltas)."""
+        `position_delta` [B]: added to each row's decode positions (Qwen2-VL's rope deltas); `unbucketed`: tokens
+        every row holds that the length bucket leaves out (a fixed count of image tokens: only the text is padded)."""
         batch, length = ids.shape
-        width = prompt_bucket(length, self.spec.max_cache_len - max_new_tokens, MIN_BUCKET)
-        padded_ids = np.full((batch, width), int(request.pad), np.int64)
+        limit = self.spec.max_cache_len - max_new_tokens
+        width = unbucketed + prompt_bucket(length - unbucketed, limit - unbucketed, MIN_BUCKET)
+        padded_ids = np.full((batch, width), request.pad_id, np.int64)
         padded_ids[:, width - length :] = ids
         padded_mask = np.zeros((batch, width), bool)
         padded_mask[:, width - length :] = mask

@@ -43,6 +43,7 @@ class Request:
     key: jax.Array
     eos: jax.Array  # the end token ids
     pad: jax.Array
+    pad_id: int  # pad, on the host (reading `pad` back would wait for the device)
 
 
 class TokenLoop:
@@ -83,11 +84,21 @@ class TokenLoop:
         """A zeroed self-attention KV cache for `batch` rows (slots not yet written are masked, so reuse needs no
         zeroing); on a mesh, split by rows and kv heads. Placed on its device like the params (committed), so that a
         step called with a new cache and one with a cache a step returned are the same compiled step."""
+        makers = self.__dict__.setdefault("_cache_makers", {})
+        if batch not in makers:
+            makers[batch] = self._cache_maker(batch)
+        return makers[batch]()
+
+    def _cache_maker(self, batch: int) -> Callable[[], list[jax.Array]]:
+        """The cache's zeros made in one compiled call (one call per array took 1.1 ms for 16 arrays, where a small
+        model's prefill takes 60)."""
         dtype = dtypes.jax_dtype(self.spec.cache_dtype)
         shapes = [(batch, *shape) for shape in self.spec.cache_shapes]
         if self.sharding is None:
-            return [jnp.zeros(shape, dtype, device=jax.devices()[0]) for shape in shapes]
-        return [jnp.zeros(shape, dtype, device=self.sharding.cache_sharding(shape)) for shape in shapes]
+            places = [jax.sharding.SingleDeviceSharding(jax.devices()[0])] * len(shapes)
+        else:
+            places = [self.sharding.cache_sharding(shape) for shape in shapes]
+        return jax.jit(lambda: [jnp.zeros(shape, dtype) for shape in shapes], out_shardings=places)
 
     def carried(self, value: Any, dtype: Any = None) -> jax.Array:
         """A loop-carried input's first value, placed as the steps' outputs are (committed, like `new_cache`), so
@@ -103,7 +114,7 @@ class TokenLoop:
         if do_sample and rng is None:
             rng = jax.random.key(int.from_bytes(os.urandom(4), "little"))  # pass rng= for reproducible samples
         return Request(bool(do_sample), params, jax.random.key(0) if rng is None else rng,
-                       jnp.asarray(eos, self._id_dtype), jnp.asarray(pad, self._id_dtype))
+                       jnp.asarray(eos, self._id_dtype), jnp.asarray(pad, self._id_dtype), pad)
 
     def _pick(self, logits, key, temperature, top_k, top_p, done, eos, pad, *, do_sample, force=None):
         """[B] tokens from [B, V] logits, and which rows have ended. `force` (a token id, or NO_TOKEN) replaces

@@ -168,7 +168,7 @@ class Seq2SeqGenerator(TokenLoop):
 
     def _steps(self, ids: np.ndarray, mask: np.ndarray | None, max_new_tokens: int, request: Request) -> Iterator[np.ndarray]:
         batch = ids.shape[0]
-        inputs = self._encoder_inputs(ids, mask, int(request.pad))
+        inputs = self._encoder_inputs(ids, mask, request.pad_id)
         cross = self._encode(self.params, *inputs)
         key, do_sample, params = request.key, request.do_sample, request.sampling
         source_mask = jnp.ones((batch, cross[0].shape[2]), bool) if self.spec.takes_features else inputs[1] != 0

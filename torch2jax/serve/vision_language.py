@@ -298,7 +298,10 @@ class VisionLanguageGenerator(Generator):
             offsets -= np.maximum(np.cumsum(padded_mask, axis=1) - 1, 0)[None]
             return features, jnp.asarray(padded, self._id_dtype), jnp.asarray(offsets, self._id_dtype)
 
-        return finish(ids, self._steps(ids, mask, max_new_tokens, request, prefill_inputs, delta), stream)
+        # fixed-size images: every row's image tokens stay out of the length bucket (only the text is padded to it);
+        # variable-resolution ones vary with the image's size, so the bucket covers them (fewer compiled prefills)
+        unbucketed = 0 if merge else int((index >= 0).sum(axis=1).min())
+        return finish(ids, self._steps(ids, mask, max_new_tokens, request, prefill_inputs, delta, unbucketed), stream)
 
     def _decode_inputs(self, batch: int) -> tuple:
         """One unused feature row and no image token: decode is the prefill step with one token."""
