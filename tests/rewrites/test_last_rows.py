@@ -31,11 +31,12 @@ class Layer(nn.Module):
 
     def __init__(self, width: int, heads: int, layer_norm: bool):
         super().__init__()
-        self.heads = heads
+        self.heads, self.fused = heads, layer_norm  # the layer-norm variant splits one gate-and-up product
         norm = (lambda: nn.LayerNorm(width)) if layer_norm else (lambda: RMSNorm(width))
         self.norm1, self.norm2 = norm(), norm()
         self.q, self.k, self.v, self.o = (nn.Linear(width, width, bias=i == 0) for i in range(4))
         self.gate, self.up, self.down = nn.Linear(width, 2 * width), nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
+        self.gate_up = nn.Linear(width, 4 * width)
         self.act = nn.GELU(approximate="tanh") if layer_norm else nn.SiLU()
 
     def forward(self, x, cos, sin, mask):
@@ -52,7 +53,11 @@ class Layer(nn.Module):
         q, k, v = rotate(split(self.q(h))), rotate(split(self.k(h))), split(self.v(h))
         out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         x = x + self.o(out.transpose(1, 2).reshape(b, s, w))
-        return x + self.down(self.act(self.gate(self.norm2(x))) * self.up(self.norm2(x))), k
+        if self.fused:
+            gate, up = self.gate_up(self.norm2(x)).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate(self.norm2(x)), self.up(self.norm2(x))
+        return x + self.down(self.act(gate) * up), k
 
 
 class TinyLM(nn.Module):
@@ -122,8 +127,10 @@ def test_the_last_layer_computes_its_queries_and_mlp_at_the_kept_row_only(layer_
     module = TinyLM(layer_norm=layer_norm).eval()
     model = _convert(module)
     kept = sorted(node.args[1]["ref"] for node in _kept_products(model.graph))
-    # the last layer's q, o, gate, up, down and the head; its k and v (kept by the cache) stay whole, as does layer 0
-    assert kept == sorted([f"p_layers_1_{name}_weight" for name in ("q", "o", "gate", "up", "down")] + ["p_head_weight"])
+    # the last layer's q, o, MLP and the head; its k and v (kept by the cache) stay whole, as does layer 0. The
+    # layer-norm variant's MLP is one product split in two (a multi-output split, read by getitems)
+    mlp = ("gate_up", "down") if layer_norm else ("gate", "up", "down")
+    assert kept == sorted([f"p_layers_1_{name}_weight" for name in ("q", "o", *mlp)] + ["p_head_weight"])
     _check(module, model, [(2, 9), (2, 5), (2, 2)])
 
 

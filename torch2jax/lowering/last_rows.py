@@ -26,6 +26,7 @@ SLICE, SELECT, CAT, VIEWS = "aten.slice.Tensor", "aten.select.int", "aten.cat.de
 LINEAR, SDPA, LAYER_NORM = ("torch2jax.linear.default", "aten.scaled_dot_product_attention.default",
                             "aten.native_layer_norm.default")
 PERMUTE, UNSQUEEZE, GETITEM = "aten.permute.default", "aten.unsqueeze.default", "operator.getitem"
+SPLITS = frozenset({"aten.split.Tensor", "aten.split_with_sizes.default"})
 REDUCTIONS = frozenset({"aten.mean.dim", "aten.sum.dim_IntList", "aten.amax.default", "aten.amin.default"})
 SOFTMAXES = frozenset({"aten._softmax.default", "aten._log_softmax.default"})
 ELEMENTWISE = frozenset({
@@ -113,9 +114,12 @@ class _Rows:
         for node in reversed(self.graph.nodes):
             asked = self.asked.get(node.name, {})
             axes = set(asked.values())
-            whole = [reader for reader in self.readers.get(node.name, []) if reader not in asked]
+            whole = [reader for reader in self.readers.get(node.name, []) if reader not in asked and not self._unread(reader)]
             if len(axes) == 1 and not whole and node.name not in self.outputs:
                 self._try(node, axes.pop())
+        for name, node in list(self.new.items()):  # a getitem of a node that was not rewritten reads it whole
+            if node.op == GETITEM and _single_ref(node.args[0]) not in self.new:
+                del self.new[name], self.reads[name]
         if not self.new:
             return self.graph
         # the values rewritten nodes read the kept rows of but which were not rewritten themselves: read from a slice
@@ -130,6 +134,10 @@ class _Rows:
             nodes.append(node)
             nodes.extend(self._cut(value, axis, names) for value, axis in sorted(cuts) if value == node.name)
         return dataclasses.replace(self.graph, nodes=nodes)
+
+    def _unread(self, name: str) -> bool:
+        """An output of several that nothing reads (a layer norm's saved mean): it reads the rewritten node harmlessly."""
+        return self.by_name[name].op == GETITEM and not self.readers.get(name) and name not in self.outputs
 
     def _try(self, node: Node, axis: int) -> None:
         """Rewrite `node` to its kept rows along `axis` if a rule knows how (else its readers read a slice)."""
@@ -200,6 +208,9 @@ def _rule(node: Node, axis: int, shape: list, rows: _Rows) -> tuple[list, dict[s
     if op == LAYER_NORM:
         reads = _layer_norm_reads(node, axis, rows)
         return (args, reads) if reads is not None else None
+    if op in SPLITS:
+        dim = args[2] if len(args) > 2 else kwargs.get("dim", 0)
+        return (args, {source: axis}) if isinstance(dim, int) and dim % len(operand) != axis else None
     if op == SDPA:
         return _attention_rule(args, kwargs, axis, rank, rows)
     return None
@@ -241,14 +252,10 @@ def _cat_rule(args: list, kwargs: dict, axis: int, rank: int, rows: _Rows):
 
 
 def _getitem_rule(args: list, axis: int, rows: _Rows):
-    """An output of a layer norm read only here: that layer norm is sure to be rewritten too (a value of several
-    outputs is never sliced whole)."""
-    source = rows.by_name.get(_single_ref(args[0]))
-    if source is None or source.op != LAYER_NORM or source.name in rows.outputs:
-        return None
-    if len(rows.readers.get(source.name, [])) != 1:  # this getitem alone
-        return None
-    return (args, {source.name: axis}) if _layer_norm_reads(source, axis, rows) is not None else None
+    """One output of a node of several (a layer norm, a split): that node's rows along the same axis. Should that
+    node not be rewritten after all, the getitem is restored and its readers read its slice (_Rows.rewrite)."""
+    source = _single_ref(args[0])
+    return (args, {source: axis}) if isinstance(rows.metas.get(source), list) else None
 
 
 def _layer_norm_reads(node: Node, axis: int, rows: _Rows) -> dict | None:
