@@ -61,7 +61,7 @@ def test_bfloat16_greedy_starts_with_transformers_tokens(lm_dirs, generators):
         np.testing.assert_array_equal(got[:, :16], want[:, :16])
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "gemma2"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma2", "gpt_neo"])
 def test_left_padded_batch_gives_each_row_what_it_gives_alone(name, generators):
     g = generators(name)
     prompts = [prompt(11, 1)[0], prompt(4, 2)[0], prompt(7, 3)[0]]
@@ -73,11 +73,12 @@ def test_left_padded_batch_gives_each_row_what_it_gives_alone(name, generators):
         np.testing.assert_array_equal(batch[row, width:], alone[0, len(p):])
 
 
-def test_padded_batch_equals_transformers_with_its_mask(lm_dirs, generators):
+@pytest.mark.parametrize("name", ["llama", "gpt_neo"])
+def test_padded_batch_equals_transformers_with_its_mask(name, lm_dirs, generators):
     ids = np.array([[PAD, PAD, PAD, 5, 9, 33], [1, 77, 3, 40, 41, 42]])
     mask = ids != PAD
-    want = hf_greedy(load_lm(lm_dirs["llama"]), torch.from_numpy(ids), 20, torch.from_numpy(mask).long())
-    np.testing.assert_array_equal(generators("llama").generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=[]), want)
+    want = hf_greedy(load_lm(lm_dirs[name]), torch.from_numpy(ids), 20, torch.from_numpy(mask).long())
+    np.testing.assert_array_equal(generators(name).generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=[]), want)
 
 
 def test_end_token_stops_a_row_and_pads_it_like_transformers(lm_dirs, generators):
