@@ -66,8 +66,8 @@ def generate(artifact_dir, prompts, id_lists, images, max_new_tokens, temperatur
             if len(prompts) != 1:
                 raise InputSpecError("--image takes one --prompt (the images and one prompt make one user turn)")
             ids, pixels, *grid = g.processor_inputs(prompts[0], list(images))
-            if grid:  # variable resolution (Qwen2-VL): the image's patch grid
-                options["image_grid_thw"] = grid[0]
+            if grid:  # Qwen2-VL: each image's patch grid; LLaVA-NeXT: each image's size
+                options["image_sizes" if g.vision.grid_pinpoints else "image_grid_thw"] = grid[0]
             start = time.perf_counter()
             out = g.generate(ids, pixel_values=pixels, max_new_tokens=max_new_tokens, **options)
             elapsed = time.perf_counter() - start

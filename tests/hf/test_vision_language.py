@@ -500,3 +500,90 @@ def test_internvl_greedy_prompt_and_tiles_equal_transformers(tmp_path):
     want = transformers_greedy(model, ids, 8, vlms.PAD, np.ones_like(ids), eos_token_id=vlms.EOS,
                                pixel_values=torch.from_numpy(pixels))
     assert shown.stdout.strip() == parts.tokenizer.decode(want[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def test_llava_next_packing_prompt_and_greedy_equal_transformers(tmp_path):
+    """LLaVA-NeXT ("anyres"): an image is its whole view and a grid of tiles, packed per image (the grid's map
+    unpadded, a newline per row) by a torch-free row index. Packed features equal transformers' get_image_features for
+    images of three sizes in one call; processor_inputs equals LlavaNextProcessor on three images and on two in one
+    turn; greedy tokens for two prompts (one left-padded), a batch of two differently sized images against each alone,
+    and `generate --image` equal transformers."""
+    import transformers
+
+    from torch2jax.hf.verify import check_generation, verify_vision_language
+    from torch2jax.serve.anyres import tiles_per_image
+
+    source = vlms.write("llava_next", tmp_path)
+    out = tmp_path / "out"
+    converted = cli("convert", f"hf:{source}", "--max-cache-len", "256", "--max-batch", "2", "--out", str(out))
+    assert converted.returncode == 0, converted.stderr
+    g = torch2jax.load(out)
+    assert (g.vision.tokens_per_image, g.vision.grid_pinpoints) == (16, ((32, 64), (64, 32), (64, 64)))
+    model = transformers.AutoModelForImageTextToText.from_pretrained(source, local_files_only=True).eval()
+    check_generation(verify_vision_language(model, g, tokens=NEW))
+    _, processor = vlms.build("llava_next")
+
+    def turn(count: int, text: str) -> str:
+        content = [{"type": "image"}] * count + [{"type": "text", "text": text}]
+        return g.chat_template().render([{"role": "user", "content": content}], add_generation_prompt=True)
+
+    for image in vlms.images():
+        want = processor(images=[image], text=turn(1, "w8 w9"), return_tensors="np")
+        for got, key in zip(g.processor_inputs("w8 w9", image), ("input_ids", "pixel_values", "image_sizes")):
+            np.testing.assert_array_equal(got, want[key])
+    want = processor(images=vlms.images(), text=turn(3, "w8"), return_tensors="np")
+    ids, pixels, sizes = g.processor_inputs("w8", vlms.images())
+    for got, key in zip((ids, pixels, sizes), ("input_ids", "pixel_values", "image_sizes")):
+        np.testing.assert_array_equal(got, want[key])
+    assert [tiles_per_image(size, g.vision.grid_pinpoints, 32) for size in sizes] == [5, 5, 3]  # the third padded to 5
+    with torch.no_grad():
+        theirs = model.get_image_features(torch.from_numpy(pixels), torch.from_numpy(sizes)).pooler_output
+    assert np.abs(np.asarray(g.encode_grids(pixels, sizes)) - torch.cat(theirs).numpy()).max() < 1e-5
+
+    wide, tall = (g.processor_inputs(f"w{9 + i}", image) for i, image in enumerate(vlms.images()[:2]))
+    batch, mask = left_pad([wide[0][0].tolist(), tall[0][0].tolist()], g.spec.pad_token_id)
+    tiles = max(wide[1].shape[1], tall[1].shape[1])
+    both = np.concatenate([np.pad(p, ((0, 0), (0, tiles - p.shape[1]), (0, 0), (0, 0), (0, 0))) for p in (wide[1], tall[1])])
+    together = g.generate(batch, attention_mask=mask, pixel_values=both, image_sizes=np.concatenate([wide[2], tall[2]]),
+                          max_new_tokens=8, eos_token_id=[])
+    for row, (ids, pixels, sizes) in enumerate((wide, tall)):
+        alone = g.generate(ids, pixel_values=pixels, image_sizes=sizes, max_new_tokens=8, eos_token_id=[])
+        np.testing.assert_array_equal(together[row, batch.shape[1]:], alone[0, ids.shape[1]:])
+    with pytest.raises(InputSpecError, match="image_sizes"):
+        g.generate(ids, pixel_values=pixels, max_new_tokens=2)
+
+    image = tmp_path / "picture.png"
+    vlms.images()[1].save(image)
+    shown = cli("generate", str(out), "--image", str(image), "--prompt", "w8 w9", "--max-new-tokens", "8")
+    assert shown.returncode == 0, shown.stderr
+    ids, pixels, sizes = g.processor_inputs("w8 w9", image)
+    want = transformers_greedy(model, ids, 8, vlms.PAD, np.ones_like(ids), eos_token_id=vlms.EOS,
+                               pixel_values=torch.from_numpy(pixels), image_sizes=torch.from_numpy(sizes))
+    assert shown.stdout.strip() == processor.tokenizer.decode(want[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("size", [(336, 336), (500, 300), (300, 500), (1000, 200), (37, 1200), (640, 480), (224, 224)])
+def test_anyres_grid_and_packing_equal_transformers(size):
+    """serve/anyres.py against transformers' own functions on LLaVA-NeXT's released grids: the best resolution, the
+    tile grid, the packed rows (pack_image_features on a feature map of numbered rows) and the processor's count."""
+    from transformers.image_processing_utils import select_best_resolution
+    from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
+
+    from torch2jax.serve import anyres
+
+    pins = [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]
+    assert anyres.best_resolution(size, pins) == select_best_resolution(size, pins)
+    rows, columns = get_anyres_image_grid_shape(size, pins, 336)
+    assert anyres.grid_shape(size, pins, 336) == (rows, columns)
+    side, width = 24, 2
+    tiles = 1 + rows * columns
+    features = torch.arange(tiles * side * side * width, dtype=torch.float64).reshape(tiles, side * side, width)
+    newline = torch.tensor([-1.0, -2.0], dtype=torch.float64)
+    grid = features[1:].view(rows, columns, side, side, -1).permute(4, 0, 2, 1, 3).flatten(1, 2).flatten(2, 3)
+    grid = unpad_image(grid, size)
+    grid = torch.cat((grid, newline[:, None, None].expand(*grid.shape[:-1], 1)), dim=-1)
+    want = torch.cat((features[0], grid.flatten(1, 2).transpose(0, 1)), 0).numpy()
+    table = np.concatenate([features.reshape(-1, width).numpy(), newline[None].numpy()])
+    index = anyres.packed_rows(size, pins, 336, side, 0, len(table) - 1)
+    np.testing.assert_array_equal(table[index], want)
+    assert anyres.tokens_per_image(size, pins, 336, side) == len(index)

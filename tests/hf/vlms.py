@@ -59,6 +59,20 @@ def build(name: str):
                                       vision_feature_select_strategy="default", chat_template=chat_template("<image>"),
                                       num_additional_image_tokens=1)
         return model.eval(), processor
+    if name == "llava_next":  # LLaVA's tower on 32x32 tiles (16 tokens each), grids of up to 2x2 tiles, a newline per row
+        vision = tf.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     image_size=32, patch_size=8, projection_dim=32)
+        grids = [[32, 64], [64, 32], [64, 64]]
+        config = tf.LlavaNextConfig(vision_config=vision, text_config=tf.LlamaConfig(**text), image_token_id=IMAGE,
+                                    image_grid_pinpoints=grids, vision_feature_layer=-2,
+                                    vision_feature_select_strategy="default")
+        model = tf.LlavaNextForConditionalGeneration(config)
+        images = tf.LlavaNextImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+                                               image_grid_pinpoints=grids)
+        processor = tf.LlavaNextProcessor(image_processor=images, tokenizer=tokenizer(), patch_size=8,
+                                          vision_feature_select_strategy="default", chat_template=chat_template("<image>"),
+                                          num_additional_image_tokens=1)
+        return model.eval(), processor
     if name == "gemma3":  # SigLIP tower, 32x32 images in 8x8 patches pooled to 4 image tokens; sliding-window layers
         vision = tf.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                                        image_size=32, patch_size=8)

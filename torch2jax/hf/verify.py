@@ -10,6 +10,7 @@ A bfloat16 conversion is compared with transformers in bfloat16 on its first tok
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,9 +84,14 @@ def verify_seq2seq(lm: torch.nn.Module, generator, tokens: int = 16, seed: int =
 def verify_vision_language(vlm: torch.nn.Module, generator, tokens: int = 16, seed: int = 0) -> GenerationCheck:
     """Greedy-generate `tokens` tokens for two prompts, each of random text around one image's expanded image tokens,
     one left-padded, with random pixel values, with both; no end token stops either."""
+    from ..serve import anyres
+
     vision = generator.vision
-    merge = vision.spatial_merge_size
+    merge, pins = vision.spatial_merge_size, vision.grid_pinpoints
     per_image = 4 if merge else vision.tokens_per_image  # variable resolution (Qwen2-VL): a 2x2-token image
+    if pins:  # LLaVA-NeXT: an image the size of the first grid (its whole view and that grid's tiles, no padding)
+        size, tile, side = pins[0], vision.pixel_shape[1], math.isqrt(vision.tokens_per_image)
+        per_image = anyres.tokens_per_image(size, pins, tile, side)
     lengths = (5, 2)  # text tokens besides the image's
     if per_image + max(lengths) + tokens > generator.spec.max_cache_len:
         tokens = generator.spec.max_cache_len - per_image - max(lengths)
@@ -101,6 +107,10 @@ def verify_vision_language(vlm: torch.nn.Module, generator, tokens: int = 16, se
     if merge:
         grids = {"image_grid_thw": np.asarray([[1, 2 * merge, 2 * merge]] * batch, np.int64)}
         pixels = rng.standard_normal((batch * 4 * merge * merge, *vision.pixel_shape)).astype(np.float32)
+    elif pins:
+        grids = {"image_sizes": np.asarray([size] * batch, np.int64)}
+        tiles = anyres.tiles_per_image(size, pins, tile)
+        pixels = rng.standard_normal((batch, tiles, *vision.pixel_shape)).astype(np.float32)
     else:
         pixels = rng.standard_normal((batch, *vision.pixel_shape)).astype(np.float32)
     ours = generator.generate(ids, attention_mask=mask, pixel_values=pixels, max_new_tokens=tokens, eos_token_id=[], **grids)

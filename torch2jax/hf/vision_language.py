@@ -49,12 +49,14 @@ from .kv_cache import cache_layout, check_limits, generation_fields
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "chat_template.jinja", "chat_template.json")
 IMAGES_PER_PROMPT = 4  # the encoder's symbolic image count goes up to this many images per prompt of the batch
 SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", "PaliGemmaForConditionalGeneration",
-             "InternVLForConditionalGeneration",
+             "InternVLForConditionalGeneration", "LlavaNextForConditionalGeneration",
              "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
              "Qwen3VLMoeForConditionalGeneration")
 # variable-resolution models: flattened patches + image_grid_thw in, multimodal (3-D) rotary positions
 VARIABLE_RESOLUTION = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                        "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
+# LLaVA-NeXT ("anyres"): an image is its whole view and a grid of tiles, packed per image at run time (serve/anyres.py)
+ANY_RESOLUTION = ("LlavaNextForConditionalGeneration",)
 # models whose image tokens attend to each other both ways within one image (transformers' token_type_ids blocks)
 BIDIRECTIONAL_IMAGES = ("Gemma3ForConditionalGeneration",)
 # prefix-LMs: the whole prompt (image and text, token type 0) attends both ways; generated tokens causally
@@ -66,7 +68,8 @@ MAX_TILES = {"InternVLForConditionalGeneration": 13}
 
 
 class ImageEncoder(torch.nn.Module):
-    """forward(pixel_values) -> image features [images, tokens_per_image, hidden] (the model's get_image_features)."""
+    """forward(pixel_values) -> image features [images, tokens_per_image, hidden] (the model's get_image_features);
+    LLaVA-NeXT: each tile's features as rows [tiles * tokens_per_tile + 1, hidden], the image_newline vector last."""
 
     def __init__(self, vlm: torch.nn.Module):
         super().__init__()
@@ -77,6 +80,10 @@ class ImageEncoder(torch.nn.Module):
     def forward(self, pixel_values):
         if type(self.vlm).__name__ == "LlavaForConditionalGeneration":
             return llava_image_features(self.vlm, pixel_values)
+        if type(self.vlm).__name__ in ANY_RESOLUTION:  # each tile's features as rows, then the image_newline row
+            features = llava_image_features(self.vlm, pixel_values)
+            newline = self.vlm.model.image_newline.to(features.dtype)
+            return torch.cat([features.reshape(-1, features.shape[-1]), newline[None]])
         out = self.vlm.get_image_features(pixel_values=pixel_values)
         return out if isinstance(out, torch.Tensor) else out.pooler_output
 
@@ -268,10 +275,15 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
     encoder = ImageEncoder(vlm).eval()
     with torch.no_grad():
         probe = encoder(torch.zeros((1, *pixel_shape), dtype=next(vlm.parameters()).dtype))
-    tokens_per_image, feature_size = int(probe.shape[1]), int(probe.shape[2])
+    pinpoints = _grid_pinpoints(vlm, probe)
+    if pinpoints is not None:  # rows: one tile's, then the newline
+        tokens_per_image, feature_size = int(probe.shape[0]) - 1, int(probe.shape[1])
+    else:
+        tokens_per_image, feature_size = int(probe.shape[1]), int(probe.shape[2])
     layout = cache_layout(vlm, max_cache_len)
     timer = StageTimer(progress)
-    max_images = IMAGES_PER_PROMPT * max_batch * MAX_TILES.get(type(vlm).__name__, 1)
+    tiles = 1 + max(h // pixel_shape[1] * (w // pixel_shape[2]) for h, w in pinpoints) if pinpoints else 1
+    max_images = IMAGES_PER_PROMPT * max_batch * MAX_TILES.get(type(vlm).__name__, tiles)
     images = {"name": "images", "min": 1, "max": max_images}
     encode_captured, _ = trace(encoder, (torch.zeros((2, *pixel_shape), dtype=probe.dtype),), None, ({0: images},), timer,
                                what=" of the image encoder")
@@ -298,8 +310,22 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
         raise ExportError(f"{type(vlm).__name__}'s config names no image_token_id")
     spec_vision = VisionSpec(image_token_id=int(image_token), tokens_per_image=tokens_per_image, feature_size=feature_size,
                              feature_dtype=dtype_name(probe.dtype), pixel_shape=pixel_shape, max_images=max_images,
-                             bidirectional_images=blocks is not None, prefix_lm=kind in PREFIX_LM)
+                             bidirectional_images=blocks is not None, prefix_lm=kind in PREFIX_LM, grid_pinpoints=pinpoints)
     return VisionLanguageGenerator(encode, prefill, decode, spec, spec_vision)
+
+
+def _grid_pinpoints(vlm: torch.nn.Module, probe: torch.Tensor) -> tuple[tuple[int, int], ...] | None:
+    """LLaVA-NeXT's image_grid_pinpoints (None for other models), once its packing is known to apply: the "default"
+    feature strategy (CLS dropped), so that a tile's features are a square map of its patches."""
+    if type(vlm).__name__ not in ANY_RESOLUTION:
+        return None
+    config = vlm.config
+    side = config.vision_config.image_size // config.vision_config.patch_size
+    if config.vision_feature_select_strategy != "default" or int(probe.shape[0]) - 1 != side * side:
+        raise InputSpecError(f"{type(vlm).__name__} with vision_feature_select_strategy "
+                             f"{config.vision_feature_select_strategy!r}: only 'default' (the CLS feature dropped) packs "
+                             "a tile's features into its square map, as transformers' pack_image_features needs")
+    return tuple((int(h), int(w)) for h, w in config.image_grid_pinpoints)
 
 
 def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max_batch: int, progress: Any = None,
@@ -410,7 +436,7 @@ def with_processor_text(vision: VisionSpec, directory: Path) -> VisionSpec:
     if not isinstance(placeholder, str):
         return vision
     expansion = full if isinstance(full, str) else placeholder * vision.tokens_per_image
-    if vision.spatial_merge_size:  # Qwen2-VL: the expansion depends on each image's grid (processor_inputs)
+    if vision.spatial_merge_size or vision.grid_pinpoints:  # Qwen2-VL, LLaVA-NeXT: it depends on each image's size
         expansion = None
     prompt = None
     if type(processor).__name__ == "PaliGemmaProcessor":  # no chat template: the image tokens, BOS, the prompt, a newline

@@ -46,12 +46,14 @@ def fold_linear_views(graph: Graph) -> Graph:
     keep_last_rows."""
     by_name = {node.name: node for node in graph.nodes}
     readers = _readers(graph, ignored=frozenset())  # a node is dropped only where nothing else reads it
+    outputs = {ref for out in graph.outputs for ref in iter_refs(out.value)}  # (a training graph returns activations)
     metas = {**{i.name: i.meta for i in graph.inputs}, **{n.name: n.meta for n in graph.nodes}}
     replaced, dropped = {}, set()
     for node in graph.nodes:
         linear = _single_ref(node.args[0]) if node.op in VIEWS and node.args else None
         linear = by_name.get(linear)
-        if linear is None or linear.op != LINEAR or readers.get(linear.name) != [node.name] or linear.kwargs:
+        if linear is None or linear.op != LINEAR or readers.get(linear.name) != [node.name] or linear.kwargs \
+                or linear.name in outputs:
             continue
         flat = by_name.get(_single_ref(linear.args[0]))
         x = _single_ref(flat.args[0]) if flat is not None and flat.op in VIEWS else None
@@ -60,7 +62,7 @@ def fold_linear_views(graph: Graph) -> Graph:
             continue
         replaced[node.name] = Node(node.name, LINEAR, [{"ref": x}, *linear.args[1:]], {}, node.meta, node.source)
         dropped.add(linear.name)
-        if readers.get(flat.name) == [linear.name]:
+        if readers.get(flat.name) == [linear.name] and flat.name not in outputs:
             dropped.add(flat.name)
     if not replaced:
         return graph

@@ -21,9 +21,10 @@ from ..errors import InputSpecError, Torch2JaxError
 
 # the processors whose steps are the ones above (their PIL versions); others are refused by name
 SUPPORTED = ("LlavaImageProcessor", "CLIPImageProcessor", "SiglipImageProcessor", "Gemma3ImageProcessor",
-             "Qwen2VLImageProcessor", "GotOcr2ImageProcessor")
+             "Qwen2VLImageProcessor", "GotOcr2ImageProcessor", "LlavaNextImageProcessor")
 VARIABLE_RESOLUTION = ("Qwen2VLImageProcessor",)  # resized to multiples of patch * merge, returned as flattened patches
 TILED = ("GotOcr2ImageProcessor",)  # InternVL's: with crop_to_patches, an image is several fixed-size crops (tiles)
+ANY_RESOLUTION = ("LlavaNextImageProcessor",)  # the whole image and a grid of tiles, with the image's size (anyres.py)
 
 
 def pil() -> Any:
@@ -105,6 +106,35 @@ class ImageProcessor:
             counts.append(len(crops))
         return np.stack(out), counts
 
+    def grid_tiles(self, images: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """LLaVA-NeXT: (pixel_values [N, tiles, C, H, W] float32, image_sizes [N, 2] int64), as
+        LlavaNextImageProcessorPil makes them: the image resized to fit the best grid of `image_grid_pinpoints`
+        (aspect kept), padded onto it with zeros around the center, cut into tiles row by row, after the whole image
+        resized to one tile; each tile resized and center-cropped as configured, rescaled and normalized; images with
+        fewer tiles than the most padded with zero tiles (image_sizes says how many are real)."""
+        from .anyres import best_resolution, resized_size
+
+        if self.kind not in ANY_RESOLUTION:
+            raise Torch2JaxError(f"{self.kind} does not cut images into a grid of tiles: call the processor itself")
+        c = self.config
+        size, crop = c.get("size") or {}, c.get("crop_size") or {}
+        whole = (int(size["height"]), int(size["width"])) if size.get("height") else (int(size["shortest_edge"]),) * 2
+        tile = int(crop.get("height") or size.get("height") or size["shortest_edge"])
+        out, sizes = [], []
+        for image in images:
+            array = self._rgb(image)
+            target = best_resolution(array.shape[1:], c["image_grid_pinpoints"])
+            resized = self._pil_resize(array, resized_size(array.shape[1:], target))
+            (top, extra_h), (left, extra_w) = (divmod(t - r, 2) for t, r in zip(target, resized.shape[1:]))
+            padded = np.pad(resized, ((0, 0), (top, top + extra_h), (left, left + extra_w)))
+            crops = [self._pil_resize(array, whole)] + [padded[:, y:y + tile, x:x + tile]
+                                                        for y in range(0, target[0], tile) for x in range(0, target[1], tile)]
+            out.append(np.stack([self.one(crop, rgb=False) for crop in crops]))
+            sizes.append(array.shape[1:])
+        most = max(len(tiles) for tiles in out)
+        out = [np.pad(tiles, ((0, most - len(tiles)), (0, 0), (0, 0), (0, 0))) for tiles in out]
+        return np.stack(out), np.asarray(sizes, np.int64)
+
     def patches(self, images: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
         """Qwen2-VL: (pixel_values [patches, C * temporal * patch * patch] float32, image_grid_thw [N, 3] int64),
         as Qwen2VLImageProcessorPil makes them: each image resized to multiples of patch * merge (smart_resize),
@@ -125,10 +155,10 @@ class ImageProcessor:
             grids.append([1, gh, gw])
         return np.concatenate(out, axis=0), np.asarray(grids, np.int64)
 
-    def one(self, image: Any) -> np.ndarray:
-        """One PIL image (or a path) -> [C, H, W] float32."""
+    def one(self, image: Any, rgb: bool = True) -> np.ndarray:
+        """One PIL image (or a path; with rgb=False, a [C, H, W] uint8 array already converted) -> [C, H, W] float32."""
         c = self.config
-        array = self._rgb(image)
+        array = self._rgb(image) if rgb else image
         if c.get("do_pad") and self.kind == "LlavaImageProcessor":
             mean = c.get("image_mean")
             array = _pad_to_square(array, tuple(int(x * 255) for x in mean) if mean else 0)

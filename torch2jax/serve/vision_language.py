@@ -14,6 +14,7 @@ left-padded batch, the length buckets, sampling) is the causal LM's (serve/gener
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,9 @@ class VisionSpec:
     # InternVL: the tokens its processor writes before and after an image's tokens, which number tokens_per_image for
     # each of the image's tiles (its image processor cuts an image into tiles, each an image of the model)
     tile_wrap: tuple[str, str] | None = None
+    # LLaVA-NeXT: the grids (height, width in pixels) an image is resized onto and cut into tiles of pixel_shape; an
+    # image then takes its whole view's tokens_per_image and its grid's unpadded map with a newline per row (anyres.py)
+    grid_pinpoints: tuple[tuple[int, int], ...] | None = None
 
     def to_json(self) -> dict:
         return {"image_token_id": self.image_token_id, "tokens_per_image": self.tokens_per_image,
@@ -67,7 +71,8 @@ class VisionSpec:
                 "bidirectional_images": self.bidirectional_images, "image_placeholder": self.image_placeholder,
                 "image_expansion": self.image_expansion, "prefix_lm": self.prefix_lm, "prompt_format": self.prompt_format,
                 "spatial_merge_size": self.spatial_merge_size, "window_size": self.window_size,
-                "position_table": self.position_table, "tile_wrap": list(self.tile_wrap) if self.tile_wrap else None}
+                "position_table": self.position_table, "tile_wrap": list(self.tile_wrap) if self.tile_wrap else None,
+                "grid_pinpoints": [list(p) for p in self.grid_pinpoints] if self.grid_pinpoints else None}
 
     @staticmethod
     def from_json(data: Any) -> VisionSpec:
@@ -78,7 +83,8 @@ class VisionSpec:
                               str(data["feature_dtype"]), tuple(int(d) for d in data["pixel_shape"]), int(data["max_images"]),
                               bool(data.get("bidirectional_images", False)), *text, bool(data.get("prefix_lm", False)), prompt,
                               int(data.get("spatial_merge_size", 0)), int(data.get("window_size", 0)),
-                              int(data.get("position_table", 0)), _pair(data.get("tile_wrap")))
+                              int(data.get("position_table", 0)), _pair(data.get("tile_wrap")),
+                              _pinpoints(data.get("grid_pinpoints")))
         except (KeyError, TypeError, ValueError) as err:
             raise Torch2JaxError(f"the manifest's vision section is malformed ({type(err).__name__}: {err})") from None
 
@@ -89,6 +95,14 @@ def _pair(value: Any) -> tuple[str, str] | None:
     if not (isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, str) for v in value)):
         raise TypeError(f"tile_wrap must be two strings, got {value!r}")
     return value[0], value[1]
+
+
+def _pinpoints(value: Any) -> tuple[tuple[int, int], ...] | None:
+    if value is None:
+        return None
+    if not (isinstance(value, list) and value and all(isinstance(p, list) and len(p) == 2 for p in value)):
+        raise TypeError(f"grid_pinpoints must be [height, width] pairs, got {value!r}")
+    return tuple((int(h), int(w)) for h, w in value)
 
 
 def image_index(ids: np.ndarray, image_token_id: int) -> np.ndarray:
@@ -200,7 +214,8 @@ class VisionLanguageGenerator(Generator):
         return {"prefill": self.prefill_model, "decode": self.decode_model, "encode_image": self.encode_model}
 
     def encode_images(self, pixel_values: Any) -> jax.Array:
-        """[N, C, H, W] pixel values -> [N, tokens_per_image, feature_size] image features."""
+        """[N, C, H, W] pixel values -> [N, tokens_per_image, feature_size] image features (LLaVA-NeXT: N tiles ->
+        their feature rows [N * tokens_per_image + 1, feature_size], the image_newline vector last)."""
         pixels = np.asarray(pixel_values)
         if pixels.ndim == 3:
             pixels = pixels[None]
@@ -210,6 +225,28 @@ class VisionLanguageGenerator(Generator):
         if not 1 <= pixels.shape[0] <= self.vision.max_images:
             raise InputSpecError(f"{pixels.shape[0]} images: this artifact takes 1 to {self.vision.max_images} per call")
         return self._encode(self.params, jnp.asarray(pixels, dtypes.jax_dtype(self.vision.feature_dtype)))
+
+    def encode_grids(self, pixel_values: Any, image_sizes: Any) -> jax.Array:
+        """LLaVA-NeXT: [images, tiles, C, H, W] pixel values (each image's whole view and grid tiles, then zero tiles
+        up to the most) and image_sizes [images, 2] (height, width), as its processor makes them -> the images' tokens'
+        features [rows, feature_size] in order: each image's tiles encoded, then packed (anyres.packed_rows)."""
+        from .anyres import packed_rows, tiles_per_image
+
+        sizes, pixels = np.asarray(image_sizes), np.asarray(pixel_values)
+        if sizes.ndim != 2 or sizes.shape[1] != 2 or not np.issubdtype(sizes.dtype, np.integer) or (sizes < 1).any():
+            raise InputSpecError(f"image_sizes must be [images, 2] positive integers (height, width), got "
+                                 f"{sizes.dtype}{list(sizes.shape)}")
+        if pixels.ndim != 5 or pixels.shape[0] != len(sizes) or tuple(pixels.shape[2:]) != self.vision.pixel_shape:
+            raise InputSpecError(f"pixel_values must be [{len(sizes)} images, tiles, {', '.join(map(str, self.vision.pixel_shape))}]"
+                                 f" (as the model's processor makes them), got {list(pixels.shape)}")
+        pins, tile = self.vision.grid_pinpoints, self.vision.pixel_shape[1]
+        counts = [tiles_per_image(size, pins, tile) for size in sizes]
+        if max(counts) > pixels.shape[1]:
+            raise InputSpecError(f"image_sizes {sizes.tolist()} need {counts} tiles, pixel_values has {pixels.shape[1]} per image")
+        rows = self.encode_images(np.concatenate([image[:count] for image, count in zip(pixels, counts)]))
+        side, starts = math.isqrt(self.vision.tokens_per_image), np.cumsum([0, *counts]) * self.vision.tokens_per_image
+        order = [packed_rows(size, pins, tile, side, int(first), rows.shape[0] - 1) for size, first in zip(sizes, starts)]
+        return jnp.take(rows, jnp.asarray(np.concatenate(order)), axis=0)
 
     def encode_patches(self, pixel_values: Any, image_grid_thw: Any) -> jax.Array:
         """Variable resolution (Qwen2-VL): [patches, patch_dim] flattened patches and [images, 3] grids, as the
@@ -244,13 +281,14 @@ class VisionLanguageGenerator(Generator):
                             *(jnp.asarray(i, self._id_dtype) for i in ids), *taps)
 
     def generate(self, input_ids: Any, attention_mask: Any = None, *, pixel_values: Any = None, image_grid_thw: Any = None,
-                 pixel_values_videos: Any = None, token_type_ids: Any = None, max_new_tokens: int = 32, do_sample: bool = False,
-                 temperature: Any = 1.0,
-                 top_k: Any = 0, top_p: Any = 1.0, rng: jax.Array | None = None, eos_token_id: int | list[int] | None = None,
+                 image_sizes: Any = None, pixel_values_videos: Any = None, token_type_ids: Any = None,
+                 max_new_tokens: int = 32, do_sample: bool = False, temperature: Any = 1.0, top_k: Any = 0, top_p: Any = 1.0,
+                 rng: jax.Array | None = None, eos_token_id: int | list[int] | None = None,
                  pad_token_id: int | None = None, stream: bool = False) -> np.ndarray | Iterator[np.ndarray]:
         """As transformers' generate: [B, L] ids (left-padded, with `attention_mask`) holding the image tokens the
-        processor expanded, and `pixel_values` [images, C, H, W] for them in order -> [B, L + new] ids.
-        `token_type_ids` (Gemma 3's processor output) is accepted and not needed: the image tokens are found in the ids."""
+        processor expanded, and `pixel_values` [images, C, H, W] for them in order -> [B, L + new] ids (Qwen2-VL: with
+        image_grid_thw; LLaVA-NeXT: [images, tiles, C, H, W] with image_sizes). `token_type_ids` (Gemma 3's processor
+        output) is accepted and not needed: the image tokens are found in the ids."""
         if pixel_values_videos is not None:
             raise InputSpecError("video inputs are not supported: give images (pixel_values)")
         merge = self.vision.spatial_merge_size
@@ -259,6 +297,10 @@ class VisionLanguageGenerator(Generator):
         if merge and pixel_values is not None and image_grid_thw is None:
             raise InputSpecError("this model takes variable-resolution images: give image_grid_thw with pixel_values, "
                                  "as its processor makes them")
+        grids = self.vision.grid_pinpoints
+        if (image_sizes is not None) != bool(grids and pixel_values is not None):
+            raise InputSpecError("image_sizes go with LLaVA-NeXT's pixel_values (its processor makes both)" if grids else
+                                 "image_sizes are for LLaVA-NeXT's images; this model takes none")
         ids, mask = self._check_prompt(input_ids, attention_mask, max_new_tokens)
         index = image_index(np.where(mask, ids, -1), self.vision.image_token_id)
         tokens = int((index >= 0).sum())
@@ -267,10 +309,10 @@ class VisionLanguageGenerator(Generator):
             if tokens:
                 raise InputSpecError(f"the prompts hold {tokens} image tokens but no pixel_values were given")
             features = jnp.zeros((1, self.vision.feature_size), dtype)  # one unused row: the step's input is never empty
-        elif merge:
-            features = self.encode_patches(pixel_values, image_grid_thw)
+        elif merge or grids:
+            features = self.encode_patches(pixel_values, image_grid_thw) if merge else self.encode_grids(pixel_values, image_sizes)
             if features.shape[0] != tokens:
-                raise InputSpecError(f"image features and image tokens do not match: image_grid_thw makes {features.shape[0]} "
+                raise InputSpecError(f"image features and image tokens do not match: the images make {features.shape[0]} "
                                      f"features, the prompts hold {tokens} image tokens (id {self.vision.image_token_id})")
         else:
             encoded = self.encode_images(pixel_values)
@@ -299,8 +341,8 @@ class VisionLanguageGenerator(Generator):
             return features, jnp.asarray(padded, self._id_dtype), jnp.asarray(offsets, self._id_dtype)
 
         # fixed-size images: every row's image tokens stay out of the length bucket (only the text is padded to it);
-        # variable-resolution ones vary with the image's size, so the bucket covers them (fewer compiled prefills)
-        unbucketed = 0 if merge else int((index >= 0).sum(axis=1).min())
+        # where their count varies with the image's size (Qwen2-VL, LLaVA-NeXT), the bucket covers them (fewer prefills)
+        unbucketed = 0 if merge or grids else int((index >= 0).sum(axis=1).min())
         return finish(ids, self._steps(ids, mask, max_new_tokens, request, prefill_inputs, delta, unbucketed), stream)
 
     def _decode_inputs(self, batch: int) -> tuple:
@@ -346,7 +388,9 @@ class VisionLanguageGenerator(Generator):
         per tile, between its start and end tokens), tokenized; the images preprocessed as the model's image
         processor does (one tile each, but InternVL's crops).
         Variable resolution (Qwen2-VL): (input_ids, pixel_values [patches, patch_dim], image_grid_thw [images, 3]),
-        each image's token repeated grid_t*grid_h*grid_w / merge^2 times, as Qwen2VLProcessor does."""
+        each image's token repeated grid_t*grid_h*grid_w / merge^2 times, as Qwen2VLProcessor does. LLaVA-NeXT:
+        (input_ids, pixel_values [images, tiles, C, H, W], image_sizes [images, 2]), each image's token repeated as
+        many times as its packed features (anyres.tokens_per_image), as LlavaNextProcessor does."""
         images = list(image) if isinstance(image, (list, tuple)) else [image]
         if not images:
             raise InputSpecError("processor_inputs needs at least one image")
@@ -361,10 +405,17 @@ class VisionLanguageGenerator(Generator):
         if placeholder is None or text.count(placeholder) != len(images):
             raise Torch2JaxError(f"the chat template did not place {len(images)} image placeholder(s) ({placeholder!r}) for "
                                  f"the image(s)")
-        merge = self.vision.spatial_merge_size
+        merge, pins = self.vision.spatial_merge_size, self.vision.grid_pinpoints
         if merge:
             pixels, grids = self.image_processor.patches(images)
             counts = [int(np.prod(grid)) // (merge * merge) for grid in grids]
+            expansions = [image_token * count for count in counts]
+        elif pins:
+            from .anyres import tokens_per_image
+
+            pixels, grids = self.image_processor.grid_tiles(images)
+            side = math.isqrt(self.vision.tokens_per_image)
+            counts = [tokens_per_image(size, pins, self.vision.pixel_shape[1], side) for size in grids]
             expansions = [image_token * count for count in counts]
         else:
             pixels, tiles = self.image_processor.tiles(images)
@@ -377,6 +428,6 @@ class VisionLanguageGenerator(Generator):
         ids = tokenizer.encode(parts[0] + "".join(e + part for e, part in zip(expansions, parts[1:]))).ids
         if ids.count(self.vision.image_token_id) != sum(counts):
             raise Torch2JaxError("the tokenizer did not keep the image tokens whole")
-        if merge:
+        if merge or pins:
             return np.asarray([ids], np.int64), pixels, grids
         return np.asarray([ids], np.int64), pixels
