@@ -66,8 +66,10 @@ def generate(artifact_dir, prompts, id_lists, images, max_new_tokens, temperatur
             if len(prompts) != 1:
                 raise InputSpecError("--image takes one --prompt (the images and one prompt make one user turn)")
             ids, pixels, *grid = g.processor_inputs(prompts[0], list(images))
-            if grid:  # Qwen2-VL: each image's patch grid; LLaVA-NeXT: each image's size
+            if grid:  # Qwen2-VL: each image's patch grid; LLaVA-NeXT: each image's size (OneVision: and the image count)
                 options["image_sizes" if g.vision.grid_pinpoints else "image_grid_thw"] = grid[0]
+                if len(grid) > 1:
+                    options["batch_num_images"] = grid[1]
             start = time.perf_counter()
             out = g.generate(ids, pixel_values=pixels, max_new_tokens=max_new_tokens, **options)
             elapsed = time.perf_counter() - start

@@ -587,3 +587,49 @@ def test_anyres_grid_and_packing_equal_transformers(size):
     index = anyres.packed_rows(size, pins, 336, side, 0, len(table) - 1)
     np.testing.assert_array_equal(table[index], want)
     assert anyres.tokens_per_image(size, pins, 336, side) == len(index)
+
+
+def test_llava_onevision_shrunk_maps_multi_image_turns_and_greedy_equal_transformers(tmp_path):
+    """LLaVA-OneVision: LLaVA-NeXT's packing with its grid maps shrunk bilinearly over anyres_max_N tiles (N = 1 here,
+    so every grid is shrunk) and, in a turn of several images, each image its whole view alone. Packed features equal
+    transformers' get_image_features for one image and for three in one turn (batch_num_images [3]); processor_inputs
+    equals its processor's parts on both; greedy tokens for two prompts (one left-padded) and `generate --image` with
+    two images equal transformers."""
+    import transformers
+
+    from torch2jax.hf.verify import check_generation, verify_vision_language
+
+    source = vlms.write("llava_onevision", tmp_path)
+    out = tmp_path / "out"
+    converted = cli("convert", f"hf:{source}", "--max-cache-len", "256", "--max-batch", "2", "--out", str(out))
+    assert converted.returncode == 0, converted.stderr
+    g = torch2jax.load(out)
+    assert (g.vision.tokens_per_image, g.vision.max_grid_tiles) == (16, 1)
+    model = transformers.AutoModelForImageTextToText.from_pretrained(source, local_files_only=True).eval()
+    check_generation(verify_vision_language(model, g, tokens=NEW))
+    _, parts = vlms.build("llava_onevision")
+    keys = ("input_ids", "pixel_values", "image_sizes", "batch_num_images")
+    for images in ([vlms.images()[0]], vlms.images()):
+        content = [{"type": "image"}] * len(images) + [{"type": "text", "text": "w8"}]
+        want = parts(images, g.chat_template().render([{"role": "user", "content": content}], add_generation_prompt=True))
+        got = g.processor_inputs("w8", images)
+        for value, key in zip(got, keys):
+            np.testing.assert_array_equal(value, want[key])
+        _, pixels, sizes, counts = got
+        with torch.no_grad():
+            theirs = model.get_image_features(torch.from_numpy(pixels), torch.from_numpy(sizes),
+                                              batch_num_images=torch.from_numpy(counts)).pooler_output
+        assert np.abs(np.asarray(g.encode_grids(pixels, sizes, counts)) - torch.cat(theirs).numpy()).max() < 1e-5
+    assert pixels.shape[1] == 1, "three images in one turn: each its whole view alone"
+
+    paths = []
+    for i, image in enumerate(vlms.images()[:2]):
+        paths += ["--image", str(tmp_path / f"picture{i}.png")]
+        image.save(paths[-1])
+    shown = cli("generate", str(out), *paths, "--prompt", "w8 w9", "--max-new-tokens", "8")
+    assert shown.returncode == 0, shown.stderr
+    ids, pixels, sizes, counts = g.processor_inputs("w8 w9", [paths[1], paths[3]])
+    want = transformers_greedy(model, ids, 8, vlms.PAD, np.ones_like(ids), eos_token_id=vlms.EOS,
+                               pixel_values=torch.from_numpy(pixels), image_sizes=torch.from_numpy(sizes),
+                               batch_num_images=torch.from_numpy(counts))
+    assert shown.stdout.strip() == parts.tokenizer.decode(want[0, ids.shape[1]:], skip_special_tokens=True)

@@ -73,6 +73,15 @@ def build(name: str):
                                           vision_feature_select_strategy="default", chat_template=chat_template("<image>"),
                                           num_additional_image_tokens=1)
         return model.eval(), processor
+    if name == "llava_onevision":  # a SigLIP tower (no CLS: 16 tokens a tile), grids of up to 2x2 tiles, shrunk over 1 tile
+        vision = tf.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       image_size=32, patch_size=8)
+        grids = [[32, 32], [32, 64], [64, 32], [64, 64]]
+        config = tf.LlavaOnevisionConfig(vision_config=vision, text_config=tf.Qwen2Config(**text), image_token_id=IMAGE,
+                                         video_token_id=SOFT, image_grid_pinpoints=grids, vision_feature_layer=-1,
+                                         vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_1")
+        images = tf.LlavaOnevisionImageProcessorPil(size={"height": 32, "width": 32}, image_grid_pinpoints=grids)
+        return tf.LlavaOnevisionForConditionalGeneration(config).eval(), OneVisionParts(images, tokenizer(), chat_template("<image>"))
     if name == "gemma3":  # SigLIP tower, 32x32 images in 8x8 patches pooled to 4 image tokens; sliding-window layers
         vision = tf.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                                        image_size=32, patch_size=8)
@@ -181,6 +190,30 @@ class InternVLParts(QwenParts):
                                       for i, part in enumerate(parts[1:]))
         ids = np.asarray([self.tokenizer(expanded)["input_ids"]], np.int64)
         return {"input_ids": ids, "pixel_values": inputs["pixel_values"]}
+
+
+class OneVisionParts(QwenParts):
+    """LlavaOnevisionProcessor's parts (it needs torchvision for its video processor), expanded as it expands an image
+    (transformers' replace_image_token: 16 tokens a tile, the grid's map shrunk over anyres_max_1, a newline a row;
+    an image among several in a prompt its whole view and a newline). The images are one prompt's, nested as
+    apply_chat_template passes a conversation's images (a flat list would make each image a prompt of its own)."""
+
+    def __call__(self, images: list, text: str) -> dict:
+        import functools
+
+        import transformers as tf
+
+        inputs = self.image_processor([images], return_tensors="np")  # one prompt's images, as apply_chat_template nests them
+        names = SimpleNamespace(image_token="<image>", num_image_tokens=16, vision_feature_select_strategy="full",
+                                vision_aspect_ratio="anyres_max_1", image_processor=self.image_processor)
+        for method in ("_get_number_of_features", "_get_unpadded_features"):
+            setattr(names, method, functools.partial(getattr(tf.LlavaOnevisionProcessor, method), names))
+        parts = text.split("<image>")
+        assert len(parts) == len(images) + 1
+        expanded = parts[0] + "".join(tf.LlavaOnevisionProcessor.replace_image_token(names, inputs, i) + part
+                                      for i, part in enumerate(parts[1:]))
+        ids = np.asarray([self.tokenizer(expanded)["input_ids"]], np.int64)
+        return {"input_ids": ids, **{key: inputs[key] for key in ("pixel_values", "image_sizes", "batch_num_images")}}
 
 
 def write(name: str, directory: Path) -> Path:

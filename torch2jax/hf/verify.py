@@ -91,7 +91,7 @@ def verify_vision_language(vlm: torch.nn.Module, generator, tokens: int = 16, se
     per_image = 4 if merge else vision.tokens_per_image  # variable resolution (Qwen2-VL): a 2x2-token image
     if pins:  # LLaVA-NeXT: an image the size of the first grid (its whole view and that grid's tiles, no padding)
         size, tile, side = pins[0], vision.pixel_shape[1], math.isqrt(vision.tokens_per_image)
-        per_image = anyres.tokens_per_image(size, pins, tile, side)
+        per_image = anyres.tokens_per_image(size, pins, tile, side, vision.max_grid_tiles)
     lengths = (5, 2)  # text tokens besides the image's
     if per_image + max(lengths) + tokens > generator.spec.max_cache_len:
         tokens = generator.spec.max_cache_len - per_image - max(lengths)

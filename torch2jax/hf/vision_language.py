@@ -49,14 +49,15 @@ from .kv_cache import cache_layout, check_limits, generation_fields
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "chat_template.jinja", "chat_template.json")
 IMAGES_PER_PROMPT = 4  # the encoder's symbolic image count goes up to this many images per prompt of the batch
 SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", "PaliGemmaForConditionalGeneration",
-             "InternVLForConditionalGeneration", "LlavaNextForConditionalGeneration",
+             "InternVLForConditionalGeneration", "LlavaNextForConditionalGeneration", "LlavaOnevisionForConditionalGeneration",
              "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
              "Qwen3VLMoeForConditionalGeneration")
 # variable-resolution models: flattened patches + image_grid_thw in, multimodal (3-D) rotary positions
 VARIABLE_RESOLUTION = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                        "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
-# LLaVA-NeXT ("anyres"): an image is its whole view and a grid of tiles, packed per image at run time (serve/anyres.py)
-ANY_RESOLUTION = ("LlavaNextForConditionalGeneration",)
+# LLaVA-NeXT / OneVision ("anyres"): an image is its whole view and a grid of tiles, packed per image at run time
+# (serve/anyres.py)
+ANY_RESOLUTION = ("LlavaNextForConditionalGeneration", "LlavaOnevisionForConditionalGeneration")
 # models whose image tokens attend to each other both ways within one image (transformers' token_type_ids blocks)
 BIDIRECTIONAL_IMAGES = ("Gemma3ForConditionalGeneration",)
 # prefix-LMs: the whole prompt (image and text, token type 0) attends both ways; generated tokens causally
@@ -310,22 +311,34 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
         raise ExportError(f"{type(vlm).__name__}'s config names no image_token_id")
     spec_vision = VisionSpec(image_token_id=int(image_token), tokens_per_image=tokens_per_image, feature_size=feature_size,
                              feature_dtype=dtype_name(probe.dtype), pixel_shape=pixel_shape, max_images=max_images,
-                             bidirectional_images=blocks is not None, prefix_lm=kind in PREFIX_LM, grid_pinpoints=pinpoints)
+                             bidirectional_images=blocks is not None, prefix_lm=kind in PREFIX_LM, grid_pinpoints=pinpoints,
+                             max_grid_tiles=_max_grid_tiles(vlm))
     return VisionLanguageGenerator(encode, prefill, decode, spec, spec_vision)
 
 
 def _grid_pinpoints(vlm: torch.nn.Module, probe: torch.Tensor) -> tuple[tuple[int, int], ...] | None:
-    """LLaVA-NeXT's image_grid_pinpoints (None for other models), once its packing is known to apply: the "default"
-    feature strategy (CLS dropped), so that a tile's features are a square map of its patches."""
+    """LLaVA-NeXT's / OneVision's image_grid_pinpoints (None for other models), once their packing is known to apply:
+    a tile's features are a square map of its patches (CLS dropped by the "default" strategy, or a tower without one)."""
     if type(vlm).__name__ not in ANY_RESOLUTION:
         return None
     config = vlm.config
     side = config.vision_config.image_size // config.vision_config.patch_size
-    if config.vision_feature_select_strategy != "default" or int(probe.shape[0]) - 1 != side * side:
+    if int(probe.shape[0]) - 1 != side * side:
         raise InputSpecError(f"{type(vlm).__name__} with vision_feature_select_strategy "
-                             f"{config.vision_feature_select_strategy!r}: only 'default' (the CLS feature dropped) packs "
-                             "a tile's features into its square map, as transformers' pack_image_features needs")
+                             f"{config.vision_feature_select_strategy!r} gives {int(probe.shape[0]) - 1} features a tile, "
+                             f"not the {side}x{side} map of its patches that transformers' pack_image_features lays out "
+                             "(a CLIP tower takes 'default', which drops its CLS feature)")
     return tuple((int(h), int(w)) for h, w in config.image_grid_pinpoints)
+
+
+def _max_grid_tiles(vlm: torch.nn.Module) -> int:
+    """OneVision's "anyres_max_N" N (0 for LLaVA-NeXT, whose maps are never shrunk)."""
+    if type(vlm).__name__ != "LlavaOnevisionForConditionalGeneration":
+        return 0
+    ratio = str(getattr(vlm.config, "vision_aspect_ratio", "anyres_max_9"))
+    if not ratio.startswith("anyres_max_") or not ratio.removeprefix("anyres_max_").isdigit():
+        raise InputSpecError(f"LLaVA-OneVision's vision_aspect_ratio {ratio!r} is not supported (anyres_max_N)")
+    return int(ratio.removeprefix("anyres_max_"))
 
 
 def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max_batch: int, progress: Any = None,

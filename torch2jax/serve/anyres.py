@@ -7,6 +7,10 @@ tile, lays the grid tiles' feature maps out as one map, crops the rows (or colum
 `image_newline` vector after each row, flattens it, and puts the whole image's features first. transformers does
 that packing in Python per image (pack_image_features); here it is a row index into the encoded tiles' features
 (`packed_rows`), so the artifact's encoder stays one batched call.
+
+LLaVA-OneVision ("anyres_max_N") then shrinks a map of more than about N tiles' features bilinearly (torch's
+interpolate, align_corners=False) before the newlines: each of its rows is a weighted sum of four rows of the map
+(`packed_taps`). An image among several in one prompt is not cut at all: its whole view and a newline.
 """
 
 from __future__ import annotations
@@ -88,8 +92,63 @@ def packed_rows(size: Sequence[int], pinpoints: Sequence[Sequence[int]], tile: i
     return np.concatenate([base, row.reshape(-1)]).astype(np.int64)
 
 
-def tokens_per_image(size: Sequence[int], pinpoints: Sequence[Sequence[int]], tile: int, side: int) -> int:
+def packed_taps(size: Sequence[int], pinpoints: Sequence[Sequence[int]], tile: int, side: int, first: int, newline: int,
+                max_tiles: int = 0, whole_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(index [tokens, 4], weight [tokens, 4] float32): each of one image's tokens as a weighted sum of four feature
+    rows (indexed as in packed_rows). A map over max_tiles * side^2 by more than 1.1^2 is shrunk by 1 / ratio per
+    side, as LLaVA-OneVision's pack_image_features does (max_tiles 0: never); `whole_only` (an image among several in
+    a prompt): the whole view's rows and a newline."""
+    if whole_only:
+        index = np.concatenate([first + np.arange(side * side), [newline]]).astype(np.int64)
+        return _single(index)
+    rows = packed_rows(size, pinpoints, tile, side, first, newline)
+    grid_rows, grid_columns = grid_shape(size, pinpoints, tile)
+    _, height, _, width = unpadded_span(size, grid_rows * side, grid_columns * side)
+    shrunk = _shrunk(height, width, side, max_tiles)
+    if shrunk is None:
+        return _single(rows)
+    base, grid = rows[:side * side], rows[side * side:].reshape(height, width + 1)[:, :width]
+    (y0, y1, wy0, wy1), (x0, x1, wx0, wx1) = (_bilinear(n, m) for n, m in zip((height, width), shrunk))
+    index = np.stack([grid[y0][:, x0], grid[y0][:, x1], grid[y1][:, x0], grid[y1][:, x1]], axis=-1)
+    weight = np.stack([np.outer(wy0, wx0), np.outer(wy0, wx1), np.outer(wy1, wx0), np.outer(wy1, wx1)], axis=-1)
+    index = np.concatenate([index, np.full((shrunk[0], 1, 4), newline)], axis=1).reshape(-1, 4)
+    weight = np.concatenate([weight, np.tile(np.float32([1, 0, 0, 0]), (shrunk[0], 1, 1))], axis=1).reshape(-1, 4)
+    base_index, base_weight = _single(base)
+    return np.concatenate([base_index, index]).astype(np.int64), np.concatenate([base_weight, weight]).astype(np.float32)
+
+
+def tokens_per_image(size: Sequence[int], pinpoints: Sequence[Sequence[int]], tile: int, side: int, max_tiles: int = 0,
+                     whole_only: bool = False) -> int:
     """How many image tokens the processor writes for an image of (height, width) (_get_number_of_features)."""
+    if whole_only:
+        return side * side + 1
     rows, columns = grid_shape(size, pinpoints, tile)
     _, height, _, width = unpadded_span(size, rows * side, columns * side)
+    height, width = _shrunk(height, width, side, max_tiles) or (height, width)
     return side * side + height * (width + 1)
+
+
+def _shrunk(height: int, width: int, side: int, max_tiles: int) -> tuple[int, int] | None:
+    """The (height, width) LLaVA-OneVision shrinks a height x width map to, or None where it keeps it."""
+    if not max_tiles:
+        return None
+    ratio = math.sqrt(height * width / (max_tiles * side**2))
+    return (int(height // ratio), int(width // ratio)) if ratio > 1.1 else None
+
+
+def _bilinear(size: int, out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(lower, upper, lower's weight, upper's weight) along one axis of torch's bilinear interpolate from `size` to
+    `out` points (align_corners=False), computed in float32 as torch does."""
+    scale = np.float32(size) / np.float32(out)
+    source = np.maximum(scale * (np.arange(out, dtype=np.float32) + np.float32(0.5)) - np.float32(0.5), np.float32(0))
+    lower = source.astype(np.int64)
+    upper = np.minimum(lower + 1, size - 1)
+    high = (source - lower).astype(np.float32)
+    return lower, upper, (np.float32(1) - high).astype(np.float32), high
+
+
+def _single(index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each token one row, as four taps of which the first weighs 1."""
+    weight = np.zeros((len(index), 4), np.float32)
+    weight[:, 0] = 1
+    return np.repeat(index[:, None], 4, axis=1).astype(np.int64), weight

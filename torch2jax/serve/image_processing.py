@@ -21,10 +21,11 @@ from ..errors import InputSpecError, Torch2JaxError
 
 # the processors whose steps are the ones above (their PIL versions); others are refused by name
 SUPPORTED = ("LlavaImageProcessor", "CLIPImageProcessor", "SiglipImageProcessor", "Gemma3ImageProcessor",
-             "Qwen2VLImageProcessor", "GotOcr2ImageProcessor", "LlavaNextImageProcessor")
+             "Qwen2VLImageProcessor", "GotOcr2ImageProcessor", "LlavaNextImageProcessor", "LlavaOnevisionImageProcessor")
 VARIABLE_RESOLUTION = ("Qwen2VLImageProcessor",)  # resized to multiples of patch * merge, returned as flattened patches
 TILED = ("GotOcr2ImageProcessor",)  # InternVL's: with crop_to_patches, an image is several fixed-size crops (tiles)
-ANY_RESOLUTION = ("LlavaNextImageProcessor",)  # the whole image and a grid of tiles, with the image's size (anyres.py)
+# the whole image and a grid of tiles, with the image's size (anyres.py)
+ANY_RESOLUTION = ("LlavaNextImageProcessor", "LlavaOnevisionImageProcessor")
 
 
 def pil() -> Any:
@@ -106,12 +107,13 @@ class ImageProcessor:
             counts.append(len(crops))
         return np.stack(out), counts
 
-    def grid_tiles(self, images: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    def grid_tiles(self, images: Sequence[Any], whole_only: Sequence[bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """LLaVA-NeXT: (pixel_values [N, tiles, C, H, W] float32, image_sizes [N, 2] int64), as
         LlavaNextImageProcessorPil makes them: the image resized to fit the best grid of `image_grid_pinpoints`
         (aspect kept), padded onto it with zeros around the center, cut into tiles row by row, after the whole image
         resized to one tile; each tile resized and center-cropped as configured, rescaled and normalized; images with
-        fewer tiles than the most padded with zero tiles (image_sizes says how many are real)."""
+        fewer tiles than the most padded with zero tiles (image_sizes says how many are real). LLaVA-OneVision's
+        `whole_only` images (one of several in a prompt) are one tile: padded to a square of the mean color, resized."""
         from .anyres import best_resolution, resized_size
 
         if self.kind not in ANY_RESOLUTION:
@@ -121,8 +123,13 @@ class ImageProcessor:
         whole = (int(size["height"]), int(size["width"])) if size.get("height") else (int(size["shortest_edge"]),) * 2
         tile = int(crop.get("height") or size.get("height") or size["shortest_edge"])
         out, sizes = [], []
-        for image in images:
+        for image, alone in zip(images, whole_only or [False] * len(images)):
             array = self._rgb(image)
+            if alone:
+                mean = c.get("image_mean")
+                out.append(self.one(_pad_to_square(array, tuple(int(x * 255) for x in mean) if mean else 0), rgb=False)[None])
+                sizes.append(array.shape[1:])
+                continue
             target = best_resolution(array.shape[1:], c["image_grid_pinpoints"])
             resized = self._pil_resize(array, resized_size(array.shape[1:], target))
             (top, extra_h), (left, extra_w) = (divmod(t - r, 2) for t, r in zip(target, resized.shape[1:]))

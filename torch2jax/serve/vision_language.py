@@ -63,6 +63,9 @@ class VisionSpec:
     # LLaVA-NeXT: the grids (height, width in pixels) an image is resized onto and cut into tiles of pixel_shape; an
     # image then takes its whole view's tokens_per_image and its grid's unpadded map with a newline per row (anyres.py)
     grid_pinpoints: tuple[tuple[int, int], ...] | None = None
+    # LLaVA-OneVision ("anyres_max_N": N > 0): a grid's map of over about N tiles' features is shrunk bilinearly, and an
+    # image among several in a prompt is its whole view alone (anyres.packed_taps)
+    max_grid_tiles: int = 0
 
     def to_json(self) -> dict:
         return {"image_token_id": self.image_token_id, "tokens_per_image": self.tokens_per_image,
@@ -72,7 +75,8 @@ class VisionSpec:
                 "image_expansion": self.image_expansion, "prefix_lm": self.prefix_lm, "prompt_format": self.prompt_format,
                 "spatial_merge_size": self.spatial_merge_size, "window_size": self.window_size,
                 "position_table": self.position_table, "tile_wrap": list(self.tile_wrap) if self.tile_wrap else None,
-                "grid_pinpoints": [list(p) for p in self.grid_pinpoints] if self.grid_pinpoints else None}
+                "grid_pinpoints": [list(p) for p in self.grid_pinpoints] if self.grid_pinpoints else None,
+                "max_grid_tiles": self.max_grid_tiles}
 
     @staticmethod
     def from_json(data: Any) -> VisionSpec:
@@ -84,7 +88,7 @@ class VisionSpec:
                               bool(data.get("bidirectional_images", False)), *text, bool(data.get("prefix_lm", False)), prompt,
                               int(data.get("spatial_merge_size", 0)), int(data.get("window_size", 0)),
                               int(data.get("position_table", 0)), _pair(data.get("tile_wrap")),
-                              _pinpoints(data.get("grid_pinpoints")))
+                              _pinpoints(data.get("grid_pinpoints")), int(data.get("max_grid_tiles", 0)))
         except (KeyError, TypeError, ValueError) as err:
             raise Torch2JaxError(f"the manifest's vision section is malformed ({type(err).__name__}: {err})") from None
 
@@ -226,11 +230,13 @@ class VisionLanguageGenerator(Generator):
             raise InputSpecError(f"{pixels.shape[0]} images: this artifact takes 1 to {self.vision.max_images} per call")
         return self._encode(self.params, jnp.asarray(pixels, dtypes.jax_dtype(self.vision.feature_dtype)))
 
-    def encode_grids(self, pixel_values: Any, image_sizes: Any) -> jax.Array:
-        """LLaVA-NeXT: [images, tiles, C, H, W] pixel values (each image's whole view and grid tiles, then zero tiles
-        up to the most) and image_sizes [images, 2] (height, width), as its processor makes them -> the images' tokens'
-        features [rows, feature_size] in order: each image's tiles encoded, then packed (anyres.packed_rows)."""
-        from .anyres import packed_rows, tiles_per_image
+    def encode_grids(self, pixel_values: Any, image_sizes: Any, batch_num_images: Any = None) -> jax.Array:
+        """LLaVA-NeXT / OneVision: [images, tiles, C, H, W] pixel values (each image's whole view and grid tiles, then
+        zero tiles up to the most) and image_sizes [images, 2] (height, width), as their processors make them -> the
+        images' tokens' features [rows, feature_size] in order: each image's tiles encoded, then packed
+        (anyres.packed_taps). OneVision's `batch_num_images` (images per prompt, as its processor returns it): an image
+        among several in a prompt is its whole view alone."""
+        from .anyres import packed_taps, tiles_per_image
 
         sizes, pixels = np.asarray(image_sizes), np.asarray(pixel_values)
         if sizes.ndim != 2 or sizes.shape[1] != 2 or not np.issubdtype(sizes.dtype, np.integer) or (sizes < 1).any():
@@ -239,14 +245,29 @@ class VisionLanguageGenerator(Generator):
         if pixels.ndim != 5 or pixels.shape[0] != len(sizes) or tuple(pixels.shape[2:]) != self.vision.pixel_shape:
             raise InputSpecError(f"pixel_values must be [{len(sizes)} images, tiles, {', '.join(map(str, self.vision.pixel_shape))}]"
                                  f" (as the model's processor makes them), got {list(pixels.shape)}")
+        whole = self._whole_only(batch_num_images, len(sizes))
         pins, tile = self.vision.grid_pinpoints, self.vision.pixel_shape[1]
-        counts = [tiles_per_image(size, pins, tile) for size in sizes]
+        counts = [1 if alone else tiles_per_image(size, pins, tile) for size, alone in zip(sizes, whole)]
         if max(counts) > pixels.shape[1]:
             raise InputSpecError(f"image_sizes {sizes.tolist()} need {counts} tiles, pixel_values has {pixels.shape[1]} per image")
         rows = self.encode_images(np.concatenate([image[:count] for image, count in zip(pixels, counts)]))
         side, starts = math.isqrt(self.vision.tokens_per_image), np.cumsum([0, *counts]) * self.vision.tokens_per_image
-        order = [packed_rows(size, pins, tile, side, int(first), rows.shape[0] - 1) for size, first in zip(sizes, starts)]
-        return jnp.take(rows, jnp.asarray(np.concatenate(order)), axis=0)
+        taps = [packed_taps(size, pins, tile, side, int(first), rows.shape[0] - 1, self.vision.max_grid_tiles, alone)
+                for size, first, alone in zip(sizes, starts, whole)]
+        index, weight = (np.concatenate(parts) for parts in zip(*taps))
+        if not weight[:, 1:].any():  # every token one row (LLaVA-NeXT; OneVision's maps not shrunk)
+            return jnp.take(rows, jnp.asarray(index[:, 0]), axis=0)
+        picked = jnp.take(rows, jnp.asarray(index.reshape(-1)), axis=0).reshape(*index.shape, rows.shape[-1])
+        return (picked * jnp.asarray(weight, rows.dtype)[..., None]).sum(axis=1)
+
+    def _whole_only(self, batch_num_images: Any, images: int) -> list[bool]:
+        """Which images are their whole view alone: OneVision's images among several in one prompt."""
+        if batch_num_images is None or not self.vision.max_grid_tiles:
+            return [False] * images
+        counts = [int(n) for n in np.asarray(batch_num_images).reshape(-1)]
+        if sum(counts) != images or min(counts, default=1) < 1:
+            raise InputSpecError(f"batch_num_images {counts} must count the {images} images, at least one a prompt")
+        return [n != 1 for n in counts for _ in range(n)]
 
     def encode_patches(self, pixel_values: Any, image_grid_thw: Any) -> jax.Array:
         """Variable resolution (Qwen2-VL): [patches, patch_dim] flattened patches and [images, 3] grids, as the
@@ -281,14 +302,16 @@ class VisionLanguageGenerator(Generator):
                             *(jnp.asarray(i, self._id_dtype) for i in ids), *taps)
 
     def generate(self, input_ids: Any, attention_mask: Any = None, *, pixel_values: Any = None, image_grid_thw: Any = None,
-                 image_sizes: Any = None, pixel_values_videos: Any = None, token_type_ids: Any = None,
+                 image_sizes: Any = None, batch_num_images: Any = None, pixel_values_videos: Any = None,
+                 token_type_ids: Any = None,
                  max_new_tokens: int = 32, do_sample: bool = False, temperature: Any = 1.0, top_k: Any = 0, top_p: Any = 1.0,
                  rng: jax.Array | None = None, eos_token_id: int | list[int] | None = None,
                  pad_token_id: int | None = None, stream: bool = False) -> np.ndarray | Iterator[np.ndarray]:
         """As transformers' generate: [B, L] ids (left-padded, with `attention_mask`) holding the image tokens the
         processor expanded, and `pixel_values` [images, C, H, W] for them in order -> [B, L + new] ids (Qwen2-VL: with
-        image_grid_thw; LLaVA-NeXT: [images, tiles, C, H, W] with image_sizes). `token_type_ids` (Gemma 3's processor
-        output) is accepted and not needed: the image tokens are found in the ids."""
+        image_grid_thw; LLaVA-NeXT and OneVision: [images, tiles, C, H, W] with image_sizes, OneVision's
+        batch_num_images too for several images in a prompt). `token_type_ids` (Gemma 3's processor output) is accepted
+        and not needed: the image tokens are found in the ids."""
         if pixel_values_videos is not None:
             raise InputSpecError("video inputs are not supported: give images (pixel_values)")
         merge = self.vision.spatial_merge_size
@@ -310,7 +333,8 @@ class VisionLanguageGenerator(Generator):
                 raise InputSpecError(f"the prompts hold {tokens} image tokens but no pixel_values were given")
             features = jnp.zeros((1, self.vision.feature_size), dtype)  # one unused row: the step's input is never empty
         elif merge or grids:
-            features = self.encode_patches(pixel_values, image_grid_thw) if merge else self.encode_grids(pixel_values, image_sizes)
+            features = (self.encode_patches(pixel_values, image_grid_thw) if merge else
+                        self.encode_grids(pixel_values, image_sizes, batch_num_images))
             if features.shape[0] != tokens:
                 raise InputSpecError(f"image features and image tokens do not match: the images make {features.shape[0]} "
                                      f"features, the prompts hold {tokens} image tokens (id {self.vision.image_token_id})")
@@ -390,7 +414,8 @@ class VisionLanguageGenerator(Generator):
         Variable resolution (Qwen2-VL): (input_ids, pixel_values [patches, patch_dim], image_grid_thw [images, 3]),
         each image's token repeated grid_t*grid_h*grid_w / merge^2 times, as Qwen2VLProcessor does. LLaVA-NeXT:
         (input_ids, pixel_values [images, tiles, C, H, W], image_sizes [images, 2]), each image's token repeated as
-        many times as its packed features (anyres.tokens_per_image), as LlavaNextProcessor does."""
+        many times as its packed features (anyres.tokens_per_image), as LlavaNextProcessor does; OneVision adds
+        batch_num_images [1] (the images of this prompt)."""
         images = list(image) if isinstance(image, (list, tuple)) else [image]
         if not images:
             raise InputSpecError("processor_inputs needs at least one image")
@@ -413,9 +438,11 @@ class VisionLanguageGenerator(Generator):
         elif pins:
             from .anyres import tokens_per_image
 
-            pixels, grids = self.image_processor.grid_tiles(images)
+            whole = self._whole_only([len(images)], len(images))
+            pixels, grids = self.image_processor.grid_tiles(images, whole)
             side = math.isqrt(self.vision.tokens_per_image)
-            counts = [tokens_per_image(size, pins, self.vision.pixel_shape[1], side) for size in grids]
+            counts = [tokens_per_image(size, pins, self.vision.pixel_shape[1], side, self.vision.max_grid_tiles, alone)
+                      for size, alone in zip(grids, whole)]
             expansions = [image_token * count for count in counts]
         else:
             pixels, tiles = self.image_processor.tiles(images)
@@ -428,6 +455,8 @@ class VisionLanguageGenerator(Generator):
         ids = tokenizer.encode(parts[0] + "".join(e + part for e, part in zip(expansions, parts[1:]))).ids
         if ids.count(self.vision.image_token_id) != sum(counts):
             raise Torch2JaxError("the tokenizer did not keep the image tokens whole")
+        if pins and self.vision.max_grid_tiles:  # OneVision: how many images the prompt has decides their packing
+            return np.asarray([ids], np.int64), pixels, grids, np.asarray([len(images)], np.int64)
         if merge or pins:
             return np.asarray([ids], np.int64), pixels, grids
         return np.asarray([ids], np.int64), pixels
