@@ -57,8 +57,10 @@ def fold_linear_views(graph: Graph) -> Graph:
             continue
         flat = by_name.get(_single_ref(linear.args[0]))
         x = _single_ref(flat.args[0]) if flat is not None and flat.op in VIEWS else None
-        shape, out = _shape(metas.get(x)), _shape(node.meta)
+        shape, out, rows = _shape(metas.get(x)), _shape(node.meta), _shape(flat.meta) if flat is not None else None
         if shape is None or out is None or len(shape) < 3 or out[:-1] != shape[:-1]:
+            continue
+        if rows is None or len(rows) != 2 or rows[1] != shape[-1]:  # x's rows flattened, its features kept
             continue
         replaced[node.name] = Node(node.name, LINEAR, [{"ref": x}, *linear.args[1:]], {}, node.meta, node.source)
         dropped.add(linear.name)
