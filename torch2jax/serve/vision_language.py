@@ -322,8 +322,9 @@ class VisionLanguageGenerator(Generator):
                                  "as its processor makes them")
         grids = self.vision.grid_pinpoints
         if (image_sizes is not None) != bool(grids and pixel_values is not None):
-            raise InputSpecError("image_sizes go with LLaVA-NeXT's pixel_values (its processor makes both)" if grids else
-                                 "image_sizes are for LLaVA-NeXT's images; this model takes none")
+            raise InputSpecError("this model cuts images into grids of tiles: give image_sizes with pixel_values (its "
+                                 "processor makes both), and neither without images" if grids else
+                                 "image_sizes are for LLaVA-NeXT's and OneVision's images; this model takes none")
         ids, mask = self._check_prompt(input_ids, attention_mask, max_new_tokens)
         index = image_index(np.where(mask, ids, -1), self.vision.image_token_id)
         tokens = int((index >= 0).sum())
