@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..capture import trace_forwards
+from .kv_cache import step_slots
 
 _MODEL = "transformers.models.bloom.modeling_bloom.BloomModel"
 _MPT_ATTENTION = "transformers.models.mpt.modeling_mpt.MptAttention"
@@ -34,7 +35,7 @@ def alibi_from_step_mask(self: Any, attention_mask: torch.Tensor, num_heads: int
 
 def mpt_attention(self: Any, hidden_states: torch.Tensor, position_bias: torch.Tensor, cache: Any = None,
                   attention_mask: torch.Tensor | None = None, **kwargs: Any):
-    if cache is None or not hasattr(getattr(cache, "layers", [None])[self.layer_idx], "write_at"):
+    if step_slots(cache, self.layer_idx) is None:
         return type(self).forward(self, hidden_states, position_bias, cache, attention_mask, **kwargs)
     batch, length = hidden_states.shape[:2]
     qkv = self.Wqkv(hidden_states)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -104,6 +105,13 @@ def explicit_layer_class():
             return self.max_cache_len
 
     return ExplicitLayer
+
+
+def step_slots(cache: Any, layer: int) -> Any:
+    """The cache slots the converted step writes this call (`write_at`) where `cache` is the step's own (ExplicitLayer
+    layers), else None: attention stand-ins that mask by slot run only over the step's fixed cache."""
+    layers = getattr(cache, "layers", None)
+    return getattr(layers[layer], "write_at", None) if layers and layer < len(layers) else None
 
 
 def cut_layout(layout: CacheLayout, layers: int) -> CacheLayout:

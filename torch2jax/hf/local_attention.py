@@ -16,14 +16,14 @@ from typing import Any
 import torch
 
 from ..capture import trace_forwards
+from .kv_cache import step_slots
 
 _ATTENTION = "transformers.models.gpt_neo.modeling_gpt_neo.GPTNeoSelfAttention"
 
 
 def attention_by_slot(self: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                       layer_past: Any = None, use_cache: bool = False, output_attentions: bool = False, **kwargs: Any):
-    layers = getattr(layer_past, "layers", None)
-    write_at = getattr(layers[self.layer_id], "write_at", None) if layers else None
+    write_at = step_slots(layer_past, self.layer_id)
     if write_at is None:
         return type(self).forward(self, hidden_states, attention_mask, layer_past, use_cache, output_attentions, **kwargs)
     query, key, value = (self._split_heads(proj(hidden_states), self.num_heads, self.head_dim)

@@ -10,7 +10,6 @@ A bfloat16 conversion is compared with transformers in bfloat16 on its first tok
 from __future__ import annotations
 
 import inspect
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,14 +83,12 @@ def verify_seq2seq(lm: torch.nn.Module, generator, tokens: int = 16, seed: int =
 def verify_vision_language(vlm: torch.nn.Module, generator, tokens: int = 16, seed: int = 0) -> GenerationCheck:
     """Greedy-generate `tokens` tokens for two prompts, each of random text around one image's expanded image tokens,
     one left-padded, with random pixel values, with both; no end token stops either."""
-    from ..serve import anyres
-
     vision = generator.vision
     merge, pins = vision.spatial_merge_size, vision.grid_pinpoints
     per_image = 4 if merge else vision.tokens_per_image  # variable resolution (Qwen2-VL): a 2x2-token image
     if pins:  # LLaVA-NeXT: an image the size of the first grid (its whole view and that grid's tiles, no padding)
-        size, tile, side = pins[0], vision.pixel_shape[1], math.isqrt(vision.tokens_per_image)
-        per_image = anyres.tokens_per_image(size, pins, tile, side, vision.max_grid_tiles)
+        size = pins[0]
+        per_image = vision.grid_tokens(size)
     lengths = (5, 2)  # text tokens besides the image's
     if per_image + max(lengths) + tokens > generator.spec.max_cache_len:
         tokens = generator.spec.max_cache_len - per_image - max(lengths)
@@ -109,8 +106,7 @@ def verify_vision_language(vlm: torch.nn.Module, generator, tokens: int = 16, se
         pixels = rng.standard_normal((batch * 4 * merge * merge, *vision.pixel_shape)).astype(np.float32)
     elif pins:
         grids = {"image_sizes": np.asarray([size] * batch, np.int64)}
-        tiles = anyres.tiles_per_image(size, pins, tile)
-        pixels = rng.standard_normal((batch, tiles, *vision.pixel_shape)).astype(np.float32)
+        pixels = rng.standard_normal((batch, vision.grid_tiles(size), *vision.pixel_shape)).astype(np.float32)
     else:
         pixels = rng.standard_normal((batch, *vision.pixel_shape)).astype(np.float32)
     ours = generator.generate(ids, attention_mask=mask, pixel_values=pixels, max_new_tokens=tokens, eos_token_id=[], **grids)

@@ -67,6 +67,27 @@ class VisionSpec:
     # image among several in a prompt is its whole view alone (anyres.packed_taps)
     max_grid_tiles: int = 0
 
+    # -- any resolution (grid_pinpoints): anyres.py with this model's grids, tile and feature map -------------------
+    def grid_tiles(self, size: Any, alone: bool = False) -> int:
+        """The tiles an image of (height, width) is encoded as (its whole view alone: 1)."""
+        from .anyres import tiles_per_image
+
+        return 1 if alone else tiles_per_image(size, self.grid_pinpoints, self.pixel_shape[1])
+
+    def grid_tokens(self, size: Any, alone: bool = False) -> int:
+        """The image tokens an image of (height, width) takes."""
+        from .anyres import tokens_per_image
+
+        return tokens_per_image(size, self.grid_pinpoints, self.pixel_shape[1], math.isqrt(self.tokens_per_image),
+                                self.max_grid_tiles, alone)
+
+    def grid_taps(self, size: Any, first: int, newline: int, alone: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """anyres.packed_taps of an image of (height, width) whose tiles' feature rows start at `first`."""
+        from .anyres import packed_taps
+
+        return packed_taps(size, self.grid_pinpoints, self.pixel_shape[1], math.isqrt(self.tokens_per_image), first,
+                           newline, self.max_grid_tiles, alone)
+
     def to_json(self) -> dict:
         return {"image_token_id": self.image_token_id, "tokens_per_image": self.tokens_per_image,
                 "feature_size": self.feature_size, "feature_dtype": self.feature_dtype,
@@ -236,8 +257,6 @@ class VisionLanguageGenerator(Generator):
         images' tokens' features [rows, feature_size] in order: each image's tiles encoded, then packed
         (anyres.packed_taps). OneVision's `batch_num_images` (images per prompt, as its processor returns it): an image
         among several in a prompt is its whole view alone."""
-        from .anyres import packed_taps, tiles_per_image
-
         sizes, pixels = np.asarray(image_sizes), np.asarray(pixel_values)
         if sizes.ndim != 2 or sizes.shape[1] != 2 or not np.issubdtype(sizes.dtype, np.integer) or (sizes < 1).any():
             raise InputSpecError(f"image_sizes must be [images, 2] positive integers (height, width), got "
@@ -246,14 +265,12 @@ class VisionLanguageGenerator(Generator):
             raise InputSpecError(f"pixel_values must be [{len(sizes)} images, tiles, {', '.join(map(str, self.vision.pixel_shape))}]"
                                  f" (as the model's processor makes them), got {list(pixels.shape)}")
         whole = self._whole_only(batch_num_images, len(sizes))
-        pins, tile = self.vision.grid_pinpoints, self.vision.pixel_shape[1]
-        counts = [1 if alone else tiles_per_image(size, pins, tile) for size, alone in zip(sizes, whole)]
+        counts = [self.vision.grid_tiles(size, alone) for size, alone in zip(sizes, whole)]
         if max(counts) > pixels.shape[1]:
             raise InputSpecError(f"image_sizes {sizes.tolist()} need {counts} tiles, pixel_values has {pixels.shape[1]} per image")
         rows = self.encode_images(np.concatenate([image[:count] for image, count in zip(pixels, counts)]))
-        side, starts = math.isqrt(self.vision.tokens_per_image), np.cumsum([0, *counts]) * self.vision.tokens_per_image
-        taps = [packed_taps(size, pins, tile, side, int(first), rows.shape[0] - 1, self.vision.max_grid_tiles, alone)
-                for size, first, alone in zip(sizes, starts, whole)]
+        starts = np.cumsum([0, *counts]) * self.vision.tokens_per_image
+        taps = [self.vision.grid_taps(size, int(first), rows.shape[0] - 1, alone) for size, first, alone in zip(sizes, starts, whole)]
         index, weight = (np.concatenate(parts) for parts in zip(*taps))
         if not weight[:, 1:].any():  # every token one row (LLaVA-NeXT; OneVision's maps not shrunk)
             return jnp.take(rows, jnp.asarray(index[:, 0]), axis=0)
@@ -437,13 +454,9 @@ class VisionLanguageGenerator(Generator):
             counts = [int(np.prod(grid)) // (merge * merge) for grid in grids]
             expansions = [image_token * count for count in counts]
         elif pins:
-            from .anyres import tokens_per_image
-
             whole = self._whole_only([len(images)], len(images))
             pixels, grids = self.image_processor.grid_tiles(images, whole)
-            side = math.isqrt(self.vision.tokens_per_image)
-            counts = [tokens_per_image(size, pins, self.vision.pixel_shape[1], side, self.vision.max_grid_tiles, alone)
-                      for size, alone in zip(grids, whole)]
+            counts = [self.vision.grid_tokens(size, alone) for size, alone in zip(grids, whole)]
             expansions = [image_token * count for count in counts]
         else:
             pixels, tiles = self.image_processor.tiles(images)
