@@ -97,7 +97,7 @@ def reference(auto_class: str, config_dir: Path, device: str, dtype: str = "floa
 def measure_quantized(root: Path, rounds: int, device: str) -> str:
     import torch2jax
     from benchmarks.generation import NEW, PROMPT, bandwidth_bytes_per_s, bytes_per_step, time_ours, time_transformers
-    from torch2jax.serve.loop import STEPS_PER_CALL
+    from torch2jax.generate.loop import STEPS_PER_CALL
 
     bandwidth = bandwidth_bytes_per_s()
     rows = []

@@ -170,7 +170,7 @@ class StaticBatcher:
         return {"batches": self.batches, "queue_depth": len(self.waiting)}
 
     def _run(self) -> None:
-        from torch2jax.serve.generator import left_pad
+        from torch2jax.generate.generator import left_pad
         from torch2jax.serve.scheduler import Event
 
         while True:

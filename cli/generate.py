@@ -43,8 +43,8 @@ def generate(artifact_dir, prompts, id_lists, images, max_new_tokens, temperatur
 
     import torch2jax
     from torch2jax.errors import InputSpecError
-    from torch2jax.serve.generator import left_pad
-    from torch2jax.serve.seq2seq import right_pad
+    from torch2jax.generate.generator import left_pad
+    from torch2jax.generate.seq2seq import right_pad
 
     if bool(prompts) == bool(id_lists):
         raise InputSpecError("give the prompt as --prompt TEXT or as --ids 1,2,3 (one of them, repeatable for a batch)")

@@ -1,8 +1,8 @@
 """The package layout's rules, checked on every module's imports (function-level ones included).
 
-The torch-free folders (ir, ops, lowering, runtime, serve) never import torch, not even inside a
+The torch-free folders (ir, ops, lowering, runtime, generate, serve) never import torch, not even inside a
 function, and never reach into the torch side or the CLI. Within the torch-free side data flows one
-way, ir <- ops <- lowering <- runtime <- serve: a folder imports only the ones before it (and
+way, ir <- ops <- lowering <- runtime <- generate <- serve: a folder imports only the ones before it (and
 errors.py, which both halves share). The torch side goes one way too: capture (generic torch.export
 and capture) <- diagnose <- hf (everything that knows transformers) <- pipeline (a target to a checked
 artifact); eager (the jax device, the dynamo backend) builds on capture alone. Nothing in the package
@@ -28,7 +28,8 @@ TORCH_FREE = {
     "ops": {"ir", "ops"},
     "lowering": {"ir", "ops", "lowering"},
     "runtime": {"ir", "ops", "lowering", "runtime"},
-    "serve": {"ir", "ops", "lowering", "runtime", "serve"},
+    "generate": {"ir", "ops", "lowering", "runtime", "generate"},
+    "serve": {"ir", "ops", "lowering", "runtime", "generate", "serve"},
 }
 TORCH_FREE_SIDE = set(TORCH_FREE)
 # torch-side folder -> the torch2jax folders it may import (besides the torch-free side)

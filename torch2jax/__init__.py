@@ -29,13 +29,13 @@ from .errors import (
     UnsupportedOpsError,
     VerificationError,
 )
+from .generate import artifacts as _artifacts
+from .generate.generator import Generator
+from .generate.seq2seq import Seq2SeqGenerator
+from .generate.vision_language import VisionLanguageGenerator
 from .ops import register_lowering
 from .runtime.model import Model
 from .runtime.stablehlo import DEFAULT_PLATFORMS
-from .serve import artifacts as _artifacts
-from .serve.generator import Generator
-from .serve.seq2seq import Seq2SeqGenerator
-from .serve.vision_language import VisionLanguageGenerator
 
 __version__ = "0.1.0"
 

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 import torch2jax
 from torch2jax.errors import InputSpecError
 
-from ..serve.lms import write_lm
+from ..generate.lms import write_lm
 
 UP = "model.layers.1.mlp.up_proj.weight"
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.serve.lms import PAD, build_lm, hf_greedy
+from tests.generate.lms import PAD, build_lm, hf_greedy
 from torch2jax.capture.converter import StageTimer
 from torch2jax.hf import causal_lm as decoder
 from torch2jax.hf.kv_cache import cache_layout

@@ -12,8 +12,8 @@ import torch2jax
 from torch2jax.capture.converter import quantize_like
 from torch2jax.hf.verify import check_generation, verify_generation, verify_seq2seq
 
+from ..generate.lms import load_lm, write_lm
 from ..helpers import cli, cli_convert_int4
-from ..serve.lms import load_lm, write_lm
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def test_int4_streamed_through_the_cli_is_verified_and_inspected(llama, tmp_path
 def test_int8_t5_quantizes_the_encoder_and_the_decoder_and_generates_as_transformers_does(tmp_path):
     """encode (which also runs the decoder once, as dead code, to fill the cross-attention cache) and decode are
     quantized over one params tree: each weight once, where the entry point that computes with it reads it."""
-    from ..serve.seq2seqs import load_seq2seq, write_seq2seq
+    from ..generate.seq2seqs import load_seq2seq, write_seq2seq
 
     source = write_seq2seq("t5", tmp_path)
     g = torch2jax.convert_hf(source, max_cache_len=24, max_batch=2, max_source_len=16, quantize="int8")
@@ -61,7 +61,7 @@ def test_int8_t5_quantizes_the_encoder_and_the_decoder_and_generates_as_transfor
 
 
 def test_int4_whisper_through_the_cli_is_verified(tmp_path):
-    from ..serve.seq2seqs import write_seq2seq
+    from ..generate.seq2seqs import write_seq2seq
 
     source = write_seq2seq("whisper", tmp_path)
     quantized = cli_convert_int4(source, tmp_path / "out", "quantize the encoder's and decoder's matmul weights",

@@ -18,8 +18,8 @@ from torch2jax.hf.convert import convert_hf
 from torch2jax.hf.streamed import streamed_causal_lm
 from torch2jax.hf.verify_slice import verify_streamed
 
+from ..generate.lms import load_lm, write_lm
 from ..helpers import cli, cli_convert_streamed
-from ..serve.lms import load_lm, write_lm
 
 
 def _streamed(source, out):

@@ -13,11 +13,11 @@ import torch
 
 import torch2jax
 from torch2jax.errors import InputSpecError
+from torch2jax.generate.artifacts import describe
+from torch2jax.generate.generator import left_pad
+from torch2jax.generate.vision_language import image_index, patch_interpolation, patch_windows, rope_index
 from torch2jax.hf.tasks import IMAGE_TEXT_TO_TEXT, default_task, task_of
 from torch2jax.hf.verify import processor_token_types, transformers_greedy
-from torch2jax.serve.artifacts import describe
-from torch2jax.serve.generator import left_pad
-from torch2jax.serve.vision_language import image_index, patch_interpolation, patch_windows, rope_index
 
 from ..helpers import cli, run_without_torch
 from . import vlms
@@ -510,8 +510,8 @@ def test_llava_next_packing_prompt_and_greedy_equal_transformers(tmp_path):
     and `generate --image` equal transformers."""
     import transformers
 
+    from torch2jax.generate.anyres import tiles_per_image
     from torch2jax.hf.verify import check_generation, verify_vision_language
-    from torch2jax.serve.anyres import tiles_per_image
 
     source = vlms.write("llava_next", tmp_path)
     out = tmp_path / "out"
@@ -564,12 +564,12 @@ def test_llava_next_packing_prompt_and_greedy_equal_transformers(tmp_path):
 
 @pytest.mark.parametrize("size", [(336, 336), (500, 300), (300, 500), (1000, 200), (37, 1200), (640, 480), (224, 224)])
 def test_anyres_grid_and_packing_equal_transformers(size):
-    """serve/anyres.py against transformers' own functions on LLaVA-NeXT's released grids: the best resolution, the
+    """generate/anyres.py against transformers' own functions on LLaVA-NeXT's released grids: the best resolution, the
     tile grid, the packed rows (pack_image_features on a feature map of numbered rows) and the processor's count."""
     from transformers.image_processing_utils import select_best_resolution
     from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
 
-    from torch2jax.serve import anyres
+    from torch2jax.generate import anyres
 
     pins = [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]
     assert anyres.best_resolution(size, pins) == select_best_resolution(size, pins)

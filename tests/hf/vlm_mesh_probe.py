@@ -16,7 +16,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import torch2jax  # noqa: E402
-from torch2jax.serve.generator import left_pad  # noqa: E402
+from torch2jax.generate.generator import left_pad  # noqa: E402
 
 
 def inputs(g) -> tuple:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import torch2jax
-from tests.serve.lms import load_lm, write_lm
+from tests.generate.lms import load_lm, write_lm
 
 SHARDED_ARCHITECTURES = ("llama", "mixtral")
 

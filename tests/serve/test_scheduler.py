@@ -10,11 +10,11 @@ import pytest
 
 import torch2jax
 from torch2jax.errors import InputSpecError
+from torch2jax.generate.text import ChatTemplate, TextStream
 from torch2jax.serve.engine import BatchEngine, Sampling
 from torch2jax.serve.scheduler import QueueFull, Request, Scheduler
-from torch2jax.serve.text import ChatTemplate, TextStream
 
-from .lms import write_lm
+from ..generate.lms import write_lm
 
 CACHE, ROWS, CHUNK = 64, 4, 16
 

@@ -19,8 +19,8 @@ import pytest
 
 import torch2jax
 
+from ..generate.lms import EOS, write_lm
 from ..helpers import CLI, ROOT, cli
-from .lms import EOS, write_lm
 from .test_cli_generate import write_tokenizer
 
 CACHE, ROWS = 96, 4
@@ -287,7 +287,7 @@ def test_full_queue_gets_429_and_sigterm_drains_then_exits_0(artifact, reference
 
 
 def test_serve_refuses_what_it_cannot_serve_at_startup(artifact, tmp_path):
-    from .seq2seqs import write_seq2seq
+    from ..generate.seq2seqs import write_seq2seq
 
     t5 = torch2jax.save(torch2jax.convert_hf(f"hf:{write_seq2seq('t5', tmp_path)}", max_cache_len=16, max_batch=1,
                                              max_source_len=16), tmp_path / "t5-artifact")

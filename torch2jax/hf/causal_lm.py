@@ -29,10 +29,10 @@ import torch.utils._pytree as pytree
 from ..capture.converter import StageTimer, model_from, tp_plan_hints, trace
 from ..capture.fake_params import has_fake_parameters, to_dtype
 from ..capture.fx import Captured, treespec_to_json
+from ..generate.generator import GenerationSpec, Generator
 from ..ir.graph import Graph
 from ..runtime.model import Model
 from ..runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_model
-from ..serve.generator import GenerationSpec, Generator
 from . import layer_repeat
 from .kv_cache import CacheLayout, cache_layout, check_limits, cut_layout, explicit_layer_class, generation_fields
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputSpecError
+from ..generate.generator import Generator
+from ..generate.seq2seq import Seq2SeqGenerator
 from ..runtime.quantize import DEFAULT_GROUP_SIZE
-from ..serve.generator import Generator
-from ..serve.seq2seq import Seq2SeqGenerator
 from .causal_lm import convert_causal_lm
 from .directory import load_model, model_dir, prepare_for_export, read_config, tokenizer_files, transformers
 from .seq2seq import convert_seq2seq

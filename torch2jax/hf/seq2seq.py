@@ -25,8 +25,8 @@ import torch
 
 from ..capture.converter import StageTimer, convert, tp_plan_hints
 from ..errors import ExportError, InputSpecError
+from ..generate.seq2seq import Seq2SeqGenerator, Seq2SeqSpec
 from ..runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_entry_points
-from ..serve.seq2seq import Seq2SeqGenerator, Seq2SeqSpec
 from .kv_cache import CacheLayout, check_limits, explicit_layer_class, generation_fields
 
 

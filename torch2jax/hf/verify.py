@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from ..errors import VerificationError
-from ..serve.generator import left_pad
-from ..serve.seq2seq import right_pad
+from ..generate.generator import left_pad
+from ..generate.seq2seq import right_pad
 
 BFLOAT16_TOKENS = 8
 

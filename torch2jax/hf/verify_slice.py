@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from ..capture.converter import quantize_like
+from ..generate.generator_artifact import load_generator, save_generator
 from ..runtime.quantize import DEFAULT_GROUP_SIZE
-from ..serve.generator_artifact import load_generator, save_generator
 from .causal_lm import SLICE_UNITS, convert_causal_lm
 from .directory import load_quietly
 from .streamed import lm_class, num_layers, sliced_config, streamed_causal_lm

@@ -9,7 +9,7 @@
 
 Qwen2-VL (variable resolution) is the same three entry points with its own encoder (PatchEncoder: flattened
 patches in merge groups, a per-image attention mask instead of cu_seqlens) and a third step input, rope_offsets
-[3, B, T]: its 3-D rotary positions minus the text positions (the runtime computes them, serve/vision_language.py
+[3, B, T]: its 3-D rotary positions minus the text positions (the runtime computes them, generate/vision_language.py
 rope_index; decode passes zeros and continues from each row's largest position + 1).
 
 With `quantize`, the language step's matrix-product weights (its projections and LM head) are stored quantized as a
@@ -17,7 +17,7 @@ causal LM's are (runtime/quantize.py); the vision tower and projector, run once 
 
 Where each image feature goes is what transformers computes in Python from the input ids (its
 `get_placeholder_mask` and `masked_scatter`: the image tokens in row-major order take the feature rows in
-order); the torch-free runtime computes `image_index` from the ids the same way (serve/vision_language.py).
+order); the torch-free runtime computes `image_index` from the ids the same way (generate/vision_language.py).
 An image-token id is embedded as token 0 (its row never matters: the feature replaces it), so an image token
 outside the text vocabulary is safe.
 """
@@ -37,11 +37,11 @@ from ..capture.converter import StageTimer, model_from, trace
 from ..capture.fake_params import has_fake_parameters, to_dtype
 from ..capture.fx import dtype_name
 from ..errors import ExportError, InputSpecError, Torch2JaxError
+from ..generate.generator import GenerationSpec
+from ..generate.image_processing import TILED, ImageProcessor
+from ..generate.vision_language import VisionLanguageGenerator, VisionSpec
 from ..runtime.model import Model
 from ..runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_model, share_quantized_params
-from ..serve.generator import GenerationSpec
-from ..serve.image_processing import TILED, ImageProcessor
-from ..serve.vision_language import VisionLanguageGenerator, VisionSpec
 from .causal_lm import DecoderStep, example_step_inputs, step_dynamic_shapes
 from .directory import load_model, model_dir, prepare_for_export, read_config, transformers
 from .kv_cache import cache_layout, check_limits, generation_fields
@@ -56,7 +56,7 @@ SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", 
 VARIABLE_RESOLUTION = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                        "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
 # LLaVA-NeXT / OneVision ("anyres"): an image is its whole view and a grid of tiles, packed per image at run time
-# (serve/anyres.py)
+# (generate/anyres.py)
 ANY_RESOLUTION = ("LlavaNextForConditionalGeneration", "LlavaOnevisionForConditionalGeneration")
 # models whose image tokens attend to each other both ways within one image (transformers' token_type_ids blocks)
 BIDIRECTIONAL_IMAGES = ("Gemma3ForConditionalGeneration",)
@@ -105,10 +105,10 @@ class PatchEncoder(torch.nn.Module):
     Qwen2.5-VL's blocks other than `fullatt_block_indexes` attend within windows (tiles of merged tokens): transformers
     reorders the tokens window by window, attends per window (cu_window_seqlens) and restores the order after the
     merger. Attention, rotary embedding and the per-token layers commute with that reordering, so here the tokens
-    stay in order and those blocks take a mask built from `window_ids` (serve/vision_language.py patch_windows).
+    stay in order and those blocks take a mask built from `window_ids` (generate/vision_language.py patch_windows).
 
     Qwen3-VL adds a learned position table resampled to each image's grid, which takes each patch's bilinear taps
-    `interp_indices` / `interp_weights` [M, merge^2, 4] (serve/vision_language.py patch_interpolation) in place of
+    `interp_indices` / `interp_weights` [M, merge^2, 4] (generate/vision_language.py patch_interpolation) in place of
     `window_ids`, and returns its deepstack features (the mergers of `deepstack_visual_indexes`' outputs) after the
     merged features, joined along the last axis: [M, hidden * (1 + deepstack layers)]."""
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..capture.converter import quantize_like
+from ..generate.generator_artifact import load_generator, save_generator
 from ..hf.causal_lm import convert_causal_lm, repeat_slice
 from ..hf.convert import causal_lm_from, seq2seq_lm_from
 from ..hf.directory import tokenizer_files
@@ -17,7 +18,6 @@ from ..hf.tasks import IMAGE_TEXT_TO_TEXT, TEXT2TEXT_GENERATION
 from ..hf.verify import check_generation, verify_generation, verify_seq2seq, verify_vision_language
 from ..hf.verify_slice import verify_streamed
 from ..hf.vision_language import convert_vision_language, processor_files, vision_language_from, with_processor_text
-from ..serve.generator_artifact import load_generator, save_generator
 from .conversion import BytesFn, Conversion, ProgressFn
 
 

@@ -9,7 +9,7 @@ from ..capture.converter import StageTimer
 from ..diagnose.report import ReportData, reporting
 from ..diagnose.verify import Report, check
 from ..diagnose.verify import verify as compare_with_torch
-from ..serve.artifacts import load
+from ..generate.artifacts import load
 from .targets import resolve_target
 
 

@@ -1,2 +1,2 @@
-"""Serving, torch-free: text generation over a converted model's entry points (prefill/decode,
-encode/decode), a generator as an artifact, and any artifact saved, loaded and described."""
+"""The HTTP server only: the OpenAI-compatible app, its request models, the continuous-batching engine and scheduler,
+and metrics. It calls torch2jax.generate for everything about generating text; it never copies it."""

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputSpecError, Torch2JaxError
+from ..generate.text import ChatTemplate, TextStream
 from .engine import Sampling
 from .metrics import Metrics
 from .scheduler import Event, QueueFull, Request, Scheduler
-from .text import ChatTemplate, TextStream
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 RETRY_AFTER_S = 1
@@ -376,11 +376,11 @@ def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = No
     every shape a request can need (`warm_up="all"`, reporting `progress(done, total)`), or a short prompt's only
     (`"short"`: a quicker start, and compilations later while clients wait). `decode_block`: decode steps per call
     while no request waits (serve/engine.py)."""
-    from .artifacts import load
+    from ..generate.artifacts import load
+    from ..generate.generator import Generator
+    from ..generate.seq2seq import Seq2SeqGenerator
+    from ..generate.vision_language import VisionLanguageGenerator
     from .engine import BatchEngine
-    from .generator import Generator
-    from .seq2seq import Seq2SeqGenerator
-    from .vision_language import VisionLanguageGenerator
 
     if warm_up not in ("all", "short"):
         raise InputSpecError(f"warm_up must be 'all' or 'short', got {warm_up!r}")

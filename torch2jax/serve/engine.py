@@ -34,9 +34,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import InputSpecError
-from . import sampling
-from .generator import Generator, _call
-from .loop import DECODE_LOOP_OPTIONS, MIN_BUCKET, attended_span, bucket
+from ..generate import sampling
+from ..generate.generator import Generator, _call
+from ..generate.loop import DECODE_LOOP_OPTIONS, MIN_BUCKET, attended_span, bucket
 
 SEED_LIMIT = 2**31  # seeds are taken modulo this (jax.random.key of a non-negative int32)
 

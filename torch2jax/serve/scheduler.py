@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputSpecError, Torch2JaxError
+from ..generate.text import TextStream
 from .engine import BatchEngine, Group, Sampling
-from .text import TextStream
 
 log = logging.getLogger("torch2jax.serve")
 _ids = itertools.count()

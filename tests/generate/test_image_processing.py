@@ -1,4 +1,4 @@
-"""The torch-free image preprocessing (serve/image_processing.py) against transformers' PIL image processors, on
+"""The torch-free image preprocessing (generate/image_processing.py) against transformers' PIL image processors, on
 three images of different sizes and aspect ratios (a wide RGB, a tall RGBA, a small grayscale), each with its
 settings as save_pretrained writes them."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from torch2jax.errors import Torch2JaxError
-from torch2jax.serve.image_processing import ImageProcessor
+from torch2jax.generate.image_processing import ImageProcessor
 
 from ..hf import vlms
 
@@ -91,7 +91,7 @@ def test_tile_grid_equals_transformers_choice():
     """The grid of tiles for many image sizes and tile counts, ties included, as get_optimal_tiled_canvas picks it."""
     from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import get_optimal_tiled_canvas
 
-    from torch2jax.serve.image_processing import optimal_tile_grid
+    from torch2jax.generate.image_processing import optimal_tile_grid
 
     sizes = [(h, w) for h in (20, 32, 48, 64, 100, 448, 900) for w in (20, 32, 64, 96, 448, 1280)]
     for size in sizes:

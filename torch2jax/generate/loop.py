@@ -1,8 +1,8 @@
 """What every generator shares, torch-free: the request's settings, picking each step's token with
 transformers' end/pad rules, the stop rule, and the result's shape.
 
-A causal LM (serve/generator.py) and an encoder-decoder (serve/seq2seq.py) differ in how they reach each
-step's logits; from the logits on they behave alike: greedy or sampled (serve/sampling.py), a row that has
+A causal LM (generate/generator.py) and an encoder-decoder (generate/seq2seq.py) differ in how they reach each
+step's logits; from the logits on they behave alike: greedy or sampled (generate/sampling.py), a row that has
 emitted an end token gets `pad_token_id` from then on, and the loop stops once every row has ended or
 `max_new_tokens` are out.
 """

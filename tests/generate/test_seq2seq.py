@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import torch2jax
-import torch2jax.serve.sampling
+import torch2jax.generate.sampling
 from torch2jax.errors import InputSpecError, VerificationError
+from torch2jax.generate.seq2seq import right_pad
 from torch2jax.hf.verify import check_generation, verify_seq2seq
-from torch2jax.serve.seq2seq import right_pad
 
 from ..helpers import cli, run_without_torch
 from .seq2seqs import ARCHITECTURES, EOS, FRAMES, MEL, PAD, START, hf_generate, load_seq2seq, write_seq2seq
@@ -196,7 +196,7 @@ def test_self_attention_cache_is_donated_and_cross_state_is_kept(generators):
     assert [c.shape for c in cross] == [(2, 4, 16, 16)] * 4
     cache, valid = g.new_cache(2), jax.numpy.zeros((2, CACHE), bool)
     token = jax.numpy.full((2,), START, g._id_dtype)
-    temperature, top_k, top_p = torch2jax.serve.sampling.sampling_params(2)
+    temperature, top_k, top_p = torch2jax.generate.sampling.sampling_params(2)
     out = g._decode(g.params, cache, cross, inputs[1] != 0, valid, token, jax.numpy.asarray(0, g._id_dtype),
                     jax.numpy.zeros((2,), bool), jax.random.key(0), temperature, top_k, top_p, jax.numpy.asarray([EOS], g._id_dtype),
                     jax.numpy.asarray(PAD, g._id_dtype), *g._forced(8), jax.numpy.asarray(3, g._id_dtype), do_sample=False,

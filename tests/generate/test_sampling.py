@@ -1,4 +1,4 @@
-"""torch2jax.serve.sampling: the kept sets and values match transformers' logits warpers, sampling draws from the
+"""torch2jax.generate.sampling: the kept sets and values match transformers' logits warpers, sampling draws from the
 right distribution, everything is jit-able with per-row parameters, and bad settings raise Torch2JaxError."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from torch2jax.errors import Torch2JaxError
-from torch2jax.serve.sampling import filter_logits, greedy, sample, sampling_params
+from torch2jax.generate.sampling import filter_logits, greedy, sample, sampling_params
 
 ROOT = Path(__file__).resolve().parents[2]
 V = 50
@@ -315,7 +315,7 @@ def test_sampling_module_needs_no_torch():
         import sys
         sys.modules["torch"] = None  # any `import torch` now raises ImportError
         import jax, jax.numpy as jnp
-        from torch2jax.serve.sampling import sample, sampling_params
+        from torch2jax.generate.sampling import sample, sampling_params
         print(int(sample(jnp.arange(4.0)[None], jax.random.key(0), *sampling_params(1, top_k=1))[0]))
         """
     )

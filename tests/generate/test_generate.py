@@ -9,7 +9,7 @@ import torch
 
 import torch2jax
 from torch2jax.errors import InputSpecError
-from torch2jax.serve.generator import left_pad
+from torch2jax.generate.generator import left_pad
 
 from ..helpers import run_without_torch
 from .lms import ARCHITECTURES, EOS, PAD, hf_greedy, load_lm, write_lm
@@ -204,7 +204,7 @@ print(g)
 def test_decode_attends_to_the_filled_span_of_a_long_cache(lm_dirs):
     """With a 300-slot cache, 60 new tokens after a 10-token prompt cross from the 64-slot span to the 128-slot one:
     two compiled decode steps, neither over all 300 slots, and the tokens still equal transformers'."""
-    from torch2jax.serve.loop import attended_span
+    from torch2jax.generate.loop import attended_span
 
     assert [attended_span(n, 300) for n in (1, 64, 65, 129, 257, 300)] == [64, 64, 128, 256, 300, 300]
     g = torch2jax.convert_hf(f"hf:{lm_dirs['llama']}", max_cache_len=300, max_batch=2)
@@ -244,7 +244,7 @@ def test_prompts_are_padded_to_four_buckets_per_octave(lm_dirs):
     """A prompt is left-padded to the next of 1.25, 1.5, 1.75 and 2 times a power of two (a quarter at most of its
     prefill is padding, where a power of two could double it); prompts in one bucket share a compiled prefill, and the
     tokens are transformers' at every width."""
-    from torch2jax.serve.loop import prompt_bucket
+    from torch2jax.generate.loop import prompt_bucket
 
     assert [prompt_bucket(n, 4096, 16) for n in (5, 17, 20, 21, 33, 212, 596)] == [16, 20, 20, 24, 40, 224, 640]
     assert prompt_bucket(212, 220, 16) == 212 and prompt_bucket(3, 8, 16) == 3  # no bucket fits the cache: as it is

@@ -10,7 +10,7 @@ self-attention cache (state: allocated here, donated to each step) and that cros
 step, never saved). The decoder starts from `decoder_start_token_id` at slot 0, so there is no decoder
 prefill. Sources are right-padded further to a power-of-two bucket (one compiled encode per bucket), and
 each step attends to the filled part of the self cache rounded up to a power of two, as for causal LMs.
-The token pick, end/pad rules and sampling are the causal LM's (serve/loop.py).
+The token pick, end/pad rules and sampling are the causal LM's (generate/loop.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
 with each image token's embedding replaced by its feature row; `decode` is the causal-LM decode step. Which
 feature row each image token takes is computed here from the ids, as transformers does (`image_index`): the
 image tokens in row-major order take the images' features in order. Everything else (the donated cache, the
-left-padded batch, the length buckets, sampling) is the causal LM's (serve/generator.py).
+left-padded batch, the length buckets, sampling) is the causal LM's (generate/generator.py).
 """
 
 from __future__ import annotations

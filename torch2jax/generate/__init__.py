@@ -1,0 +1,1 @@
+"""Torch-free generation: the generator kinds, the token loop, sampling, prompts and image inputs."""
