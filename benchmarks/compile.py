@@ -113,12 +113,12 @@ def overhead_runners() -> dict[str, Callable[[], object]]:
 
     from torch._dynamo.backends.common import aot_autograd
 
-    from torch2jax.capture import exporter
+    from torch2jax.capture import decomposition
     from torch2jax.eager.handoff import shared
 
     with torch.no_grad():
         ours(x)
-        torch.compile(module, backend=aot_autograd(fw_compiler=keep, decompositions=dict(exporter.decompositions().items())))(x)
+        torch.compile(module, backend=aot_autograd(fw_compiler=keep, decompositions=dict(decomposition.decompositions().items())))(x)
     run = interpreter.build(capture_graph_module(graphs[0]).graph)
     by_shape = {tuple(t.shape): shared(t.detach()) for t in [*module.parameters(), x]}  # all shapes differ here
     leaves = [by_shape[tuple(n.meta["val"].shape)] for n in graphs[0].graph.nodes if n.op == "placeholder"]

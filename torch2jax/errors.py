@@ -39,15 +39,29 @@ class ExamplePathError(Torch2JaxError, ValueError):
                  "the model reads a value from its tensors to decide a shape or a branch, and these inputs give another:"]
         for symbol, info in self.failed[:10]:
             taken = f"gave {info['value']} ({symbol})" if "value" in info else f"satisfied `{info['condition']}`"
-            lines.append(f"  - the example {taken}" + (f" at {info['at']}" if info.get("at") else ""))
+            place = self.place(info)
+            lines.append(f"  - the example {taken}" + (f" at {place}" if place else ""))
         if len(self.failed) > 10:
             lines.append(f"  - and {len(self.failed) - 10} more (.failed lists them)")
         lines.append("Convert the model with example inputs that take the path these take (the same counts of selected "
                      "tokens or patches, the same branch), or one converted model per such path.")
+        lines.append("Where the value decides a branch (`if mask.any():`), write that branch with torch.cond(pred, "
+                     "true_fn, false_fn, operands): torch.cond converts both branches, and the converted model takes the "
+                     "one each call's inputs select.")
         if draws_random:
             lines.append("This model draws random numbers: where such a value depends on them (a length sampled from noise), "
                          "no input takes the example's path reliably, and the model cannot be converted this way.")
         super().__init__("\n".join(lines))
+
+    @staticmethod
+    def place(info: dict) -> str | None:
+        """Where the model reads the value: `file:line: code` as far as the record has them (graphs saved before
+        file and line were recorded have the code line alone)."""
+        position = f"{info['file']}:{info['line']}" if info.get("file") and info.get("line") is not None else None
+        code = info.get("at")
+        if position and code:
+            return f"{position}: {code}"
+        return position or code
 
 
 class LoweringError(Torch2JaxError):

@@ -183,3 +183,52 @@ def test_under_the_callers_jit_the_checks_are_a_value_to_act_on():
     assert not ok.all()
     plain = torch2jax.convert(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
     assert plain.example_checks(plain.params, np.ones((1, 2), np.float32)).shape == (0,)
+
+
+_MODEL_FILE = '''import torch
+
+
+class FileBranch(torch.nn.Module):
+    """A branch on a tensor's value, in a model file of its own."""
+
+    def forward(self, x, mask):
+        if mask.any():
+            return x * 2
+        return x - 1
+'''
+
+
+def test_the_error_names_the_models_file_and_line_and_torch_cond(tmp_path):
+    """Where the model's source is a file, the refusal says where in it the value is read, and how to convert both
+    branches instead (torch.cond)."""
+    import importlib.util
+
+    path = tmp_path / "branch_in_a_file.py"
+    path.write_text(_MODEL_FILE)
+    line = _MODEL_FILE.splitlines().index("        if mask.any():") + 1
+    spec = importlib.util.spec_from_file_location("branch_in_a_file", path)
+    source = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(source)
+    model, said = _convert(source.FileBranch(), torch.randn(3, 4), torch.tensor([False, True, False]))
+    (entry,) = model.graph.example_values.values()
+    assert (entry["file"], entry["line"], entry["at"]) == (str(path), line, "if mask.any():")
+    assert any(f"branch_in_a_file.py:{line}: if mask.any():" in s for s in said)  # the conversion's notice too
+    with pytest.raises(ExamplePathError) as err:
+        model(np.ones((3, 4), np.float32), np.zeros(3, bool))
+    message = str(err.value)
+    assert f"at {path}:{line}: if mask.any():" in message
+    assert "torch.cond" in message
+
+
+def test_graphs_saved_without_file_and_line_still_load_and_name_the_code_line():
+    """The file and line are optional in the artifact: a graph from before they were recorded loads, and its
+    refusal names the code line as it did."""
+    model, _ = _convert(Branch(), torch.randn(3, 4), torch.tensor([False, True, False]))
+    data = model.graph.to_json()
+    data["example_values"] = {key: {k: v for k, v in info.items() if k not in ("file", "line")}
+                              for key, info in data["example_values"].items()}
+    old = Graph.from_json(data)
+    (entry,) = old.example_values.values()
+    assert "file" not in entry and entry["at"] == "if mask.any():"
+    message = str(ExamplePathError(old.example_values, [False]))
+    assert "example gave 1" in message and "at if mask.any():" in message and "torch.cond" in message

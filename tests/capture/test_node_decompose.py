@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.export import Dim
 
-from torch2jax.capture import exporter, node_decompose
+from torch2jax.capture import decomposition, node_decompose
 
 
 class Block(torch.nn.Module):
@@ -46,9 +46,9 @@ def test_a_plain_program_decomposes_node_by_node_as_the_retrace_does(monkeypatch
     model, inputs = Block().eval(), _inputs()
     ep = torch.export.export(model, inputs)
     before = str(ep.graph)
-    retraced = ep.run_decompositions(exporter.decompositions())
+    retraced = ep.run_decompositions(decomposition.decompositions())
     monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", _refused)
-    by_node = exporter.decompose(ep)
+    by_node = decomposition.decompose(ep)
     assert str(ep.graph) == before, "the exported program given is left as it was"
     assert _ops(by_node) == _ops(retraced)  # batch_norm to its no-training form, as the retrace's dispatcher does
     torch.testing.assert_close(by_node.module()(*inputs), model(*inputs), rtol=0, atol=0)
@@ -58,7 +58,7 @@ def test_identical_ops_on_identical_shapes_are_traced_once(monkeypatch):
     traced = []
     original = node_decompose._trace_alone
     monkeypatch.setattr(node_decompose, "_trace_alone", lambda node, *rest: traced.append(str(node.target)) or original(node, *rest))
-    exporter.decompose(torch.export.export(Block().eval(), _inputs()))
+    decomposition.decompose(torch.export.export(Block().eval(), _inputs()))
     assert traced.count("aten.linear.default") == 1 and traced.count("aten.layer_norm.default") == 1
 
 
@@ -80,7 +80,7 @@ def test_in_place_ops_on_new_tensors_are_made_functional(monkeypatch):
     ep = torch.export.export(InPlaceOnFresh(), (x,))
     assert any(str(n.target).endswith("_.Tensor") or "_.Scalar" in str(n.target) for n in ep.graph.nodes)
     monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", _refused)
-    decomposed = exporter.decompose(ep)
+    decomposed = decomposition.decompose(ep)
     assert not any(n.target._schema.is_mutable for n in decomposed.graph.nodes if isinstance(n.target, torch._ops.OpOverload))
     torch.testing.assert_close(decomposed.module()(x), InPlaceOnFresh()(x), rtol=0, atol=0)
 
@@ -101,7 +101,7 @@ def test_in_place_ops_reach_tensors_a_high_level_op_returned_as_is(monkeypatch):
     x = torch.randn(3, 4)
     ep = torch.export.export(InPlaceThroughHighLevelAlias(), (x,))
     monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", _refused)
-    decomposed = exporter.decompose(ep)
+    decomposed = decomposition.decompose(ep)
     torch.testing.assert_close(decomposed.module()(x), InPlaceThroughHighLevelAlias()(x), rtol=0, atol=0)
 
 
@@ -141,12 +141,12 @@ def test_programs_that_need_functionalization_or_symbols_are_retraced(model, dim
     x = torch.randn(3, 4)
     expected = copy.deepcopy(model)(x)  # before anything runs the model (its buffer counts calls)
     ep = torch.export.export(model, (x,), dynamic_shapes=dims)
-    assert node_decompose.decompose_nodes(ep, exporter.decompositions(), lambda _op: True) is None
+    assert node_decompose.decompose_nodes(ep, decomposition.decompositions(), lambda _op: True) is None
     calls = []
     original = torch.export.ExportedProgram.run_decompositions
     monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions",
                         lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
-    decomposed = exporter.decompose(ep)
+    decomposed = decomposition.decompose(ep)
     assert calls == [1]
     assert "aten.layer_norm.default" not in _ops(decomposed)
     torch.testing.assert_close(decomposed.module()(x), expected, rtol=0, atol=0)

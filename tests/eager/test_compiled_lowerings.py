@@ -30,6 +30,20 @@ def test_a_lowering_that_reads_values_runs_eagerly():
     assert any(sig[0] == "aten.index.Tensor" for sig in eager)
 
 
+def test_an_integer_and_a_boolean_index_are_two_signatures(monkeypatch):
+    """The arrays' dtypes are part of the signature (issue 55): a boolean index after an integer one does not run
+    the integer index's compiled function, it gets its own entry, which runs eagerly."""
+    monkeypatch.setattr(compiled, "_COMPILED", {})
+    monkeypatch.setattr(compiled, "_VARIANTS", {})
+    x = torch.randn(6)
+    on_jax = x.to("jax")
+    index, keep = torch.tensor([0, 2]), x > 0
+    torch.testing.assert_close(on_jax[index.to("jax")].cpu(), x[index])
+    torch.testing.assert_close(on_jax[keep.to("jax")].cpu(), x[keep])
+    torch.testing.assert_close(on_jax[index.to("jax")].cpu(), x[index])
+    entries = list(_signatures("aten.index.Tensor").values())
+    assert sorted(fn is None for fn in entries) == [False, True]  # the integer index compiled, the boolean one eager
+
 
 def test_an_op_called_with_ever_new_values_stops_compiling(monkeypatch):
     monkeypatch.setattr(compiled, "MAX_VARIANTS", 3)

@@ -94,6 +94,18 @@ def test_data_dependent_shapes_run_eagerly():
         torch.testing.assert_close(got.cpu(), want)
 
 
+@pytest.mark.parametrize("unique", [torch.unique, torch.unique_consecutive], ids=["unique", "unique_consecutive"])
+def test_unique_along_a_dim_of_an_empty_tensor_is_torchs(unique):
+    """Along the empty dim: empty results (OpInfo's samples of a [5, 0, 5] input); along another: torch's error."""
+    x = torch.randn(5, 0, 5)
+    for got, want in zip(unique(x.to("jax"), dim=1, return_inverse=True, return_counts=True),
+                         unique(x, dim=1, return_inverse=True, return_counts=True)):
+        torch.testing.assert_close(got.cpu(), want)
+    for device in ("cpu", "jax"):
+        with pytest.raises(RuntimeError, match="There are 0 sized dimensions, and they aren't selected"):
+            unique(x.to(device), dim=2)
+
+
 REPEATS = torch.tensor([2, 0, 3, 1])
 LABELS = torch.tensor([3, 0, 3, 5, 1, 3])
 SIZED_FROM_VALUES = {

@@ -12,7 +12,7 @@ import torch
 from torch.testing._internal import common_utils as _common_utils
 from torch.testing._internal.opinfo import core as _opinfo_core
 
-from torch2jax.capture import exporter
+from torch2jax.capture import decomposition, exporter
 from torch2jax.capture.fx import capture, dtype_name
 from torch2jax.capture.torch_arrays import to_jax, to_numpy
 from torch2jax.errors import ExportError, InputMutationWarning, UnsupportedOpsError
@@ -206,7 +206,7 @@ def prepare(opinfo, sample, copy_all_inputs: bool = False) -> Prepared:
 def convert_sample(prepared: Prepared) -> Model:
     try:
         ep, names, *_ = exporter.export(prepared.module, prepared.inputs, None, None, fix_automatically=False)
-        ep = exporter.decompose(ep)
+        ep = decomposition.decompose(ep)
     except Exception as err:  # torch's limit, recorded as such
         raise TorchLimit(str(err).split("\n")[0][:200]) from err
     captured = capture(ep, names)

@@ -2,8 +2,11 @@
 
 A file is an 8-byte little-endian header length, a JSON header (name -> dtype, shape, byte range
 of the data section) and the raw data. A sharded checkpoint has `model.safetensors.index.json`
-mapping each name to its file. Reading one tensor reads its byte range into a fresh array;
-bfloat16 and float8 come from ml_dtypes (numpy has none).
+mapping each name to its file. `safetensors.safe_open` reads and checks the header (the tensors
+tile the data section in order, which ends at the end of the file), so each tensor's byte range
+follows from the tensors before it; reading one tensor reads that range into a fresh aligned
+array, so memory stays one tensor at a time. bfloat16 and float8 come from ml_dtypes (numpy has
+none). Writing stays here too: safetensors' own writers take every tensor in memory at once.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from ..errors import InputSpecError
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
-_HEADER_LIMIT = 100 << 20  # a header larger than this is not a safetensors file
 
 DTYPES = {
     "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
@@ -103,30 +105,25 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 
 def read_header(path: Path) -> dict[str, TensorEntry]:
-    """The tensors one file holds, from its header alone."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        (length,) = struct.unpack("<Q", raw) if len(raw) == 8 else (None,)
-        if length is None or length > min(size - 8, _HEADER_LIMIT):
-            raise InputSpecError(f"{path} is not a safetensors file (bad header length)")
-        try:
-            header = json.loads(f.read(length))
-        except (ValueError, UnicodeDecodeError) as err:
-            raise InputSpecError(f"{path} is not a safetensors file (header: {err})") from None
-    base = 8 + length
+    """The tensors one file holds, from its header alone (safetensors reads and checks it; no data is read)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, framework="numpy") as f:
+            views = [(name, f.get_slice(name)) for name in f.offset_keys()]
+            layout = [(name, view.get_dtype(), tuple(int(d) for d in view.get_shape())) for name, view in views]
+    except SafetensorError as err:
+        reason = str(err).removeprefix("Error while deserializing header: ")
+        raise InputSpecError(f"{path} is not a safetensors file or is damaged ({reason})") from None
+    unreadable = next(((name, code) for name, code, _shape in layout if code not in DTYPES), None)
+    if unreadable is not None:
+        raise InputSpecError(f"{path}: tensor {unreadable[0]} has dtype {unreadable[1]}, which torch2jax cannot read")
+    sizes = [int(np.prod(shape)) * DTYPES[code].itemsize for _name, code, shape in layout]
+    start = path.stat().st_size - sum(sizes)  # the data section: the tensors back to back in offset order, to the end
     entries = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = DTYPES.get(info.get("dtype"))
-        if dtype is None:
-            raise InputSpecError(f"{path}: tensor {name} has dtype {info.get('dtype')}, which torch2jax cannot read")
-        start, end = (base + int(x) for x in info["data_offsets"])
-        shape = tuple(int(d) for d in info["shape"])
-        if end > size or end - start != int(np.prod(shape)) * dtype.itemsize:
-            raise InputSpecError(f"{path}: tensor {name}'s byte range does not fit its shape {list(shape)}; the file is damaged")
-        entries[name] = TensorEntry(path, dtype, shape, start, end)
+    for (name, code, shape), nbytes in zip(layout, sizes):
+        entries[name] = TensorEntry(path, DTYPES[code], shape, start, start + nbytes)
+        start += nbytes
     return entries
 
 

@@ -9,14 +9,16 @@ the artifact. What a converter can do without changing the model's code:
 - `example_values()`: run the captured graph once on the example inputs and read each value torch left free (an
   unbacked symbol: a count of selected rows, a `.item()`); the graph is then compiled with those values;
 - at run time the artifact computes each of those values again and returns whether it is the example's (the
-  interpreter's checks); a call whose inputs give another value is refused with an error naming the model's line,
-  rather than answering along a path the inputs do not take (runtime/model.py).
+  interpreter's checks); a call whose inputs give another value is refused with an error naming the model's file,
+  line and code (`where()`, recorded at conversion), rather than answering along a path the inputs do not take
+  (runtime/model.py). A branch written with `torch.cond` instead converts both sides, and needs none of this.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +26,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
+from ..errors import ExamplePathError
 from .fake_params import is_fake
 
 
@@ -112,12 +115,29 @@ def conditions_left_free(graph_module: torch.fx.GraphModule, taken: set[str]) ->
     return {info["node"]: info for info in found.values()}  # torch may assert one condition twice
 
 
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+
+
+def where(source: str | None) -> dict[str, Any]:
+    """{"at": the code line, "file": its file, "line": its number} from a node's source (the user's frame of torch's
+    stack trace: `File "f.py", line 7, in forward` then the code), as far as it has them: an error that names the
+    file and line lets the user find the branch, where the code line alone may occur many times."""
+    if not source:
+        return {"at": None}
+    lines = [line.strip() for line in source.strip().splitlines() if line.strip()]
+    frame = _FRAME.search(lines[0])
+    if frame is None:
+        return {"at": lines[-1]}
+    code = lines[-1] if len(lines) > 1 else None  # no code line when the file cannot be read (exec'd source)
+    return {"at": code, "file": frame["file"], "line": int(frame["line"])}
+
+
 def describe(values: dict[str, dict[str, Any]]) -> str:
     """What a user is told when a conversion follows the example: the values taken from it, by the model's line."""
     by_line: dict[str, list] = {}
     for info in values.values():
         taken = info["value"] if "value" in info else f"`{info['condition']}`"
-        by_line.setdefault(info.get("at") or f"node {info['node']}", []).append(taken)
+        by_line.setdefault(ExamplePathError.place(info) or f"node {info['node']}", []).append(taken)
     lines = [f"the model reads {len(values)} value(s) from its tensors to decide shapes or branches; the conversion "
              "takes each as the example inputs give it, and the converted model refuses inputs that give another:"]
     for where, taken in by_line.items():

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from ..errors import ExportError, UnsupportedOpsError
+from ..errors import ExportError
 from ..ir.graph import BAKED_TYPES, Graph, GraphInput, GraphOutput, Node, TensorMeta, encode_float
-from . import example_path
+from . import data_dependent_shapes
+from .fx_nodes import op_name, user_frame
 
 _INPUT_KIND = {
     "PARAMETER": "parameter",
@@ -50,29 +50,17 @@ def capture(ep: torch.export.ExportedProgram, symbol_names: dict[str, str],
             param_renames: dict[str, str] | None = None, fixed: list | None = None,
             example: Callable[[], dict[str, dict[str, Any]]] | None = None, followed_example: bool = False) -> Captured:
     """Build the portable graph of `ep`; `symbol_names` renames torch symbols (s0) to dim names, `param_renames`
-    state_dict names (exporter.subclass_param_names); `fixed` lists the tensor inputs the graph was fixed to
+    state_dict names (decomposition.subclass_param_names); `fixed` lists the tensor inputs the graph was fixed to
     (specialize.FixedInput), baked in like python values. `example()` gives the values torch left free on the example
     inputs (example_path.example_values); they are taken, and checked at run time, when the graph would otherwise be
-    refused for data-dependent shapes or when the export followed the example (`followed_example`)."""
-    compacted = _masked_rows_into_scatter(ep.graph_module)
-    pending = _data_dependent_shapes(ep.graph_module, allowed=set(compacted))
-    taken: dict[str, dict[str, Any]] = {}
-    if example is not None and (pending or followed_example):
-        taken = example_path.checkable(ep.graph_module, example(), excluded=set(compacted))
-        pending = [(op, node, symbols) for op, node, symbols in pending if symbols is None or not symbols <= set(taken)]
-    _refuse_data_dependent_shapes(pending)
-    selected = _masked_rows_of_static_count(ep.graph_module, set(taken))
+    refused for data-dependent shapes or when the export followed the example (`followed_example`): see
+    data_dependent_shapes.py."""
+    bounds = data_dependent_shapes.bound(ep.graph_module, example, followed_example)
     capturer = _Capturer(symbol_names)
     graph = capturer.graph(ep.graph_module, ep.graph_signature)
-    if example is not None and (taken or followed_example):
-        lines = {node.name: node.source.strip().splitlines()[-1].strip() for node in graph.nodes if node.source}
-        entries = {**taken, **example_path.conditions_left_free(ep.graph_module, set(taken))}
-        graph.example_values = {key: {**info, "at": lines.get(info["node"])} for key, info in entries.items()}
-    _bound_masked_rows(graph, compacted)
+    data_dependent_shapes.mark(graph, ep.graph_module, bounds)
     views = _strided_views(ep.graph_module)
     for node in graph.nodes:
-        if node.name in selected:
-            node.op = SELECTED_ROWS
         if node.name in views:
             node.op = STRIDED_VIEW
             node.args = [*node.args, *[None] * (4 - len(node.args)), *views[node.name]]
@@ -136,61 +124,6 @@ def capture_graph_module(gm: torch.fx.GraphModule) -> Captured:
     return Captured(graph, {name: t.detach() for name, t in constants.items()}, capturer.schemas)
 
 
-# how to bound the ops whose output shape depends on the input values (XLA compiles static or symbolic shapes)
-DATA_DEPENDENT_SHAPES: dict[str, str] = {
-    "aten.nonzero.default": "use torch.nonzero_static(x, size=N, fill_value=-1) with a declared upper bound N "
-                            "(lowered); for x[mask] reductions use torch.where(mask, x, 0) instead",
-    "aten._unique2.default": "torch.unique has no bounded form in torch; compute on a fixed-size result "
-                             "(e.g. sort + torch.where) or give the op a lowering with a static size",
-    "aten.unique_dim.default": "as torch.unique: no bounded form; restructure with a fixed-size result",
-    "aten.unique_consecutive.default": "as torch.unique: no bounded form; restructure with a fixed-size result",
-    "aten.repeat_interleave.Tensor": "pass output_size=N (torch.repeat_interleave(x, repeats, dim, output_size=N)): the size "
-                                     "is then static and the op converts",
-    "aten.masked_select.default": "use torch.where(mask, x, fill) to keep the shape static",
-    "aten.bincount.default": "its length is max(x) + 1: use torch.zeros(N).index_add_(0, x, weights) with a "
-                             "declared length N",
-}
-
-
-# x[mask] feeding only masked_scatter as its source (a multimodal model's image or audio features placed at their
-# tokens): lowered to the selected rows first, padded to the mask's size, which masked_scatter reads in order
-MASKED_ROWS = "torch2jax.masked_rows.default"
-_ASSERTS = {torch.ops.aten._assert_scalar.default, torch.ops.aten._assert_tensor_metadata.default}
-
-
-def _masked_rows_into_scatter(graph_module: torch.fx.GraphModule) -> dict[str, int]:
-    """The `x[mask]` nodes (a bool mask over x's leading dims, its size static) whose result is read only as the
-    source of masked_scatter, by runtime checks, or by sym_size for runtime checks: {node name: the mask's size}.
-
-    The row count is data-dependent, but masked_scatter consumes the source's elements in order and only as many as
-    its own mask selects, so the selected rows padded to the mask's size give the same result, at a static shape."""
-    found = {}
-    for node in graph_module.graph.nodes:
-        if node.op != "call_function" or node.target is not torch.ops.aten.index.Tensor:
-            continue
-        indices = node.args[1]
-        if len(indices) != 1 or not isinstance(indices[0], torch.fx.Node):
-            continue
-        mask = indices[0].meta.get("val")
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or not all(isinstance(d, int) for d in mask.shape):
-            continue
-        if all(_reads_as_scatter_source(user, node) for user in node.users):
-            found[node.name] = math.prod(mask.shape)
-    return found
-
-
-# x[mask] whose row count torch proved static (the model checked it against another tensor's size)
-SELECTED_ROWS = "torch2jax.selected_rows.default"
-
-
-def _masked_rows_of_static_count(graph_module: torch.fx.GraphModule, taken: set[str] = frozenset()) -> set[str]:
-    """The `x[mask]` nodes (one bool mask over x's leading dims) whose output shape is static, or whose count was taken
-    from the example: JAX cannot size a boolean selection from the values, so these take the count from the shape
-    (ops/indexing.selected_rows, which checks a count taken from the example)."""
-    return {node.name for node in graph_module.graph.nodes if example_path.is_mask_selection(node)
-            and all(_known_size(d, taken) for d in (*node.args[1][0].meta["val"].shape, *node.meta["val"].shape))}
-
-
 # as_strided of an input whose elements are not in row-major order in their storage: its strides and offset are given
 STRIDED_VIEW = "torch2jax.as_strided_view.default"
 
@@ -213,84 +146,6 @@ def _strided_views(graph_module: torch.fx.GraphModule) -> dict[str, tuple[list[i
         if offset != 0 or any(n != 1 and s != r for n, s, r in zip(value.shape, strides, row_major)):
             found[node.name] = (list(strides), offset)
     return found
-
-
-def _known_size(size: Any, taken: set[str] = frozenset()) -> bool:
-    """An int, a symbol torch has since proved equal to one (a count checked against a static size), or one taken from
-    the example (example_path.py)."""
-    if isinstance(size, int):
-        return True
-    node = getattr(size, "node", None)
-    if node is None:
-        return False
-    expr = node.shape_env.replace(node.expr)
-    return expr.is_number or {str(s) for s in expr.free_symbols} <= taken
-
-
-def _reads_as_scatter_source(user: torch.fx.Node, rows: torch.fx.Node) -> bool:
-    if user.target is torch.ops.aten.masked_scatter.default:
-        return user.args[2] is rows and rows not in user.args[:2]
-    if user.target in _ASSERTS:
-        return True
-    if user.target is torch.ops.aten.sym_size.int:  # the row count, compared in runtime checks only
-        return all(all(check.target in _ASSERTS for check in compare.users) for compare in user.users)
-    return False
-
-
-def _bound_masked_rows(graph: Graph, compacted: dict[str, int]) -> None:
-    """The nodes `_masked_rows_into_scatter` found become MASKED_ROWS, their row count the mask's size."""
-    for node in graph.nodes:
-        if node.name in compacted:
-            node.op = MASKED_ROWS
-            node.meta = TensorMeta(node.meta.dtype, [compacted[node.name], *node.meta.shape[1:]])
-
-
-def _data_dependent_shapes(graph_module: torch.fx.GraphModule, allowed: set[str] = frozenset(),
-                           ) -> list[tuple[str, torch.fx.Node, set[str] | None]]:
-    """(op, node, its unbacked symbols) for every node whose output size torch could only express with an unbacked
-    symbol (a size read from tensor values); the symbols are None inside a control-flow body, where no value taken from
-    the example reaches. `allowed` nodes are given a bound by the converter."""
-    found = []
-    for module in graph_module.modules():
-        if not isinstance(module, torch.fx.GraphModule):
-            continue
-        for node in module.graph.nodes:
-            if node.op != "call_function" or (node.name in allowed and module is graph_module):
-                continue
-            symbols = _unbacked_of(node)
-            if symbols:
-                found.append((op_name(node.target), node, symbols if module is graph_module else None))
-    return found
-
-
-def _unbacked_of(node: torch.fx.Node) -> set[str]:
-    """The unbacked symbols (sizes read from tensor values) in a node's output shapes."""
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-
-    values = node.meta.get("val")
-    values = values if isinstance(values, (list, tuple)) else [values]
-    return {str(s) for v in values if isinstance(v, torch.Tensor) for s in free_unbacked_symbols(v.shape)}
-
-
-def _refuse_data_dependent_shapes(found: list[tuple[str, torch.fx.Node, set[str] | None]]) -> None:
-    """XLA compiles static (or symbolic) shapes only: name every op whose output size depends on tensor values and
-    that no bound or example value covers, and how to bound it."""
-    if not found:
-        return
-    first: dict[str, Any] = {}
-    for op, node, _symbols in found:
-        first.setdefault(op, node)
-    generic = ("a size or bound read from tensor values (.item(), .tolist(), a tensor of split points): pass it as "
-               "a Python int, or keep the shape fixed and mask with torch.where")
-    lines = [f"{len(first)} op(s) in this model make tensors whose shape depends on the input values:"]
-    for op, node in first.items():
-        lines.append(f"  - {op} (node {node.name})")
-        lines.append(f"      its output shape depends on the input values, which XLA cannot compile: "
-                     f"{DATA_DEPENDENT_SHAPES.get(op, generic)}")
-        source = _user_frame(node.meta.get("stack_trace"))
-        if source:
-            lines.append("      at " + "\n         ".join(source.strip().splitlines()))
-    raise UnsupportedOpsError("\n".join(lines), list(first))
 
 
 def _drop_input_mutations(graph: Graph) -> list[str]:
@@ -375,7 +230,7 @@ class _Capturer:
             args=[self.encode(a) for a in fx_node.args],
             kwargs={k: self.encode(v) for k, v in fx_node.kwargs.items()},
             meta=self.meta(fx_node.meta.get("val")),
-            source=_user_frame(fx_node.meta.get("stack_trace")),
+            source=user_frame(fx_node.meta.get("stack_trace")),
         )
 
     def encode(self, value: Any) -> Any:
@@ -432,22 +287,6 @@ class _Capturer:
         return text
 
 
-def op_name(target: Any) -> str:
-    """The registry key of an FX call target: `aten.add.Tensor`, `operator.getitem`, `torch.sym_max`..."""
-    if isinstance(target, torch._ops.OpOverload):
-        return str(target)
-    if isinstance(target, torch._ops.HigherOrderOperator):
-        return f"higher_order.{target.name()}"
-    module = getattr(target, "__module__", None) or ""
-    if module in ("_operator", "operator"):
-        return f"operator.{target.__name__}"
-    if module == "math":
-        return f"math.{target.__name__}"
-    if module.startswith("torch"):
-        return f"torch.{target.__name__}"
-    return f"{module}.{getattr(target, '__name__', repr(target))}"
-
-
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -495,20 +334,6 @@ def _json_keys(keys: list) -> list:
         if not isinstance(key, (str, int)) or isinstance(key, bool):
             raise ExportError(f"dict key {key!r} cannot be stored; use str or int keys")
     return keys
-
-
-def _user_frame(stack_trace: str | None) -> str | None:
-    """The innermost frame outside torch itself and its code line: where the user wrote the op."""
-    if not stack_trace:
-        return None
-    lines = [line for line in stack_trace.strip().splitlines() if line.strip()]
-    frames = [i for i, line in enumerate(lines) if line.lstrip().startswith("File ")]
-    outside_torch = [i for i in frames if _TORCH_DIR not in lines[i]]
-    chosen = (outside_torch or frames or [len(lines) - 1])[-1]
-    return "\n".join(x.strip() for x in lines[chosen : chosen + 2])
-
-
-_TORCH_DIR = str(Path(torch.__file__).parent) + "/"
 
 
 def _symbol_ranges(ep: torch.export.ExportedProgram, symbol_names: dict[str, str]) -> dict[str, dict]:

@@ -33,7 +33,7 @@ class ReportData:
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     graph: Graph | None = None
-    verification: Any = None  # verify.Report, when verification ran
+    verification: Any = None  # verify.Report, when verification ran (it renders its own table)
     artifact: str | None = None
 
 
@@ -73,34 +73,15 @@ def render(data: ReportData) -> str:
         lines += [f"| {name} | {seconds:.2f} |" for name, seconds in data.timings.items()]
         lines.append(f"| **total** | {sum(data.timings.values()):.2f} |")
     if data.verification is not None:
-        lines += ["", "## Numerics against PyTorch", ""] + _verification_lines(data.verification)
+        lines += ["", "## Numerics against PyTorch", ""] + data.verification.lines(markdown=True)
     if data.graph is not None:
         lines += ["", "## Graph", ""] + _graph_lines(data.graph)
     lines += ["", "## Environment", ""] + [f"- {item}" for item in environment()]
     return "\n".join(lines) + "\n"
 
 
-def _verification_lines(report: Any) -> list[str]:
-    from .verify import TOLERANCES
-
-    lines = [
-        "| inputs | output | dtype | shape | max abs err | max rel err | tolerance (rtol, atol) | ok |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for run in report.runs:
-        if run.skipped:
-            lines.append(f"| {run.label} | skipped: {run.skipped} | | | | | | |")
-            continue
-        for o in run.outputs:
-            rtol, atol = TOLERANCES.get(o.dtype, (0.0, 0.0))
-            mark = "yes" if o.passed else "**NO**"
-            errors = f"{o.max_abs:.3g} | {o.max_rel:.3g} | {rtol:g}, {atol:g}"
-            lines.append(f"| {run.label} | {o.path} | {o.dtype} | {list(o.shape)} | {errors} | {mark} |")
-    return lines
-
-
 def _graph_lines(graph: Graph) -> list[str]:
-    from ..capture.exporter import KEEP_WHOLE  # reports are written where torch is installed (convert, verify)
+    from ..capture.decomposition import KEEP_WHOLE  # reports are written where torch is installed (convert, verify)
 
     counts = collections.Counter(node.op for node in graph.all_nodes())
     whole = sorted(op for op in counts if op in KEEP_WHOLE)

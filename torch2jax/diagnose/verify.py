@@ -73,17 +73,39 @@ class Report:
         return max((o.max_abs for r in self.runs for o in r.outputs if o.max_abs == o.max_abs), default=0.0)  # NaN: not compared
 
     def summary(self) -> str:
-        lines = []
+        """The report as text, one line per output (the CLI, error messages)."""
+        return "\n".join(self.lines())
+
+    def lines(self, markdown: bool = False) -> list[str]:
+        """The report one output a line: indented text, or a markdown table with each tolerance (--report files)."""
+        lines = list(_TABLE_HEAD) if markdown else []
         for run in self.runs:
             if run.skipped:
-                lines.append(f"  {run.label}: skipped ({run.skipped})")
+                lines.append(f"| {run.label} | skipped: {run.skipped} | | | | | | |" if markdown
+                             else f"  {run.label}: skipped ({run.skipped})")
                 continue
-            for o in run.outputs:
-                mark = "ok " if o.passed else "FAIL"
-                where = f"{run.label} {o.path} {o.dtype}{list(o.shape)}"
-                errors = "values not compared" if o.max_abs != o.max_abs else f"max abs err {o.max_abs:.3g}, max rel err {o.max_rel:.3g}"
-                lines.append(f"  {mark} {where} {errors}" + (f" ({o.note})" if o.note else ""))
-        return "\n".join(lines)
+            lines += [_table_row(run.label, o) if markdown else _text_line(run.label, o) for o in run.outputs]
+        return lines
+
+
+_TABLE_HEAD = (
+    "| inputs | output | dtype | shape | max abs err | max rel err | tolerance (rtol, atol) | ok |",
+    "|---|---|---|---|---|---|---|---|",
+)
+
+
+def _text_line(label: str, o: OutputCheck) -> str:
+    mark = "ok " if o.passed else "FAIL"
+    where = f"{label} {o.path} {o.dtype}{list(o.shape)}"
+    errors = "values not compared" if o.max_abs != o.max_abs else f"max abs err {o.max_abs:.3g}, max rel err {o.max_rel:.3g}"
+    return f"  {mark} {where} {errors}" + (f" ({o.note})" if o.note else "")
+
+
+def _table_row(label: str, o: OutputCheck) -> str:
+    rtol, atol = TOLERANCES.get(o.dtype, (0.0, 0.0))
+    mark = "yes" if o.passed else "**NO**"
+    errors = f"{o.max_abs:.3g} | {o.max_rel:.3g} | {rtol:g}, {atol:g}"
+    return f"| {label} | {o.path} | {o.dtype} | {list(o.shape)} | {errors} | {mark} |"
 
 
 @existing_objects_frozen()

@@ -52,8 +52,10 @@ def _unique_spec(op: Any, x: torch.Tensor, dim: int | None, sort: bool, inverse:
         value_shape, inverse_shape = (k,), tuple(x.shape)
     else:
         axis = dim % x.dim()
+        if x.numel() == 0 and x.shape[axis] != 0:  # torch's CPU kernel's check
+            raise RuntimeError("There are 0 sized dimensions, and they aren't selected, so unique cannot be applied")
         moved = np.moveaxis(values, axis, 0)
-        k = _distinct_rows(moved.reshape(moved.shape[0], -1), sort)
+        k = _distinct_rows(moved.reshape(moved.shape[0], int(np.prod(moved.shape[1:]))), sort)  # -1 is ambiguous at 0
         value_shape = tuple(k if i == axis else s for i, s in enumerate(x.shape))
         inverse_shape = (x.shape[axis],)
     return _spec(op, [

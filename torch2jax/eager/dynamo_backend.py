@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 import torch.fx
 
-from ..capture import exporter
+from ..capture import decomposition
 from .jax_graph import JaxGraph
 from .partition import partitioned, torch_only_nodes, warn_in_torch
 
@@ -35,7 +35,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
 def _aot_backend():
     from torch._dynamo.backends.common import aot_autograd
 
-    table = dict(exporter.decompositions().items())
+    table = dict(decomposition.decompositions().items())
     for op in KEEP_WHOLE:  # lowered whole: XLA sees one attention, and its backward is the VJP of it
         table.pop(op, None)
     return aot_autograd(fw_compiler=compile_forward, bw_compiler=compile_graph, inference_compiler=compile_forward,

@@ -18,7 +18,8 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from ..capture.fx import _user_frame, op_name
+from ..capture.fx_nodes import op_name
+from ..capture.fx_nodes import user_frame as _user_frame
 from ..ops import lookup
 from .jax_graph import JaxGraph
 

@@ -169,7 +169,8 @@ class Graph:
     subgraphs: dict[str, Graph] = field(default_factory=dict)
     # what the model reads from its tensors to decide shapes and branches, taken from the example inputs
     # (capture/example_path.py), checked at run time: symbol -> {"value": int, "node": the node that reads it,
-    # "at": the model's line}, or assertion node -> {"condition": text, "node": it, "at": ...}
+    # "at": the model's code line, "file" and "line" where it is (optional: older graphs lack them)}, or assertion
+    # node -> {"condition": text, "node": it, "at": ..., "file": ..., "line": ...}
     example_values: dict[str, dict] = field(default_factory=dict)
 
     def with_fixed_dims(self, values: dict[str, int]) -> Graph:

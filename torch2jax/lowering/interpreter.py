@@ -223,7 +223,8 @@ def _run_node(node: Node, lowering, env: dict, symbols: dict, rng, index: int, p
 SIZED_BY_ARGUMENTS = {"aten.slice.Tensor", "aten.narrow.default", "aten.split_with_sizes.default", "aten.arange.start",
                       "aten.arange.default", "aten.arange.start_step"}
 # ops that define a value the conversion may take from the example, because their lowering (or ExampleChecks.after)
-# checks it at run time (and x[mask], as torch2jax.selected_rows): the others stay refused (capture/fx.py)
+# checks it at run time (and x[mask], as torch2jax.selected_rows): the others stay refused
+# (capture/data_dependent_shapes.py)
 CHECKS_EXAMPLE_VALUES = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.repeat_interleave.Tensor",
                          "aten._unique2.default", "aten.unique_dim.default", "aten.unique_consecutive.default",
                          *SIZED_BY_ARGUMENTS}

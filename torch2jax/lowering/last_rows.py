@@ -20,6 +20,7 @@ import dataclasses
 from typing import Any
 
 from ..ir.graph import Graph, Node, TensorMeta, iter_refs
+from .graph_edit import value_metas, with_nodes_replaced
 
 SLICE, SELECT, CAT, VIEWS = "aten.slice.Tensor", "aten.select.int", "aten.cat.default", (
     "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
@@ -47,7 +48,7 @@ def fold_linear_views(graph: Graph) -> Graph:
     by_name = {node.name: node for node in graph.nodes}
     readers = _readers(graph, ignored=frozenset())  # a node is dropped only where nothing else reads it
     outputs = {ref for out in graph.outputs for ref in iter_refs(out.value)}  # (a training graph returns activations)
-    metas = {**{i.name: i.meta for i in graph.inputs}, **{n.name: n.meta for n in graph.nodes}}
+    metas = value_metas(graph)
     replaced, dropped = {}, set()
     for node in graph.nodes:
         linear = _single_ref(node.args[0]) if node.op in VIEWS and node.args else None
@@ -66,15 +67,13 @@ def fold_linear_views(graph: Graph) -> Graph:
         dropped.add(linear.name)
         if readers.get(flat.name) == [linear.name] and flat.name not in outputs:
             dropped.add(flat.name)
-    if not replaced:
-        return graph
-    return dataclasses.replace(graph, nodes=[replaced.get(n.name, n) for n in graph.nodes if n.name not in dropped])
+    return with_nodes_replaced(graph, replaced, dropped)
 
 
 def keep_last_rows(graph: Graph) -> Graph:
     """Slices of the last rows along an axis (x[:, -k:], the same k) pushed up through the ops that compute x row by
     row along that axis; see the module docstring."""
-    metas = {**{i.name: i.meta for i in graph.inputs}, **{n.name: n.meta for n in graph.nodes}}
+    metas = value_metas(graph)
     windows = {node.name: _window(node, metas) for node in graph.nodes}
     first = next((window for window in windows.values() if window is not None), None)
     if first is None:
@@ -105,7 +104,7 @@ class _Rows:
     def __init__(self, graph: Graph, window: tuple, seeds: list[Node]):
         self.graph, (self.start, self.kept, self.full) = graph, window
         self.by_name = {node.name: node for node in graph.nodes}
-        self.metas = {**{i.name: i.meta for i in graph.inputs}, **{n.name: n.meta for n in graph.nodes}}
+        self.metas = value_metas(graph)
         self.readers = _readers(graph)
         self.outputs = {ref for out in graph.outputs for ref in iter_refs(out.value)}
         self.asked: dict[str, dict[str, int]] = {}  # value -> {reader: the axis it needs the kept rows of}

@@ -13,6 +13,7 @@ from typing import Any
 from ..ir import dtypes
 from ..ir.graph import PARAM_KINDS, Graph, Node, iter_refs
 from ..ops import lookup
+from .graph_edit import value_metas, with_nodes_replaced
 from .last_rows import fold_linear_views, keep_last_rows
 
 CONV = "aten.convolution.default"
@@ -79,17 +80,6 @@ def _uses(graph: Graph) -> Counter:
     return uses
 
 
-def _metas(graph: Graph) -> dict:
-    return {**{i.name: i.meta for i in graph.inputs}, **{n.name: n.meta for n in graph.nodes}}
-
-
-def _rewritten(graph: Graph, replaced: dict[str, Node], dropped: set[str]) -> Graph:
-    """`graph` with nodes replaced by name and the `dropped` ones left out (the same graph if none)."""
-    if not replaced:
-        return graph
-    return dataclasses.replace(graph, nodes=[replaced.get(n.name, n) for n in graph.nodes if n.name not in dropped])
-
-
 def drop_dead_nodes(graph: Graph) -> Graph:
     """`graph` without the nodes no output (user outputs, buffer writes, effect tokens) depends on. XLA drops them
     anyway; dropping them here matters where a pass reads which params the graph uses (an encoder-decoder's encode
@@ -133,7 +123,7 @@ def fold_conv_batch_norm(graph: Graph) -> Graph:
             continue
         fused[node.name] = Node(node.name, CONV_BATCH_NORM, list(conv.args) + list(node.args[1:]), {}, node.meta, node.source)
         dropped.add(conv.name)
-    return _rewritten(graph, fused, dropped)
+    return with_nodes_replaced(graph, fused, dropped)
 
 
 def shared_matmul_operand(graph: Graph) -> Graph:
@@ -150,7 +140,7 @@ def _rewrite_bmms(graph: Graph, rewrite) -> Graph:
     """Each bmm that `rewrite(node, by_name, metas)` turns into (new node, the nodes feeding only it,
     nearest first) is replaced; those feeding nodes are dropped up to the first one read elsewhere."""
     by_name = {node.name: node for node in graph.nodes}
-    metas = _metas(graph)
+    metas = value_metas(graph)
     uses = _uses(graph)
     replaced: dict[str, Node] = {}
     dropped: set[str] = set()
@@ -165,7 +155,7 @@ def _rewrite_bmms(graph: Graph, rewrite) -> Graph:
             if uses[name] != 1:
                 break
             dropped.add(name)
-    return _rewritten(graph, replaced, dropped)
+    return with_nodes_replaced(graph, replaced, dropped)
 
 
 def _matmul_of_broadcast(node: Node, by_name: dict, metas: dict) -> tuple[Node, list[str]] | None:
@@ -250,13 +240,13 @@ def computed_once(graph: Graph) -> Graph:
     in a node whose lowering keeps it out of the consumers (ops/fusion_barrier.py).
     """
     consumers = _consumers(graph)
-    metas = _metas(graph)
+    metas = value_metas(graph)
     replaced = {}
     for node in graph.nodes:
         lowering = lookup(node.op)  # a user's replacement lowering may ask for context: left as is
         if node.op in COSTLY and lowering is not None and not lowering.ctx and _broadcast_later(node.name, consumers, metas):
             replaced[node.name] = Node(node.name, COMPUTED_ONCE, [node.op, *node.args], node.kwargs, node.meta, node.source)
-    return _rewritten(graph, replaced, set())
+    return with_nodes_replaced(graph, replaced, set())
 
 
 def _consumers(graph: Graph) -> dict[str, list[Node]]:
@@ -308,7 +298,7 @@ def linear_products(graph: Graph) -> Graph:
     (ops/linalg.linear). A transpose left with no reader is dropped.
     """
     by_name = {node.name: node for node in graph.nodes}
-    metas = _metas(graph)
+    metas = value_metas(graph)
     uses = _uses(graph)
     replaced: dict[str, Node] = {}
     rewritten: Counter = Counter()
@@ -326,7 +316,7 @@ def linear_products(graph: Graph) -> Graph:
         replaced[node.name] = Node(node.name, LINEAR, [node.args[rhs - 1], source.args[0], *bias], {}, node.meta, node.source)
         rewritten[source.name] += 1
     dropped = {name for name, count in rewritten.items() if count == uses[name]}
-    return _rewritten(graph, replaced, dropped)
+    return with_nodes_replaced(graph, replaced, dropped)
 
 
 def _default_scales(kwargs: dict) -> bool:
@@ -365,7 +355,7 @@ def quantized_products(graph: Graph) -> Graph:
                                    node.meta, node.source)
         rewritten[weight.name] += 1
     dropped = {name for name, count in rewritten.items() if count == uses[name]}
-    return _rewritten(graph, replaced, dropped)
+    return with_nodes_replaced(graph, replaced, dropped)
 
 
 # Each pass with the ops it replaces by nodes of its own (computed_once wraps the registered lowering itself).

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..ir.dtypes import is_floating
-from .elementwise import to_float
+from .opmath import to_float
 from .registry import lowers
 
 

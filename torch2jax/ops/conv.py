@@ -14,9 +14,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from .fusion_barrier import apart
+from .opmath import LOW_PRECISION
 from .registry import lowers
-
-_LOW = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 def _tuple(value, n):
@@ -39,7 +38,7 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
         x = x[None]
     stride, padding, dilation = _tuple(stride, n), _tuple(padding, n), _tuple(dilation, n)
     dtype = jnp.result_type(x, weight)
-    acc = jnp.float32 if dtype in _LOW else None
+    acc = jnp.float32 if dtype in LOW_PRECISION else None
     if not transposed:
 
         def conv(x, weight, groups=groups):
@@ -372,7 +371,7 @@ def conv_batch_norm(x, weight, bias, stride, padding, dilation, transposed, outp
     scale = bn_weight / sqrt(var + eps) multiplies the conv's output channels, so it multiplies the
     weights instead; the bias becomes (bias - mean) * scale + bn_bias. Outputs as the norm's.
     """
-    if jnp.result_type(x, weight) in _LOW:  # folding would round the weights differently from torch
+    if jnp.result_type(x, weight) in LOW_PRECISION:  # folding would round the weights differently from torch
         from .normalization import batch_norm_inference
 
         out = convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)

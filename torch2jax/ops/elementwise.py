@@ -14,39 +14,8 @@ import numpy as np
 from jax import lax
 
 from ..ir.dtypes import is_bool, is_floating, is_integer
+from .opmath import LOW_PRECISION, cast, computed_in, opmath, to_float
 from .registry import lowers
-
-_LOW_PRECISION = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
-
-
-def opmath(dtype):
-    """The dtype torch computes in for results of `dtype` (float32 for half and bfloat16)."""
-    return jnp.float32 if np.dtype(dtype) in _LOW_PRECISION else dtype
-
-
-def cast(dtype, *values):
-    """Each array or python scalar as an array of `dtype` (None stays None).
-
-    An array that already is one is passed through: jnp.asarray costs ~12 us per call on the
-    eager jax device, which runs each lowering op by op."""
-    return [v if _is_array_of(v, dtype) else None if v is None else jnp.asarray(v, dtype) for v in values]
-
-
-def _is_array_of(value, dtype) -> bool:
-    return isinstance(value, jax.Array) and value.dtype == dtype and not value.weak_type
-
-
-def computed_in(ctx, *values):
-    """The operands in the compute dtype of the node's (promoted) result."""
-    return cast(opmath(ctx.out_dtype), *values)
-
-
-def to_float(x):
-    """Math functions of integer and bool tensors return the default float dtype, as torch."""
-    x = jnp.asarray(x)
-    if not is_floating(x.dtype) and not jnp.iscomplexobj(x):
-        return x.astype(jnp.float32)
-    return x.astype(jnp.float32) if x.dtype in _LOW_PRECISION else x
 
 
 def _dtype(x):
@@ -113,7 +82,7 @@ def _div_rounded(x, y, rounding_mode, out_dtype=None):
     if is_floating(x.dtype):
         if rounding_mode == "trunc":
             quotient = x / y
-            if out_dtype is not None and np.dtype(out_dtype) in _LOW_PRECISION:
+            if out_dtype is not None and np.dtype(out_dtype) in LOW_PRECISION:
                 quotient = quotient.astype(out_dtype)  # torch rounds the quotient to half/bfloat16 first
             return jnp.trunc(quotient)
         return _floor_div_float(*jnp.broadcast_arrays(x, y))
@@ -307,29 +276,20 @@ def signbit(x):
     return jnp.signbit(x) if is_floating(_dtype(x)) else x < 0
 
 
-@lowers("aten.isnan.default")
-def isnan(x):
-    return jnp.isnan(x) if is_floating(_dtype(x)) else jnp.zeros(jnp.shape(x), bool)
+def _classify(name: str, fn, integers_are: bool) -> None:
+    """`aten.<name>` of a floating value class (nan, inf, ...); integer and bool tensors are all `integers_are`."""
+
+    def lowering(x):
+        return fn(x) if is_floating(_dtype(x)) else (jnp.ones if integers_are else jnp.zeros)(jnp.shape(x), bool)
+
+    lowering.__name__ = name
+    lowers(f"aten.{name}.default")(lowering)
 
 
-@lowers("aten.isinf.default")
-def isinf(x):
-    return jnp.isinf(x) if is_floating(_dtype(x)) else jnp.zeros(jnp.shape(x), bool)
-
-
-@lowers("aten.isfinite.default")
-def isfinite(x):
-    return jnp.isfinite(x) if is_floating(_dtype(x)) else jnp.ones(jnp.shape(x), bool)
-
-
-@lowers("aten.isposinf.default")
-def isposinf(x):
-    return jnp.isposinf(x) if is_floating(_dtype(x)) else jnp.zeros(jnp.shape(x), bool)
-
-
-@lowers("aten.isneginf.default")
-def isneginf(x):
-    return jnp.isneginf(x) if is_floating(_dtype(x)) else jnp.zeros(jnp.shape(x), bool)
+for _name, _fn, _integers_are in (("isnan", jnp.isnan, False), ("isinf", jnp.isinf, False),
+                                  ("isfinite", jnp.isfinite, True), ("isposinf", jnp.isposinf, False),
+                                  ("isneginf", jnp.isneginf, False)):
+    _classify(_name, _fn, _integers_are)
 
 
 @lowers("aten.nan_to_num.default")

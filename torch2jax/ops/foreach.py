@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import jax.numpy as jnp
 
-from .elementwise import computed_in
+from .opmath import computed_in
 from .registry import lookup, lowers
 
 _UNARY = (

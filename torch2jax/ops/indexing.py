@@ -249,7 +249,8 @@ def masked_scatter(x, mask, source):
 @lowers("torch2jax.masked_rows.default")
 def masked_rows(x, indices):
     """x[mask] for a bool mask over x's leading dims, as capture bounds it when only masked_scatter reads it (see
-    capture.fx.MASKED_ROWS): the selected rows in order, then copies of the first row up to the mask's size."""
+    capture.data_dependent_shapes.MASKED_ROWS): the selected rows in order, then copies of the first row up to the
+    mask's size."""
     (mask,) = indices
     rows = x.reshape(-1, *x.shape[mask.ndim:])
     flat = mask.reshape(-1)
@@ -260,8 +261,8 @@ def masked_rows(x, indices):
 @lowers("torch2jax.selected_rows.default", ctx=True)
 def selected_rows(ctx, x, indices):
     """x[mask] for a bool mask over x's leading dims whose count torch proved static (the model checks it, e.g. its
-    image features against its image tokens; capture.fx.SELECTED_ROWS): the first so many selected rows, which are
-    all of them whenever torch's own check holds."""
+    image features against its image tokens; capture.data_dependent_shapes.SELECTED_ROWS): the first so many
+    selected rows, which are all of them whenever torch's own check holds."""
     (mask,) = indices
     rows = x.reshape(-1, *x.shape[mask.ndim:])
     (index,) = jnp.nonzero(mask.reshape(-1), size=ctx.out_shape[0], fill_value=0)

@@ -13,13 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .opmath import LOW_PRECISION
 from .registry import lowers
-
-_LOW = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 def _acc_dtype(dtype):
-    return jnp.float32 if jnp.dtype(dtype) in _LOW else None
+    return jnp.float32 if jnp.dtype(dtype) in LOW_PRECISION else None
 
 
 def _product(a, b, fn=jnp.matmul):
@@ -199,7 +198,7 @@ def _weight_first(x, weight):
     32000x512 LM head)."""
 
     def first():
-        if x.dtype == weight.dtype and weight.dtype in _LOW:
+        if x.dtype == weight.dtype and weight.dtype in LOW_PRECISION:
             return _low_precision_rows(x, weight)
         return lax.optimization_barrier(_product(weight, x.T)).T
 
@@ -247,7 +246,7 @@ def by_row_count(rows, one, few, many):
 @lowers("aten.addbmm.default")
 def addbmm(bias, a, b, beta=1, alpha=1):
     dtype = jnp.result_type(bias, a, b)
-    if dtype in _LOW:
+    if dtype in LOW_PRECISION:
         # torch runs addmm_ once per batch into the low-precision result: one rounding per batch
         out = _add_product(bias, _product(a[0], b[0]), beta, alpha, dtype) if a.shape[0] else None
         for i in range(1, a.shape[0]):
@@ -305,7 +304,6 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     else:
         out = jnp.einsum(spec, *operands, preferred_element_type=_acc_dtype(dtype))
     return out.reshape(tuple(sizes.get(d, 1) for d in out_dims)).astype(dtype)
-
 
 
 # --- pairwise distances --------------------------------------------------------------------------

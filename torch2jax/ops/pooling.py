@@ -17,9 +17,9 @@ import numpy as np
 from jax import lax
 from jax.errors import InconclusiveDimensionOperation
 
+from .opmath import LOW_PRECISION
 from .registry import lowers
 
-_LOW = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _MAX_SLICED_OFFSETS = 16  # windows with more offsets stay reduce_window, the smaller program
 
 
@@ -29,7 +29,7 @@ def _ints(value, n):
 
 
 def _acc(x):
-    return x.astype(jnp.float32) if x.dtype in _LOW else x
+    return x.astype(jnp.float32) if x.dtype in LOW_PRECISION else x
 
 
 def _lowest(dtype):

@@ -17,9 +17,8 @@ from jax import lax
 
 from ..errors import LoweringError
 from ..ir.dtypes import is_bool, is_floating, is_integer
+from .opmath import LOW_PRECISION
 from .registry import lowers
-
-_LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 def _axes(x, dim, empty_means_all=True) -> tuple:
@@ -38,7 +37,7 @@ def _axes(x, dim, empty_means_all=True) -> tuple:
 
 def _acc(x):
     """Upcast reduced-precision floats to float32 for accumulation, as torch does on CPU."""
-    return x.astype(jnp.float32) if x.dtype in _LOW_PRECISION else x
+    return x.astype(jnp.float32) if x.dtype in LOW_PRECISION else x
 
 
 def _int_acc_dtype():
@@ -212,35 +211,25 @@ def argmin(x, dim=None, keepdim=False):
 
 
 # -- any / all ---------------------------------------------------------------------------------
-@lowers("aten.any.default")
-def any_all(x):
-    return jnp.any(x)
+def _any_or_all(name: str, fn, *also: str) -> None:
+    """`aten.<name>` over everything, one dim or several dims (`also`: more overloads of the whole-tensor form)."""
+
+    @lowers(f"aten.{name}.default", *also)
+    def whole(x):
+        return fn(x)
+
+    @lowers(f"aten.{name}.dim")
+    def over_dim(x, dim, keepdim=False):
+        return fn(x, axis=_axes(x, dim), keepdims=keepdim)
+
+    @lowers(f"aten.{name}.dims")
+    def over_dims(x, dim=None, keepdim=False):
+        return fn(x, axis=_axes(x, dim, empty_means_all=False), keepdims=keepdim)
 
 
-@lowers("aten.any.dim")
-def any_dim(x, dim, keepdim=False):
-    return jnp.any(x, axis=_axes(x, dim), keepdims=keepdim)
-
-
-@lowers("aten.any.dims")
-def any_dims(x, dim=None, keepdim=False):
-    return jnp.any(x, axis=_axes(x, dim, empty_means_all=False), keepdims=keepdim)
-
-
-@lowers("aten.all.default", "aten._is_all_true.default")
-def all_all(x):
-    """`_is_all_true` is what torch.export leaves of `torch._check(t.all())`-style checks on a bool tensor."""
-    return jnp.all(x)
-
-
-@lowers("aten.all.dim")
-def all_dim(x, dim, keepdim=False):
-    return jnp.all(x, axis=_axes(x, dim), keepdims=keepdim)
-
-
-@lowers("aten.all.dims")
-def all_dims(x, dim=None, keepdim=False):
-    return jnp.all(x, axis=_axes(x, dim, empty_means_all=False), keepdims=keepdim)
+_any_or_all("any", jnp.any)
+# `_is_all_true` is what torch.export leaves of `torch._check(t.all())`-style checks on a bool tensor
+_any_or_all("all", jnp.all, "aten._is_all_true.default")
 
 
 @lowers("aten.count_nonzero.dim_IntList")
@@ -317,7 +306,7 @@ def log_softmax(x, dim, half_to_float=False):
         return _acc(x)
     shifted, axis = _softmax_parts(x, dim)
     total = jnp.sum(jnp.exp(shifted), axis=axis, keepdims=True)
-    if x.dtype in _LOW_PRECISION and axis % max(x.ndim, 1) == max(x.ndim, 1) - 1:
+    if x.dtype in LOW_PRECISION and axis % max(x.ndim, 1) == max(x.ndim, 1) - 1:
         log_total = jnp.log(total.astype(x.dtype).astype(total.dtype)).astype(x.dtype).astype(total.dtype)
         return (shifted - log_total).reshape(x.shape)
     return (shifted - jnp.log(total)).reshape(x.shape)

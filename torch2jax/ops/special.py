@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .elementwise import opmath, to_float
+from .opmath import opmath, to_float
 from .registry import lowers
 
 

@@ -19,9 +19,9 @@ import numpy as np
 from jax import lax
 
 from .fusion_barrier import apart
+from .opmath import LOW_PRECISION
 from .registry import lowers
 
-_LOW = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _f32 = np.float32
 
 
@@ -128,7 +128,7 @@ def _blend(x, n, taps_per_dim):
     again for every tap."""
 
     def compute():
-        acc = x.astype(jnp.float32) if x.dtype in _LOW else x
+        acc = x.astype(jnp.float32) if x.dtype in LOW_PRECISION else x
         # last dim first, so the sums associate like torch's kernels (outer dims weight inner blends)
         for i in reversed(range(n)):
             acc = _blend_axis(acc, taps_per_dim[i], x.ndim - n + i)
@@ -174,26 +174,6 @@ def _interpolate(x, n, output_size, align_corners, scale_factors, taps):
     return _blend(x, n, per_dim)
 
 
-@lowers("aten.upsample_linear1d.vec")
-def upsample_linear1d(x, output_size, align_corners, scale_factors):
-    return _interpolate(x, 1, output_size, align_corners, scale_factors, _linear_taps)
-
-
-@lowers("aten.upsample_bilinear2d.vec")
-def upsample_bilinear2d(x, output_size, align_corners, scale_factors):
-    return _interpolate(x, 2, output_size, align_corners, scale_factors, _linear_taps)
-
-
-@lowers("aten.upsample_trilinear3d.vec")
-def upsample_trilinear3d(x, output_size, align_corners, scale_factors):
-    return _interpolate(x, 3, output_size, align_corners, scale_factors, _linear_taps)
-
-
-@lowers("aten.upsample_bicubic2d.vec")
-def upsample_bicubic2d(x, output_size, align_corners, scale_factors):
-    return _interpolate(x, 2, output_size, align_corners, scale_factors, _cubic_taps)
-
-
 def _nearest_index(size, out, scale, exact):
     if not exact and out == size:
         return np.arange(out)
@@ -210,62 +190,12 @@ def _nearest(x, n, output_size, scale_factors, exact):
     return _nearest_sized(x, outs, _scales(n, scale_factors), exact)
 
 
-@lowers("aten.upsample_nearest1d.vec")
-def upsample_nearest1d(x, output_size, scale_factors):
-    return _nearest(x, 1, output_size, scale_factors, False)
-
-
-@lowers("aten.upsample_nearest2d.vec")
-def upsample_nearest2d(x, output_size, scale_factors):
-    return _nearest(x, 2, output_size, scale_factors, False)
-
-
-@lowers("aten.upsample_nearest3d.vec")
-def upsample_nearest3d(x, output_size, scale_factors):
-    return _nearest(x, 3, output_size, scale_factors, False)
-
-
-@lowers("aten._upsample_nearest_exact1d.vec")
-def upsample_nearest_exact1d(x, output_size, scale_factors):
-    return _nearest(x, 1, output_size, scale_factors, True)
-
-
-@lowers("aten._upsample_nearest_exact2d.vec")
-def upsample_nearest_exact2d(x, output_size, scale_factors):
-    return _nearest(x, 2, output_size, scale_factors, True)
-
-
-@lowers("aten._upsample_nearest_exact3d.vec")
-def upsample_nearest_exact3d(x, output_size, scale_factors):
-    return _nearest(x, 3, output_size, scale_factors, True)
-
-
 # --- the overloads with an explicit output size and optional per-dim scales ----------------------
 
 
 def _explicit(x, n, output_size, scales, taps, align_corners=False):
     per_dim = [taps(size, out, align_corners, s) for size, out, s in zip(x.shape[-n:], output_size, scales)]
     return _blend(x, n, per_dim)
-
-
-@lowers("aten.upsample_linear1d.default")
-def upsample_linear1d_sized(x, output_size, align_corners, scales=None):
-    return _explicit(x, 1, output_size, [scales], _linear_taps, align_corners)
-
-
-@lowers("aten.upsample_bilinear2d.default")
-def upsample_bilinear2d_sized(x, output_size, align_corners, scales_h=None, scales_w=None):
-    return _explicit(x, 2, output_size, [scales_h, scales_w], _linear_taps, align_corners)
-
-
-@lowers("aten.upsample_trilinear3d.default")
-def upsample_trilinear3d_sized(x, output_size, align_corners, scales_d=None, scales_h=None, scales_w=None):
-    return _explicit(x, 3, output_size, [scales_d, scales_h, scales_w], _linear_taps, align_corners)
-
-
-@lowers("aten.upsample_bicubic2d.default")
-def upsample_bicubic2d_sized(x, output_size, align_corners, scales_h=None, scales_w=None):
-    return _explicit(x, 2, output_size, [scales_h, scales_w], _cubic_taps, align_corners)
 
 
 def _nearest_sized(x, output_size, scales, exact):
@@ -275,34 +205,50 @@ def _nearest_sized(x, output_size, scales, exact):
     return x
 
 
-@lowers("aten.upsample_nearest1d.default")
-def upsample_nearest1d_sized(x, output_size, scales=None):
-    return _nearest_sized(x, output_size, [scales], False)
+# torch's names for the per-dim scales of the explicit-size overloads, by number of spatial dims
+_SCALE_NAMES = {1: ("scales",), 2: ("scales_h", "scales_w"), 3: ("scales_d", "scales_h", "scales_w")}
 
 
-@lowers("aten.upsample_nearest2d.default")
-def upsample_nearest2d_sized(x, output_size, scales_h=None, scales_w=None):
-    return _nearest_sized(x, output_size, [scales_h, scales_w], False)
+def _given_scales(op: str, n: int, positional: tuple, named: dict) -> list:
+    """The per-dim scales of an explicit-size overload, passed by position or by torch's names (scales_h, ...)."""
+    names = _SCALE_NAMES[n]
+    unknown = set(named) - set(names[len(positional):])
+    if len(positional) > n or unknown:
+        raise TypeError(f"{op} takes the scales {', '.join(names)}; got {len(positional)} by position and {sorted(named)}")
+    return [*positional, *(named.get(name) for name in names[len(positional):])]
 
 
-@lowers("aten.upsample_nearest3d.default")
-def upsample_nearest3d_sized(x, output_size, scales_d=None, scales_h=None, scales_w=None):
-    return _nearest_sized(x, output_size, [scales_d, scales_h, scales_w], False)
+def _register_interpolation(name: str, n: int, taps) -> None:
+    """`aten.upsample_<name>` in both overloads: scale factors (.vec) or an explicit output size and per-dim scales."""
+    op = f"aten.upsample_{name}"
+
+    @lowers(f"{op}.vec")
+    def by_factors(x, output_size, align_corners, scale_factors):
+        return _interpolate(x, n, output_size, align_corners, scale_factors, taps)
+
+    @lowers(f"{op}.default")
+    def sized(x, output_size, align_corners, *scales, **named_scales):
+        return _explicit(x, n, output_size, _given_scales(op, n, scales, named_scales), taps, align_corners)
 
 
-@lowers("aten._upsample_nearest_exact1d.default")
-def upsample_nearest_exact1d_sized(x, output_size, scales=None):
-    return _nearest_sized(x, output_size, [scales], True)
+def _register_nearest(op: str, n: int, exact: bool) -> None:
+    """`op` (nearest or nearest-exact, n spatial dims) in both overloads, as _register_interpolation."""
+
+    @lowers(f"{op}.vec")
+    def by_factors(x, output_size, scale_factors):
+        return _nearest(x, n, output_size, scale_factors, exact)
+
+    @lowers(f"{op}.default")
+    def sized(x, output_size, *scales, **named_scales):
+        return _nearest_sized(x, output_size, _given_scales(op, n, scales, named_scales), exact)
 
 
-@lowers("aten._upsample_nearest_exact2d.default")
-def upsample_nearest_exact2d_sized(x, output_size, scales_h=None, scales_w=None):
-    return _nearest_sized(x, output_size, [scales_h, scales_w], True)
-
-
-@lowers("aten._upsample_nearest_exact3d.default")
-def upsample_nearest_exact3d_sized(x, output_size, scales_d=None, scales_h=None, scales_w=None):
-    return _nearest_sized(x, output_size, [scales_d, scales_h, scales_w], True)
+for _name, _dims, _taps in (("linear1d", 1, _linear_taps), ("bilinear2d", 2, _linear_taps),
+                            ("trilinear3d", 3, _linear_taps), ("bicubic2d", 2, _cubic_taps)):
+    _register_interpolation(_name, _dims, _taps)
+for _dims in (1, 2, 3):
+    _register_nearest(f"aten.upsample_nearest{_dims}d", _dims, exact=False)
+    _register_nearest(f"aten._upsample_nearest_exact{_dims}d", _dims, exact=True)
 
 
 # --- grid_sampler: interpolation at arbitrary (data-dependent) points ----------------------------
@@ -353,7 +299,7 @@ def _gather_points(x, coords, sizes):
 def _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners):
     nd = x.ndim - 2
     sizes = x.shape[2:]  # (D,) H, W; the grid's last axis lists x (W) first
-    acc = jnp.float32 if x.dtype in _LOW else x.dtype
+    acc = jnp.float32 if x.dtype in LOW_PRECISION else x.dtype
     xf, g = x.astype(acc), grid.astype(acc)
     coords = [_unnormalize(g[..., nd - 1 - i], sizes[i], align_corners) for i in range(nd)]
     if interpolation_mode == 2:  # bicubic (2-d only): taps are padded one by one
@@ -493,7 +439,7 @@ def _aa_resample(x, output_size, align_corners, scales, interp_size, filt, torch
     if tuple(x.shape[-n:]) == output_size:
         return x
     integer = jnp.issubdtype(x.dtype, jnp.integer)  # uint8 images: torch's fixed-point path
-    acc = x.astype(jnp.float32) if x.dtype in _LOW else x
+    acc = x.astype(jnp.float32) if x.dtype in LOW_PRECISION else x
     for i in reversed(range(n)):  # horizontal (last dim) first, as torch
         axis = x.ndim - n + i
         size, out = x.shape[axis], output_size[i]
