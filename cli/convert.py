@@ -88,19 +88,19 @@ def convert(target, out_dir, inputs, weights, platforms, force, no_verify, train
     mismatch exits with status 3 and leaves no output directory. When a single op stops the
     conversion, a standalone script reproducing it is written and its path printed.
     """
+    from torch2jax.hf.options import GenerationOptions
     from torch2jax.pipeline import convert_target
 
+    options = GenerationOptions(max_cache_len=max_cache_len, max_batch=max_batch, max_source_len=max_source_len, dtype=dtype,
+                                stream_weights=not weights_in_memory, repeat_layers=not trace_all_layers, quantize=quantize,
+                                group_size=group_size)
     progress = Progress(quiet)
     try:
         result = convert_target(
-            target, out_dir, inputs=inputs, weights=weights, task=task,
+            target, out_dir, options=options, inputs=inputs, weights=weights, task=task,
             platforms=[p.strip() for p in platforms.split(",") if p.strip()], force=force, verify=not no_verify,
-            train=train, dtype=dtype, seed=seed, stream=not weights_in_memory, max_cache_len=max_cache_len,
-            max_batch=max_batch, max_source_len=max_source_len, verify_tokens=verify_tokens, verify_layers=verify_layers,
-            repeat_layers=not trace_all_layers, quantize=quantize, group_size=group_size, specialize=specialize,
-            lowerings=lowerings,
-            report=report_file, repro_dir=repro_dir,
-            progress=progress, on_bytes=progress.bytes_written,
+            train=train, seed=seed, verify_tokens=verify_tokens, verify_layers=verify_layers, specialize=specialize,
+            lowerings=lowerings, report=report_file, repro_dir=repro_dir, progress=progress, on_bytes=progress.bytes_written,
         )
     finally:
         progress.done()

@@ -113,11 +113,13 @@ def test_torch_side_module_imports_only_earlier_folders(path):
 
 
 def test_every_folder_has_a_rule_and_is_installed():
-    """A new room needs its rule here and its entry in pyproject.toml's package list."""
+    """A new room needs its rule here, and every package (a room's subfolders too) its entry in pyproject.toml's
+    package list: setuptools installs only the packages named there."""
     folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
     assert folders == set(TORCH_FREE) | set(TORCH_SIDE)
-    packages = set(re.findall(r'"(torch2jax(?:\.\w+)?)"', (PACKAGE.parent / "pyproject.toml").read_text()))
-    assert packages == {"torch2jax", "torch2jax.cli"} | {f"torch2jax.{name}" for name in folders}
+    packages = set(re.findall(r'"(torch2jax(?:\.\w+)*)"', (PACKAGE.parent / "pyproject.toml").read_text()))
+    subpackages = {module_name(init) for init in PACKAGE.glob("*/**/__init__.py")}
+    assert packages == {"torch2jax", "torch2jax.cli"} | subpackages
 
 
 def import_graph(paths: list[Path]) -> dict[str, set[str]]:

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from torch2jax.capture.checkpoint_files import Checkpoint, write
-from torch2jax.capture.weight_source import Fuse, WeightSource
+from torch2jax.capture.weight_source import LISTED, Fuse, WeightSource, mismatch_report
 
 
 def _source(tmp_path, tensors: dict, fuse: Fuse) -> WeightSource:
@@ -38,3 +38,19 @@ def test_a_swap_if_needed_keeps_a_tensor_stored_as_the_module_holds_it(tmp_path)
     np.testing.assert_array_equal(as_module["experts.w"].read(), stored)
     swapped = _source(tmp_path, {"experts.w": stored}, fuse).resolve({"experts.w": torch.zeros(2, 4, 3)}, {})
     np.testing.assert_array_equal(swapped["experts.w"].read(), stored.swapaxes(1, 2))
+
+
+def test_the_mismatch_report_lists_the_first_names_and_counts_the_rest():
+    """One report for a streamed checkpoint and one transformers loads (hf/directory.py): the unused tensors are named
+    only beside a param that lacks one (alone they are harmless), and long lists are cut."""
+    missing = [f"layers.{i}.w" for i in range(LISTED + 3)]
+    report = mismatch_report(missing, ["layers.0.ww"], ["norm.w: 8 vs 64"], subject="S", differ="shape", closing="C")
+    assert report.splitlines() == [
+        "S:",
+        f"  {LISTED + 3} param(s) have no tensor in the checkpoint: {', '.join(missing[:LISTED])} (and 3 more)",
+        "  checkpoint tensors no param took: layers.0.ww",
+        "  1 tensor(s) differ in shape:",
+        "    norm.w: 8 vs 64",
+        "C",
+    ]
+    assert "no param took" not in mismatch_report([], ["layers.0.ww"], ["norm.w: 8 vs 64"])

@@ -24,10 +24,10 @@ FAMILIES = [
     ("mixtral", "MixtralForCausalLM"),  # experts through transformers' grouped_mm custom op
     # a sigmoid router's top-k over biased scores; its gate is zero at init, drawn by the sweep (else tied scores)
     ("afmoe", "AfmoeModel"),
-    ("dbrx", "DbrxModel"),  # experts looped over in its own code: replaced while tracing (torch2jax/hf/experts.py)
+    ("dbrx", "DbrxModel"),  # experts looped over in its own code: replaced while tracing (torch2jax/hf/stand_ins/experts.py)
     ("llava_next", "LlavaNextModel"),  # image_sizes decides shapes: fixed to its example value (capture/specialize.py)
-    # rotary positions from the token types (hf/rope_index.py), patch interpolation from the fixed grid
-    # (hf/vision_grids.py), image features placed by a bool mask whose count the model asserts (ops/indexing.py)
+    # rotary positions from the token types (hf/stand_ins/rope_index.py), patch interpolation from the fixed grid
+    # (hf/stand_ins/vision_grids.py), image features placed by a bool mask whose count the model asserts (ops/indexing.py)
     ("qwen3_vl", "Qwen3VLModel"),
     # branches on tensor values (`if is_global_attn:`) and selections by a mask: converted along the example's path,
     # checked on every call (capture/example_path.py); sliding chunks as_strided over a transposed view's storage

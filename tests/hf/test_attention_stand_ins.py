@@ -1,6 +1,6 @@
 """Attention written for transformers' growing cache, traced over the converted steps' fixed cache through stand-ins:
-GPT-Neo's causal table read by cache slot (hf/local_attention.py), BLOOM's ALiBi positions from the step's mask and
-MPT's bias sliced by keys alone (hf/alibi.py). Greedy generation over a left-padded batch equals transformers' on the
+GPT-Neo's causal table read by cache slot (hf/stand_ins/local_attention.py), BLOOM's ALiBi positions from the step's mask and
+MPT's bias sliced by keys alone (hf/stand_ins/alibi.py). Greedy generation over a left-padded batch equals transformers' on the
 model testers' configs. Before: GPT-Neo's padded row parted from transformers at its second token (window 7), and
 BLOOM and MPT did not convert (torch.export stopped in their attention)."""
 

@@ -1,5 +1,5 @@
 """The gated delta rule (Qwen3-Next and its kin) traced with its triangular solver rather than transformers' export
-fallback, a Python loop over the chunk's rows (torch2jax/hf/delta_rule.py)."""
+fallback, a Python loop over the chunk's rows (torch2jax/hf/stand_ins/delta_rule.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 import torch2jax
 from benchmarks.hf_sweep import run
-from torch2jax.hf import delta_rule
+from torch2jax.hf.stand_ins import delta_rule
 
 
 def test_qwen3_next_traces_one_triangular_solve_and_matches_torch():

@@ -1,4 +1,4 @@
-"""The dense forms of expert loops (torch2jax/hf/experts.py) compute what transformers' own loops compute."""
+"""The dense forms of expert loops (torch2jax/hf/stand_ins/experts.py) compute what transformers' own loops compute."""
 
 from __future__ import annotations
 

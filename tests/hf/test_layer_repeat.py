@@ -9,9 +9,9 @@ import torch
 
 from tests.generate.lms import PAD, build_lm, hf_greedy
 from torch2jax.capture.converter import StageTimer
-from torch2jax.hf import causal_lm as decoder
-from torch2jax.hf.kv_cache import cache_layout
-from torch2jax.hf.layer_repeat import NotRepeatable, first_difference, repeat_layers
+from torch2jax.hf.steps import causal_lm as decoder
+from torch2jax.hf.steps.kv_cache import cache_layout
+from torch2jax.hf.steps.layer_repeat import NotRepeatable, first_difference, repeat_layers
 from torch2jax.ir.graph import Graph, GraphInput, GraphOutput, Node, TensorMeta
 
 LAYERS = 6

@@ -1,4 +1,4 @@
-"""The Qwen2-VL family's multimodal rotary positions written for torch.export (torch2jax/hf/rope_index.py): the same
+"""The Qwen2-VL family's multimodal rotary positions written for torch.export (torch2jax/hf/stand_ins/rope_index.py): the same
 positions as each model's own get_rope_index, and a converted Qwen2.5-VL that takes any placement of its image tokens."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from torch2jax.hf import rope_index
+from torch2jax.hf.stand_ins import rope_index
 
 TEXT, IMAGE, VIDEO = rope_index.TEXT, rope_index.IMAGE, rope_index.VIDEO
 

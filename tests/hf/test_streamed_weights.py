@@ -14,8 +14,9 @@ import torch2jax
 from torch2jax.capture.checkpoint_files import Checkpoint, write
 from torch2jax.capture.fake_params import is_fake
 from torch2jax.errors import InputSpecError
-from torch2jax.hf.convert import convert_hf
-from torch2jax.hf.streamed import streamed_causal_lm
+from torch2jax.hf.options import GenerationOptions
+from torch2jax.hf.source import load_generation_model, resolve_source
+from torch2jax.hf.streamed import fake_causal_lm
 from torch2jax.hf.verify_slice import verify_streamed
 
 from ..generate.lms import load_lm, write_lm
@@ -23,7 +24,7 @@ from ..helpers import cli, cli_convert_streamed
 
 
 def _streamed(source, out):
-    torch2jax.save(convert_hf(source, max_cache_len=16, max_batch=2, stream_weights=True), out)
+    torch2jax.save(torch2jax.convert_hf(source, max_cache_len=16, max_batch=2, stream_weights=True), out)
     return torch2jax.load(out)
 
 
@@ -45,8 +46,8 @@ def _transformers_params(lm, aliases: dict) -> dict:
 
 def test_llama_streamed_equals_in_memory(tmp_path):
     source = write_lm("llama", tmp_path)
-    torch2jax.save(convert_hf(source, max_cache_len=16, max_batch=2), tmp_path / "in-memory")
-    lm, _, _ = streamed_causal_lm(source)
+    torch2jax.save(torch2jax.convert_hf(source, max_cache_len=16, max_batch=2), tmp_path / "in-memory")
+    lm, _ = fake_causal_lm(source)
     assert all(is_fake(p) for p in lm.parameters()) and not any(is_fake(b) for b in lm.buffers())
     in_memory = torch2jax.load(tmp_path / "in-memory").params
     streamed = _streamed(source, tmp_path / "streamed")
@@ -104,7 +105,7 @@ def _edited(tmp_path, change) -> str:
 def test_a_wrong_checkpoint_names_the_tensor_and_writes_nothing(tmp_path, change, expected):
     source = _edited(tmp_path, change)
     with pytest.raises(InputSpecError, match="the checkpoint does not match the model") as err:
-        convert_hf(source, max_cache_len=16, max_batch=2, stream_weights=True)
+        torch2jax.convert_hf(source, max_cache_len=16, max_batch=2, stream_weights=True)
     assert expected in str(err.value)
     if "no tensor" not in expected:
         return  # the console script's exit code and message: once
@@ -119,7 +120,7 @@ def test_cli_streams_by_default_and_says_what_it_verified(tmp_path):
     out = tmp_path / "llm"
     cli_convert_streamed(source, out)
     _assert_bitwise(torch2jax.load(out).params, _transformers_params(load_lm(source), {}))
-    whole = verify_streamed(source, out, load_lm(source).config, layers=2, tokens=4)
+    whole = verify_streamed(load_generation_model(resolve_source(source)), out, GenerationOptions(), layers=2, tokens=4)
     assert whole.startswith("verified against transformers (the whole model, 2 layers)")
 
 
@@ -138,7 +139,7 @@ def test_trace_all_layers_reaches_the_step_capture(tmp_path, monkeypatch):
     from click.testing import CliRunner
     from torch2jax.cli.main import main
 
-    from torch2jax.hf import causal_lm as decoder
+    from torch2jax.hf.steps import causal_lm as decoder
 
     seen = []
 

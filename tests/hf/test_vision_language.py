@@ -13,11 +13,11 @@ import torch
 
 import torch2jax
 from torch2jax.errors import InputSpecError
-from torch2jax.generate.artifacts import describe
 from torch2jax.generate.generator import left_pad
-from torch2jax.generate.vision_language import image_index, patch_interpolation, patch_windows, rope_index
+from torch2jax.generate.image_positions import image_index, patch_interpolation, patch_windows, rope_index
 from torch2jax.hf.tasks import IMAGE_TEXT_TO_TEXT, default_task, task_of
 from torch2jax.hf.verify import processor_token_types, transformers_greedy
+from torch2jax.runtime.describe import describe
 
 from ..helpers import cli, run_without_torch
 from . import vlms
@@ -301,7 +301,7 @@ def test_qwen2_vl_rope_index_equals_transformers():
     """The 3-D (temporal, height, width) positions and the decode deltas, computed in NumPy, against transformers'
     get_rope_index: left-padded rows, two images in one row, a text-only row."""
     model, _ = vlms.build("qwen2_vl")
-    assert task_of(model) == IMAGE_TEXT_TO_TEXT  # a vision part and a text part: not text2text-generation
+    assert task_of(model.config, model) == IMAGE_TEXT_TO_TEXT  # a vision part and a text part: not text2text-generation
     grids = np.asarray([[1, 4, 6], [1, 6, 4], [1, 2, 8]])
     rng = np.random.default_rng(0)
     text = lambda n: rng.integers(vlms.FIRST_WORD, vlms.VOCAB, n).tolist()  # noqa: E731

@@ -19,7 +19,7 @@ import torch2jax
 from torch2jax.capture.checkpoint_files import Checkpoint, write
 from torch2jax.capture.torch_arrays import to_jax
 from torch2jax.hf.directory import load_model
-from torch2jax.hf.streamed import streamed_causal_lm
+from torch2jax.hf.streamed import fake_causal_lm
 from torch2jax.hf.verify import check_generation, verify_vision_language
 from torch2jax.runtime.checkpoint import DeferredArray
 
@@ -132,7 +132,7 @@ def test_every_key_style_maps_onto_the_same_params(name, tmp_path):
         if style != "saved":  # the variant is one transformers itself loads, to the same values
             again = _reference_state(load_model(_auto_class(), directory))
             assert all(again[n].tobytes() == want[n].tobytes() for n in want), style
-        vlm, _, weights = streamed_causal_lm(directory, vision=True)
+        vlm, weights = fake_causal_lm(directory, vision=True)
         resolved = weights.check(vlm)
         deferred = {n: v for n, v in resolved.items() if isinstance(v, DeferredArray)}
         assert set(deferred) == {n for n, _ in vlm.named_parameters()}, style
@@ -146,7 +146,7 @@ def test_the_cli_streams_a_vlm_by_default(tmp_path, monkeypatch):
     from click.testing import CliRunner
     from torch2jax.cli.main import main
 
-    from torch2jax.pipeline import generation
+    from torch2jax.hf import convert
 
     seen = []
 
@@ -154,7 +154,7 @@ def test_the_cli_streams_a_vlm_by_default(tmp_path, monkeypatch):
         seen.append(weights is not None)
         raise torch2jax.InputSpecError("stop here")
 
-    monkeypatch.setattr(generation, "convert_vision_language", convert_vision_language)
+    monkeypatch.setattr(convert, "convert_vision_language", convert_vision_language)
     source = vlms.write("llava", tmp_path)
     for flags in ([], ["--weights-in-memory"]):
         result = CliRunner().invoke(main, ["convert", f"hf:{source}", "--max-cache-len", "16", "--out", str(tmp_path / "x"),

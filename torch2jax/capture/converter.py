@@ -18,7 +18,7 @@ from ..runtime.checkpoint import is_deferred
 from ..runtime.collector import existing_objects_frozen
 from ..runtime.model import Model
 from ..runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, dequantize_array, quantize_array, quantize_model, weight_format
-from . import example_path, exporter
+from . import decomposition, example_path, exporter
 from . import specialize as specialize_inputs
 from .fake_params import has_fake_parameters, is_fake, to_dtype
 from .fx import Captured, capture, input_writes_notice
@@ -80,7 +80,7 @@ def convert(
     if not isinstance(args, (tuple, list)):
         args = (args,)
     if dtype is not None:
-        module, args, kwargs = cast(module, tuple(args), kwargs or {}, dtype)
+        module, args, kwargs = cast(module, tuple(args), kwargs or {}, dtype, weights)
     timer = timer or StageTimer(progress)
     if quantize is not None:
         check_scheme(quantize, group_size)
@@ -109,10 +109,10 @@ def trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_sha
         elif f.name not in (specialize or []):  # fixed automatically: say so where no progress is shown
             warnings.warn(notice, stacklevel=4)
     with timer.stage("decompose", "decompose to core ATen"):
-        renames = exporter.subclass_param_names(ep)
+        renames = decomposition.subclass_param_names(ep)
         if fixed:
             specialize_inputs.fold_constants(ep)
-        decomposed = exporter.decompose(ep)
+        decomposed = decomposition.decompose(ep)
         # along the example's path only where no dim is dynamic: the generation steps' graphs, traced on placeholder
         # inputs for every size, run without the per-call checks
         example = None if dynamic_shapes is not None else (lambda: example_path.example_values(decomposed, args, kwargs or {}))
@@ -168,17 +168,39 @@ def tp_plan_hints(module: Any) -> dict[str, str]:
     return {f"{base}{pattern}": style for pattern, style in plan.items() if isinstance(pattern, str) and isinstance(style, str)}
 
 
-def cast(module: torch.nn.Module, args: tuple, kwargs: dict, dtype: str | torch.dtype) -> tuple[torch.nn.Module, tuple, dict]:
-    """A copy of `module` in `dtype`, with floating example inputs cast alike (the user's module is untouched)."""
-    target = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+def floating_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """`dtype` ("bfloat16" or a torch dtype) as a floating torch dtype; anything else is refused by name."""
+    target = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
     if not isinstance(target, torch.dtype) or not target.is_floating_point:
         raise TypeError(f"dtype must be a floating torch dtype such as 'bfloat16', got {dtype!r}")
+    return target
+
+
+def cast_module(module: torch.nn.Module, dtype: str | torch.dtype, weights: WeightSource | None = None, *,
+                copy_module: bool = False) -> torch.nn.Module:
+    """`module` in the floating `dtype`: the prologue every conversion with a dtype shares (convert, and hf's steps).
+
+    A module with fake params was built by the converter to stream its weights, not the user's: it is converted in
+    place (torch's `.to` cannot swap a fake param) and `weights` told to convert the files' floating tensors as they are
+    read. A real module is moved with `.to`; with `copy_module` a copy is, and the caller's module stays as it was."""
+    target = floating_dtype(dtype)
+    if weights is not None:
+        weights.cast = True
+    if has_fake_parameters(module):
+        return to_dtype(module, target)
+    return (copy.deepcopy(module) if copy_module else module).to(target)
+
+
+def cast(module: torch.nn.Module, args: tuple, kwargs: dict, dtype: str | torch.dtype,
+         weights: WeightSource | None = None) -> tuple[torch.nn.Module, tuple, dict]:
+    """A copy of `module` in `dtype` (cast_module), with floating example inputs cast alike (the user's module is
+    untouched)."""
+    target = floating_dtype(dtype)
 
     def cast_value(value):
         return value.to(target) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
-    # a module with fake params was built by the converter (streamed weights), not the user's: converted in place
-    moved = to_dtype(module, target) if has_fake_parameters(module) else copy.deepcopy(module).to(target)
+    moved = cast_module(module, target, weights, copy_module=True)
     return moved, tuple(pytree.tree_map(cast_value, list(args))), pytree.tree_map(cast_value, dict(kwargs))
 
 

@@ -236,19 +236,35 @@ class WeightSource:
         return read
 
     def _problems(self, missing: list[str], mismatched: list[str], used: set[str]) -> str:
-        lines = ["the checkpoint does not match the model:"]
-        if missing:
-            lines.append(f"  {len(missing)} param(s) have no tensor in the checkpoint: {', '.join(missing[:20])}"
-                         + (f" (and {len(missing) - 20} more)" if len(missing) > 20 else ""))
-            unused = [n for n in self.recipes if n not in used]
-            if unused:
-                lines.append(f"  checkpoint tensors no param took: {', '.join(unused[:20])}"
-                             + (f" (and {len(unused) - 20} more)" if len(unused) > 20 else ""))
-        if mismatched:
-            lines.append(f"  {len(mismatched)} tensor(s) differ in shape or dtype:")
-            lines += [f"    {line}" for line in mismatched[:20]]
-        lines.append("Is this the checkpoint of this model (config.json / the model file)? Nothing was written.")
-        return "\n".join(lines)
+        unused = [n for n in self.recipes if n not in used]
+        return mismatch_report(missing, unused, mismatched)
+
+
+LISTED = 20  # names listed in a mismatch report, the rest counted
+
+
+def mismatch_report(missing: list[str], unused: list[str], mismatched: list[str], *,
+                    subject: str = "the checkpoint does not match the model", differ: str = "shape or dtype",
+                    closing: str = "Is this the checkpoint of this model (config.json / the model file)? Nothing was written.",
+                    ) -> str:
+    """The one report of a checkpoint that does not fit its model, streamed (WeightSource) or loaded by transformers
+    (hf/directory.py): the params without a tensor, the tensors no param took (only where a param lacks one: an
+    unused tensor alone is harmless), the tensors of another shape (`mismatched`: one line each); LISTED of each at most."""
+    lines = [f"{subject}:"]
+    if missing:
+        lines.append(f"  {len(missing)} param(s) have no tensor in the checkpoint: {_first_names(missing)}")
+        if unused:
+            lines.append(f"  checkpoint tensors no param took: {_first_names(unused)}")
+    if mismatched:
+        lines.append(f"  {len(mismatched)} tensor(s) differ in {differ}:")
+        lines += [f"    {line}" for line in mismatched[:LISTED]]
+    lines.append(closing)
+    return "\n".join(lines)
+
+
+def _first_names(names: list[str]) -> str:
+    more = f" (and {len(names) - LISTED} more)" if len(names) > LISTED else ""
+    return ", ".join(names[:LISTED]) + more
 
 
 def _empty_groups(count: int) -> list[dict[int, str]]:

@@ -1,128 +1,57 @@
-"""`torch2jax.convert_hf`: a Hugging Face model (a local directory, or the model object) to a torch-free generator.
+"""A Hugging Face model (a local directory, or the model object) to a torch-free generator: the one conversion dispatch
+that `torch2jax.convert_hf`, `pipeline.convert_target` (what `torch2jax convert hf:DIR` runs) and the verification of a
+streamed model's slice (hf/verify_slice.py) all call.
 
-The way through the hf room, in order: the task (hf/tasks.py), the model loaded or built with fake
-params (hf/directory.py, hf/streamed.py), then one of the two generators: a causal LM's step over the
-KV cache (hf/causal_lm.py, which repeats alike layers with hf/layer_repeat.py) or an encoder-decoder's
-encode and decode steps (hf/seq2seq.py), both over the cache layout of hf/kv_cache.py.
+The way through the hf room, in order: the source resolved once (hf/source.py: the directory, its config, the task, the
+model loaded or built with fake params), then by task one of three step converters over the KV cache layout of
+hf/steps/kv_cache.py: a causal LM's step (hf/steps/causal_lm.py, alike layers repeated by hf/steps/layer_repeat.py), an
+encoder-decoder's encode and decode steps (hf/steps/seq2seq.py) or a vision-language model's image encoder and
+multimodal step (hf/steps/vision_language.py); last, the directory's tokenizer (and processor) files attached.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from ..errors import InputSpecError
 from ..generate.generator import Generator
 from ..generate.seq2seq import Seq2SeqGenerator
-from ..runtime.quantize import DEFAULT_GROUP_SIZE
-from .causal_lm import convert_causal_lm
-from .directory import load_model, model_dir, prepare_for_export, read_config, tokenizer_files, transformers
-from .seq2seq import convert_seq2seq
-from .streamed import streamed_causal_lm
-from .tasks import IMAGE_TEXT_TO_TEXT, TEXT2TEXT_GENERATION, check_generation_task, task_of
-from .vision_language import convert_vision_language, processor_files, vision_language_from, with_processor_text
+from ..generate.vision_language import VisionLanguageGenerator
+from .options import GenerationOptions
+from .source import HFSource, load_generation_model, resolve_source
+from .steps.causal_lm import convert_causal_lm
+from .steps.seq2seq import convert_seq2seq
+from .steps.vision_language import convert_vision_language, with_processor_text
+from .tasks import IMAGE_TEXT_TO_TEXT, TEXT2TEXT_GENERATION
+
+AnyGenerator = Generator | Seq2SeqGenerator | VisionLanguageGenerator
+ProgressFn = Callable[[str, str], None]  # (stage, message), as each conversion stage starts
 
 
-def convert_hf(
-    source: Any,
-    *,
-    task: str | None = None,
-    max_cache_len: int = 512,
-    max_batch: int = 8,
-    max_source_len: int = 512,
-    dtype: str | None = None,
-    stream_weights: bool = False,
-    repeat_layers: bool = True,
-    quantize: str | None = None,
-    group_size: int = DEFAULT_GROUP_SIZE,
-    progress: Callable[[str, str], None] | None = None,
-) -> Generator | Seq2SeqGenerator:
-    """A Hugging Face model -> a torch-free `Generator` (causal LM: prefill/decode over a donated KV cache), or for
-    text2text-generation (encoder-decoders: T5, BART, Whisper) a `Seq2SeqGenerator` (encode/decode).
+def convert_hf(source: Any, options: GenerationOptions | None = None, *, task: str | None = None,
+               progress: ProgressFn | None = None) -> AnyGenerator:
+    """`source` (an `hf:DIR` / path, or a transformers model) -> its generator: resolved, loaded (or built with fake
+    params, with `options.stream_weights`) and converted. torch2jax.convert_hf documents the options."""
+    options = options or GenerationOptions()
+    resolved = resolve_source(source, task)
+    loaded = load_generation_model(resolved, options.stream_weights)
+    return convert_generator(loaded, options, progress)
 
-    Args:
-      source: a local model directory as `save_pretrained` writes it (a path, or "hf:DIR"), or a transformers model.
-      task: "text-generation" or "text2text-generation"; default: what the config's `architectures` implies.
-      max_cache_len: KV cache slots (prompt + new tokens); for an encoder-decoder, the most new tokens.
-      max_batch: the most prompts per `generate` call.
-      max_source_len: encoder-decoders: the longest source, in tokens.
-      dtype: e.g. "bfloat16": params and computation in that precision.
-      stream_weights: a directory's causal LM (or image-text-to-text model) is built with fake params and each weight
-        read from the safetensors files only when the generator is saved (memory stays flat in the model's size; it runs
-        once saved and loaded).
-      repeat_layers: False traces every decoder layer; by default a stack of alike layers is traced at 3 and 4 layers
-        and a middle one repeated, after checking that this reproduces the 4-layer trace.
-      quantize: "int8" (per output row), "int4" (in groups of `group_size` input columns) or "int8-dynamic" (int8
-        weights, inputs rounded to int8 rows at each product): the weights of the projections (an encoder's and a
-        decoder's) and the LM head are stored quantized (runtime/quantize.py); a vision tower keeps the model's dtype.
-      group_size: int4's group of input columns sharing one scale.
-      progress: called with (stage, message) as each conversion stage starts.
-    """
-    task = task_of(source, task)
-    check_generation_task(task)
-    if task == IMAGE_TEXT_TO_TEXT:
-        weights = None
-        if stream_weights:
-            vlm, directory, weights = _streamed(source, vision=True)
-        else:
-            vlm, directory = vision_language_from(source)
-        generator = convert_vision_language(vlm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype,
-                                            progress=progress, weights=weights, quantize=quantize, group_size=group_size)
-        if directory is not None:
-            generator.tokenizer_files = {**tokenizer_files(directory), **processor_files(directory)}
-            generator.vision = with_processor_text(generator.vision, directory)
-        return generator
-    if task == TEXT2TEXT_GENERATION:
-        if stream_weights:
-            raise InputSpecError("stream_weights=True is for causal LMs and image-text-to-text models; text2text-generation "
-                                 "models load in memory: pass stream_weights=False")
-        lm, directory = seq2seq_lm_from(source)
-        generator = convert_seq2seq(lm, max_cache_len=max_cache_len, max_batch=max_batch, max_source_len=max_source_len,
-                                    dtype=dtype, progress=progress, quantize=quantize, group_size=group_size)
+
+def convert_generator(source: HFSource, options: GenerationOptions, progress: ProgressFn | None = None) -> AnyGenerator:
+    """The loaded source (hf/source.load_generation_model) -> its generator, by task, with the directory's tokenizer
+    (and processor) files attached to travel with the artifact."""
+    common = dict(max_cache_len=options.max_cache_len, max_batch=options.max_batch, dtype=options.dtype, progress=progress,
+                  quantize=options.quantize, group_size=options.group_size)
+    if source.task == IMAGE_TEXT_TO_TEXT:
+        generator = convert_vision_language(source.model, weights=source.weights, **common)
+    elif source.task == TEXT2TEXT_GENERATION:
+        generator = convert_seq2seq(source.model, max_source_len=options.max_source_len, **common)
     else:
-        weights = None
-        if stream_weights:
-            lm, directory, weights = _streamed(source)
-        else:
-            lm, directory = causal_lm_from(source)
-        generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, progress=progress,
-                                      weights=weights, repeat_layers=repeat_layers, quantize=quantize, group_size=group_size)
-    if directory is not None:
-        generator.tokenizer_files = tokenizer_files(directory)
+        generator = convert_causal_lm(source.model, weights=source.weights, repeat_layers=options.repeat_layers, **common)
+    if source.directory is not None:
+        generator.tokenizer_files = dict(source.tokenizer_files)
+        if source.task == IMAGE_TEXT_TO_TEXT:
+            generator.tokenizer_files.update(source.processor_files)
+            generator.vision = with_processor_text(generator.vision, source.directory)
     return generator
-
-
-def _streamed(source: Any, vision: bool = False) -> tuple[Any, Path, Any]:
-    """(the model with fake params, its directory, its WeightSource): streamed_causal_lm, for a directory only."""
-    if not isinstance(source, (str, os.PathLike)):
-        raise InputSpecError("stream_weights=True reads the weights from a model directory: pass its path, not a model object")
-    return streamed_causal_lm(source, vision=vision)
-
-
-def seq2seq_lm_from(source: Any) -> tuple[Any, Path | None]:
-    """(the encoder-decoder ready for export, its directory or None) from an `hf:DIR` / path or a transformers model."""
-    directory = None
-    if isinstance(source, (str, os.PathLike)):
-        directory = model_dir(source)
-        module = transformers()
-        speech = type(read_config(directory)) in module.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING  # Whisper
-        lm = load_model(module.AutoModelForSpeechSeq2Seq if speech else module.AutoModelForSeq2SeqLM, directory)
-    elif getattr(source, "config", None) is None:
-        raise InputSpecError(f"convert_hf takes a model directory or a transformers model, got {type(source).__name__}")
-    else:
-        lm = source
-    return lm.eval(), directory
-
-
-def causal_lm_from(source: Any) -> tuple[Any, Path | None]:
-    """(the causal LM ready for export, its directory or None) from an `hf:DIR` / path or a transformers model."""
-    directory = None
-    if isinstance(source, (str, os.PathLike)):
-        directory = model_dir(source)
-    elif getattr(source, "config", None) is None:
-        raise InputSpecError(f"convert_hf takes a model directory or a transformers model, got {type(source).__name__}")
-    lm = load_model(transformers().AutoModelForCausalLM, directory) if directory is not None else source
-    prepare_for_export(lm)
-    return lm.eval(), directory

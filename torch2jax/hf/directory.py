@@ -2,20 +2,25 @@
 
 This is the one place that imports transformers for the hf room, offline: nothing is ever downloaded.
 It finds the directory, reads its config, loads a model with the attention kept whole where the
-architecture allows it, and lists the tokenizer files that travel with an artifact.
+architecture allows it, and lists the tokenizer and processor files that travel with an artifact.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
+from ..capture.weight_source import mismatch_report
 from ..errors import InputSpecError, Torch2JaxError
 
 PREFIX = "hf:"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "chat_template.jinja", "chat_template.json")
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")  # tried in this order
+T = TypeVar("T")
 
 
 def transformers() -> ModuleType:
@@ -40,6 +45,13 @@ def model_dir(target: str | os.PathLike) -> Path:
     if not (path / "config.json").is_file():
         raise InputSpecError(f"{path} has no config.json: is it a directory written by save_pretrained?")
     return path
+
+
+def open_directory(target: str | os.PathLike) -> tuple[Path, Any, dict[str, Path], dict[str, Path]]:
+    """(the directory, its config, its tokenizer files, its processor files) of an `hf:DIR` target or a path: what a
+    conversion reads of a directory before loading its model, read once."""
+    directory = model_dir(target)
+    return directory, read_config(directory), tokenizer_files(directory), processor_files(directory)
 
 
 def read_config(directory: Path) -> Any:
@@ -68,24 +80,30 @@ def load_model(auto_class: Any, directory: Path) -> Any:
     Every weight must come from the checkpoint: transformers fills a missing or misnamed tensor with a fresh random
     initialization (and one of the wrong shape too, when told to go on), which would put random weights in the
     artifact; such a checkpoint is refused here, naming the tensors, before anything is converted."""
-    errors = []
     logging = transformers().utils.logging
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()  # its load report is replaced by our error, or says nothing worth it
     try:
-        for attention in ("sdpa", "eager"):
-            try:
-                model, info = auto_class.from_pretrained(directory, local_files_only=True, attn_implementation=attention,
-                                                         output_loading_info=True, ignore_mismatched_sizes=True)
-                break
-            except (OSError, ValueError, KeyError) as err:
-                errors.append(f"{attention}: {err}")
-        else:
-            raise Torch2JaxError(f"transformers could not load {auto_class.__name__} from {directory}: {'; '.join(errors)}")
+        model, info = with_attention_fallback(
+            lambda attention: auto_class.from_pretrained(directory, local_files_only=True, attn_implementation=attention,
+                                                         output_loading_info=True, ignore_mismatched_sizes=True),
+            f"transformers could not load {auto_class.__name__} from {directory}")
     finally:
         logging.set_verbosity(verbosity)
     check_loaded(info, directory)
     return model
+
+
+def with_attention_fallback(build: Callable[[str], T], failure: str) -> T:
+    """`build(attention)` with sdpa, whose attention stays whole (one fused attention op), else with eager where the
+    architecture has no sdpa; `failure` starts the error naming both attempts when neither builds."""
+    errors = []
+    for attention in ATTENTION_IMPLEMENTATIONS:
+        try:
+            return build(attention)
+        except (OSError, ValueError, KeyError) as err:
+            errors.append(f"{attention}: {err}")
+    raise Torch2JaxError(f"{failure}: {'; '.join(errors)}")
 
 
 def check_loaded(info: dict, directory: Path) -> None:
@@ -94,19 +112,12 @@ def check_loaded(info: dict, directory: Path) -> None:
     mismatched = sorted(info.get("mismatched_keys") or ())
     if not missing and not mismatched:
         return
-    lines = [f"the checkpoint in {directory} does not match the model (transformers would fill these weights with random values):"]
-    if missing:
-        lines.append(f"  {len(missing)} param(s) have no tensor in the checkpoint: {', '.join(missing[:20])}"
-                     + (f" (and {len(missing) - 20} more)" if len(missing) > 20 else ""))
-        unexpected = sorted(info.get("unexpected_keys") or ())
-        if unexpected:
-            lines.append(f"  checkpoint tensors no param took: {', '.join(unexpected[:20])}"
-                         + (f" (and {len(unexpected) - 20} more)" if len(unexpected) > 20 else ""))
-    if mismatched:
-        lines.append(f"  {len(mismatched)} tensor(s) differ in shape:")
-        lines += [f"    {name}: the checkpoint has {list(stored)}, the model {list(wanted)}" for name, stored, wanted in mismatched[:20]]
-    lines.append("Is this the checkpoint of this model (config.json)? Nothing was converted.")
-    raise InputSpecError("\n".join(lines))
+    shapes = [f"{name}: the checkpoint has {list(stored)}, the model {list(wanted)}" for name, stored, wanted in mismatched]
+    raise InputSpecError(mismatch_report(
+        missing, sorted(info.get("unexpected_keys") or ()), shapes, differ="shape",
+        subject=f"the checkpoint in {directory} does not match the model (transformers would fill these weights with "
+                "random values)",
+        closing="Is this the checkpoint of this model (config.json)? Nothing was converted."))
 
 
 def load_quietly(auto_class: Any, directory: Path, config: Any = None) -> Any:
@@ -131,7 +142,7 @@ def load_quietly(auto_class: Any, directory: Path, config: Any = None) -> Any:
 def prepare_for_export(model: Any) -> None:
     """Settings under which transformers models export with static shapes: mixture-of-experts layers as batched
     matmuls over every expert (eager routing makes data-dependent shapes; grouped_mm is a custom op), and the
-    expert loops written in a model's own code replaced while tracing (hf/experts.py)."""
+    expert loops written in a model's own code replaced while tracing (hf/stand_ins/)."""
     from . import stand_ins  # noqa: F401 - registers the trace-time stand-ins
     if getattr(model.config, "_experts_implementation", None) not in (None, "batched_mm") and hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation("batched_mm")
@@ -147,3 +158,8 @@ def generation_config(directory: Path, config: Any) -> Any:
 def tokenizer_files(directory: Path) -> dict[str, Path]:
     """The tokenizer and generation files a model directory has, to travel with the artifact."""
     return {name: directory / name for name in TOKENIZER_FILES if (directory / name).is_file()}
+
+
+def processor_files(directory: Path) -> dict[str, Path]:
+    """The processor's files (image-processor settings, chat template) a model directory has, to travel with the artifact."""
+    return {name: directory / name for name in PROCESSOR_FILES if (directory / name).is_file()}

@@ -11,7 +11,6 @@ its text config.
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +19,10 @@ import torch
 from ..capture.checkpoint_files import Checkpoint
 from ..capture.fake_params import fake_parameters
 from ..capture.weight_source import WeightSource
-from ..errors import Torch2JaxError
 from ..ir import dtypes
 from .checkpoint_rules import transformers_rules
-from .directory import generation_config, model_dir, prepare_for_export, read_config, transformers
+from .directory import generation_config, prepare_for_export, read_config, transformers, with_attention_fallback
+from .tasks import IMAGE_TEXT_TO_TEXT, TEXT_GENERATION, auto_class
 
 LAYER_LISTS = ("layer_types",)  # per-layer config entries that follow num_hidden_layers
 
@@ -31,36 +30,28 @@ LAYER_LISTS = ("layer_types",)  # per-layer config entries that follow num_hidde
 def fake_causal_lm(directory: Path, config: Any = None, vision: bool = False) -> tuple[Any, WeightSource]:
     """(a causal LM with fake params and real buffers, the source of its weights) for a model directory; `vision`:
     the vision-language model (AutoModelForImageTextToText) around it."""
-    lm, source = fake_model(lm_class(vision), directory, config)
+    lm, source = fake_model(auto_class(IMAGE_TEXT_TO_TEXT if vision else TEXT_GENERATION), directory, config)
     lm.generation_config = generation_config(directory, lm.config)
     return lm, source
 
 
-def lm_class(vision: bool = False) -> Any:
-    """transformers' auto class of a causal LM, or with `vision` of an image-text-to-text model."""
-    module = transformers()
-    return module.AutoModelForImageTextToText if vision else module.AutoModelForCausalLM
-
-
-def fake_model(auto_class: Any, directory: Path, config: Any = None) -> tuple[Any, WeightSource]:
-    """(the model of `auto_class` with fake params, in eval mode, and its WeightSource), checked against the files."""
+def fake_model(model_class: Any, directory: Path, config: Any = None) -> tuple[Any, WeightSource]:
+    """(the model of `model_class` (a transformers auto class) with fake params, in eval mode, and its WeightSource),
+    checked against the files."""
     transformers()  # offline, before anything of transformers is imported
     from transformers.initialization import no_init_weights
 
     checkpoint = Checkpoint.open(directory)
     config = config or read_config(directory)
     dtype = _load_dtype(config, checkpoint)
-    errors = []
-    for attention in ("sdpa", "eager"):
-        try:
-            with fake_parameters(), no_init_weights():  # random init is wasted on fakes (and some inits read values)
-                model = auto_class.from_config(config, attn_implementation=attention, dtype=dtype)
-            model.tie_weights()  # what init_weights would have done besides initializing
-            break
-        except (OSError, ValueError, KeyError) as err:
-            errors.append(f"{attention}: {err}")
-    else:
-        raise Torch2JaxError(f"transformers could not build {auto_class.__name__} for {directory}: {'; '.join(errors)}")
+
+    def build(attention: str) -> Any:
+        with fake_parameters(), no_init_weights():  # random init is wasted on fakes (and some inits read values)
+            model = model_class.from_config(config, attn_implementation=attention, dtype=dtype)
+        model.tie_weights()  # what init_weights would have done besides initializing
+        return model
+
+    model = with_attention_fallback(build, f"transformers could not build {model_class.__name__} for {directory}")
     prepare_for_export(model)
     renames, fuses = transformers_rules(model)
     source = WeightSource(checkpoint, renames, fuses)
@@ -100,13 +91,3 @@ def _load_dtype(config: Any, checkpoint: Checkpoint) -> torch.dtype:
         if dtypes.is_floating(entry.dtype):
             return getattr(torch, dtypes.name_of(entry.dtype))
     return torch.get_default_dtype()
-
-
-def streamed_causal_lm(source: str | os.PathLike, config: Any = None, *,
-                       vision: bool = False) -> tuple[Any, Path, WeightSource]:
-    """(the causal LM with fake params, its directory, the WeightSource of its safetensors files); `config` replaces
-    the directory's (a slice of its layers, for verification); `vision`: the image-text-to-text model."""
-    directory = model_dir(source)
-    config = config or read_config(directory)
-    lm, weights = fake_causal_lm(directory, config, vision)
-    return lm, directory, weights

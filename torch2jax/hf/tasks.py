@@ -1,30 +1,29 @@
 """What a Hugging Face model is converted for: its task, from `--task` or its config's `architectures`.
 
-Text generation (causal LMs) and text2text generation (encoder-decoders) become generators with their
-own entry points (hf/causal_lm.py, hf/seq2seq.py); every other task is one forward pass through the
-task's auto class, converted like any module, on example inputs made from the config.
+Text generation (causal LMs), text2text generation (encoder-decoders) and image-text-to-text become generators with
+their own entry points (hf/steps/); every other task is one forward pass through the task's auto class, converted like
+any module, on example inputs made from the config.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..capture.target import Target, from_specs, load_weights
 from ..errors import InputSpecError, Torch2JaxError
-from ..ir import input_specs
-from .directory import load_model, model_dir, prepare_for_export, read_config, transformers
+from .directory import transformers
 
 TEXT_GENERATION = "text-generation"
 TEXT2TEXT_GENERATION = "text2text-generation"
-IMAGE_TEXT_TO_TEXT = "image-text-to-text"  # vision-language models (hf/vision_language.py)
+IMAGE_TEXT_TO_TEXT = "image-text-to-text"  # vision-language models (hf/steps/vision_language.py)
 # what convert_hf builds (a Generator, a Seq2SeqGenerator, a VisionLanguageGenerator)
 GENERATION_TASKS = (TEXT_GENERATION, TEXT2TEXT_GENERATION, IMAGE_TEXT_TO_TEXT)
+GENERATION_AUTO_CLASSES = {TEXT_GENERATION: "AutoModelForCausalLM", TEXT2TEXT_GENERATION: "AutoModelForSeq2SeqLM",
+                           IMAGE_TEXT_TO_TEXT: "AutoModelForImageTextToText"}
 # the architecture name's suffix -> its task (transformers' naming)
 _TASK_BY_SUFFIX = (
     ("ForCausalLM", TEXT_GENERATION),
@@ -74,16 +73,25 @@ def is_vision_language(config: Any) -> bool:
     return getattr(config, "vision_config", None) is not None and getattr(config, "text_config", None) is not None
 
 
-def task_of(source: Any, task: str | None = None) -> str:
-    """`task`, else what the config of `source` (an `hf:DIR` / path, or a transformers model) implies."""
-    if task:
-        return task
-    if isinstance(source, (str, os.PathLike)):
-        return default_task(read_config(model_dir(source)))
-    name = type(source).__name__  # a model built from a config has no `architectures` until it is saved
-    if is_vision_language(getattr(source, "config", None)) and name.endswith("ForConditionalGeneration"):
+def task_of(config: Any, model: Any = None) -> str:
+    """The task implied where none is given: a directory's by its config's `architectures` (default_task); a model
+    object's by its class name (a model built from a config has no `architectures` until it is saved): a vision part
+    and a text part make image-text-to-text, else the name's suffix, else text-generation."""
+    if model is None:
+        return default_task(config)
+    name = type(model).__name__
+    if is_vision_language(config) and name.endswith("ForConditionalGeneration"):
         return IMAGE_TEXT_TO_TEXT
     return next((task for suffix, task in _TASK_BY_SUFFIX if name.endswith(suffix)), TEXT_GENERATION)
+
+
+def auto_class(task: str, config: Any = None) -> Any:
+    """transformers' auto class a task's model is loaded with: a generator's (an encoder-decoder whose config is a
+    speech model's, such as Whisper, its own), or a forward-pass task's (FORWARD_TASKS)."""
+    module = transformers()
+    if task == TEXT2TEXT_GENERATION and type(config) in module.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING:
+        return module.AutoModelForSpeechSeq2Seq
+    return getattr(module, GENERATION_AUTO_CLASSES.get(task) or FORWARD_TASKS[task].auto_class)
 
 
 def check_generation_task(task: str) -> None:
@@ -93,40 +101,6 @@ def check_generation_task(task: str) -> None:
             "forward pass: convert it with "
             f"`torch2jax convert hf:DIR --task {task}` or torch2jax.convert(model, args)"
         )
-
-
-def forward_target(target: str, task: str | None = None, inputs: list[str] | None = None, weights: str | None = None,
-                   train: bool = False, seed: int = 0, stream: bool = False) -> Target:
-    """An `hf:DIR` target for a forward-pass task: the model from the task's auto class, and example inputs from
-    `inputs` (--input specs) or made from its config by the task's input maker (FORWARD_TASKS).
-    With `stream` (and no `weights` file) the model has fake params and `Target.weights` maps its safetensors files."""
-    import torch
-
-    directory = model_dir(target)
-    config = read_config(directory)
-    task = task or default_task(config)
-    if task not in FORWARD_TASKS:
-        known = ", ".join([*FORWARD_TASKS, TEXT_GENERATION, TEXT2TEXT_GENERATION])
-        raise InputSpecError(f"task {task!r} is not supported for hf: targets (supported: {known})")
-    entry = FORWARD_TASKS[task]
-    auto_class = getattr(transformers(), entry.auto_class)
-    source = None
-    if stream and not weights:
-        from .streamed import fake_model
-
-        module, source = fake_model(auto_class, directory, config)
-    else:
-        module = load_model(auto_class, directory).eval()
-        prepare_for_export(module)
-        if weights:
-            load_weights(module, weights)
-    module.train(train)
-    if inputs:
-        args, kwargs, dynamic = from_specs(module, [input_specs.parse(text) for text in inputs], seed)
-        return Target(module, args, kwargs, dynamic, target, None, source)
-    made = entry.inputs(Example(directory, module.config, module, torch.Generator().manual_seed(seed)))
-    return Target(module, (), {name: tensor for name, (tensor, _) in made.items()},
-                  {name: dims for name, (_, dims) in made.items()}, target, None, source)
 
 
 # ---- example inputs made from the config, one maker per kind of input ----

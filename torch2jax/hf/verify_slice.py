@@ -4,47 +4,53 @@ A model of at most `layers` decoder layers is compared whole: the saved artifact
 loading the same directory. A deeper one is compared on a slice: its first `layers` layers (embeddings,
 final norm and head included) with the real weights, converted by the same streamed path and saved to
 a temporary artifact, against transformers loading the same slice. Where the conversion repeated a
-middle layer's graph (hf/layer_repeat.py), the slice is deep enough to be converted that way too. The
+middle layer's graph (hf/steps/layer_repeat.py), the slice is deep enough to be converted that way too. The
 output says which was done. A vision-language model is compared the same way with an image in each prompt, its
 language model's layers counted and sliced, its vision tower whole.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..capture.converter import quantize_like
-from ..generate.generator_artifact import load_generator, save_generator
+from ..capture.converter import cast_module, quantize_like
+from ..generate.artifacts import load_generator, save_generator
 from ..runtime.quantize import DEFAULT_GROUP_SIZE
-from .causal_lm import SLICE_UNITS, convert_causal_lm
+from .convert import convert_generator
 from .directory import load_quietly
-from .streamed import lm_class, num_layers, sliced_config, streamed_causal_lm
+from .options import GenerationOptions
+from .source import HFSource
+from .steps.causal_lm import SLICE_UNITS
+from .streamed import fake_causal_lm, num_layers, sliced_config
+from .tasks import IMAGE_TEXT_TO_TEXT, auto_class
 from .verify import check_generation, verify_generation, verify_vision_language
-from .vision_language import convert_vision_language
 
 
-def verify_streamed(directory: Path, artifact_dir: Path, config: Any, *, layers: int = 2, tokens: int = 16,
-                    dtype: str | None = None, max_cache_len: int = 512, max_batch: int = 8, seed: int = 0,
-                    progress: Any = None, repeat_slice: int | None = None, quantization: dict | None = None,
-                    vision: bool = False) -> str:
-    """Check a streamed text-generation artifact against transformers; returns what was checked (raises if it differs).
+def verify_streamed(source: HFSource, artifact_dir: Path, options: GenerationOptions, *, layers: int = 2, tokens: int = 16,
+                    seed: int = 0, progress: Any = None, repeat_slice: int | None = None,
+                    quantization: dict | None = None) -> str:
+    """Check a streamed generation artifact (text-generation, or image-text-to-text: compared with images,
+    hf.verify.verify_vision_language) against transformers; returns what was checked (raises if it differs). `source`:
+    the loaded source the artifact was converted from, `options` what it was converted with.
     `repeat_slice`: where the conversion repeated layers, the depth of a slice that converts that way too
-    (hf.causal_lm.repeat_slice); None if it traced every layer. `quantization` (the artifact's): transformers runs
-    with the same weights dequantized, and a slice is converted quantized alike. `vision`: an image-text-to-text
-    artifact, compared with images (hf.verify.verify_vision_language)."""
+    (hf.steps.causal_lm.repeat_slice); None if it traced every layer. `quantization` (the artifact's): transformers runs
+    with the same weights dequantized, and a slice is converted quantized alike."""
     quantization = quantization or {}
+    vision = source.task == IMAGE_TEXT_TO_TEXT
     compare = verify_vision_language if vision else verify_generation
+    config = source.model.config
     depth = num_layers(config)
     if repeat_slice is not None:
         layers = max(layers, repeat_slice)
     if depth is None or depth <= layers:
         if progress:
             progress("verify", f"greedy-generate {tokens} tokens with the saved artifact and with transformers (whole model)")
-        reference = quantize_like(_cast(_reference(directory, vision=vision), dtype), quantization)
+        reference = quantize_like(_cast(_reference(source.directory, source.task), options.dtype), quantization)
         result = compare(reference, load_generator(artifact_dir), tokens=tokens, seed=seed)
         check_generation(result)
         how = f", its {quantization['scheme']} weights dequantized" if quantization else ""
@@ -52,10 +58,13 @@ def verify_streamed(directory: Path, artifact_dir: Path, config: Any, *, layers:
     if progress:
         progress("verify", f"convert the first {layers} of {depth} layers the same way and generate {tokens} tokens with both")
     small = sliced_config(config, layers)
+    sliced = dataclasses.replace(options, repeat_layers=SLICE_UNITS if repeat_slice is not None else False,
+                                 quantize=quantization.get("scheme"),
+                                 group_size=quantization.get("group_size", DEFAULT_GROUP_SIZE))
     with tempfile.TemporaryDirectory(prefix="torch2jax-verify-") as scratch:
-        generator = _convert_slice(directory, small, Path(scratch) / "slice", dtype, max_cache_len, max_batch,
-                                   repeat_slice is not None, quantization, vision)
-        reference = quantize_like(_cast(_reference(directory, small, vision), dtype), generator.prefill_model.quantization)
+        generator = _convert_slice(source, small, Path(scratch) / "slice", sliced)
+        reference = quantize_like(_cast(_reference(source.directory, source.task, small), options.dtype),
+                                  generator.prefill_model.quantization)
         result = compare(reference, generator, tokens=tokens, seed=seed)
     check_generation(result)
     how = " (its middle layers repeated, as for the whole model)" if repeat_slice is not None else ""
@@ -65,25 +74,17 @@ def verify_streamed(directory: Path, artifact_dir: Path, config: Any, *, layers:
             f"which would need all its weights in memory:\n{result.summary()}")
 
 
-def _convert_slice(directory: Path, config: Any, out: Path, dtype: str | None, max_cache_len: int, max_batch: int,
-                   repeat_layers: bool, quantization: dict, vision: bool):
-    lm, _, weights = streamed_causal_lm(directory, config, vision=vision)
-    if vision:
-        generator = convert_vision_language(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype,
-                                            weights=weights, quantize=quantization.get("scheme"),
-                                            group_size=quantization.get("group_size", DEFAULT_GROUP_SIZE))
-    else:
-        generator = convert_causal_lm(lm, max_cache_len=max_cache_len, max_batch=max_batch, dtype=dtype, weights=weights,
-                                      repeat_layers=SLICE_UNITS if repeat_layers else False,
-                                      quantize=quantization.get("scheme"),
-                                      group_size=quantization.get("group_size", DEFAULT_GROUP_SIZE))
+def _convert_slice(source: HFSource, config: Any, out: Path, options: GenerationOptions) -> Any:
+    """The slice converted as the whole model was (hf.convert.convert_generator), saved and loaded back."""
+    model, weights = fake_causal_lm(source.directory, config, vision=source.task == IMAGE_TEXT_TO_TEXT)
+    generator = convert_generator(dataclasses.replace(source, config=config, model=model, weights=weights), options)
     save_generator(generator, out, platforms=("cpu",))
     return load_generator(out)
 
 
 def _cast(lm: torch.nn.Module, dtype: str | None) -> torch.nn.Module:
-    return lm.to(getattr(torch, dtype)) if dtype else lm
+    return cast_module(lm, dtype) if dtype else lm
 
 
-def _reference(directory: Path, config: Any = None, vision: bool = False) -> torch.nn.Module:
-    return load_quietly(lm_class(vision), directory, config)
+def _reference(directory: Path, task: str, config: Any = None) -> torch.nn.Module:
+    return load_quietly(auto_class(task), directory, config)

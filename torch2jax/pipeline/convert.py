@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import InputSpecError
 from ..hf.directory import is_hf_target
-from ..hf.tasks import GENERATION_TASKS, IMAGE_TEXT_TO_TEXT, TEXT_GENERATION, task_of
+from ..hf.options import GenerationOptions
+from ..hf.source import resolve_source
+from ..hf.tasks import GENERATION_TASKS, IMAGE_TEXT_TO_TEXT, TEXT_GENERATION
 from ..runtime.stablehlo import DEFAULT_PLATFORMS
 from .conversion import BytesFn, Conversion, ProgressFn
 from .forward import export_forward
@@ -16,12 +19,15 @@ from .generation import export_generator
 from .targets import import_lowerings
 
 STREAMED_TASKS = (TEXT_GENERATION, IMAGE_TEXT_TO_TEXT)  # generators whose weights stream (encoder-decoders load in memory)
+# what `torch2jax convert` does by default: the weights streamed from the safetensors files
+STREAMED = GenerationOptions(stream_weights=True)
 
 
 def convert_target(
     target: str,
     out: str | os.PathLike,
     *,
+    options: GenerationOptions = STREAMED,
     inputs: Sequence[str] = (),
     weights: str | None = None,
     task: str | None = None,
@@ -29,17 +35,9 @@ def convert_target(
     force: bool = False,
     verify: bool = True,
     train: bool = False,
-    dtype: str | None = None,
     seed: int = 0,
-    stream: bool = True,
-    max_cache_len: int = 512,
-    max_batch: int = 8,
-    max_source_len: int = 512,
     verify_tokens: int = 16,
     verify_layers: int = 2,
-    repeat_layers: bool = True,
-    quantize: str | None = None,
-    group_size: int = 64,
     specialize: Sequence[str] = (),
     lowerings: Sequence[str | os.PathLike] = (),
     report: str | os.PathLike | None = None,
@@ -53,26 +51,26 @@ def convert_target(
     Args:
       target: "model.py:Model", "model.py:make_model", "package.module:Model", or "hf:DIR" (a local model directory).
       out: the artifact directory to write (atomically; an existing one only with `force`).
+      options: how to convert (hf.options.GenerationOptions; default: the weights streamed, as the CLI does). Every
+        conversion reads `dtype` (the model and its floating inputs converted to it first, e.g. "bfloat16"), `quantize` /
+        `group_size` (the weights of the matrix products stored quantized, docs/api.md) and `stream_weights` (the
+        weights read from safetensors files only while writing the artifact: hf: targets and model files with a
+        .safetensors `weights`, instead of loading the whole model in torch first; encoder-decoders always load in
+        memory); generators also their limits (`max_cache_len`, `max_batch`, `max_source_len`, see
+        torch2jax.convert_hf) and `repeat_layers` (trace a stack of alike layers at 3 and 4 and repeat a middle one).
       inputs: example inputs as --input specs ("x=float32[batch,16]", "x=file.npy"); default: the model file's
         example_inputs(), or inputs made from an hf: model's config.
       weights: a state_dict to load (.safetensors, or .pt/.pth read with weights_only=True).
-      task: hf: targets: "text-generation" / "text2text-generation" (a generator), or a forward-pass task such as
-        "text-classification"; default: what config.json's architectures imply.
+      task: hf: targets: "text-generation" / "text2text-generation" / "image-text-to-text" (a generator), or a
+        forward-pass task such as "text-classification"; default: what config.json's architectures imply.
       platforms: jax.export platforms of the StableHLO.
       force: replace an existing `out`.
       verify: compare the saved artifact with torch (forward passes: the example inputs, random inputs and a second
         size of each symbolic dim) or with transformers' greedy generate (generators) before renaming it into place.
       train: export in training mode (default: eval).
-      dtype: convert the model and its floating inputs to this dtype first, e.g. "bfloat16".
       seed: seed for model construction and random example inputs.
-      stream: read the weights from safetensors files only while writing the artifact (hf: targets and model files
-        with a .safetensors `weights`), instead of loading the whole model in torch first.
-      max_cache_len, max_batch, max_source_len: generators' limits (see torch2jax.convert_hf).
       verify_tokens: generators: greedy tokens compared with transformers (bfloat16: the first 8 must be equal).
       verify_layers: streamed causal LMs deeper than this are verified on a slice of their first layers.
-      repeat_layers: causal LMs: trace a stack of alike layers at 3 and 4 layers and repeat a middle one.
-      quantize: "int8", "int4" or "int8-dynamic": the weights of the matrix products stored quantized (docs/api.md).
-      group_size: int4's group of input columns sharing one scale.
       specialize: forward passes: integer inputs fixed to their example values (torch2jax.convert's `specialize`).
       lowerings: Python files that register lowerings for custom ops (torch2jax.register_lowering), imported first.
       report: also write a markdown report (stages, timings, op counts, per-output errors) here, pass or fail.
@@ -85,16 +83,15 @@ def convert_target(
         import_lowerings(path)
     if out.exists() and not force:
         raise InputSpecError(f"{out} already exists; pass --force (force=True) to replace it")
-    options = dict(platforms=tuple(platforms), force=force, verify=verify, dtype=dtype, seed=seed, progress=progress,
-                   on_bytes=on_bytes, quantize=quantize, group_size=group_size)
+    saving = dict(platforms=tuple(platforms), force=force, verify=verify, seed=seed, progress=progress, on_bytes=on_bytes)
+    source = None
     if is_hf_target(target):
-        kind = task_of(target, task)
-        if kind in GENERATION_TASKS:
+        source = resolve_source(target, task)  # the directory and its config, read once for whichever path follows
+        if source.task in GENERATION_TASKS:
             if specialize:
-                raise InputSpecError(f"--specialize is for forward-pass conversions; {kind} builds its own inputs")
-            return export_generator(target, out, task=kind, stream=stream and kind in STREAMED_TASKS,
-                                    max_cache_len=max_cache_len, max_batch=max_batch, max_source_len=max_source_len,
-                                    verify_tokens=verify_tokens, verify_layers=verify_layers, repeat_layers=repeat_layers,
-                                    **options)
-    return export_forward(target, out, inputs=inputs, weights=weights, task=task, train=train, stream=stream,
-                          report=report, repro_dir=repro_dir, specialize=list(specialize), **options)
+                raise InputSpecError(f"--specialize is for forward-pass conversions; {source.task} builds its own inputs")
+            streams = options.stream_weights and source.task in STREAMED_TASKS
+            return export_generator(source, out, options=dataclasses.replace(options, stream_weights=streams),
+                                    verify_tokens=verify_tokens, verify_layers=verify_layers, **saving)
+    return export_forward(target, out, options=options, source=source, inputs=inputs, weights=weights, task=task, train=train,
+                          report=report, repro_dir=repro_dir, specialize=list(specialize), **saving)

@@ -16,32 +16,35 @@ from ..diagnose.report import ReportData, reporting
 from ..diagnose.verify import check
 from ..diagnose.verify import verify as compare_with_torch
 from ..errors import LoweringError, UnsupportedOpsError
+from ..hf.options import GenerationOptions
+from ..hf.source import HFSource
 from ..ir.graph import Graph
 from ..runtime import artifact, stablehlo
 from .conversion import BytesFn, Conversion, ProgressFn
 from .targets import resolve_target
 
 
-def export_forward(target: str, out: Path, *, inputs: Sequence[str], weights: str | None, task: str | None,
-                   platforms: Sequence[str], force: bool, verify: bool, train: bool, dtype: str | None, seed: int,
-                   stream: bool, report: str | os.PathLike | None, repro_dir: str | os.PathLike | None,
-                   progress: ProgressFn | None, on_bytes: BytesFn | None, quantize: str | None = None,
-                   group_size: int = 64, specialize: list[str] | None = None) -> Conversion:
-    """See pipeline.convert_target; verification runs inside the save, before the rename."""
+def export_forward(target: str, out: Path, *, options: GenerationOptions, source: HFSource | None, inputs: Sequence[str],
+                   weights: str | None, task: str | None, platforms: Sequence[str], force: bool, verify: bool, train: bool,
+                   seed: int, report: str | os.PathLike | None, repro_dir: str | os.PathLike | None,
+                   progress: ProgressFn | None, on_bytes: BytesFn | None, specialize: list[str] | None = None) -> Conversion:
+    """See pipeline.convert_target (`source`: an hf: target as it resolved there); verification runs inside the save,
+    before the rename. Of `options`, a forward pass reads dtype, stream_weights, quantize and group_size."""
     timer = StageTimer(progress)
     data = ReportData(title="torch2jax conversion report", target=target, artifact=str(out), timings=timer.timings)
     with reporting(data, report, lambda line: None):
         with timer.stage("build model", f"build {target}"):
-            resolved = resolve_target(target, inputs, weights, task=task, train=train, seed=seed, stream=stream)
-            if dtype:
-                resolved.module, resolved.args, resolved.kwargs = cast(resolved.module, resolved.args, resolved.kwargs, dtype)
-                if resolved.weights is not None:
-                    resolved.weights.cast = True  # the files' floating tensors are converted to `dtype` as they are read
+            resolved = resolve_target(target, inputs, weights, task=task, train=train, seed=seed,
+                                      stream=options.stream_weights, source=source)
+            if options.dtype:
+                resolved.module, resolved.args, resolved.kwargs = cast(resolved.module, resolved.args, resolved.kwargs,
+                                                                       options.dtype, resolved.weights)
         model = None
         from ..hf import stand_ins  # noqa: F401 - the trace-time stand-ins for transformers code, wherever it sits
         try:
             model = convert(resolved.module, resolved.args, resolved.kwargs, resolved.dynamic_shapes, timer=timer,
-                            weights=resolved.weights, quantize=quantize, group_size=group_size, specialize=specialize)
+                            weights=resolved.weights, quantize=options.quantize, group_size=options.group_size,
+                            specialize=specialize)
             data.graph = model.graph
             with timer.stage("jax.export", "jax.export to StableHLO"):
                 exported = stablehlo.export(model, list(platforms))

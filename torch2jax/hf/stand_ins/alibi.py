@@ -1,7 +1,7 @@
 """ALiBi models (BLOOM, MPT) over the converted steps' cache, while tracing.
 
 BLOOM builds its ALiBi bias from the token-level mask [batch, keys] (each key's position: the count of real tokens
-up to it). The converted steps pass a 4-d mask [batch, 1, queries, keys] instead (hf/causal_lm.py), whose last query
+up to it). The converted steps pass a 4-d mask [batch, 1, queries, keys] instead (hf/steps/causal_lm.py), whose last query
 row keeps exactly the cache's real keys: every filled slot precedes the last one written, plus that slot itself,
 which comes after all of them and so shifts no other key's position. While tracing, this stand-in reads the keys
 from that row and builds the bias as BLOOM does; a 2-d mask (plain conversion) takes the model's own method.
@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from ..capture import trace_forwards
-from .kv_cache import step_slots
+from ...capture import trace_forwards
+from ..steps.kv_cache import step_slots
 
 _MODEL = "transformers.models.bloom.modeling_bloom.BloomModel"
 _MPT_ATTENTION = "transformers.models.mpt.modeling_mpt.MptAttention"

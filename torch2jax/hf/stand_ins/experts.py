@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..capture import trace_forwards
+from ...capture import trace_forwards
 
 
 def _routing_weights(top_k_index: torch.Tensor, top_k_weights: torch.Tensor, experts: int) -> torch.Tensor:

@@ -3,7 +3,7 @@
 GPT-Neo keeps a [positions, positions] causal table (banded to `window_size` in its local layers) and takes the
 rows `key_length - query_length ...`, which are the queries' positions only when the keys are exactly the tokens
 so far (transformers' growing cache). The converted steps attend to a span of a fixed cache (a power of two at
-least the filled slots, hf/kv_cache.py), so those rows belonged to later slots: a local layer's window sat past
+least the filled slots, hf/steps/kv_cache.py), so those rows belonged to later slots: a local layer's window sat past
 the real keys and a left-padded prompt generated other tokens than transformers. While tracing, this stand-in
 takes each query's row from its slot (`write_at`, which the step's cache layer holds); everything else is the
 model's own computation, and without the step's cache (plain conversion) the model's own forward runs.
@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from ..capture import trace_forwards
-from .kv_cache import step_slots
+from ...capture import trace_forwards
+from ..steps.kv_cache import step_slots
 
 _ATTENTION = "transformers.models.gpt_neo.modeling_gpt_neo.GPTNeoSelfAttention"
 

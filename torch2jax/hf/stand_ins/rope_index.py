@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..capture import trace_forwards
+from ...capture import trace_forwards
 
 TEXT, IMAGE, VIDEO = 0, 1, 2
 

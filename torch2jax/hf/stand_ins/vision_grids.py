@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from ..capture import trace_forwards
+from ...capture import trace_forwards
 
 HELPERS = ("get_vision_cu_seqlens", "get_vision_attention_seqlens", "get_vision_position_ids", "get_vision_window_index",
            "get_vision_interpolation_indices_and_weights", "get_vision_bilinear_indices_and_weights",

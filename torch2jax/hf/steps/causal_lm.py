@@ -26,13 +26,12 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from ..capture.converter import StageTimer, model_from, tp_plan_hints, trace
-from ..capture.fake_params import has_fake_parameters, to_dtype
-from ..capture.fx import Captured, treespec_to_json
-from ..generate.generator import GenerationSpec, Generator
-from ..ir.graph import Graph
-from ..runtime.model import Model
-from ..runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_model
+from ...capture.converter import StageTimer, cast_module, model_from, tp_plan_hints, trace
+from ...capture.fx import Captured, treespec_to_json
+from ...generate.generator import GenerationSpec, Generator
+from ...ir.graph import Graph
+from ...runtime.model import Model
+from ...runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_model
 from . import layer_repeat
 from .kv_cache import CacheLayout, cache_layout, check_limits, cut_layout, explicit_layer_class, generation_fields
 
@@ -144,10 +143,7 @@ def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batc
         check_scheme(quantize, group_size)
     lm = lm.eval()
     if dtype is not None:
-        target = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-        lm = to_dtype(lm, target) if has_fake_parameters(lm) else lm.to(target)
-        if weights is not None:
-            weights.cast = True  # the checkpoint's floating tensors are converted to `dtype` as they are read
+        lm = cast_module(lm, dtype, weights)
     layout = cache_layout(lm, max_cache_len)
     timer = StageTimer(progress)
     prefill = model_from(capture_step(lm, layout, max_batch, timer, repeat=repeat_layers), timer, weights)
@@ -172,7 +168,7 @@ def capture_step(lm: torch.nn.Module, layout: CacheLayout, max_batch: int, timer
                  repeat: bool | int = True) -> Captured:
     """The step's portable graph. torch.export's time grows with every layer it traces, so with `repeat` a deep
     stack of alike layers (or of alike blocks, where layer kinds alternate) is traced at 3 and 4 units and the
-    middle unit's graph repeated for the rest (hf/layer_repeat.py); where that cannot be shown right, every layer
+    middle unit's graph repeated for the rest (hf/steps/layer_repeat.py); where that cannot be shown right, every layer
     is traced and the progress line says why. `repeat` as in convert_causal_lm."""
     what = ""
     min_units = REPEAT_FROM_UNITS if repeat is True else int(repeat)

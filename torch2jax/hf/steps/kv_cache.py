@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from ..capture.fx import dtype_name
-from ..errors import ExportError, InputSpecError
+from ...capture.fx import dtype_name
+from ...errors import ExportError, InputSpecError
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from typing import Any, Protocol
 
 import torch
 
-from ..capture.converter import StageTimer
-from ..capture.fx import Captured, state_tensors
-from ..ir.graph import Graph, GraphInput, GraphOutput, Node, iter_refs
+from ...capture.converter import StageTimer
+from ...capture.fx import Captured, state_tensors
+from ...ir.graph import Graph, GraphInput, GraphOutput, Node, iter_refs
 
 TRACED_UNITS = 3  # first, middle (the one repeated), last: a unit is a layer, or a block of alternating layers
 

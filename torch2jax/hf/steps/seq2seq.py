@@ -7,7 +7,7 @@ at a time.
     decode(input_ids [B, 1], write_at [1], kv_valid [B, L], source_mask [B, S], cache, cross)
                                                             -> (logits [B, V] float32, cache)
 
-`cache` is the decoder's self-attention cache, laid out as hf/kv_cache.py lays a causal LM's (per layer
+`cache` is the decoder's self-attention cache, laid out as hf/steps/kv_cache.py lays a causal LM's (per layer
 keys and values of [B, heads, max_cache_len + 1, head_dim], updated out of place at `write_at`, attention over
 the first L slots). `cross` is state too: computed by encode from the source, read by every decode step, never
 saved. The decode step hands transformers an EncoderDecoderCache whose cross layers are already filled
@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
-from ..capture.converter import StageTimer, convert, tp_plan_hints
-from ..errors import ExportError, InputSpecError
-from ..generate.seq2seq import Seq2SeqGenerator, Seq2SeqSpec
-from ..runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_entry_points
+from ...capture.converter import StageTimer, cast_module, convert, tp_plan_hints
+from ...errors import ExportError, InputSpecError
+from ...generate.seq2seq import Seq2SeqGenerator, Seq2SeqSpec
+from ...runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_entry_points
 from .kv_cache import CacheLayout, check_limits, explicit_layer_class, generation_fields
 
 
@@ -289,7 +289,7 @@ def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch:
         raise InputSpecError(f"{type(lm).__name__} is not an encoder-decoder: convert it with --task text-generation")
     lm = lm.eval()
     if dtype is not None:
-        lm = lm.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+        lm = cast_module(lm, dtype)
     check_positions(lm.config, max_cache_len, max_source_len)
     layers = decoder_layers(lm)
     start = start_token(lm)

@@ -1,7 +1,7 @@
 """A vision-language model (LLaVA) as three entry points over one params tree, the causal-LM step reused:
 
     encode_image  pixel_values [images, C, H, W] -> image features [images, tokens_per_image, hidden]
-    prefill       the causal-LM step (hf/causal_lm.py) over text embeddings, with the image features merged in
+    prefill       the causal-LM step (hf/steps/causal_lm.py) over text embeddings, with the image features merged in
                   at the image-token positions, plus two inputs:
                     image_features  [image_rows, hidden]  every image's features, one row per image token
                     image_index     [B, T]  the row of image_features each position takes, -1 for a text token
@@ -27,26 +27,24 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..capture.converter import StageTimer, model_from, trace
-from ..capture.fake_params import has_fake_parameters, to_dtype
-from ..capture.fx import dtype_name
-from ..errors import ExportError, InputSpecError, Torch2JaxError
-from ..generate.generator import GenerationSpec
-from ..generate.image_processing import TILED, ImageProcessor
-from ..generate.vision_language import VisionLanguageGenerator, VisionSpec
-from ..runtime.model import Model
-from ..runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_model, share_quantized_params
+from ...capture.converter import StageTimer, cast_module, model_from, trace
+from ...capture.fx import dtype_name
+from ...errors import ExportError, InputSpecError, Torch2JaxError
+from ...generate.generator import GenerationSpec
+from ...generate.image_processing import TILED, ImageProcessor
+from ...generate.vision_language import VisionLanguageGenerator
+from ...generate.vision_spec import VisionSpec
+from ...runtime.model import Model
+from ...runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_model, share_quantized_params
+from ..directory import processor_files, transformers
 from .causal_lm import DecoderStep, example_step_inputs, step_dynamic_shapes
-from .directory import load_model, model_dir, prepare_for_export, read_config, transformers
 from .kv_cache import cache_layout, check_limits, generation_fields
 
-PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "chat_template.jinja", "chat_template.json")
 IMAGES_PER_PROMPT = 4  # the encoder's symbolic image count goes up to this many images per prompt of the batch
 SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", "PaliGemmaForConditionalGeneration",
              "InternVLForConditionalGeneration", "LlavaNextForConditionalGeneration", "LlavaOnevisionForConditionalGeneration",
@@ -255,17 +253,14 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
                             group_size: int = DEFAULT_GROUP_SIZE) -> VisionLanguageGenerator:
     """A transformers vision-language model -> a torch-free `VisionLanguageGenerator` (encode_image, prefill, decode).
     `weights` (a capture.weight_source.WeightSource) streams the params of a model built with fake parameters;
-    `quantize` / `group_size` as in hf.causal_lm.convert_causal_lm, for the language step's weights."""
+    `quantize` / `group_size` as in hf.steps.causal_lm.convert_causal_lm, for the language step's weights."""
     check_limits(max_cache_len, max_batch)
     check_supported(vlm)
     if quantize is not None:
         check_scheme(quantize, group_size)
     vlm = vlm.eval()
     if dtype is not None:
-        target = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-        vlm = to_dtype(vlm, target) if has_fake_parameters(vlm) else vlm.to(target)
-        if weights is not None:
-            weights.cast = True  # the checkpoint's floating tensors are converted to `dtype` as they are read
+        vlm = cast_module(vlm, dtype, weights)
     if type(vlm).__name__ in VARIABLE_RESOLUTION:
         return convert_variable_resolution(vlm, max_cache_len=max_cache_len, max_batch=max_batch, progress=progress,
                                            weights=weights, quantize=quantize, group_size=group_size)
@@ -415,21 +410,6 @@ def _drop_unused_symbols(graph: Any) -> None:
     graph.symbols = {name: bounds for name, bounds in graph.symbols.items() if name in used}
 
 
-def vision_language_from(source: Any) -> tuple[Any, Path | None]:
-    """(the vision-language model ready for export, its directory or None) from an `hf:DIR` / path or a model."""
-    directory = None
-    if isinstance(source, (str, os.PathLike)):
-        directory = model_dir(source)
-        read_config(directory)
-        vlm = load_model(transformers().AutoModelForImageTextToText, directory)
-    elif getattr(source, "config", None) is None:
-        raise InputSpecError(f"convert_hf takes a model directory or a transformers model, got {type(source).__name__}")
-    else:
-        vlm = source
-    prepare_for_export(vlm)
-    return vlm.eval(), directory
-
-
 def with_processor_text(vision: VisionSpec, directory: Path) -> VisionSpec:
     """The spec with what the model's processor writes for one image: the chat template's placeholder and what the
     processor expands it to (LLaVA: the image token once -> tokens_per_image times; Gemma 3: its begin-of-image token
@@ -478,8 +458,3 @@ def _tile_wrap(directory: Path) -> tuple[str, str] | None:
     named = {**config, **(extra if isinstance(extra, dict) else {})}
     names = [named.get(key) for key in ("start_image_token", "end_image_token", "context_image_token")]
     return (names[0], names[1]) if all(isinstance(name, str) for name in names) else None
-
-
-def processor_files(directory: Path) -> dict[str, Path]:
-    """The processor's files (image-processor settings, chat template) a model directory has, to travel with the artifact."""
-    return {name: directory / name for name in PROCESSOR_FILES if (directory / name).is_file()}
