@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import sys
 import time
 from collections.abc import Callable
@@ -17,6 +18,31 @@ def fail(message: str, code: int = EXIT_ERROR) -> None:
     click.secho("error: ", fg="red", bold=True, err=True, nl=False)
     click.echo(message, err=True)
     sys.exit(code)
+
+
+# the optional packages a subcommand may need -> the extra of torch2jax-aot that installs them
+EXTRAS = {"torch": "convert", "safetensors": "convert", "tokenizers": "text", "PIL": "vision", "starlette": "serve",
+          "uvicorn": "serve", "pydantic": "serve", "jinja2": "serve", "prometheus_client": "serve"}
+
+
+def needs_extra(extra: str, *modules: str) -> None:
+    """Exit with one paragraph naming `pip install 'torch2jax-aot[extra]'` when a package the subcommand needs is not
+    installed: before any work, instead of a ModuleNotFoundError traceback later."""
+    missing = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        fail(_not_installed(missing, extra), EXIT_ERROR)
+
+
+def _not_installed(packages: list[str], extra: str) -> str:
+    command = click.get_current_context(silent=True)
+    what = f"`{command.command_path}`" if command is not None else "this command"
+    return (f"{what} needs {', '.join(packages)}, which {'is' if len(packages) == 1 else 'are'} not installed: "
+            f"pip install 'torch2jax-aot[{extra}]'")
 
 
 def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -34,6 +60,11 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             fail(str(err), EXIT_USAGE)
         except Torch2JaxError as err:
             fail(str(err), EXIT_ERROR)
+        except ModuleNotFoundError as err:  # an optional package a library call imports only when it needs it
+            package = (err.name or "").partition(".")[0]
+            if package not in EXTRAS:
+                raise
+            fail(_not_installed([package], EXTRAS[package]), EXIT_ERROR)
 
     return wrapper
 

@@ -28,8 +28,8 @@ def inspect(artifact_dir, as_json, mesh, sharding):
       torch2jax inspect out/gpt
       torch2jax inspect out/llm --mesh data=2,model=4
     """
-    from torch2jax.generate.artifacts import describe
     from torch2jax.runtime.artifact import read_manifest
+    from torch2jax.runtime.describe import describe
 
     manifest = read_manifest(Path(artifact_dir))
     if as_json:

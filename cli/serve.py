@@ -12,7 +12,7 @@ import time
 
 import click
 
-from .common import handles_errors
+from .common import handles_errors, needs_extra
 
 
 @click.command()
@@ -48,6 +48,7 @@ def serve(artifact_dir, host, port, max_batch, max_queue, chunk, model_name, cha
       curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
            -d '{"model": "llm", "prompt": "Hello", "max_tokens": 16, "temperature": 0}'
     """
+    needs_extra("serve", "uvicorn", "starlette", "pydantic", "jinja2", "tokenizers", "prometheus_client")
     import uvicorn
 
     from torch2jax.serve.api import build_service, create_app

@@ -6,10 +6,10 @@ Each function of the package is expanded once, depth first, in source order; a c
 calling module's imports (`from .x import f`, `import m` then `m.f`), its own functions, `self.method` within a
 class, and a class (its `__init__`). What it prints is what docs/architecture.md's walks are checked with:
 - `files`: the distinct modules entered;
-- `entries`: each time the walk moves into a module from another one (a module entered once per walk is
-  the ideal: a reader meets each room once);
-- `returns`: each time the walk comes back to a module it had already left (a callee returning to its caller
-  counts once per call chain; a module re-entered later from elsewhere counts too).
+- `entries`: each call from one module into another;
+- `re-entries`: entries into a module the walk had already entered and left, from elsewhere (the ideal is none: a
+  reader meets each room once, in pipeline order);
+- `call-backs`: entries into a module that is still on the call chain (a stage reaching back into its caller's room).
 `--expand torch2jax.hf` expands only the functions of modules under that prefix (a room walked on its own):
 a call out of it counts as one entry into the callee's module, which is not walked further.
 Dynamic dispatch (a function passed as a value, getattr) is not followed: the walk is a lower bound.
@@ -134,7 +134,9 @@ def walk(root: Path, start: str, show_tree: bool = False, expand: tuple[str, ...
     if module is None or qual not in module.functions:
         raise SystemExit(f"{start}: no such function under {root}")
     seen: set[tuple[str, str]] = set()
-    trail: list[str] = []  # the module the walk is in, after every move
+    entered: dict[str, int] = {}  # module -> calls into it from another module
+    stack: list[str] = [module.name]  # the modules of the call chain the walk is in
+    counts = {"entries": 0, "reentries": 0, "callbacks": 0}
     lines: list[str] = []
 
     def visit(mod: Module, q: str, depth: int) -> None:
@@ -146,26 +148,22 @@ def walk(root: Path, start: str, show_tree: bool = False, expand: tuple[str, ...
         for callee, cq in callees(root, mod, q):
             if (callee.name, cq) in seen:
                 continue
-            if callee.name != mod.name:
-                trail.append(callee.name)
+            moved = callee.name != mod.name
+            if moved:
+                counts["entries"] += 1
+                if callee.name in stack:
+                    counts["callbacks"] += 1  # a stage reaching back into one of its callers' modules
+                elif entered.get(callee.name):
+                    counts["reentries"] += 1  # a module met again after the walk had moved on from it
+                entered[callee.name] = entered.get(callee.name, 0) + 1
+                stack.append(callee.name)
             visit(callee, cq, depth + 1)
-            if callee.name != mod.name:
-                trail.append(mod.name)
+            if moved:
+                stack.pop()
 
-    trail.append(module.name)
     visit(module, qual, 0)
-    entries: dict[str, int] = {}
-    returns = 0
-    left: set[str] = set()
-    for previous, current in zip(trail, trail[1:]):
-        if previous == current:
-            continue
-        entries[current] = entries.get(current, 0) + 1
-        if current in left:
-            returns += 1
-        left.add(previous)
-    files = list(dict.fromkeys(trail))
-    return {"files": files, "entries": entries, "returns": returns, "tree": lines}
+    files = [module.name] + [m for m in entered if m != module.name]
+    return {"files": files, "entered": entered, **counts, "tree": lines}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,9 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     for start in args.start:
         result = walk(args.root.resolve(), start, args.tree, tuple(args.expand))
         print("\n".join(result["tree"]))
-        multiple = {m: n for m, n in result["entries"].items() if n > 1}
-        print(f"{start}: {len(result['files'])} files, {sum(result['entries'].values())} entries, "
-              f"{result['returns']} returns to a file already left")
+        multiple = {m: n for m, n in result["entered"].items() if n > 1}
+        print(f"{start}: {len(result['files'])} files, {result['entries']} entries, {result['reentries']} re-entries "
+              f"(a module met again), {result['callbacks']} call-backs (into a caller's module)")
         if multiple:
             print("  entered more than once: " + ", ".join(f"{m} x{n}" for m, n in sorted(multiple.items(), key=lambda i: -i[1])))
     return 0

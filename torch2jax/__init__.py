@@ -75,7 +75,8 @@ def convert(module: Any, args: Any = (), kwargs: dict | None = None, dynamic_sha
 
 def convert_hf(source: Any, *, task: str | None = None, max_cache_len: int = 512, max_batch: int = 8,
                max_source_len: int = 512, dtype: str | None = None, stream_weights: bool = False, repeat_layers: bool = True,
-               quantize: str | None = None, group_size: int = 64, progress: ProgressFn | None = None) -> Generator | Seq2SeqGenerator:
+               quantize: str | None = None, group_size: int = 64,
+               progress: ProgressFn | None = None) -> Generator | Seq2SeqGenerator | VisionLanguageGenerator:
     """A Hugging Face model (a local `save_pretrained` directory, or the model object) -> a torch-free `Generator`
     (causal LM: prefill/decode), `Seq2SeqGenerator` (encoder-decoder: encode/decode) or `VisionLanguageGenerator`
     (image-text-to-text, LLaVA: encode_image/prefill/decode), each with `generate`.
@@ -95,10 +96,12 @@ def convert_hf(source: Any, *, task: str | None = None, max_cache_len: int = 512
       progress: called with (stage, message) as each stage starts.
     """
     from .hf.convert import convert_hf as _convert_hf  # imports torch and transformers, only now
+    from .hf.options import GenerationOptions
 
-    return _convert_hf(source, task=task, max_cache_len=max_cache_len, max_batch=max_batch, max_source_len=max_source_len,
-                       dtype=dtype, stream_weights=stream_weights, repeat_layers=repeat_layers, quantize=quantize,
-                       group_size=group_size, progress=progress)
+    options = GenerationOptions(max_cache_len=max_cache_len, max_batch=max_batch, max_source_len=max_source_len, dtype=dtype,
+                                stream_weights=stream_weights, repeat_layers=repeat_layers, quantize=quantize,
+                                group_size=group_size)
+    return _convert_hf(source, options, task=task, progress=progress)
 
 
 def save(model: Model | Generator | Seq2SeqGenerator, path: str | os.PathLike, *, force: bool = False,

@@ -1,4 +1,5 @@
-"""Tiny random-weight causal LMs of real transformers architectures, written with save_pretrained."""
+"""Tiny random-weight causal LMs of real transformers architectures, written with save_pretrained, and a word-level
+tokenizer over their ids."""
 
 from __future__ import annotations
 
@@ -72,3 +73,14 @@ def hf_greedy(lm, ids: torch.Tensor, new: int, mask: torch.Tensor | None = None,
     from torch2jax.hf.verify import transformers_greedy
 
     return transformers_greedy(lm, ids.numpy(), new, PAD, None if mask is None else mask.numpy(), eos)
+
+
+def write_tokenizer(directory) -> None:
+    """A word-level tokenizer over the model's 128 ids (w3 ... w127), saved as tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, 128)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.save(str(directory / "tokenizer.json"))

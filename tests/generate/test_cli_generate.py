@@ -3,6 +3,7 @@ transformers), generate from text or ids, inspect; and what a failed check or a 
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -12,18 +13,7 @@ from torch2jax.errors import VerificationError
 from torch2jax.hf.verify import check_generation, verify_generation
 
 from ..helpers import cli
-from .lms import load_lm, write_lm
-
-
-def write_tokenizer(directory) -> None:
-    """A word-level tokenizer over the model's 128 ids (w3 ... w127), saved as tokenizer.json."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, 128)}}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.decoder = decoders.WordPiece()
-    tokenizer.save(str(directory / "tokenizer.json"))
+from .lms import load_lm, write_lm, write_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +43,19 @@ def test_generate_from_text_and_from_ids(llm):
     assert by_text.stdout.split() == [f"w{t}" if t > 2 else ["<pad>", "<s>", "</s>"][t] for t in ids]
     sampled = [cli("generate", str(out), "--ids", "5,9", "--temperature", "1.3", "--top-p", "0.95", "--seed", s).stdout for s in "112"]
     assert sampled[0] == sampled[1] and sampled[0] != sampled[2]
+
+
+def test_generate_text_gives_what_the_cli_prints(llm):
+    _, out = llm
+    g = torch2jax.load(out)
+    printed = cli("generate", str(out), "--prompt", "w5 w9 w33", "--prompt", "w7", "--max-new-tokens", "6")
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout.splitlines() == g.generate_text(["w5 w9 w33", "w7"], max_new_tokens=6)
+    sampled = cli("generate", str(out), "--ids", "5,9", "--ids", "7", "--temperature", "1.3", "--top-p", "0.95", "--seed", "1")
+    assert sampled.returncode == 0, sampled.stderr
+    want = g.complete([[5, 9], [7]], do_sample=True, temperature=1.3, top_p=0.95, rng=jax.random.key(1))
+    assert sampled.stdout.splitlines() == [",".join(map(str, c.ids)) for c in want]
+    assert f"{max(c.new_tokens for c in want)} new tokens x 2 rows in " in sampled.stderr
 
 
 def test_inspect_shows_the_entry_points_and_the_cache(llm):

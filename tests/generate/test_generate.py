@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import jax
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import torch
 import torch2jax
 from torch2jax.errors import InputSpecError
 from torch2jax.generate.generator import left_pad
+from torch2jax.runtime import artifact
 
 from ..helpers import run_without_torch
 from .lms import ARCHITECTURES, EOS, PAD, hf_greedy, load_lm, write_lm
@@ -199,6 +202,20 @@ print(g)
     assert manifest["generation"]["cache"]["shapes"][0] == ["batch", 2, CACHE + 1, 16]
     assert not any("cache" in name for name in manifest["params"]["tree"]), "the KV cache must not be saved as weights"
     assert EOS in manifest["generation"]["eos_token_ids"]
+
+
+def test_a_generator_artifact_is_read_with_one_manifest_read_and_refused_where_one_function_is_wanted(generators, tmp_path):
+    out = torch2jax.save(generators("llama"), tmp_path / "llm")
+    with mock.patch.object(artifact, "read_manifest", wraps=artifact.read_manifest) as reader:
+        g = torch2jax.load(out)
+    assert isinstance(g, torch2jax.Generator) and reader.call_count == 1
+    assert set(g.tokenizer_files) <= {"generation_config.json", "tokenizer.json"}
+    with mock.patch.object(artifact, "restore_params") as restore:  # refused from the manifest, before any params
+        with pytest.raises(torch2jax.ArtifactError, match=r"holds entry points \(prefill, decode\), not one function"):
+            artifact.load(out)
+        with pytest.raises(torch2jax.ShardingError, match="sharding= needs mesh="):
+            torch2jax.load(out, sharding="replicated")
+    restore.assert_not_called()
 
 
 def test_decode_attends_to_the_filled_span_of_a_long_cache(lm_dirs):

@@ -180,6 +180,7 @@ def test_cli_convert_verifies_and_generate_round_trips(model_dirs, tmp_path):
     generated = cli("generate", str(out), "--ids", "5,9,33,7", "--ids", "8,4", "--max-new-tokens", "10")
     assert generated.returncode == 0, generated.stderr
     rows = [[int(t) for t in line.split(",")] for line in generated.stdout.strip().splitlines()]
+    assert rows == [c.ids for c in torch2jax.load(out).complete([[5, 9, 33, 7], [8, 4]], max_new_tokens=10)]
     ids, mask = right_pad([[5, 9, 33, 7], [8, 4]], PAD)
     want = hf_generate(load_seq2seq(model_dirs["t5"]), ids, 10, mask, eos=EOS)
     for row, got in zip(want.tolist(), rows):
@@ -187,6 +188,21 @@ def test_cli_convert_verifies_and_generate_round_trips(model_dirs, tmp_path):
     inspected = cli("inspect", str(out))
     assert "task      text2text-generation" in inspected.stdout and "entry     encode" in inspected.stdout
     assert "cross     4 float32 tensors of ['batch', 4, 'source', 16]" in inspected.stdout
+
+
+def test_complete_gives_each_source_its_output_up_to_the_end_token(model_dirs, generators):
+    g = generators("t5")
+    sources = [source(7, 3), source(3, 4)]
+    got = g.complete(sources, max_new_tokens=10)
+    ids, mask = right_pad(sources, PAD)
+    want = g.generate(ids, attention_mask=mask, max_new_tokens=10)
+    for completion, row in zip(got, want.tolist()):
+        end = next((i + 1 for i, t in enumerate(row) if i > 0 and t == EOS), len(row))
+        assert completion.ids == row[:end] and completion.new_tokens == end - 1 and completion.text is None
+    with pytest.raises(InputSpecError, match="a prompt has no tokens"):
+        g.complete([[5], []])
+    with pytest.raises(InputSpecError, match="takes no images"):
+        g.complete([[5]], images=["cat.png"])
 
 
 def test_self_attention_cache_is_donated_and_cross_state_is_kept(generators):

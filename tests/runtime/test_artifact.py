@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -152,6 +153,21 @@ def test_newer_format_version_is_reported(copy_of):
     assert f"artifact format version {artifact.FORMAT_VERSION + 1}, newer than this torch2jax" in message
     assert f"(format version {artifact.FORMAT_VERSION} and older)" in message
     assert "torch2jax 9.1.0 wrote it" in message and "pip install -U 'torch2jax-aot>=9.1.0'" in message
+
+
+def test_loading_reads_the_manifest_once(saved):
+    with mock.patch.object(artifact, "read_manifest", wraps=artifact.read_manifest) as reader:
+        model = torch2jax.load(saved("tiny_gpt"))
+    assert isinstance(model, torch2jax.Model) and reader.call_count == 1
+
+
+def test_a_model_artifact_is_refused_as_a_generator_before_its_params_are_read(saved):
+    from torch2jax.generate.artifacts import load_generator
+
+    with mock.patch.object(artifact, "restore_params") as restore:
+        with pytest.raises(torch2jax.ArtifactError, match=r"is not a generation artifact \(task None\)"):
+            load_generator(saved("mlp"))
+    restore.assert_not_called()
 
 
 def test_not_an_artifact(tmp_path):

@@ -19,9 +19,8 @@ import pytest
 
 import torch2jax
 
-from ..generate.lms import EOS, write_lm
+from ..generate.lms import EOS, write_lm, write_tokenizer
 from ..helpers import CLI, ROOT, cli
-from .test_cli_generate import write_tokenizer
 
 CACHE, ROWS = 96, 4
 TEMPLATE = ("{{ bos_token }} {% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"

@@ -1,5 +1,7 @@
 """Any artifact, whatever it holds: `torch2jax.save` and `torch2jax.load` pick the model or the generator its
-manifest names, and `describe` says what an artifact is in a few lines (what `torch2jax inspect` prints)."""
+manifest names. runtime/artifact.py reads and writes the directory (both kinds, the manifest read once); here a
+generator gives what it stores (its entry points, its manifest sections, its tokenizer files) and is built again, by
+its kind, from what runtime read."""
 
 from __future__ import annotations
 
@@ -10,17 +12,18 @@ from typing import Any
 
 from jax.sharding import Mesh
 
-from ..errors import ShardingError
+from ..errors import ArtifactError, ShardingError
 from ..runtime import artifact, stablehlo
-from ..runtime import sharding as sharding_rules
 from ..runtime.model import Model
 from .generator import Generator
-from .generator_artifact import GENERATORS, load_generator, save_generator
 from .loop import TokenLoop
 from .seq2seq import Seq2SeqGenerator
+from .vision_language import VisionLanguageGenerator
+
+GENERATORS: dict[str, type[TokenLoop]] = {kind.TASK: kind for kind in (Generator, Seq2SeqGenerator, VisionLanguageGenerator)}
 
 
-def save(model: Model | Generator | Seq2SeqGenerator, path: str | os.PathLike, *, force: bool = False,
+def save(model: Model | TokenLoop, path: str | os.PathLike, *, force: bool = False,
          platforms: Sequence[str] = stablehlo.DEFAULT_PLATFORMS, vjp_order: int = 1, source: str | None = None,
          check: Callable[[Path], None] | None = None, on_bytes: Callable[[int, int], None] | None = None) -> Path:
     """Write a model or a generator as an artifact directory, atomically (see torch2jax.save); a generator's
@@ -32,111 +35,50 @@ def save(model: Model | Generator | Seq2SeqGenerator, path: str | os.PathLike, *
 
 
 def load(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bool = True, mesh: Mesh | None = None,
-         sharding: str | Mapping[str, Any] = "auto") -> Model | Generator | Seq2SeqGenerator:
+         sharding: str | Mapping[str, Any] = "auto") -> Model | TokenLoop:
     """The model or generator an artifact holds, its params sharded on `mesh` when given (see torch2jax.load)."""
-    if mesh is None and not (isinstance(sharding, str) and sharding == "auto"):
-        raise ShardingError("sharding= needs mesh=: torch2jax.load(path, mesh=jax.make_mesh(...), sharding=...)")
-    root, manifest = artifact.open_artifact(path, verify_hashes=False)  # the loaders below check every hash
-    plan = None
-    if mesh is not None:
-        hints = manifest["params"].get("sharding_hints")
-        plan = sharding_rules.plan(artifact.param_tree(manifest), sharding_rules.auto_mesh(mesh), sharding,
-                                   hints if isinstance(hints, dict) else None)
-    if manifest.get("task") in GENERATORS:
-        return load_generator(root, from_graph=from_graph, verify_hashes=verify_hashes, plan=plan)
-    model = artifact.load(root, from_graph=from_graph, verify_hashes=verify_hashes,
-                          shardings=plan.shardings() if plan else None)
-    model.sharding = plan
-    return model
+    contents = artifact.read(path, from_graph=from_graph, verify_hashes=verify_hashes, mesh=mesh, sharding=sharding,
+                             check=_loadable(on_mesh=mesh is not None, generation_only=False))
+    kind = GENERATORS.get(contents.manifest.get("task"))
+    return contents.model if kind is None else kind.from_artifact(contents)
 
 
-def describe(manifest: dict, where: str | os.PathLike) -> list[str]:
-    """An artifact's manifest as lines a person reads: source, versions, platforms, the generation section (limits,
-    cache and cross-attention state), each entry point's signature, and the params."""
-    versions = manifest.get("versions", {})
-    params = manifest["params"]
-    lines = [
-        f"artifact  {where}  (format {manifest['format_version']}, created {manifest.get('created')})",
-        f"source    {manifest.get('source')}",
-        "versions  " + ", ".join(f"{k} {v}" for k, v in versions.items() if v),
-    ]
-    vjp = f"   vjp order {manifest['vjp_order']}" if "vjp_order" in manifest else ""
-    lines.append(f"platforms {', '.join(manifest.get('platforms', []))}{vjp}")
-    if manifest.get("task"):
-        lines.append(f"task      {manifest['task']}")
-    generation = manifest.get("generation")
-    if isinstance(generation, dict):
-        lines += _generation_lines({**generation, "vision": manifest.get("vision")})
-    entries = manifest.get("entries") if isinstance(manifest.get("entries"), dict) else {"": manifest}
-    for name, entry in entries.items():
-        if name:
-            lines.append(f"entry     {name}")
-        lines += _signature_lines(entry, indent="  " if name else "")
-    if manifest.get("mutated_buffers"):
-        lines.append(f"mutates   {', '.join(manifest['mutated_buffers'])}")
-    lines.append(f"params    {params['count']:,} values, {params['bytes'] / 1e6:.2f} MB in {len(params['tree'])} tensors")
-    quantized = params.get("quantization")
-    if isinstance(quantized, dict):
-        group = f", groups of {quantized['group_size']} input columns" if quantized.get("group_size") else ", one scale per row"
-        how = ("int8 weights and int8-rounded input rows, int8 x int8 products" if quantized.get("scheme") == "int8-dynamic"
-               else f"{quantized.get('scheme')} weight-only")
-        lines.append(f"quantized {how}{group}: {len(quantized.get('params', []))} matmul weights, "
-                     f"{quantized.get('bytes_before', 0) / 1e6:.2f} MB -> {quantized.get('bytes_after', 0) / 1e6:.2f} MB "
-                     "(each with a `<name>_scale` param; dequantized inside the function)")
-    for name, spec in list(params["tree"].items())[:20]:
-        lines.append(f"  {name}: {spec['dtype']}{spec['shape']}")
-    if len(params["tree"]) > 20:
-        lines.append(f"  ... {len(params['tree']) - 20} more")
-    lines += [f"  {alias} -> tied to {kept}" for alias, kept in params.get("aliases", {}).items()]
-    return lines
+def save_generator(generator: TokenLoop, path: str | os.PathLike, *, force: bool = False,
+                   platforms: Sequence[str] = stablehlo.DEFAULT_PLATFORMS, source: str | None = None,
+                   check: Callable[[Path], None] | None = None, on_bytes: Callable[[int, int], None] | None = None) -> Path:
+    """Write `generator` atomically; its state (KV cache, cross-attention keys/values) is described, never saved.
+    `on_bytes(written, total)` reports streamed weights as they are written."""
+    # vjp_order=0: the steps are for serving; differentiating through a KV-cache update is not a use case
+    return artifact.save_entries(generator.entries(), path, extra=generator.manifest_sections(),
+                                 tokenizer_files=generator.tokenizer_files, force=force, platforms=platforms, vjp_order=0,
+                                 source=source, check=check, on_bytes=on_bytes)
 
 
-def _generation_lines(generation: dict) -> list[str]:
-    cache = generation.get("cache", {})
-    lines = [
-        f"generate  max_cache_len {generation.get('max_cache_len')}, max_batch {generation.get('max_batch')}, "
-        f"vocab {generation.get('vocab_size')}, end tokens {generation.get('eos_token_ids')}, pad {generation.get('pad_token_id')}",
-        f"kv cache  {len(cache.get('shapes', []))} {cache.get('dtype')} tensors of {cache.get('shapes', [[]])[0]} "
-        "(state: allocated at load, donated to each step, never saved)",
-    ]
-    vision = generation.get("vision")
-    if isinstance(vision, dict) and vision.get("spatial_merge_size"):
-        merge = vision.get("spatial_merge_size")
-        lines.append(f"images    variable resolution: {vision.get('pixel_shape')} flattened patches + image_grid_thw -> "
-                     f"grid_t*grid_h*grid_w/{merge * merge} features of {vision.get('feature_size')} per image, "
-                     f"at image token {vision.get('image_token_id')}")
-    elif isinstance(vision, dict):
-        lines.append(f"images    {vision.get('pixel_shape')} pixel values -> {vision.get('tokens_per_image')} features of "
-                     f"{vision.get('feature_size')} per image, at image token {vision.get('image_token_id')}")
-    cross = generation.get("cross")
-    if isinstance(cross, dict):
-        encoder = generation.get("encoder_input") or {}
-        lines.append(f"encoder   reads {encoder.get('name')} {encoder.get('shape')}, max_source_len "
-                     f"{generation.get('max_source_len')}; the decoder starts from {generation.get('decoder_start_token_id')}")
-        lines.append(f"cross     {len(cross.get('shapes', []))} {cross.get('dtype')} tensors of {cross.get('shapes', [[]])[0]} "
-                     "(state: computed by encode, read by each decode step, never saved)")
-    return lines
+def load_generator(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bool = True) -> TokenLoop:
+    """The generator of a text-generation, text2text-generation or image-text-to-text artifact (any other artifact is
+    refused before its params are restored)."""
+    contents = artifact.read(path, from_graph=from_graph, verify_hashes=verify_hashes,
+                             check=_loadable(on_mesh=False, generation_only=True))
+    return GENERATORS[contents.manifest["task"]].from_artifact(contents)
 
 
-def _signature_lines(entry: dict, indent: str) -> list[str]:
-    lines = [f"{indent}inputs"]
-    for item in entry.get("inputs", []):
-        fixed = f" (fixed at conversion: {item['fixed']})" if "fixed" in item else ""
-        lines.append(f"{indent}  {item['name']}: {item['dtype']}[{', '.join(map(str, item['shape']))}]{fixed}")
-    for name, bounds in entry.get("symbols", {}).items():
-        hi = "inf" if bounds.get("max") is None else bounds["max"]
-        lines.append(f"{indent}  dim {name} in [{bounds.get('min')}, {hi}]")
-    taken = entry.get("example_path") or []
-    if taken:
-        lines.append(f"{indent}  converted along the example inputs' path: {len(taken)} value(s) read from tensors, "
-                     "checked on every call (other values are refused)")
-        for item in taken[:8]:
-            what = item["value"] if "value" in item else f"`{item.get('condition')}`"
-            lines.append(f"{indent}    {what}" + (f" at {item['at']}" if item.get("at") else ""))
-        if len(taken) > 8:
-            lines.append(f"{indent}    ... and {len(taken) - 8} more (inspect --json)")
-    lines.append(f"{indent}outputs")
-    for item in entry.get("outputs", []):
-        shape = "?" if item.get("shape") is None else ", ".join(map(str, item["shape"]))
-        lines.append(f"{indent}  {item.get('name')}: {item.get('dtype')}[{shape}]")
-    return lines
+def _loadable(on_mesh: bool, generation_only: bool) -> Callable[[Path, dict], None]:
+    """What refuses an artifact from its manifest alone, before its params are restored: a generator kind without
+    its entry points or one that cannot load on a mesh; anything else than a generator where one is asked for."""
+
+    def check(root: Path, manifest: dict) -> None:
+        task = manifest.get("task")
+        kind = GENERATORS.get(task)
+        if kind is None:
+            if generation_only:
+                raise ArtifactError(f"{root} is not a generation artifact (task {task!r}); load it with torch2jax.load")
+            artifact.require_one_function(root, manifest)
+            return
+        entries = manifest.get("entries")
+        missing = [name for name in kind.ENTRY_POINTS if not isinstance(entries, dict) or name not in entries]
+        if missing:
+            raise ArtifactError(f"{root}: a {task} artifact needs entry points {list(kind.ENTRY_POINTS)}; missing {missing}")
+        if on_mesh and not kind.SHARDABLE:
+            raise ShardingError(f"loading a {task} artifact on a mesh is not supported yet: load it without mesh=")
+
+    return check

@@ -4,6 +4,7 @@
     ids = g.generate(input_ids, attention_mask=mask, max_new_tokens=32)
     ids = g.generate(input_ids, do_sample=True, temperature=0.8, top_p=0.9, rng=jax.random.key(0))
     for step in g.generate(input_ids, stream=True): ...        # one [B] array of new tokens per step
+    texts = g.generate_text(["The capital of France is"], max_new_tokens=32)   # what `torch2jax generate` prints
 
 `prefill` runs the whole (left-padded) prompt and fills the KV cache; `decode` runs one token per row.
 The cache is state: allocated here for each call, passed to every step and donated, so XLA updates
@@ -27,8 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import InputSpecError, Torch2JaxError
+from ..errors import Torch2JaxError
 from ..ir import dtypes
+from ..runtime.artifact import ArtifactContents
 from ..runtime.model import Model
 from ..runtime.sharding import ShardingPlan
 from . import sampling
@@ -45,6 +47,7 @@ from .loop import (
     prompt_bucket,
     run_blocks,
 )
+from .prompts import check_prompt
 
 
 @dataclass(frozen=True)
@@ -106,9 +109,22 @@ class Generator(TokenLoop):
         self.steps_per_call = STEPS_PER_CALL
         self._first = jax.jit(self._pick, static_argnames=("do_sample",))
 
+    @classmethod
+    def from_artifact(cls, contents: ArtifactContents) -> Generator:
+        models = contents.models
+        return cls(models["prefill"], models["decode"], GenerationSpec.from_json(contents.manifest.get("generation")),
+                   contents.manifest, contents.tokenizer_files, sharding=contents.sharding)
+
     def entries(self) -> dict[str, Model]:
         """The entry points as the artifact stores them, by name."""
         return {"prefill": self.prefill_model, "decode": self.decode_model}
+
+    def prefill(self, cache: list[jax.Array], ids: jax.Array, positions: jax.Array, write_at: jax.Array, valid: jax.Array,
+                *extra: Any) -> tuple[jax.Array, list[jax.Array]]:
+        """One compiled prefill step over `cache` (donated), as `generate` runs it first: (the ids' last-position logits,
+        the cache with their keys and values written at slots `write_at`). The server's engine fills a cache in
+        chunks with it."""
+        return self._prefill(self.params, cache, ids, positions, write_at, valid, *extra)
 
     def sharding_report(self) -> Any:
         """Params' specs and bytes per device on the mesh, and the collectives of one compiled decode step."""
@@ -144,7 +160,7 @@ class Generator(TokenLoop):
         transformers' generate returns them: a row that emits an end token is padded with `pad_token_id`
         after it, and generation stops early once every row has ended. `stream=True` yields each step's
         [B] new tokens instead. Sampling parameters may be scalars or per-row sequences."""
-        ids, mask = self._check_prompt(input_ids, attention_mask, max_new_tokens)
+        ids, mask = check_prompt(input_ids, attention_mask, self.spec, max_new_tokens)
         request = self._request(ids.shape[0], do_sample, temperature, top_k, top_p, rng, eos_token_id, pad_token_id)
         return finish(ids, self._steps(ids, mask, max_new_tokens, request), stream)
 
@@ -192,7 +208,7 @@ class Generator(TokenLoop):
 
     # -- jitted bodies ----------------------------------------------------------------------
     def _prefill_step(self, params, cache, ids, positions, write_at, valid, *extra):
-        return _call(self.prefill_model, params, ids, positions, write_at, valid, cache, *extra)
+        return causal_lm_step(self.prefill_model, params, ids, positions, write_at, valid, cache, *extra)
 
     def _decode_inputs(self, batch: int) -> tuple:
         """Inputs the decode step takes after the cache (none for a causal LM)."""
@@ -201,7 +217,7 @@ class Generator(TokenLoop):
     def _decode_step(self, params, cache, token, position, slot, valid, done, key, temperature, top_k, top_p, eos, pad, *,
                      do_sample, span):
         valid = valid.at[:, slot].set(True)
-        logits, cache = _call(self.decode_model, params, token[:, None], position[:, None], slot[None], valid[:, :span], cache,
+        logits, cache = causal_lm_step(self.decode_model, params, token[:, None], position[:, None], slot[None], valid[:, :span], cache,
                               *self._decode_inputs(token.shape[0]))
         token, done = self._pick(logits, key, temperature, top_k, top_p, done, eos, pad, do_sample=do_sample)
         return token, cache, valid, done
@@ -221,37 +237,12 @@ class Generator(TokenLoop):
         tokens, ran, token, (cache, valid), done = decode_block(step, token, (cache, valid), done, count, size)
         return tokens, ran, token, cache, valid, done, position + ran
 
-    def _check_prompt(self, input_ids: Any, attention_mask: Any, max_new_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-        ids = np.asarray(input_ids)
-        if ids.ndim == 1:
-            ids = ids[None]
-        if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
-            raise InputSpecError(f"input_ids must be integer token ids of shape [batch, length], got {ids.dtype}{list(ids.shape)}")
-        batch, length = ids.shape
-        if not 1 <= batch <= self.spec.max_batch:
-            raise InputSpecError(f"batch of {batch} prompts: this artifact was converted for 1 to {self.spec.max_batch} "
-                                 "(convert again with a larger --max-batch, or split the batch)")
-        if length == 0:
-            raise InputSpecError("input_ids is empty: give at least one prompt token")
-        if ids.min() < 0 or ids.max() >= self.spec.vocab_size:
-            raise InputSpecError(f"input_ids holds ids outside the vocabulary [0, {self.spec.vocab_size})")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise InputSpecError(f"max_new_tokens must be an integer >= 1 (got {max_new_tokens!r})")
-        if length + max_new_tokens > self.spec.max_cache_len:
-            raise InputSpecError(
-                f"a prompt of {length} tokens plus max_new_tokens={max_new_tokens} needs {length + max_new_tokens} cache slots, "
-                f"more than this artifact's max_cache_len ({self.spec.max_cache_len}): shorten the prompt, ask for fewer "
-                "tokens, or convert again with a larger --max-cache-len"
-            )
-        mask = np.ones_like(ids, bool) if attention_mask is None else np.asarray(attention_mask).astype(bool).reshape(ids.shape[0], -1)
-        if mask.shape != ids.shape:
-            raise InputSpecError(f"attention_mask has shape {list(mask.shape)}, input_ids {list(ids.shape)}: they must match")
-        if not mask[:, -1].all() or (np.diff(mask.astype(np.int8), axis=1) < 0).any():
-            raise InputSpecError(
-                "attention_mask has padding after a prompt's tokens: pad prompts on the left "
-                "(tokenizer.padding_side = 'left'), so every row's last token is real"
-            )
-        return ids, mask
+    def _prompt_batch(self, rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray, int]:
+        ids, mask = left_pad(rows, self.spec.pad_token_id)
+        return ids, mask, ids.shape[1]
+
+    def _shown(self, prompt: list[int], generated: np.ndarray, new: list[int]) -> list[int]:
+        return prompt + new
 
 
 def left_pad(rows: list, pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -264,8 +255,10 @@ def left_pad(rows: list, pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
     return ids, mask
 
 
-def _call(model: Model, params: dict, ids, positions, write_at, valid, cache, *extra) -> tuple[jax.Array, list]:
-    """One step function of the graph: (last-position logits, new cache)."""
+def causal_lm_step(model: Model, params: dict, ids: jax.Array, positions: jax.Array, write_at: jax.Array, valid: jax.Array,
+                   cache: list[jax.Array], *extra: Any) -> tuple[jax.Array, list[jax.Array]]:
+    """One call of a causal LM's step (prefill or decode) inside a jitted function: (last-position logits, new cache);
+    on a mesh the new cache stays where the old one was placed, so donating it reuses its buffers."""
     logits, new_cache = call_entry(model, params, ids, positions, write_at, valid, list(cache), *extra)
     if model.sharding is not None:  # the cache stays where it was placed, so donation reuses its buffers
         new_cache = [jax.lax.with_sharding_constraint(c, model.sharding.cache_sharding(c.shape)) for c in new_cache]

@@ -1,16 +1,17 @@
 """What every generator shares, torch-free: the request's settings, picking each step's token with
-transformers' end/pad rules, the stop rule, and the result's shape.
+transformers' end/pad rules, the stop rule, the result's shape, and text in, text out (`generate_text`).
 
 A causal LM (generate/generator.py) and an encoder-decoder (generate/seq2seq.py) differ in how they reach each
 step's logits; from the logits on they behave alike: greedy or sampled (generate/sampling.py), a row that has
 emitted an end token gets `pad_token_id` from then on, and the loop stops once every row has ended or
-`max_new_tokens` are out.
+`max_new_tokens` are out. The compiled loop of decode steps (`decode_block`) is also the server's
+(serve/engine.py), over its shared batch cache.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import Torch2JaxError
+from ..errors import InputSpecError, Torch2JaxError
 from ..ir import dtypes, structure
+from ..runtime.artifact import ArtifactContents
 from ..runtime.model import Model
 from . import sampling
 
@@ -46,14 +48,41 @@ class Request:
     pad_id: int  # pad, on the host (reading `pad` back would wait for the device)
 
 
+@dataclass(frozen=True)
+class Completion:
+    """One prompt's result as `torch2jax generate` prints it."""
+
+    ids: list[int]  # a causal LM: the prompt, then its new tokens; an encoder-decoder: its start token, then its new
+    # tokens; a reply to images: the new tokens alone. Each up to and including the first end token.
+    new_tokens: int  # how many of `ids` were generated
+    text: str | None = None  # `ids` decoded without special tokens, for a text prompt
+
+
 class TokenLoop:
     """The base of the generators: settings, the token pick, the loop; subclasses supply the steps."""
 
+    TASK: str  # the manifest's task of this kind of generator
+    ENTRY_POINTS: tuple[str, ...]  # the artifact's entry points it is built from
+    SHARDABLE = True  # whether it loads on a mesh
     spec: Any
     sharding: Any = None
     REPR_LIMITS: tuple[str, ...] = ("max_cache_len", "max_batch")  # the spec's limits __repr__ shows
     tokenizer_files: dict[str, Path]
     _id_dtype: Any  # token ids' dtype (int64, or int32 without x64), set by the subclass
+
+    @classmethod
+    def from_artifact(cls, contents: ArtifactContents) -> TokenLoop:
+        """The generator of an artifact runtime/artifact.read has read (its entry points, sections and tokenizer files)."""
+        raise NotImplementedError
+
+    def manifest_sections(self) -> dict:
+        """What the artifact's manifest says of this generator beyond its entry points: its task and generation spec."""
+        return {"task": self.TASK, "generation": self.spec.to_json()}
+
+    @property
+    def id_dtype(self) -> Any:
+        """The dtype of token ids the steps take and return (int64, or int32 without JAX's x64)."""
+        return self._id_dtype
 
     @property
     def tokenizer(self) -> Any:
@@ -79,6 +108,56 @@ class TokenLoop:
         count = sum(int(np.prod(np.shape(p))) for p in self.params.values())
         limits = "".join(f" {name}={getattr(self.spec, name)}" for name in self.REPR_LIMITS)
         return f"<torch2jax.{type(self).__name__} params={count:,}{limits} vocab={self.spec.vocab_size}>"
+
+    # -- text in, text out: what `torch2jax generate` prints ------------------------------------------------------
+    def generate_text(self, prompts: Sequence[str], *, images: Sequence[Any] = (), max_new_tokens: int = 32,
+                      do_sample: bool = False, temperature: Any = 1.0, top_k: Any = 0, top_p: Any = 1.0,
+                      rng: jax.Array | None = None) -> list[str]:
+        """Each prompt generated on, as text: what `torch2jax generate --prompt` prints. The prompts are tokenized
+        with the model's tokenizer (the `tokenizers` package) and run as one batch; each row is cut after its first
+        end token and decoded without special tokens. A causal LM gives each prompt with its continuation, an
+        encoder-decoder its output; with `images` (an image-text-to-text model: paths or PIL images, in order, and
+        one prompt) the reply alone. Sampling as in `generate`."""
+        return [c.text for c in self.complete(prompts, images=images, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                                              temperature=temperature, top_k=top_k, top_p=top_p, rng=rng)]
+
+    def complete(self, prompts: Sequence[str] | Sequence[Sequence[int]], *, images: Sequence[Any] = (),
+                 max_new_tokens: int = 32, do_sample: bool = False, temperature: Any = 1.0, top_k: Any = 0,
+                 top_p: Any = 1.0, rng: jax.Array | None = None) -> list[Completion]:
+        """`generate_text` for texts or token id lists (`torch2jax generate --ids`), one Completion per prompt: its ids
+        (and text, for a text prompt) as printed, and how many tokens it generated."""
+        options = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
+                       top_p=top_p, rng=rng)
+        if isinstance(prompts, str):
+            raise InputSpecError("give the prompts as a list (one text per row), not one string")
+        if len(images):
+            return [self._reply_to_images(prompts, list(images), options)]
+        texts = [isinstance(p, str) for p in prompts]
+        if not texts or (any(texts) and not all(texts)):
+            raise InputSpecError("give at least one prompt, all as texts or all as token id lists")
+        tokenizer = self.tokenizer if all(texts) else None
+        rows = [tokenizer.encode(p).ids for p in prompts] if tokenizer is not None else [[int(t) for t in p] for p in prompts]
+        if any(not row for row in rows):
+            raise InputSpecError("a prompt has no tokens")
+        ids, mask, first_new = self._prompt_batch(rows)
+        out = self.generate(ids, attention_mask=mask, **options)
+        completions = []
+        for r, row in enumerate(rows):
+            new = until_end([int(t) for t in out[r, first_new:]], self.spec.eos_token_ids)
+            shown = self._shown(row, out[r], new)
+            completions.append(Completion(shown, len(new), tokenizer.decode(shown) if tokenizer is not None else None))
+        return completions
+
+    def _prompt_batch(self, rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray, int]:
+        """Prompts of different lengths as one padded batch for `generate`: (ids, mask, the column of the first new token)."""
+        raise NotImplementedError
+
+    def _shown(self, prompt: list[int], generated: np.ndarray, new: list[int]) -> list[int]:
+        """A row's ids as `complete` gives them, from its prompt, its row of `generate`'s output and its new tokens."""
+        raise NotImplementedError
+
+    def _reply_to_images(self, prompts: Sequence[Any], images: Sequence[Any], options: dict) -> Completion:
+        raise InputSpecError(f"a {self.TASK} model takes no images: images need an image-text-to-text artifact")
 
     def new_cache(self, batch: int) -> list[jax.Array]:
         """A zeroed self-attention KV cache for `batch` rows (slots not yet written are masked, so reuse needs no
@@ -119,8 +198,7 @@ class TokenLoop:
     def _pick(self, logits, key, temperature, top_k, top_p, done, eos, pad, *, do_sample, force=None):
         """[B] tokens from [B, V] logits, and which rows have ended. `force` (a token id, or NO_TOKEN) replaces
         every row's choice, as transformers' forced-BOS/EOS processors do; a row that has ended gets `pad`."""
-        token = sampling.sample(logits, key, temperature, top_k, top_p) if do_sample else sampling.greedy(logits)
-        token = token.astype(self._id_dtype)
+        token = sampling.pick(logits, key, temperature, top_k, top_p, do_sample=do_sample).astype(self._id_dtype)
         if force is not None:
             token = jnp.where(force != NO_TOKEN, force.astype(self._id_dtype), token)
         token = jnp.where(done, pad, token)
@@ -128,6 +206,12 @@ class TokenLoop:
         if self.sharding is not None:  # whole on every device: each process (one per host) reads the tokens
             token, done = (jax.lax.with_sharding_constraint(v, self.sharding.replicated()) for v in (token, done))
         return token, done
+
+
+def until_end(tokens: list[int], end_tokens: Sequence[int]) -> list[int]:
+    """`tokens` up to and including the first end token."""
+    ended = next((i for i, t in enumerate(tokens) if t in end_tokens), None)
+    return tokens if ended is None else tokens[: ended + 1]
 
 
 def run_blocks(first: Callable[[], tuple], advance: Callable[[int, jax.Array, jax.Array, int], tuple],
@@ -147,7 +231,9 @@ def run_blocks(first: Callable[[], tuple], advance: Callable[[int, jax.Array, ja
 
 def decode_block(step: Callable, token: jax.Array, state: Any, done: jax.Array, count: jax.Array, size: int) -> tuple:
     """Up to `count` (<= `size`) calls of `step(i, token, state, done) -> (token, state, done)` in one compiled loop,
-    ending once every row has: ([size, B] tokens, of which the first `ran` are new, ran, token, state, done)."""
+    ending once `done` is all True (generate: [B], every row has ended; the server's batch: one flag, a row has ended
+    and its place can be given to a new request): ([size, B] tokens, of which the first `ran` are new, ran, token,
+    state, done)."""
 
     def more(carry):
         return (carry[0] < count) & ~carry[3].all()

@@ -19,7 +19,7 @@ from jax import lax
 
 from ..errors import Torch2JaxError
 
-__all__ = ["filter_logits", "greedy", "sample", "sampling_params"]
+__all__ = ["filter_logits", "greedy", "pick", "sample", "sampling_params"]
 
 
 def greedy(logits: jax.Array) -> jax.Array:
@@ -74,6 +74,22 @@ def sample(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_k: jax
     """[B] int32 tokens drawn from softmax(filter_logits(...)) per row (jax.random.categorical)."""
     filtered = filter_logits(logits, temperature, top_k, top_p)
     return jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
+
+
+def pick(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array, *, do_sample: bool,
+         key_per_row: bool = False, greedy_rows: jax.Array | None = None) -> jax.Array:
+    """[B] int32 tokens from [B, V] logits, the one token choice of every generator and of the server's batch: the
+    greedy token, or (`do_sample`) a draw from the filtered distribution with `key` for the whole batch, or with
+    `key[r]` for row r when `key_per_row` (a row then draws what it would draw alone, in a batch of one, with that
+    key); rows where `greedy_rows` is True take the greedy token all the same."""
+    if not do_sample:
+        return greedy(logits)
+    if key_per_row:
+        filtered = filter_logits(logits, temperature, top_k, top_p)
+        drawn = jax.vmap(lambda k, row: jax.random.categorical(k, row[None], axis=-1)[0])(key, filtered).astype(jnp.int32)
+    else:
+        drawn = sample(logits, key, temperature, top_k, top_p)
+    return drawn if greedy_rows is None else jnp.where(greedy_rows, greedy(logits), drawn)
 
 
 def _per_row(name: str, value: Any, batch: int) -> tuple[np.ndarray, bool]:

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import InputSpecError, Torch2JaxError
 from ..ir import dtypes
+from ..runtime.artifact import ArtifactContents
 from ..runtime.model import Model
 from .generator import GenerationSpec
 from .loop import (
@@ -42,6 +43,7 @@ from .loop import (
     finish,
     run_blocks,
 )
+from .prompts import check_new_tokens_fit_decoder, check_source
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ class Seq2SeqGenerator(TokenLoop):
 
     TASK = "text2text-generation"
     ENTRY_POINTS = ("encode", "decode")
+    SHARDABLE = False
     REPR_LIMITS = ("max_source_len", "max_cache_len", "max_batch")
 
     def __init__(self, encode: Model, decode: Model, spec: Seq2SeqSpec, manifest: dict | None = None,
@@ -114,6 +117,12 @@ class Seq2SeqGenerator(TokenLoop):
         self._decode = jax.jit(self._decode_steps, donate_argnums=(1, 4), static_argnames=("do_sample", "span", "size"),
                                compiler_options=DECODE_LOOP_OPTIONS)
         self.steps_per_call = STEPS_PER_CALL  # decode steps per compiled call, as Generator's
+
+    @classmethod
+    def from_artifact(cls, contents: ArtifactContents) -> Seq2SeqGenerator:
+        models = contents.models
+        return cls(models["encode"], models["decode"], Seq2SeqSpec.from_json(contents.manifest.get("generation")),
+                   contents.manifest, contents.tokenizer_files)
 
     def entries(self) -> dict[str, Model]:
         """The entry points as the artifact stores them, by name."""
@@ -141,14 +150,8 @@ class Seq2SeqGenerator(TokenLoop):
         `stream=True` yields each step's [B] new tokens instead. Sampling parameters may be per row.
         A Whisper artifact takes `input_features` [B, mel, frames] instead (transformers' Whisper generate
         returns the same tokens without the start token)."""
-        ids, mask = self._check_source(input_ids, attention_mask, input_features)
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise InputSpecError(f"max_new_tokens must be an integer >= 1 (got {max_new_tokens!r})")
-        if max_new_tokens > self.spec.max_cache_len:
-            raise InputSpecError(
-                f"max_new_tokens={max_new_tokens} is more than this artifact's max_cache_len ({self.spec.max_cache_len}), "
-                "the decoder's length: ask for fewer tokens or convert again with a larger --max-cache-len"
-            )
+        ids, mask = check_source(input_ids, attention_mask, input_features, self.spec)
+        check_new_tokens_fit_decoder(max_new_tokens, self.spec)
         request = self._request(ids.shape[0], do_sample, temperature, top_k, top_p, rng, eos_token_id, pad_token_id)
         start = np.full((ids.shape[0], 1), self.spec.decoder_start_token_id, np.int64)
         return finish(start, self._steps(ids, mask, max_new_tokens, request), stream)
@@ -223,49 +226,15 @@ class Seq2SeqGenerator(TokenLoop):
         tokens, ran, token, (cache, valid), done = decode_block(step, token, (list(cache), valid), done, count, size)
         return tokens, ran, token, cache, valid, done
 
-    def _check_source(self, input_ids: Any, attention_mask: Any, input_features: Any) -> tuple[np.ndarray, np.ndarray | None]:
+    def _prompt_batch(self, rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray, int]:
         if self.spec.takes_features:
-            return self._check_features(input_ids, input_features), None
-        if input_features is not None or input_ids is None:
-            raise InputSpecError("this artifact's encoder reads token ids: pass input_ids [batch, length] (and attention_mask)")
-        ids = np.asarray(input_ids)
-        if ids.ndim == 1:
-            ids = ids[None]
-        if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
-            raise InputSpecError(f"input_ids must be integer token ids of shape [batch, length], got {ids.dtype}{list(ids.shape)}")
-        batch, length = ids.shape
-        if not 1 <= batch <= self.spec.max_batch:
-            raise InputSpecError(f"batch of {batch} sources: this artifact was converted for 1 to {self.spec.max_batch} "
-                                 "(convert again with a larger --max-batch, or split the batch)")
-        if length == 0:
-            raise InputSpecError("input_ids is empty: give at least one source token")
-        if length > self.spec.max_source_len:
-            raise InputSpecError(f"a source of {length} tokens is longer than this artifact's max_source_len "
-                                 f"({self.spec.max_source_len}): shorten it or convert again with a larger --max-source-len")
-        if ids.min() < 0 or ids.max() >= self.spec.vocab_size:
-            raise InputSpecError(f"input_ids holds ids outside the vocabulary [0, {self.spec.vocab_size})")
-        mask = np.ones_like(ids, bool) if attention_mask is None else np.asarray(attention_mask).astype(bool).reshape(batch, -1)
-        if mask.shape != ids.shape:
-            raise InputSpecError(f"attention_mask has shape {list(mask.shape)}, input_ids {list(ids.shape)}: they must match")
-        if not mask.any(axis=1).all():
-            raise InputSpecError("attention_mask marks every token of a source as padding: each source needs a token")
-        return ids, mask
+            raise InputSpecError("this artifact's encoder reads audio features (input_features), not token ids: call "
+                                 "generate(input_features=...)")
+        ids, mask = right_pad(rows, self.spec.pad_token_id)
+        return ids, mask, 1  # the decoder's output starts with its start token
 
-    def _check_features(self, input_ids: Any, input_features: Any) -> np.ndarray:
-        want = list(self.spec.feature_shape or ())
-        if input_ids is not None or input_features is None:
-            raise InputSpecError(f"this artifact's encoder reads audio features: pass input_features [batch, {want[0]}, {want[1]}] "
-                                 "(log-mel frames, as the model's feature extractor makes them), not input_ids")
-        features = np.asarray(input_features)
-        if features.ndim == 2:
-            features = features[None]
-        if list(features.shape[1:]) != want or not np.issubdtype(features.dtype, np.floating):
-            raise InputSpecError(f"input_features must be floats of shape [batch, {want[0]}, {want[1]}], got "
-                                 f"{features.dtype}{list(features.shape)} (pad or cut the audio to the model's frame count)")
-        if not 1 <= features.shape[0] <= self.spec.max_batch:
-            raise InputSpecError(f"batch of {features.shape[0]} sources: this artifact was converted for 1 to {self.spec.max_batch} "
-                                 "(convert again with a larger --max-batch, or split the batch)")
-        return features
+    def _shown(self, prompt: list[int], generated: np.ndarray, new: list[int]) -> list[int]:
+        return [int(generated[0]), *new]
 
 
 def right_pad(rows: list, pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:

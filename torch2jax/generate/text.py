@@ -1,4 +1,4 @@
-"""Text around the token loop, torch-free: streamed detokenization with stop strings, and chat templates.
+"""Text around the token loop, torch-free: streamed detokenization (incremental) with stop strings, and chat templates.
 
 Stop strings are matched on decoded text (a stop string may span several tokens, or part of one), so a
 streamed reply holds back the tail that could still be the start of a stop string, and the stop string
@@ -20,18 +20,31 @@ INCOMPLETE = "\ufffd"  # what a decoder gives for the first bytes of a multi-byt
 
 
 class TextStream:
-    """One reply's text as tokens arrive: `push(token)` -> (text safe to send now, whether a stop string ended it)."""
+    """One reply's text as tokens arrive: `push(token)` -> (text safe to send now, whether a stop string ended it).
+
+    A `tokenizers.Tokenizer` decodes incrementally (tokenizers' DecodeStream: each token costs about one token's
+    decoding, and a character split across tokens comes whole once its last byte arrives); any other tokenizer with
+    `decode(ids, skip_special_tokens=True)` (a transformers tokenizer) decodes the reply again at each token."""
 
     def __init__(self, tokenizer: Any, stop: list[str] | tuple[str, ...] = ()):
         self.tokenizer, self.stop = tokenizer, [s for s in stop if s]
         self.ids: list[int] = []
+        self.decoded = ""  # the reply decoded so far, before any cut at a stop string
         self.sent = ""  # text already handed out
         self.text = ""  # the reply so far (cut at a stop string once one is found)
         self.stopped = False
+        self._stream = _decode_stream(tokenizer)
+        self._pending = False  # tokens pushed that the incremental decoder holds until their character is whole
 
     def push(self, token: int) -> tuple[str, bool]:
         self.ids.append(int(token))
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if self._stream is None:
+            self.decoded = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        else:
+            chunk = self._stream.step(self.tokenizer, int(token))
+            self._pending = chunk is None
+            self.decoded += chunk or ""
+        text = self.decoded
         # nothing sent can begin a stop string (that tail is held back), so search from there; the earliest wins
         found = [at for stop in self.stop if (at := text.find(stop, len(self.sent))) >= 0]
         if found:
@@ -43,7 +56,13 @@ class TextStream:
         return self._take(safe), False
 
     def flush(self) -> str:
-        """Whatever was held back, once the reply has ended without a stop string."""
+        """Whatever was held back, once the reply has ended without a stop string (a character cut short by the reply's
+        end comes as the replacement character, as decoding the whole reply gives it)."""
+        if self._pending and not self.stopped:
+            whole = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+            if whole.startswith(self.text):
+                self.text = self.decoded = whole
+            self._pending = False
         return self._take(len(self.text))
 
     def _held_back(self, text: str) -> int:
@@ -63,6 +82,16 @@ class TextStream:
             return ""
         delta, self.sent = self.text[len(self.sent):end], self.text[:end]
         return delta
+
+
+def _decode_stream(tokenizer: Any) -> Any:
+    """An incremental decoder for a `tokenizers.Tokenizer` (None for any other tokenizer)."""
+    try:
+        from tokenizers import Tokenizer
+        from tokenizers.decoders import DecodeStream
+    except ImportError:
+        return None
+    return DecodeStream(skip_special_tokens=True) if isinstance(tokenizer, Tokenizer) else None
 
 
 class ChatTemplate:

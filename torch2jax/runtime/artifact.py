@@ -4,8 +4,11 @@
     exported.bin    the serialized jax.export.Exported (StableHLO)
     graph.json      the portable graph, to re-lower without torch or the Exported
     params/         an Orbax checkpoint of the params pytree
+    entries/<name>/ an entry-point artifact's functions (exported.bin, graph.json each) over the one params tree
+    tokenizer/      an entry-point artifact's tokenizer files (a generator's)
 
-Nothing here is pickle or code: loading executes nothing from the artifact.
+Both kinds are read here, whole and with one read of the manifest (`read`); what the entries make (a model, a
+generator) is the caller's. Nothing here is pickle or code: loading executes nothing from the artifact.
 """
 
 from __future__ import annotations
@@ -17,23 +20,27 @@ import os
 import shutil
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
-from ..errors import ArtifactError, GraphFormatError
+from ..errors import ArtifactError, GraphFormatError, ShardingError
 from ..ir import dtypes, structure
 from ..ir.graph import Graph
 from ..lowering import interpreter, passes
+from . import sharding as sharding_rules
 from . import stablehlo
 from .checkpoint import restore_params, start_saving_params
 from .collector import existing_objects_frozen
 from .model import Model
+from .sharding import ShardingPlan
 
 FORMAT = "torch2jax-artifact"
 FORMAT_VERSION = 2  # the newest this torch2jax reads
@@ -42,6 +49,8 @@ EXPORTED = "exported.bin"
 GRAPH = "graph.json"
 PARAMS = "params"
 ENTRIES = "entries"
+TOKENIZER = "tokenizer"
+ONE_FUNCTION = ""  # the name of a plain artifact's one function among ArtifactContents.models
 PLAIN_FORMAT_VERSION = 1  # one function: exported.bin and graph.json at the top
 ENTRIES_FORMAT_VERSION = 2  # several entry points over one params tree: entries/<name>/{exported.bin,graph.json}
 
@@ -86,7 +95,7 @@ def save_entries(
     path: str | os.PathLike,
     *,
     extra: dict,
-    files: dict[str, Path] | None = None,
+    tokenizer_files: dict[str, Path] | None = None,
     force: bool = False,
     platforms: Sequence[str] = stablehlo.DEFAULT_PLATFORMS,
     vjp_order: int = 1,
@@ -96,10 +105,15 @@ def save_entries(
 ) -> Path:
     """Write several entry points over one params tree (e.g. prefill and decode) as one artifact.
 
-    Each entry's Exported and graph go to `entries/<name>/`; the params once; `files` (relative
-    name -> source path, e.g. a tokenizer) are copied in; `extra` is merged into the manifest.
-    `on_bytes(written, total)` is called after each batch of streamed weights (progress on long saves).
+    Each entry's Exported and graph go to `entries/<name>/`; the params once; `tokenizer_files` (file name -> source
+    path) are copied into `tokenizer/` and listed in the manifest's `tokenizer` section; `extra` (a generator's task
+    and generation sections) is merged into the manifest. `on_bytes(written, total)` is called after each batch of
+    streamed weights (progress on long saves).
     """
+    tokenizer_files = dict(tokenizer_files or {})
+    for name in tokenizer_files:
+        if not _plain_file_name(name):
+            raise ArtifactError(f"tokenizer file {name!r} is not a plain file name")
     names = list(models)
     params = models[names[0]].params
     if any(set(models[n].params) != set(params) for n in names[1:]):
@@ -116,9 +130,10 @@ def save_entries(
                 (folder / EXPORTED).write_bytes(serialized)
                 (folder / GRAPH).write_text(model.graph.dumps())
                 entries[name] = _manifest(model, exported, order, source)
-            for rel, src in (files or {}).items():
-                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src, tmp / rel)
+            if tokenizer_files:
+                (tmp / TOKENIZER).mkdir()
+            for name, src in tokenizer_files.items():
+                shutil.copyfile(src, tmp / TOKENIZER / name)
         first = entries[names[0]]
         manifest = {key: first[key] for key in ("format", "created", "versions", "source", "x64", "platforms", "params")}
         manifest["format_version"] = ENTRIES_FORMAT_VERSION
@@ -126,7 +141,7 @@ def save_entries(
             name: {key: e[key] for key in ("inputs", "outputs", "symbols", "mutated_buffers", "vjp_order")} for name, e in entries.items()
         }
         manifest["inputs"] = []  # a plain reader's required section; an entry-point artifact's inputs are per entry
-        return {**manifest, **extra}
+        return {**manifest, **extra, TOKENIZER: sorted(tokenizer_files)}
 
     return write_atomically(path, write, force=force, check=check)
 
@@ -166,39 +181,95 @@ def write_atomically(path: str | os.PathLike, write: Callable[[Path], dict], *, 
     return out
 
 
+@dataclass(frozen=True)
+class ArtifactContents:
+    """What an artifact holds, read with one read of its manifest: its functions over one restored params tree (a
+    plain artifact's one function under ONE_FUNCTION, an entry-point artifact's by entry name), the tokenizer files
+    that came with them, and the sharding plan the params were restored by (None off a mesh)."""
+
+    root: Path
+    manifest: dict
+    models: dict[str, Model]
+    tokenizer_files: dict[str, Path]
+    sharding: ShardingPlan | None = None
+
+    @property
+    def model(self) -> Model:
+        """A plain artifact's one function."""
+        require_one_function(self.root, self.manifest)
+        return self.models[ONE_FUNCTION]
+
+
 @existing_objects_frozen()
-def load(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bool = True,
-         shardings: dict[str, Any] | None = None) -> Model:
-    """Load an artifact: check format and hashes, restore params onto the declared tree, call the Exported.
-
-    With `from_graph=True` the function is rebuilt from the portable graph instead (traceable JAX,
-    any platform, independent of jax.export's compatibility window). Needs no torch. `shardings`
-    ({param name: jax.sharding.Sharding}) restores each device's shard straight onto that device.
-    """
+def read(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bool = True, mesh: Mesh | None = None,
+         sharding: str | Mapping[str, Any] = "auto", check: Callable[[Path, dict], None] | None = None) -> ArtifactContents:
+    """Read an artifact of either kind whole: the manifest once (format version and, unless told not to, every file's
+    hash checked), `check(root, manifest)` (which may refuse the artifact before anything is restored), the params
+    restored onto the declared tree (on `mesh`: each shard onto its device, planned by `sharding`), and each function
+    built from its Exported, or from its graph with `from_graph=True` (traceable JAX, any platform, independent of
+    jax.export's compatibility window). Needs no torch."""
+    if mesh is None and not (isinstance(sharding, str) and sharding == "auto"):
+        raise ShardingError("sharding= needs mesh=: torch2jax.load(path, mesh=jax.make_mesh(...), sharding=...)")
     root, manifest = open_artifact(path, verify_hashes)
-    if "entries" in manifest:
-        raise ArtifactError(
-            f"{root} holds entry points ({', '.join(manifest['entries'])}), not one function; load it with torch2jax.load"
-        )
-    params = restore_params(root / PARAMS, param_tree(manifest), shardings)
-    return _entry(root, root, manifest, params, from_graph)
-
-
-@existing_objects_frozen()
-def load_entries(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bool = True,
-                 shardings: dict[str, Any] | None = None) -> tuple[dict[str, Model], dict]:
-    """Load every entry point of a save_entries artifact over one restored params tree: ({name: Model}, manifest)."""
-    root, manifest = open_artifact(path, verify_hashes)
-    entries = manifest.get("entries")
-    if not isinstance(entries, dict) or not entries:
-        raise ArtifactError(f"{root} has no entry points; load it with torch2jax.load")
-    params = restore_params(root / PARAMS, param_tree(manifest), shardings)
+    if check is not None:
+        check(root, manifest)
+    functions = _function_folders(root, manifest)
+    tree = param_tree(manifest)
+    plan = None
+    if mesh is not None:
+        hints = manifest["params"].get("sharding_hints")
+        plan = sharding_rules.plan(tree, sharding_rules.auto_mesh(mesh), sharding, hints if isinstance(hints, dict) else None)
+    params = restore_params(root / PARAMS, tree, plan.shardings() if plan else None)
     models = {}
+    for name, (folder, entry_manifest) in functions.items():
+        models[name] = _entry(root, folder, entry_manifest, params, from_graph)
+        models[name].sharding = plan
+    return ArtifactContents(root, manifest, models, _tokenizer_files(root, manifest), plan)
+
+
+def load(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bool = True) -> Model:
+    """A plain artifact's one function as a Model (`read` says how); an entry-point artifact is refused before its
+    params are restored."""
+    return read(path, from_graph=from_graph, verify_hashes=verify_hashes, check=require_one_function).model
+
+
+def require_one_function(root: Path, manifest: dict) -> None:
+    """Refuse an entry-point artifact where one function is expected."""
+    if "entries" in manifest:
+        entries = manifest["entries"]
+        names = ", ".join(map(str, entries)) if isinstance(entries, dict) else "damaged"
+        raise ArtifactError(f"{root} holds entry points ({names}), not one function; load it with torch2jax.load")
+
+
+def _function_folders(root: Path, manifest: dict) -> dict[str, tuple[Path, dict]]:
+    """{name: (its folder, the manifest as that function reads it)} of every function the artifact holds."""
+    if "entries" not in manifest:
+        return {ONE_FUNCTION: (root, manifest)}
+    entries = manifest["entries"]
+    if not isinstance(entries, dict) or not entries:
+        raise ArtifactError(f"{root}: the manifest's entries section is empty or malformed; the artifact is damaged")
+    folders = {}
     for name, entry in entries.items():
-        if not isinstance(name, str) or not name.isidentifier():
-            raise ArtifactError(f"{root}: manifest lists an invalid entry point name ({name!r}); the artifact is damaged")
-        models[name] = _entry(root, root / ENTRIES / name, {**manifest, **entry}, params, from_graph)
-    return models, manifest
+        if not isinstance(name, str) or not name.isidentifier() or not isinstance(entry, dict):
+            raise ArtifactError(f"{root}: manifest lists an invalid entry point ({name!r}); the artifact is damaged")
+        folders[name] = (root / ENTRIES / name, {**manifest, **entry})
+    return folders
+
+
+def _tokenizer_files(root: Path, manifest: dict) -> dict[str, Path]:
+    names = manifest.get(TOKENIZER) or []
+    if not isinstance(names, list):
+        raise ArtifactError(f"{root}: the manifest's {TOKENIZER} section is not a list of file names; the artifact is damaged")
+    for name in names:
+        if not _plain_file_name(name):
+            raise ArtifactError(f"{root}: manifest lists a tokenizer file {name!r} that is not a plain file name; the "
+                                "artifact is damaged")
+    return {name: root / TOKENIZER / name for name in names}
+
+
+def _plain_file_name(name: Any) -> bool:
+    """A file name without folders, so it stays inside the folder it is joined to."""
+    return isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name and "\x00" not in name
 
 
 def open_artifact(path: str | os.PathLike, verify_hashes: bool = True) -> tuple[Path, dict]:

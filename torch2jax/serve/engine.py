@@ -35,8 +35,8 @@ import numpy as np
 
 from ..errors import InputSpecError
 from ..generate import sampling
-from ..generate.generator import Generator, _call
-from ..generate.loop import DECODE_LOOP_OPTIONS, MIN_BUCKET, attended_span, bucket
+from ..generate.generator import Generator, causal_lm_step
+from ..generate.loop import DECODE_LOOP_OPTIONS, MIN_BUCKET, attended_span, bucket, decode_block
 
 SEED_LIMIT = 2**31  # seeds are taken modulo this (jax.random.key of a non-negative int32)
 
@@ -95,7 +95,7 @@ class BatchEngine:
         self.running = np.zeros(rows, bool)
         self.rebases = 0
         self.decode_steps = 0  # device decode steps (a block counts its steps)
-        self._ids = generator._id_dtype
+        self._ids = generator.id_dtype
         self._decode = jax.jit(self._decode_steps, donate_argnums=(1,), static_argnames=("span", "any_sample", "size"),
                                compiler_options=DECODE_LOOP_OPTIONS)
         self._eos = jnp.asarray(spec.eos_token_ids or (-1,), self._ids)
@@ -136,8 +136,8 @@ class BatchEngine:
         _, span = self._chunk_shape(lo, hi)
         valid = np.zeros((group.mask.shape[0], span), bool)
         valid[:, :hi] = group.mask[:, :hi]
-        logits, group.scratch = self.g._prefill(
-            self.g.params, group.scratch, jnp.asarray(group.ids[:, lo:hi], self._ids), jnp.asarray(positions[:, lo:hi], self._ids),
+        logits, group.scratch = self.g.prefill(
+            group.scratch, jnp.asarray(group.ids[:, lo:hi], self._ids), jnp.asarray(positions[:, lo:hi], self._ids),
             jnp.arange(lo, hi, dtype=self._ids), jnp.asarray(valid))
         group.chunk += 1
         return logits if group.done else None
@@ -240,9 +240,8 @@ class BatchEngine:
         shapes, ids, g, rows = self.step_shapes(), self._ids, self.g, self.rows
 
         def prefill(k: int, width: int, span: int) -> tuple[jax.Array, list[jax.Array]]:
-            return jax.block_until_ready(g._prefill(g.params, g.new_cache(k), jnp.zeros((k, width), ids),
-                                                    jnp.zeros((k, width), ids), jnp.arange(width, dtype=ids),
-                                                    jnp.zeros((k, span), bool)))
+            return jax.block_until_ready(g.prefill(g.new_cache(k), jnp.zeros((k, width), ids), jnp.zeros((k, width), ids),
+                                                   jnp.arange(width, dtype=ids), jnp.zeros((k, span), bool)))
 
         def first_and_join(k: int) -> None:  # a group's last chunk, its first tokens, its rows copied into the batch
             logits, scratch = prefill(k, MIN_BUCKET, MIN_BUCKET)
@@ -282,40 +281,30 @@ class BatchEngine:
     def _pick(self, logits, temperature, top_k, top_p, greedy, seeds, counts, *, any_sample):
         """Per row: greedy, or a draw with the row's own key folded with its token count, exactly as
         Generator.generate(rng=jax.random.key(seed)) draws for that row alone."""
-        best = sampling.greedy(logits)
-        if not any_sample:
-            return best
-        keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counts)
-        filtered = sampling.filter_logits(logits, temperature, top_k, top_p)
-        drawn = jax.vmap(lambda key, row: jax.random.categorical(key, row[None], axis=-1)[0])(keys, filtered)
-        return jnp.where(greedy, best, drawn.astype(best.dtype))
+        keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counts) if any_sample else None
+        return sampling.pick(logits, keys, temperature, top_k, top_p, do_sample=any_sample, key_per_row=True,
+                             greedy_rows=greedy)
 
     def _decode_step(self, params, cache, tokens, positions, slot, starts, temperature, top_k, top_p, greedy, seeds, counts, *,
                      span, any_sample):
         slots = jnp.arange(span)
         valid = (slots[None, :] >= starts[:, None]) & (slots[None, :] <= slot)
-        logits, cache = _call(self.g.decode_model, params, tokens[:, None], positions[:, None], slot[None], valid, cache)
+        logits, cache = causal_lm_step(self.g.decode_model, params, tokens[:, None], positions[:, None], slot[None], valid, cache)
         return self._pick(logits, temperature, top_k, top_p, greedy, seeds, counts, any_sample=any_sample), cache
 
     def _decode_steps(self, params, cache, tokens, positions, slot, starts, temperature, top_k, top_p, greedy, seeds, counts,
                       left, watch, eos, count, *, span, any_sample, size):
-        """Up to `count` (<= `size`) decode steps in one compiled loop: ([size, rows] tokens, how many steps ran, cache).
-        Step i is the step `decode` would run alone i steps later; the loop ends after the step where a row has no
-        tokens left or a watched row emits an end token."""
+        """Up to `count` (<= `size`) decode steps in generate's compiled loop (loop.decode_block): ([size, rows] tokens,
+        how many steps ran, cache). Step i is the step `decode` would run alone i steps later; the loop ends after the
+        step where a row has no tokens left or a watched row emits an end token (a row's end frees it for a new
+        request, where generate's rows wait for every row to end)."""
 
-        def more(carry):
-            i, ended = carry[0], carry[3]
-            return (i < count) & ~ended
-
-        def step(carry):
-            i, token, cache, _, out = carry
+        def step(i, token, cache, ended):
             token, cache = self._decode_step(params, cache, token, positions + i, slot + i, starts, temperature, top_k, top_p,
                                              greedy, seeds, counts + i, span=span, any_sample=any_sample)
-            ended = ((left <= i + 1) | (watch & jnp.isin(token, eos))).any()
-            return i + 1, token, cache, ended, out.at[i].set(token)
+            return token, cache, ((left <= i + 1) | (watch & jnp.isin(token, eos))).any()
 
-        out = jnp.zeros((size, tokens.shape[0]), tokens.dtype)
-        ran, _, cache, _, out = jax.lax.while_loop(more, step, (jnp.zeros((), jnp.int32), tokens, cache, jnp.zeros((), bool), out))
+        out, ran, _, cache, _ = decode_block(step, tokens, cache, jnp.zeros((), bool), count, size)
         return out, ran, cache
 
     @staticmethod

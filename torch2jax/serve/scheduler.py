@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputSpecError, Torch2JaxError
+from ..errors import Torch2JaxError
+from ..generate.prompts import CLIENT, check_prompt
 from ..generate.text import TextStream
 from .engine import BatchEngine, Group, Sampling
 
@@ -96,19 +97,8 @@ class Scheduler:
 
     # -- the caller's side ----------------------------------------------------------------------
     def validate(self, request: Request) -> None:
-        """Refuse what cannot run, before it queues (the same limits as Generator.generate)."""
-        spec = self.engine.g.spec
-        if not request.prompt:
-            raise InputSpecError("the prompt has no tokens")
-        if min(request.prompt) < 0 or max(request.prompt) >= spec.vocab_size:
-            raise InputSpecError(f"the prompt holds token ids outside the vocabulary [0, {spec.vocab_size})")
-        if not isinstance(request.max_tokens, int) or request.max_tokens < 1:
-            raise InputSpecError(f"max_tokens must be an integer >= 1 (got {request.max_tokens!r})")
-        need = len(request.prompt) + request.max_tokens
-        if need > spec.max_cache_len:
-            raise InputSpecError(f"a prompt of {len(request.prompt)} tokens plus max_tokens={request.max_tokens} needs {need} "
-                                 f"cache slots, more than this model's max_cache_len ({spec.max_cache_len}): shorten the "
-                                 "prompt or ask for fewer tokens")
+        """Refuse what cannot run, before it queues: generate's prompt check, in a client's words."""
+        check_prompt(np.asarray([request.prompt]), None, self.engine.g.spec, request.max_tokens, CLIENT)
 
     def submit(self, request: Request) -> None:
         """Queue a request (raises InputSpecError for one that cannot run, QueueFull when the queue is full)."""

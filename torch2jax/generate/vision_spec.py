@@ -1,0 +1,120 @@
+"""What generation with images needs beyond a causal LM's spec, stored as the manifest's `vision` section: the image
+token, the features per image, the pixel shape, and each family's image layout (variable resolution, windows, learned
+position tables, tiles, any-resolution grids), with the any-resolution arithmetic over this model's grids."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputSpecError, Torch2JaxError
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """What generation with images needs beyond a causal LM's spec; the manifest's `vision` section."""
+
+    image_token_id: int
+    tokens_per_image: int  # image tokens (feature rows) per image
+    feature_size: int
+    feature_dtype: str
+    pixel_shape: tuple[int, ...]  # one image's pixel values, [C, H, W]
+    max_images: int
+    bidirectional_images: bool = False  # an image's tokens attend to each other both ways (Gemma 3)
+    image_placeholder: str | None = None  # what the chat template writes for an image (default: the image token)
+    image_expansion: str | None = None  # what the processor puts there (default: the image token, tokens_per_image times)
+    prefix_lm: bool = False  # the prompt attends both ways (PaliGemma)
+    prompt_format: str | None = None  # a processor without a chat template: its text, "{prompt}" the user's (PaliGemma)
+    # variable resolution (Qwen2-VL): > 0 is the spatial merge; pixel_shape is then one flattened patch, an image
+    # takes grid_t*grid_h*grid_w / merge^2 tokens, and the positions are 3-D (rope_index)
+    spatial_merge_size: int = 0
+    # Qwen2.5-VL: > 0 is the side, in merged tokens, of the windows its windowed vision blocks attend within; encode
+    # then takes each merged token's window (patch_windows)
+    window_size: int = 0
+    # Qwen3-VL: > 0 is the side of its learned position table, resampled to each image's grid; encode then takes each
+    # patch's bilinear taps (patch_interpolation)
+    position_table: int = 0
+    # InternVL: the tokens its processor writes before and after an image's tokens, which number tokens_per_image for
+    # each of the image's tiles (its image processor cuts an image into tiles, each an image of the model)
+    tile_wrap: tuple[str, str] | None = None
+    # LLaVA-NeXT: the grids (height, width in pixels) an image is resized onto and cut into tiles of pixel_shape; an
+    # image then takes its whole view's tokens_per_image and its grid's unpadded map with a newline per row (anyres.py)
+    grid_pinpoints: tuple[tuple[int, int], ...] | None = None
+    # LLaVA-OneVision ("anyres_max_N": N > 0): a grid's map of over about N tiles' features is shrunk bilinearly, and an
+    # image among several in a prompt is its whole view alone (anyres.packed_taps)
+    max_grid_tiles: int = 0
+
+    # -- any resolution (grid_pinpoints): anyres.py with this model's grids, tile and feature map -------------------
+    def grid_tiles(self, size: Any, alone: bool = False) -> int:
+        """The tiles an image of (height, width) is encoded as (its whole view alone: 1)."""
+        from .anyres import tiles_per_image
+
+        return 1 if alone else tiles_per_image(size, self.grid_pinpoints, self.pixel_shape[1])
+
+    def grid_tokens(self, size: Any, alone: bool = False) -> int:
+        """The image tokens an image of (height, width) takes."""
+        from .anyres import tokens_per_image
+
+        return tokens_per_image(size, self.grid_pinpoints, self.pixel_shape[1], math.isqrt(self.tokens_per_image),
+                                self.max_grid_tiles, alone)
+
+    def grid_taps(self, size: Any, first: int, newline: int, alone: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """anyres.packed_taps of an image of (height, width) whose tiles' feature rows start at `first`."""
+        from .anyres import packed_taps
+
+        return packed_taps(size, self.grid_pinpoints, self.pixel_shape[1], math.isqrt(self.tokens_per_image), first,
+                           newline, self.max_grid_tiles, alone)
+
+    def whole_only(self, batch_num_images: Any, images: int) -> list[bool]:
+        """Which of `images` are encoded as their whole view alone: OneVision's images among several in one prompt
+        (`batch_num_images`: images per prompt, as its processor returns them)."""
+        if batch_num_images is None or not self.max_grid_tiles:
+            return [False] * images
+        counts = [int(n) for n in np.asarray(batch_num_images).reshape(-1)]
+        if sum(counts) != images or min(counts, default=1) < 1:
+            raise InputSpecError(f"batch_num_images {counts} must count the {images} images, at least one a prompt")
+        return [n != 1 for n in counts for _ in range(n)]
+
+    def to_json(self) -> dict:
+        return {"image_token_id": self.image_token_id, "tokens_per_image": self.tokens_per_image,
+                "feature_size": self.feature_size, "feature_dtype": self.feature_dtype,
+                "pixel_shape": list(self.pixel_shape), "max_images": self.max_images,
+                "bidirectional_images": self.bidirectional_images, "image_placeholder": self.image_placeholder,
+                "image_expansion": self.image_expansion, "prefix_lm": self.prefix_lm, "prompt_format": self.prompt_format,
+                "spatial_merge_size": self.spatial_merge_size, "window_size": self.window_size,
+                "position_table": self.position_table, "tile_wrap": list(self.tile_wrap) if self.tile_wrap else None,
+                "grid_pinpoints": [list(p) for p in self.grid_pinpoints] if self.grid_pinpoints else None,
+                "max_grid_tiles": self.max_grid_tiles}
+
+    @staticmethod
+    def from_json(data: Any) -> VisionSpec:
+        try:
+            text = [data.get(k) if isinstance(data.get(k), str) else None for k in ("image_placeholder", "image_expansion")]
+            prompt = data.get("prompt_format") if isinstance(data.get("prompt_format"), str) else None
+            return VisionSpec(int(data["image_token_id"]), int(data["tokens_per_image"]), int(data["feature_size"]),
+                              str(data["feature_dtype"]), tuple(int(d) for d in data["pixel_shape"]), int(data["max_images"]),
+                              bool(data.get("bidirectional_images", False)), *text, bool(data.get("prefix_lm", False)), prompt,
+                              int(data.get("spatial_merge_size", 0)), int(data.get("window_size", 0)),
+                              int(data.get("position_table", 0)), _pair(data.get("tile_wrap")),
+                              _pinpoints(data.get("grid_pinpoints")), int(data.get("max_grid_tiles", 0)))
+        except (KeyError, TypeError, ValueError) as err:
+            raise Torch2JaxError(f"the manifest's vision section is malformed ({type(err).__name__}: {err})") from None
+
+
+def _pair(value: Any) -> tuple[str, str] | None:
+    if value is None:
+        return None
+    if not (isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, str) for v in value)):
+        raise TypeError(f"tile_wrap must be two strings, got {value!r}")
+    return value[0], value[1]
+
+
+def _pinpoints(value: Any) -> tuple[tuple[int, int], ...] | None:
+    if value is None:
+        return None
+    if not (isinstance(value, list) and value and all(isinstance(p, list) and len(p) == 2 for p in value)):
+        raise TypeError(f"grid_pinpoints must be [height, width] pairs, got {value!r}")
+    return tuple((int(h), int(w)) for h, w in value)

@@ -1,0 +1,214 @@
+"""The HTTP endpoints, each a small handler over the Service its app holds (`app.state.service`):
+
+    POST /v1/completions, /v1/chat/completions   parse (protocol.py), queue on the scheduler, answer whole or as
+                                                 server-sent events (`data: {json}` then `data: [DONE]`)
+    GET  /v1/models, /health, /metrics
+
+and the routing errors (404, 405, 500), all in OpenAI's error shape. A client that goes away mid-reply frees its row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..errors import InputSpecError
+from ..generate.text import ChatTemplate, TextStream
+from .metrics import Metrics
+from .protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    ChatShape,
+    CompletionRequest,
+    CompletionShape,
+    GenerationRequest,
+    json_object,
+    usage,
+    validate,
+)
+from .scheduler import Event, QueueFull, Request, Scheduler
+
+RETRY_AFTER_S = 1
+
+
+@dataclass
+class Service:
+    """What the endpoints serve: one model's scheduler, tokenizer and chat template."""
+
+    model_name: str
+    scheduler: Scheduler
+    tokenizer: Any
+    chat_template: ChatTemplate | None
+    metrics: Metrics
+    created: int = 0
+
+    @property
+    def max_cache_len(self) -> int:
+        return self.scheduler.engine.max_len
+
+
+async def completions(http: HttpRequest) -> Response:
+    return await _complete(http, "/v1/completions", CompletionRequest)
+
+
+async def chat_completions(http: HttpRequest) -> Response:
+    return await _complete(http, "/v1/chat/completions", ChatCompletionRequest)
+
+
+async def models(http: HttpRequest) -> Response:
+    service: Service = http.app.state.service
+    return JSONResponse({"object": "list", "data": [
+        {"id": service.model_name, "object": "model", "created": service.created, "owned_by": "torch2jax"}]})
+
+
+async def health(http: HttpRequest) -> Response:
+    service: Service = http.app.state.service
+    return JSONResponse({"status": "ok", "model": service.model_name, **service.scheduler.stats(),
+                         "torch_imported": "torch" in sys.modules})
+
+
+async def metrics(http: HttpRequest) -> Response:
+    data, content_type = http.app.state.service.metrics.render()
+    return Response(data, media_type=content_type)
+
+
+async def not_found(http: HttpRequest, exc: Exception) -> Response:
+    return JSONResponse(ApiError(404, f"no route {http.url.path}", code="not_found").body(), status_code=404)
+
+
+async def not_allowed(http: HttpRequest, exc: Exception) -> Response:
+    return JSONResponse(ApiError(405, f"{http.method} is not allowed on {http.url.path}").body(), status_code=405)
+
+
+async def server_error(http: HttpRequest, exc: Exception) -> Response:
+    return JSONResponse(ApiError(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error").body(),
+                        status_code=500)
+
+
+ROUTES = [Route("/v1/completions", completions, methods=["POST"]),
+          Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+          Route("/v1/models", models), Route("/health", health), Route("/metrics", metrics)]
+EXCEPTION_HANDLERS = {404: not_found, 405: not_allowed, Exception: server_error}
+
+
+# -- a completion, whole or streamed ---------------------------------------------------------------
+class EventStream(StreamingResponse):
+    """Server-sent events; `on_close` runs however the stream ends (a client that left included)."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]):
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+async def _complete(http: HttpRequest, endpoint: str, kind: type[GenerationRequest]) -> Response:
+    service: Service = http.app.state.service
+    started = int(time.time())
+    chat = kind is ChatCompletionRequest
+    try:
+        data = json_object(await http.body())
+        _check_model(data.get("model"), service)  # before the fields: another model's request is not ours to judge
+        body = validate(data, kind)
+        prompt = _chat_prompt(body, service) if chat else _completion_prompt(body, service)
+        max_tokens = body.max_new_tokens(max(service.max_cache_len - len(prompt), 1) if chat else 16)
+        request, events = _submit(service, prompt, body, max_tokens)
+    except ApiError as err:
+        return _error_response(err, endpoint, service)
+    ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    shape = (ChatShape if chat else CompletionShape)(ident, started, service.model_name)
+    service.metrics.request(endpoint, 200)
+    if body.stream:
+        return EventStream(_sse(events, shape, body.include_usage), request.cancel)
+    text, last = [], None
+    try:
+        while last is None:
+            try:
+                event = await asyncio.wait_for(events.get(), 1.0)
+            except asyncio.TimeoutError:
+                if await http.is_disconnected():
+                    return Response(status_code=499)
+                continue
+            text.append(event.text)
+            last = event if event.finish_reason else None
+    finally:
+        request.cancel()  # a no-op once it has ended; frees the row when the client left
+    if last.finish_reason == "error":
+        return JSONResponse(ApiError(500, f"generation failed: {last.error}", kind="server_error").body(), status_code=500)
+    return JSONResponse(shape.whole("".join(text), last))
+
+
+def _check_model(model: Any, service: Service) -> None:
+    if isinstance(model, str) and model != service.model_name:
+        raise ApiError(404, f"The model '{model}' does not exist (this server serves '{service.model_name}')", "model",
+                       "model_not_found")
+
+
+def _completion_prompt(body: CompletionRequest, service: Service) -> list[int]:
+    prompt = body.prompt
+    return service.tokenizer.encode(prompt).ids if isinstance(prompt, str) else list(prompt)
+
+
+def _chat_prompt(body: ChatCompletionRequest, service: Service) -> list[int]:
+    if service.chat_template is None:
+        raise ApiError(400, f"'{service.model_name}' has no chat template (tokenizer_config.json has no chat_template; "
+                            "start the server with --chat-template FILE), use /v1/completions", "messages")
+    try:
+        text = service.chat_template.render(body.messages, add_generation_prompt=True)
+    except InputSpecError as err:
+        raise ApiError(400, str(err), "messages") from None
+    return service.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def _submit(service: Service, prompt: list[int], body: GenerationRequest, max_tokens: int) -> tuple[Request, asyncio.Queue]:
+    """Queue the request on the scheduler; its events come back on this event loop's queue."""
+    loop, events = asyncio.get_running_loop(), asyncio.Queue()
+    request = Request(prompt, max_tokens, lambda e: loop.call_soon_threadsafe(events.put_nowait, e), body.sampling(),
+                      TextStream(service.tokenizer, body.stop_strings), end_tokens=() if body.ignore_eos else None)
+    try:
+        service.scheduler.submit(request)
+    except QueueFull as err:
+        raise ApiError(429, f"the server is busy ({err}): retry after {RETRY_AFTER_S}s", None, "queue_full",
+                       "rate_limit_error") from None
+    except InputSpecError as err:  # the prompt's fault unless it would fit with fewer tokens asked for
+        fewer = "max_tokens=" in str(err) and len(prompt) < service.max_cache_len
+        raise ApiError(400, str(err), "max_tokens" if fewer else "prompt") from None
+    return request, events
+
+
+def _error_response(err: ApiError, endpoint: str, service: Service) -> JSONResponse:
+    service.metrics.request(endpoint, err.status)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if err.status == 429 else None
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+async def _sse(events: asyncio.Queue, shape: CompletionShape, include_usage: bool) -> AsyncIterator[str]:
+    """`data: {chunk}` per event, then the usage chunk when asked for, then `data: [DONE]`."""
+    for chunk in shape.opening():
+        yield f"data: {json.dumps(chunk)}\n\n"
+    while True:
+        event: Event = await events.get()
+        if event.finish_reason == "error":
+            yield f"data: {json.dumps(ApiError(500, f'generation failed: {event.error}', kind='server_error').body())}\n\n"
+            break
+        if event.text or event.finish_reason:
+            yield f"data: {json.dumps(shape.chunk(event.text, event.finish_reason))}\n\n"
+        if event.finish_reason:
+            if include_usage:
+                yield f"data: {json.dumps(dict(shape.chunk('', None), choices=[], usage=usage(event)))}\n\n"
+            break
+    yield "data: [DONE]\n\n"
