@@ -242,6 +242,28 @@ def test_the_rule_fails_when_a_stage_imports_a_later_one():
     ]
 
 
+@pytest.mark.parametrize(
+    "module, added, message",
+    [
+        ("generate/loop.py", "from ..serve.engine import BatchEngine\n", "imports torch2jax.serve.engine"),
+        ("generate/generator.py", "def f():\n    from ..serve import api\n", "imports torch2jax.serve"),
+        ("runtime/artifact.py", "from ..generate.generator import Generator\n", "imports torch2jax.generate.generator"),
+    ],
+)
+def test_the_rule_fails_when_generation_reaches_into_the_server_or_the_artifact_reader_into_generation(module, added, message):
+    """generate/ is below serve/ (the server calls generation, never the reverse) and above runtime/ (the artifact
+    reader knows no generator class)."""
+    path = PACKAGE / module
+    folder = path.relative_to(PACKAGE).parts[0]
+    broken = path.read_text() + "\n" + added
+    assert any(message in v for v in violations(broken, path, TORCH_FREE[folder])), added
+
+
+def test_the_server_may_call_generation():
+    path = PACKAGE / "serve" / "engine.py"
+    assert not violations(path.read_text() + "\nfrom ..generate.loop import decode_block\n", path, TORCH_FREE["serve"])
+
+
 def test_every_torch_free_module_imports_with_torch_blocked():
     """The same rule at run time: a module importing torch through a string (importlib) is caught here."""
     names = sorted(module_name(path) for path in torch_free_modules())

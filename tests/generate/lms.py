@@ -32,7 +32,7 @@ def _build(name: str, layers: int = 2):
     if name == "gpt2":
         return tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_head=4, n_positions=256, n_layer=layers,
                                                 eos_token_id=EOS, bos_token_id=BOS))
-    if name == "gpt_neo":  # a local layer's window of 8, read from its own causal table (hf/local_attention.py)
+    if name == "gpt_neo":  # a local layer's window of 8, read from its own causal table (hf/stand_ins/local_attention.py)
         return tf.GPTNeoForCausalLM(tf.GPTNeoConfig(vocab_size=VOCAB, hidden_size=64, num_layers=layers, num_heads=4,
                                                     attention_types=[[["global", "local"], layers // 2]], window_size=8,
                                                     intermediate_size=128, max_position_embeddings=256, eos_token_id=EOS,

@@ -6,7 +6,7 @@ vision-language model that walks its token types in Python (`groupby(mm_token_ty
 rotary positions stops torch.export at the `.tolist()`. A method registered here for that class computes the same
 function in a form with static shapes (every expert on every token, weighted by the routing; the positions as
 running sums over the batch), and is installed on each instance only for the export, so the user's module is
-unchanged afterwards. Registrations come from the rooms that know the model code (torch2jax/hf/stand_ins.py),
+unchanged afterwards. Registrations come from the rooms that know the model code (torch2jax/hf/stand_ins/),
 keyed by the class's qualified name so that registering does not import the model's module.
 """
 
