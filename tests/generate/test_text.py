@@ -69,3 +69,28 @@ def test_a_reply_cut_inside_a_character_ends_as_decoding_it_whole_does(tokenizer
     for tok in (tokenizer, DecodeOnly(tokenizer)):
         stream = TextStream(tok)
         assert "".join(text for text, _ in pushed(stream, ids)) + stream.flush() == tokenizer.decode(ids)
+
+
+def test_a_generator_reads_its_tokenizer_file_once_and_again_when_it_changes(tmp_path, monkeypatch):
+    """`generator.tokenizer` is read from tokenizer.json on first use and kept; a generator handed other tokenizer
+    files (as convert_hf's post-step does) reads the new one."""
+    from tokenizers import Tokenizer
+
+    from torch2jax.generate.loop import TokenLoop
+
+    from .lms import write_tokenizer
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder in (first, second):
+        folder.mkdir()
+        write_tokenizer(folder)
+    reads = []
+    real = Tokenizer.from_file
+    monkeypatch.setattr(Tokenizer, "from_file", staticmethod(lambda path: reads.append(path) or real(path)))
+    loop = object.__new__(TokenLoop)
+    loop.tokenizer_files = {"tokenizer.json": first / "tokenizer.json"}
+    assert loop.tokenizer is loop.tokenizer
+    assert reads == [str(first / "tokenizer.json")]
+    loop.tokenizer_files = {"tokenizer.json": second / "tokenizer.json"}
+    assert loop.tokenizer.encode("w5 w6").ids == [5, 6]
+    assert reads == [str(first / "tokenizer.json"), str(second / "tokenizer.json")]

@@ -90,11 +90,16 @@ class TokenLoop:
         path = self.tokenizer_files.get("tokenizer.json")
         if path is None:
             raise Torch2JaxError("this model has no tokenizer (no tokenizer.json in its directory): pass token ids instead")
+        read = self.__dict__.get("_tokenizer_read")  # (path, tokenizer): read once per file, not on every access
+        if read is not None and read[0] == path:
+            return read[1]
         try:
             from tokenizers import Tokenizer
         except ImportError:
             raise Torch2JaxError("reading the tokenizer needs the tokenizers package: pip install 'torch2jax-aot[text]'") from None
-        return Tokenizer.from_file(str(path))
+        tokenizer = Tokenizer.from_file(str(path))
+        self.__dict__["_tokenizer_read"] = (path, tokenizer)
+        return tokenizer
 
     def entries(self) -> dict[str, Model]:
         """The entry points as the artifact stores them, by name (the first one's params are the generator's)."""

@@ -13,6 +13,15 @@ import numpy as np
 from ..errors import InputSpecError
 
 
+class PromptError(InputSpecError):
+    """A refused prompt that says which argument is at fault ("ids" or "max_new_tokens"), so that a server can name
+    its client's field without reading the message."""
+
+    def __init__(self, message: str, argument: str):
+        super().__init__(message)
+        self.argument = argument
+
+
 @dataclass(frozen=True)
 class Wording:
     """The names a check's errors use."""
@@ -39,9 +48,10 @@ def check_prompt(input_ids: Any, attention_mask: Any, spec: Any, max_new_tokens:
     check_max_new_tokens(max_new_tokens, wording)
     length = ids.shape[1]
     if length + max_new_tokens > spec.max_cache_len:
-        raise InputSpecError(
+        raise PromptError(
             f"a prompt of {length} tokens plus {wording.max_new_tokens}={max_new_tokens} needs {length + max_new_tokens} "
-            f"cache slots, more than {wording.holder}'s max_cache_len ({spec.max_cache_len}): {wording.cache_remedy}"
+            f"cache slots, more than {wording.holder}'s max_cache_len ({spec.max_cache_len}): {wording.cache_remedy}",
+            "max_new_tokens" if length < spec.max_cache_len else "ids",
         )
     mask = attention_mask_of(attention_mask, ids)
     if not mask[:, -1].all() or (np.diff(mask.astype(np.int8), axis=1) < 0).any():
@@ -100,7 +110,7 @@ def check_new_tokens_fit_decoder(max_new_tokens: Any, spec: Any) -> None:
 def check_max_new_tokens(max_new_tokens: Any, wording: Wording = CALLER) -> None:
     """How many tokens to generate: an integer >= 1."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise InputSpecError(f"{wording.max_new_tokens} must be an integer >= 1 (got {max_new_tokens!r})")
+        raise PromptError(f"{wording.max_new_tokens} must be an integer >= 1 (got {max_new_tokens!r})", "max_new_tokens")
 
 
 def token_ids(input_ids: Any, max_batch: int, vocab_size: int, row: str, wording: Wording = CALLER) -> np.ndarray:
@@ -110,15 +120,15 @@ def token_ids(input_ids: Any, max_batch: int, vocab_size: int, row: str, wording
     if ids.ndim == 1:
         ids = ids[None]
     if ids.ndim != 2 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-        raise InputSpecError(f"{wording.ids} must be integer token ids of shape [batch, length], got {ids.dtype}{list(ids.shape)}")
+        raise PromptError(f"{wording.ids} must be integer token ids of shape [batch, length], got {ids.dtype}{list(ids.shape)}", "ids")
     batch, length = ids.shape
     if not 1 <= batch <= max_batch:
-        raise InputSpecError(f"batch of {batch} {row}s: this artifact was converted for 1 to {max_batch} "
-                             "(convert again with a larger --max-batch, or split the batch)")
+        raise PromptError(f"batch of {batch} {row}s: this artifact was converted for 1 to {max_batch} "
+                          "(convert again with a larger --max-batch, or split the batch)", "ids")
     if length == 0:
-        raise InputSpecError(f"{wording.ids} is empty: give at least one {row} token")
+        raise PromptError(f"{wording.ids} is empty: give at least one {row} token", "ids")
     if ids.min() < 0 or ids.max() >= vocab_size:
-        raise InputSpecError(f"{wording.ids} holds ids outside the vocabulary [0, {vocab_size})")
+        raise PromptError(f"{wording.ids} holds ids outside the vocabulary [0, {vocab_size})", "ids")
     return ids
 
 

@@ -185,7 +185,7 @@ def _submit(service: Service, prompt: list[int], body: GenerationRequest, max_to
         raise ApiError(429, f"the server is busy ({err}): retry after {RETRY_AFTER_S}s", None, "queue_full",
                        "rate_limit_error") from None
     except InputSpecError as err:  # the prompt's fault unless it would fit with fewer tokens asked for
-        fewer = "max_tokens=" in str(err) and len(prompt) < service.max_cache_len
+        fewer = getattr(err, "argument", None) == "max_new_tokens"
         raise ApiError(400, str(err), "max_tokens" if fewer else "prompt") from None
     return request, events
 
