@@ -1,9 +1,10 @@
 """The package layout's rules, checked on every module's imports (function-level ones included).
 
-The torch-free folders (ir, ops, lowering, runtime, generate, serve) never import torch, not even inside a
+The torch-free folders (ir, ops, lowering, runtime, generate, serve, finetune) never import torch, not even inside a
 function, and never reach into the torch side or the CLI. Within the torch-free side data flows one
 way, ir <- ops <- lowering <- runtime <- generate <- serve: a folder imports only the ones before it (and
-errors.py, which both halves share). The torch side goes one way too: capture (generic torch.export
+errors.py, which both halves share); finetune (LoRA, the training loss, PEFT adapters) builds on runtime, beside
+generate, never on generate or serve. The torch side goes one way too: capture (generic torch.export
 and capture) <- diagnose <- hf (everything that knows transformers) <- pipeline (a target to a checked
 artifact); eager (the jax device, the dynamo backend) builds on capture alone. Nothing in the package
 imports the CLI (cli/, installed as torch2jax.cli), which may import any of it. No module imports
@@ -30,6 +31,7 @@ TORCH_FREE = {
     "runtime": {"ir", "ops", "lowering", "runtime"},
     "generate": {"ir", "ops", "lowering", "runtime", "generate"},
     "serve": {"ir", "ops", "lowering", "runtime", "generate", "serve"},
+    "finetune": {"ir", "ops", "lowering", "runtime", "finetune"},
 }
 TORCH_FREE_SIDE = set(TORCH_FREE)
 # torch-side folder -> the torch2jax folders it may import (besides the torch-free side)
@@ -248,11 +250,13 @@ def test_the_rule_fails_when_a_stage_imports_a_later_one():
         ("generate/loop.py", "from ..serve.engine import BatchEngine\n", "imports torch2jax.serve.engine"),
         ("generate/generator.py", "def f():\n    from ..serve import api\n", "imports torch2jax.serve"),
         ("runtime/artifact.py", "from ..generate.generator import Generator\n", "imports torch2jax.generate.generator"),
+        ("finetune/lora.py", "from ..generate.loop import TokenLoop\n", "imports torch2jax.generate.loop"),
+        ("finetune/peft_format.py", "def f():\n    import torch\n", "imports torch:"),
     ],
 )
-def test_the_rule_fails_when_generation_reaches_into_the_server_or_the_artifact_reader_into_generation(module, added, message):
+def test_the_rule_fails_when_a_torch_free_room_reaches_past_its_rule(module, added, message):
     """generate/ is below serve/ (the server calls generation, never the reverse) and above runtime/ (the artifact
-    reader knows no generator class)."""
+    reader knows no generator class); finetune/ builds on runtime/ alone and never imports torch."""
     path = PACKAGE / module
     folder = path.relative_to(PACKAGE).parts[0]
     broken = path.read_text() + "\n" + added

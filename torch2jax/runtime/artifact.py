@@ -174,7 +174,7 @@ def write_atomically(path: str | os.PathLike, write: Callable[[Path], dict], *, 
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False))
         if check is not None:
             check(tmp)
-        _swap_into_place(tmp, out)
+        swap_into_place(tmp, out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -461,7 +461,9 @@ def param_tree(manifest: dict) -> dict[str, tuple[tuple[int, ...], str]]:
         raise ArtifactError(f"manifest params.tree is malformed ({err})") from None
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
+def swap_into_place(tmp: Path, out: Path) -> None:
+    """Rename a finished temporary sibling onto `out`, the old `out` (if any) moved aside first and removed after:
+    a reader never sees a half-written directory."""
     if out.exists():
         trash = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
         os.rename(out, trash)

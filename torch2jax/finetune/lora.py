@@ -1,0 +1,135 @@
+"""LoRA on a converted model's params: low-rank pairs (A, B) beside the frozen weights, merged as W + (alpha/r) B @ A.
+
+The adapters are a dict of their own, keyed like PEFT's modules (`model.layers.0.self_attn.q_proj.lora_A`), so
+`jax.grad` over them leaves the base params untouched and the pair maps one to one onto a PEFT adapter file
+(peft_format.py). The init is PEFT's default: A as torch's kaiming_uniform_(a=sqrt(5)), B zeros, so the adapted
+model starts as the base model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ..errors import Torch2JaxError
+
+
+class LoraError(Torch2JaxError, ValueError):
+    """A LoRA configuration or adapter that cannot apply to these params."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """Which weights get an adapter and its size, with PEFT's meaning for each field.
+
+    rank: r, the inner size of B @ A. alpha: lora_alpha; the update is scaled by alpha / rank.
+    targets: module-name suffixes, as PEFT's target_modules: a module named `t` or ending in `.t` is adapted.
+    fan_in_fan_out: True where the targeted weights are stored [in, out] (transformers' Conv1D: GPT-2, GPT-BigCode);
+      the delta B @ A is [out, in] and is transposed onto them. Weights' shapes cannot tell (a square one looks alike),
+      so the caller says; PEFT's LoraConfig has the same flag and the adapter file records it.
+    dropout: lora_dropout; only 0.0 for now (a dropout on the adapter's input needs a key per step).
+    """
+
+    rank: int
+    alpha: float
+    targets: tuple[str, ...]
+    fan_in_fan_out: bool = False
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.targets, str):
+            object.__setattr__(self, "targets", (self.targets,))
+        object.__setattr__(self, "targets", tuple(self.targets))
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
+            raise LoraError(f"LoraConfig.rank must be an integer >= 1, got {self.rank!r}")
+        if not self.targets or not all(isinstance(t, str) and t for t in self.targets):
+            raise LoraError(f"LoraConfig.targets must name at least one module suffix (e.g. ('q_proj', 'v_proj')), got {self.targets!r}")
+        if self.dropout != 0.0:
+            raise LoraError(f"LoraConfig.dropout={self.dropout!r} is not supported yet: only 0.0 (no dropout on the adapter input)")
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+
+def _matches(module: str, target: str) -> bool:
+    return module == target or module.endswith("." + target)
+
+
+def targeted_modules(params: dict, config: LoraConfig) -> list[str]:
+    """The module names (state_dict names less `.weight`) whose 2-D weight the config adapts, in params order.
+
+    Raises LoraError naming each target that matches no 2-D weight, and the weight names it could have meant."""
+    modules = [name[: -len(".weight")] for name, value in params.items() if name.endswith(".weight") and jnp.ndim(value) == 2]
+    found = [m for m in modules if any(_matches(m, t) for t in config.targets)]
+    missing = [t for t in config.targets if not any(_matches(m, t) for m in modules)]
+    if missing:
+        leaves = sorted({m.rpartition(".")[2] for m in modules})
+        raise LoraError(f"LoRA target(s) {missing} match no 2-D `.weight` in the params; the modules with one end in {leaves}")
+    return found
+
+
+def _in_out(weight: Any, config: LoraConfig) -> tuple[int, int]:
+    rows, cols = weight.shape
+    return (rows, cols) if config.fan_in_fan_out else (cols, rows)
+
+
+def init_lora(params: dict, config: LoraConfig, rng: jax.Array) -> dict[str, jax.Array]:
+    """PEFT's default init for every targeted weight: `{module}.lora_A` [r, in] uniform as torch's
+    kaiming_uniform_(a=sqrt(5)) (bound 1/sqrt(in)), `{module}.lora_B` [out, r] zeros. float32, as PEFT keeps adapters."""
+    lora = {}
+    a = math.sqrt(5)
+    for i, module in enumerate(targeted_modules(params, config)):
+        fan_in, fan_out = _in_out(params[module + ".weight"], config)
+        gain = math.sqrt(2.0 / (1 + a**2))
+        bound = math.sqrt(3.0) * gain / math.sqrt(fan_in)
+        lora[module + ".lora_A"] = jax.random.uniform(jax.random.fold_in(rng, i), (config.rank, fan_in), jnp.float32, -bound, bound)
+        lora[module + ".lora_B"] = jnp.zeros((fan_out, config.rank), jnp.float32)
+    return lora
+
+
+def modules_of(lora: dict) -> list[str]:
+    """The module names an adapter dict holds a pair for; LoraError where a half is missing."""
+    modules = sorted({k.rpartition(".")[0] for k in lora})
+    bad = [k for k in lora if not k.endswith((".lora_A", ".lora_B"))]
+    unpaired = [m for m in modules if f"{m}.lora_A" not in lora or f"{m}.lora_B" not in lora]
+    if bad or unpaired:
+        raise LoraError(f"not a LoRA adapter dict: keys {bad} are neither .lora_A nor .lora_B; modules {unpaired} lack a half")
+    return modules
+
+
+def merge(params: dict, lora: dict, config: LoraConfig) -> dict:
+    """params with W + (alpha/r) B @ A for every adapted module (transposed under fan_in_fan_out), in W's dtype.
+
+    Pure and traceable: differentiate through it with respect to `lora`."""
+    merged = dict(params)
+    for module in modules_of(lora):
+        name = module + ".weight"
+        if name not in params:
+            raise LoraError(f"the adapter has a pair for {module!r} but the params have no {name!r}")
+        weight, a, b = params[name], lora[module + ".lora_A"], lora[module + ".lora_B"]
+        fan_in, fan_out = _in_out(weight, config)
+        if a.shape != (config.rank, fan_in) or b.shape != (fan_out, config.rank):
+            raise LoraError(f"{module}: lora_A {a.shape} / lora_B {b.shape} do not fit the weight {weight.shape} at rank "
+                            f"{config.rank} (expected A {(config.rank, fan_in)}, B {(fan_out, config.rank)}"
+                            f"{', fan_in_fan_out' if config.fan_in_fan_out else ''})")
+        delta = config.scaling * (b.astype(jnp.float32) @ a.astype(jnp.float32))
+        if config.fan_in_fan_out:
+            delta = delta.T
+        merged[name] = (weight.astype(jnp.float32) + delta).astype(weight.dtype)
+    return merged
+
+
+def apply_fn(model: Any, config: LoraConfig) -> Callable[..., Any]:
+    """fn(lora, params, *inputs, **kwargs) = model.apply(merge(params, lora, config), *inputs, **kwargs): the
+    adapters first, so `jax.grad(loss(fn(...)))` differentiates them alone and the base params stay frozen."""
+
+    def fn(lora: dict, params: dict, *inputs: Any, **kwargs: Any) -> Any:
+        return model.apply(merge(params, lora, config), *inputs, **kwargs)
+
+    return fn
