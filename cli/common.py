@@ -22,7 +22,8 @@ def fail(message: str, code: int = EXIT_ERROR) -> None:
 
 # the optional packages a subcommand may need -> the extra of torch2jax-aot that installs them
 EXTRAS = {"torch": "convert", "safetensors": "convert", "tokenizers": "text", "PIL": "vision", "starlette": "serve",
-          "uvicorn": "serve", "pydantic": "serve", "jinja2": "serve", "prometheus_client": "serve"}
+          "uvicorn": "serve", "pydantic": "serve", "jinja2": "serve", "prometheus_client": "serve",
+          "optax": "finetune"}
 
 
 def needs_extra(extra: str, *modules: str) -> None:

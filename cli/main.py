@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from . import bisect, convert, generate, inspect, run, serve, verify
+from . import bisect, convert, finetune, generate, inspect, run, serve, verify
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -23,6 +23,7 @@ def main() -> None:
     """
 
 
-for command in (convert.convert, inspect.inspect, run.run, generate.generate, serve.serve, verify.verify, bisect.bisect):
+for command in (convert.convert, inspect.inspect, run.run, generate.generate, serve.serve, finetune.finetune, verify.verify,
+                bisect.bisect):
     main.add_command(command)
 

@@ -50,46 +50,90 @@ def lora_train_step(model: Any, config: LoraConfig, opt: Any, accumulate: int = 
     gradients are summed weighted by each one's trained tokens, so the step equals the whole batch's. The rows must
     divide evenly, and the model must take a batch of rows / accumulate (convert it with a dynamic batch dim, or at
     that size)."""
-    import optax
 
-    if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
-        raise LoraError(f"accumulate must be an integer >= 1, got {accumulate!r}")
+    check_accumulate(accumulate)
     forward = apply_fn(model, config)
-    params = model.params
 
-    def micro_loss(lora: dict, micro: dict) -> jax.Array:
+    def micro_loss(lora: dict, micro: dict, params: dict) -> jax.Array:
         logits = forward(lora, params, micro["input_ids"], attention_mask=micro["attention_mask"])["logits"]
         return causal_lm_loss(logits, micro["labels"])
+
+    return optimizer_step(opt, micro_loss, accumulate, lambda lora: model.params)
+
+
+def trainable_params(params: dict) -> dict:
+    """The entries full fine-tuning trains: the floating-point ones (integer buffers such as position ids stay)."""
+    return {name: value for name, value in params.items() if jnp.issubdtype(jnp.result_type(value), jnp.floating)}
+
+
+def full_train_step(model: Any, opt: Any, accumulate: int = 1) -> Callable[..., Any]:
+    """step(trainable, opt_state, batch) -> (trainable, opt_state, loss), jitted: one optimizer step on every floating
+    param (`trainable_params(model.params)`, updated in their own dtype), the rest of model.params held as they are.
+    batch and accumulate as lora_train_step's."""
+
+    def micro_loss(trainable: dict, micro: dict, frozen: dict) -> jax.Array:
+        logits = model.apply({**frozen, **trainable}, micro["input_ids"], attention_mask=micro["attention_mask"])["logits"]
+        return causal_lm_loss(logits, micro["labels"])
+
+    return optimizer_step(opt, micro_loss, accumulate,
+                          lambda trainable: {name: value for name, value in model.params.items() if name not in trainable})
+
+
+def optimizer_step(opt: Any, micro_loss: Callable[..., jax.Array], accumulate: int,
+                   frozen: Callable[[Any], dict]) -> Callable[..., Any]:
+    """step(trainable, opt_state, batch) -> (trainable, opt_state, loss): `micro_loss(trainable, micro, frozen(trainable))`
+    accumulated over the batch, then one update of `opt`, jitted. The frozen params are an argument of the jitted step,
+    not constants folded into what it compiles."""
+    import optax
+
+    loss_and_grads = accumulated_value_and_grad(micro_loss, accumulate)
+
+    @jax.jit
+    def jitted(trainable: Any, opt_state: Any, batch: dict, frozen_params: dict) -> tuple[Any, Any, jax.Array]:
+        loss, grads = loss_and_grads(trainable, batch, frozen_params)
+        updates, opt_state = opt.update(grads, opt_state, trainable)
+        return optax.apply_updates(trainable, updates), opt_state, loss
+
+    def step(trainable: Any, opt_state: Any, batch: dict) -> tuple[Any, Any, jax.Array]:
+        return jitted(trainable, opt_state, batch, frozen(trainable))
+
+    return step
+
+
+def check_accumulate(accumulate: Any) -> None:
+    if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
+        raise LoraError(f"accumulate must be an integer >= 1, got {accumulate!r}")
+
+
+def accumulated_value_and_grad(micro_loss: Callable[..., jax.Array], accumulate: int) -> Callable[..., tuple[jax.Array, Any]]:
+    """fn(trainable, batch, *rest) -> (loss, grads) of `micro_loss(trainable, micro_batch, *rest)` over the batch's
+    rows split into `accumulate` micro-batches run one after the other, each weighted by its trained tokens, so the
+    result equals one pass over the whole batch (a mean over all its trained tokens) with less activation memory."""
+    check_accumulate(accumulate)
 
     def trained_tokens(labels: jax.Array) -> jax.Array:
         return jnp.sum(labels[..., 1:] != IGNORE_INDEX).astype(jnp.float32)
 
-    def loss_and_grads(lora: dict, batch: dict) -> tuple[jax.Array, dict]:
+    def loss_and_grads(trainable: Any, batch: dict, *rest: Any) -> tuple[jax.Array, Any]:
         if accumulate == 1:
-            return jax.value_and_grad(micro_loss)(lora, batch)
+            return jax.value_and_grad(micro_loss)(trainable, batch, *rest)
         rows = batch["input_ids"].shape[0]
         if rows % accumulate:
             raise LoraError(f"accumulate={accumulate} does not divide the batch's {rows} rows")
         micros = {k: v.reshape(accumulate, rows // accumulate, *v.shape[1:]) for k, v in batch.items()}
         total = jnp.maximum(trained_tokens(batch["labels"]), 1.0)
 
-        def body(carry: tuple[jax.Array, dict], micro: dict) -> tuple[tuple[jax.Array, dict], None]:
-            loss, grads = jax.value_and_grad(micro_loss)(lora, micro)
+        def body(carry: tuple[jax.Array, Any], micro: dict) -> tuple[tuple[jax.Array, Any], None]:
+            loss, grads = jax.value_and_grad(micro_loss)(trainable, micro, *rest)
             weight = trained_tokens(micro["labels"]) / total  # each micro loss is a mean over its own tokens
             summed_loss, summed = carry
             return (summed_loss + weight * loss, jax.tree.map(lambda s, g: s + weight * g, summed, grads)), None
 
-        zeros = jax.tree.map(jnp.zeros_like, lora)
+        zeros = jax.tree.map(jnp.zeros_like, trainable)
         (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), micros)
         return loss, grads
 
-    @jax.jit
-    def step(lora: dict, opt_state: Any, batch: dict) -> tuple[dict, Any, jax.Array]:
-        loss, grads = loss_and_grads(lora, batch)
-        updates, opt_state = opt.update(grads, opt_state, lora)
-        return optax.apply_updates(lora, updates), opt_state, loss
-
-    return step
+    return loss_and_grads
 
 
 def make_batch(rows: Sequence[tuple[Sequence[int], Sequence[int]]], max_length: int, pad_id: int) -> dict[str, np.ndarray]:

@@ -1,0 +1,191 @@
+"""Fine-tuning a Hugging Face causal LM from its directory (`torch2jax finetune hf:DIR`): the training forward
+converted (logits for a batch of token ids and an attention mask, the KV cache off), the data read and tokenized, and
+the run handed to torch2jax.finetune.run, which needs no torch.
+
+Everything that can be wrong with the arguments, the data or the output directory is found before the conversion,
+the slow part, starts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputSpecError
+from ..finetune import data as finetune_data
+from ..finetune.lora import LoraConfig, LoraError
+from ..finetune.run import FinetuneError, RunSettings, StepReport, check_output, file_sha256, run
+from ..finetune.train import OPTIMIZERS, TORCH_WEIGHT_DECAY
+from .directory import load_model, open_directory, prepare_for_export, transformers
+
+ProgressFn = Callable[[str, str], None]
+
+# module-name suffixes tried in order when no LoRA targets are given: the attention's query and value projections,
+# as PEFT's defaults for the common architectures
+DEFAULT_TARGETS = (("q_proj", "v_proj"), ("c_attn",), ("query_key_value",), ("qkv_proj",), ("Wqkv",), ("query", "value"))
+DEFAULT_LORA_RANK, DEFAULT_LORA_ALPHA = 8, 8.0  # PEFT's LoraConfig defaults
+
+
+@dataclass(frozen=True)
+class Method:
+    """LoRA (rank, alpha, targets; None where not given: the defaults) or full fine-tuning."""
+
+    full: bool = False
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    lora_targets: Sequence[str] | None = None
+
+    def check(self) -> None:
+        given = [flag for flag, value in (("--lora-rank", self.lora_rank), ("--lora-alpha", self.lora_alpha),
+                                          ("--lora-targets", self.lora_targets)) if value is not None]
+        if self.full and given:
+            raise InputSpecError(f"--full trains every weight, so {', '.join(given)} do not apply: drop them, or drop --full "
+                                 "to train a LoRA adapter")
+        if self.lora_rank is not None and self.lora_rank < 1:
+            raise InputSpecError(f"--lora-rank must be an integer >= 1, got {self.lora_rank}")
+        if self.lora_alpha is not None and not self.lora_alpha > 0:
+            raise InputSpecError(f"--lora-alpha must be > 0, got {self.lora_alpha}")
+        if self.lora_targets is not None and not [t for t in self.lora_targets if t]:
+            raise InputSpecError("--lora-targets names no module: give comma-separated module-name suffixes, e.g. q_proj,v_proj")
+
+
+def finetune(model_dir: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike, *, steps: int, lr: float,
+             method: Method = Method(), optimizer: str = "adamw", weight_decay: float | None = None, batch_size: int = 8,
+             max_length: int = 512, seed: int = 0, shuffle: bool = True, save_init: bool = False, resume: bool = False,
+             force: bool = False, progress: ProgressFn | None = None,
+             on_step: Callable[[StepReport], None] | None = None) -> Path:
+    """Fine-tune the causal LM in `model_dir` on the JSON-lines `data` and write `out` (torch2jax.finetune.run's
+    layout: adapter/, merged/, losses.jsonl, checkpoint/ ...). Returns `out`. Needs torch (the conversion) and the
+    directory's tokenizer.json."""
+    say = progress or (lambda stage, message: None)
+    _check_numbers(steps=steps, lr=lr, batch_size=batch_size, max_length=max_length, weight_decay=weight_decay)
+    method.check()
+    if optimizer not in OPTIMIZERS:
+        raise InputSpecError(f"--optimizer {optimizer!r} is not one of {list(OPTIMIZERS)}")
+    directory, config, tokenizer_files, _ = open_directory(model_dir)
+    if "tokenizer.json" not in tokenizer_files:
+        raise InputSpecError(f"{directory} has no tokenizer.json, which finetune reads the training text with: save the "
+                             "model's tokenizer into it (tokenizer.save_pretrained(DIR))")
+    check_output(out, resume=resume, force=force)
+
+    say("data", f"reading {data}")
+    from tokenizers import Tokenizer
+
+    examples = finetune_data.read_examples(data)
+    eos_id, pad_id = _special_ids(directory, config)
+    rows = finetune_data.tokenize(examples, Tokenizer.from_file(str(tokenizer_files["tokenizer.json"])), eos_id,
+                                  max_length, source=str(data))
+    trained = sum(len(t) for _, t in rows)
+    say("data", f"{len(rows)} examples, {trained} trained tokens")
+
+    say("load", f"loading {directory}")
+    logging = transformers().utils.logging
+    bar = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()  # its bar would break into our progress line
+    try:
+        module = load_model(transformers().AutoModelForCausalLM, directory)
+    finally:
+        if bar:
+            logging.enable_progress_bar()
+    lora = None if method.full else _lora_config(module, method)
+    settings = RunSettings(str(directory.resolve()), file_sha256(data), "full" if method.full else "lora", lora, optimizer,
+                           float(lr), TORCH_WEIGHT_DECAY[optimizer] if weight_decay is None else float(weight_decay),
+                           batch_size, max_length, seed, shuffle)
+    say("convert", f"converting the training forward ({batch_size} x {max_length} tokens)")
+    model = training_forward(module, batch_size, max_length, seed)
+    return run(model, settings, rows, out, steps=steps, pad_id=pad_id, resume=resume, save_init=save_init, force=force,
+               on_step=on_step)
+
+
+def training_forward(module: Any, batch_size: int, max_length: int, seed: int = 0) -> Any:
+    """The causal LM's forward as a torch2jax Model: `apply(params, ids, attention_mask=)["logits"]` for int
+    [batch_size, max_length] inputs, in float32 (the weights trained in float32), the KV cache off, dropout off."""
+    import torch
+
+    import torch2jax
+
+    prepare_for_export(module)
+    module = module.float().eval()
+    module.config.use_cache = False
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, module.config.vocab_size, (batch_size, max_length), generator=generator)
+    mask = torch.ones(batch_size, max_length, dtype=torch.long)
+    mask[-1, max_length // 2:] = 0  # right padding in the example, as the batches have: the mask is not specialized away
+    return torch2jax.convert(module, (ids,), {"attention_mask": mask})
+
+
+def _lora_config(module: Any, method: Method) -> LoraConfig:
+    """The LoRA config for this model: targets as given or the first of DEFAULT_TARGETS it has, fan_in_fan_out where
+    the targeted layers are transformers' Conv1D (weights stored [in, out], GPT-2's), as PEFT sets it."""
+    conv1d = transformers().pytorch_utils.Conv1D
+    import torch
+
+    layers = {name: type(m) for name, m in module.named_modules() if isinstance(m, (torch.nn.Linear, conv1d))}
+
+    def matching(target: str) -> list[str]:
+        return [name for name in layers if name == target or name.endswith("." + target)]
+
+    if method.lora_targets is None:
+        targets = next((ts for ts in DEFAULT_TARGETS if all(matching(t) for t in ts)), None)
+        if targets is None:
+            leaves = sorted({name.rpartition(".")[2] for name in layers})
+            raise InputSpecError(f"no default LoRA targets for {type(module).__name__}: name them with --lora-targets, "
+                                 f"from the linear layers' names: {leaves}")
+    else:
+        targets = tuple(t for t in method.lora_targets if t)
+        missing = [t for t in targets if not matching(t)]
+        if missing:
+            leaves = sorted({name.rpartition(".")[2] for name in layers})
+            raise InputSpecError(f"--lora-targets {missing} match no linear layer of {type(module).__name__}; its linear "
+                                 f"layers' names end in {leaves}")
+    kinds = {layers[name] is conv1d for t in targets for name in matching(t)}
+    if len(kinds) > 1:
+        raise InputSpecError(f"--lora-targets {list(targets)} mix Conv1D layers (weights stored [in, out]) and Linear ones; "
+                             "adapt one kind per run")
+    try:
+        return LoraConfig(rank=method.lora_rank or DEFAULT_LORA_RANK,
+                          alpha=DEFAULT_LORA_ALPHA if method.lora_alpha is None else float(method.lora_alpha),
+                          targets=targets, fan_in_fan_out=kinds == {True})
+    except LoraError as err:
+        raise InputSpecError(str(err)) from None
+
+
+def _special_ids(directory: Path, config: Any) -> tuple[int | None, int]:
+    """(the end token that closes each trained text, the padding id): the generation config's end token (the first
+    of a list), else the config's; padding the config's pad token, else the end token, else 0 (masked out anyway)."""
+    generation = directory / "generation_config.json"
+    eos = None
+    if generation.is_file():
+        import json
+
+        eos = json.loads(generation.read_text()).get("eos_token_id")
+    if eos is None:
+        eos = getattr(config, "eos_token_id", None)
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    pad = getattr(config, "pad_token_id", None)
+    if isinstance(pad, (list, tuple)):
+        pad = pad[0] if pad else None
+    return eos, pad if pad is not None else (eos if eos is not None else 0)
+
+
+def _check_numbers(*, steps: int, lr: float, batch_size: int, max_length: int, weight_decay: float | None) -> None:
+    problems = []
+    if steps < 1:
+        problems.append(f"--steps must be >= 1 (got {steps})")
+    if not lr > 0:
+        problems.append(f"--lr must be > 0 (got {lr})")
+    if batch_size < 1:
+        problems.append(f"--batch-size must be >= 1 (got {batch_size})")
+    if max_length < 2:
+        problems.append(f"--max-length must be >= 2 (got {max_length}): a causal LM learns each token from the ones before")
+    if weight_decay is not None and weight_decay < 0:
+        problems.append(f"--weight-decay must be >= 0 (got {weight_decay})")
+    if problems:
+        raise InputSpecError("; ".join(problems))
+
+
+__all__ = ["FinetuneError", "Method", "finetune", "training_forward"]
