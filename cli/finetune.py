@@ -68,10 +68,12 @@ def _targets(text: str | None) -> list[str] | None:
 @click.option("--save-init", is_flag=True, help="Also write the adapter before the first step (OUT/adapter_init/).")
 @click.option("--resume", is_flag=True, help="Go on from the run in --out (same settings): 3 steps then 3 resumed = 6.")
 @click.option("--force", is_flag=True, help="Replace an existing --out instead of refusing.")
+@click.option("--artifact", is_flag=True, help="Then convert OUT/merged to a text-generation artifact in OUT/artifact "
+                                               "(torch2jax generate / serve / load it), verified against transformers.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @handles_errors
 def finetune(model, data, out_dir, lora_rank, lora_alpha, lora_targets, full, optimizer, lr, weight_decay, steps,
-             batch_size, max_length, seed, no_shuffle, save_init, resume, force, quiet):
+             batch_size, max_length, seed, no_shuffle, save_init, resume, force, artifact, quiet):
     """Fine-tune a Hugging Face causal LM (hf:DIR) in JAX with LoRA (default) or --full, and hand it back.
 
     Writes OUT/adapter/ (LoRA, in PEFT's format: peft.PeftModel.from_pretrained loads it), OUT/merged/ (a Hugging
@@ -102,7 +104,8 @@ def finetune(model, data, out_dir, lora_rank, lora_alpha, lora_targets, full, op
     method = Method(full=full, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=_targets(lora_targets))
     out = run_finetune(model, data, out_dir, steps=steps, lr=lr, method=method, optimizer=optimizer,
                        weight_decay=weight_decay, batch_size=batch_size, max_length=max_length, seed=seed,
-                       shuffle=not no_shuffle, save_init=save_init, resume=resume, force=force, progress=progress,
+                       shuffle=not no_shuffle, save_init=save_init, resume=resume, force=force, artifact=artifact,
+                       progress=progress,
                        on_step=StepBar(progress, quiet))
     progress.done()
     if not quiet:

@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import InputSpecError
 from ..finetune import data as finetune_data
 from ..finetune.lora import LoraConfig, LoraError
-from ..finetune.run import FinetuneError, RunSettings, StepReport, check_output, file_sha256, run
+from ..finetune.run import MERGED_DIR, FinetuneError, RunSettings, StepReport, check_output, file_sha256, run
 from ..finetune.train import OPTIMIZERS, TORCH_WEIGHT_DECAY
 from .directory import load_model, open_directory, prepare_for_export, transformers
 
@@ -26,6 +26,7 @@ ProgressFn = Callable[[str, str], None]
 # module-name suffixes tried in order when no LoRA targets are given: the attention's query and value projections,
 # as PEFT's defaults for the common architectures
 DEFAULT_TARGETS = (("q_proj", "v_proj"), ("c_attn",), ("query_key_value",), ("qkv_proj",), ("Wqkv",), ("query", "value"))
+ARTIFACT_DIR = "artifact"  # with artifact=True: out/merged converted for torch2jax.load
 DEFAULT_LORA_RANK, DEFAULT_LORA_ALPHA = 8, 8.0  # PEFT's LoraConfig defaults
 
 
@@ -55,11 +56,14 @@ class Method:
 def finetune(model_dir: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike, *, steps: int, lr: float,
              method: Method = Method(), optimizer: str = "adamw", weight_decay: float | None = None, batch_size: int = 8,
              max_length: int = 512, seed: int = 0, shuffle: bool = True, save_init: bool = False, resume: bool = False,
-             force: bool = False, progress: ProgressFn | None = None,
+             force: bool = False, artifact: bool = False, progress: ProgressFn | None = None,
              on_step: Callable[[StepReport], None] | None = None) -> Path:
     """Fine-tune the causal LM in `model_dir` on the JSON-lines `data` and write `out` (torch2jax.finetune.run's
     layout: adapter/, merged/, losses.jsonl, checkpoint/ ...). Returns `out`. Needs torch (the conversion) and the
-    directory's tokenizer.json."""
+    directory's tokenizer.json.
+
+    With `artifact`, out/merged is then converted to a text-generation artifact in out/artifact (verified against
+    transformers, as `torch2jax convert hf:OUT/merged` does); if that fails the run's output stays as written."""
     say = progress or (lambda stage, message: None)
     _check_numbers(steps=steps, lr=lr, batch_size=batch_size, max_length=max_length, weight_decay=weight_decay)
     method.check()
@@ -96,8 +100,13 @@ def finetune(model_dir: str | os.PathLike, data: str | os.PathLike, out: str | o
                            batch_size, max_length, seed, shuffle)
     say("convert", f"converting the training forward ({batch_size} x {max_length} tokens)")
     model = training_forward(module, batch_size, max_length, seed)
-    return run(model, settings, rows, out, steps=steps, pad_id=pad_id, resume=resume, save_init=save_init, force=force,
-               on_step=on_step)
+    written = run(model, settings, rows, out, steps=steps, pad_id=pad_id, resume=resume, save_init=save_init,
+                  force=force, on_step=on_step)
+    if artifact:
+        from ..pipeline.convert import convert_target
+
+        convert_target(f"hf:{written / MERGED_DIR}", written / ARTIFACT_DIR, task="text-generation", progress=progress)
+    return written
 
 
 def training_forward(module: Any, batch_size: int, max_length: int, seed: int = 0) -> Any:
