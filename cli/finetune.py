@@ -94,7 +94,7 @@ def finetune(model, data, out_dir, lora_rank, lora_alpha, lora_targets, full, op
     needs_extra("finetune", "optax", "safetensors")
     from torch2jax.hf.directory import PREFIX
     from torch2jax.hf.training import Method
-    from torch2jax.hf.training import finetune as run_finetune
+    from torch2jax.pipeline.finetune import finetune as run_finetune
 
     if not model.startswith(PREFIX):
         from torch2jax.errors import InputSpecError

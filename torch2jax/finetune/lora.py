@@ -70,8 +70,59 @@ def targeted_modules(params: dict, config: LoraConfig) -> list[str]:
     missing = [t for t in config.targets if not any(_matches(m, t) for m in modules)]
     if missing:
         leaves = sorted({m.rpartition(".")[2] for m in modules})
-        raise LoraError(f"LoRA target(s) {missing} match no 2-D `.weight` in the params; the modules with one end in {leaves}")
+        raise LoraError(f"LoRA target(s) {missing} match no 2-D `.weight` in the params; the modules with one end in {leaves}"
+                        + "".join(_why_not(params, t) for t in missing))
     return found
+
+
+def _why_not(params: dict, target: str) -> str:
+    """A hint for a target that names something, just not a 2-D `.weight`: a tied head, a fused expert stack."""
+    others = [n for n, v in params.items() if _matches(n, target) and jnp.ndim(v) != 2]
+    if others:
+        return (f". {others[0]!r} is a {jnp.ndim(params[others[0]])}-D parameter, not a Linear's weight: LoRA here adapts "
+                "2-D `.weight`s only (PEFT reaches a fused expert stack with target_parameters, which this does not "
+                "support yet); target the attention or dense MLP projections instead")
+    if target.rpartition(".")[2] in ("lm_head", "embed_out", "output"):
+        return (f". A head tied to the input embeddings (tie_word_embeddings) is held once, under the embedding's name, "
+                f"and LoRA on a tied weight is not supported: drop {target!r} from the targets, or untie it in torch "
+                "before converting (lm.lm_head.weight = torch.nn.Parameter(lm.lm_head.weight.clone()); "
+                "lm.config.tie_word_embeddings = False)")
+    return ""
+
+
+def check_targets(graph: Any, config: LoraConfig) -> None:
+    """LoraError where a target is a weight this LoRA cannot adapt as PEFT does, found from the converted graph:
+
+    - a tied weight (lm_head tied to embed_tokens): the params hold it once, so merging a delta into it would change
+      every use, while PEFT adapts the one module it wraps (lm_head's output) and leaves the other as it was;
+    - an embedding table (a weight `aten.embedding` looks rows up in): PEFT gives nn.Embedding its own adapter
+      (lora_embedding_A [r, vocab] zeros, lora_embedding_B [dim, r] normal, the delta (B @ A).T) which this does not
+      write or read.
+    Each message names the fix: drop the target, or untie in torch before converting."""
+    kept = {i.name: graph.aliases.get(i.target, i.target) for i in graph.inputs if i.target}
+    embeddings = {kept[n.args[0]["ref"]] for n in graph.nodes
+                  if n.op.startswith("aten.embedding.") and n.args and isinstance(n.args[0], dict) and n.args[0].get("ref") in kept}
+    tied: dict[str, list[str]] = {}
+    for alias, name in graph.aliases.items():
+        tied.setdefault(name, [name]).append(alias)
+    problems = []
+    for target in config.targets:
+        for name in sorted(set(kept.values()) | set(graph.aliases)):
+            if not name.endswith(".weight") or not _matches(name[: -len(".weight")], target):
+                continue
+            group = tied.get(graph.aliases.get(name, name))
+            if group:
+                problems.append(f"{target!r} matches {name}, one weight with {sorted(set(group) - {name})} (tied): the "
+                                "params hold it once, so an adapter would change every use, while PEFT adapts only the "
+                                f"module it wraps. Drop {target!r} from the targets, or untie in torch before converting "
+                                "(e.g. lm.lm_head.weight = torch.nn.Parameter(lm.lm_head.weight.clone()); "
+                                "lm.config.tie_word_embeddings = False)")
+            elif name in embeddings:
+                problems.append(f"{target!r} matches {name}, an embedding table: PEFT adapts nn.Embedding with "
+                                "lora_embedding_A/B (swapped shapes, its own init), which is not supported here; drop "
+                                f"{target!r} from the targets")
+    if problems:
+        raise LoraError("LoRA cannot adapt these targets as PEFT does: " + "; ".join(problems))
 
 
 def _in_out(weight: Any, config: LoraConfig) -> tuple[int, int]:
@@ -127,7 +178,12 @@ def merge(params: dict, lora: dict, config: LoraConfig) -> dict:
 
 def apply_fn(model: Any, config: LoraConfig) -> Callable[..., Any]:
     """fn(lora, params, *inputs, **kwargs) = model.apply(merge(params, lora, config), *inputs, **kwargs): the
-    adapters first, so `jax.grad(loss(fn(...)))` differentiates them alone and the base params stay frozen."""
+    adapters first, so `jax.grad(loss(fn(...)))` differentiates them alone and the base params stay frozen.
+
+    Refuses (LoraError, check_targets) targets that are tied weights or embedding tables."""
+    graph = getattr(model, "graph", None)
+    if graph is not None:
+        check_targets(graph, config)
 
     def fn(lora: dict, params: dict, *inputs: Any, **kwargs: Any) -> Any:
         return model.apply(merge(params, lora, config), *inputs, **kwargs)

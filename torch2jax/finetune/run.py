@@ -33,10 +33,11 @@ import numpy as np
 from ..errors import Torch2JaxError
 from ..runtime.artifact import swap_into_place
 from .data import batch_indices
+from .full import model_parameters
 from .hf_format import DTYPES, save_merged
 from .lora import LoraConfig, init_lora, merge
 from .peft_format import save_adapter
-from .train import full_train_step, lora_train_step, make_batch, optimizer, trainable_params
+from .train import full_train_step, lora_train_step, make_batch, optimizer
 
 SETTINGS_FILE, LOSSES_FILE, CHECKPOINT_DIR = "finetune.json", "losses.jsonl", "checkpoint"
 ADAPTER_DIR, ADAPTER_INIT_DIR, MERGED_DIR = "adapter", "adapter_init", "merged"
@@ -146,7 +147,7 @@ def run(model: Any, settings: RunSettings, rows: Sequence[tuple[list[int], list[
         trainable = init_lora(model.params, settings.lora, jax.random.key(settings.seed))
         step_fn = lora_train_step(model, settings.lora, opt)
     else:
-        trainable = trainable_params(model.params)
+        trainable = model_parameters(model)
         step_fn = full_train_step(model, opt)
     opt_state = opt.init(trainable)
 

@@ -61,15 +61,10 @@ def lora_train_step(model: Any, config: LoraConfig, opt: Any, accumulate: int = 
     return optimizer_step(opt, micro_loss, accumulate, lambda lora: model.params)
 
 
-def trainable_params(params: dict) -> dict:
-    """The entries full fine-tuning trains: the floating-point ones (integer buffers such as position ids stay)."""
-    return {name: value for name, value in params.items() if jnp.issubdtype(jnp.result_type(value), jnp.floating)}
-
-
 def full_train_step(model: Any, opt: Any, accumulate: int = 1) -> Callable[..., Any]:
-    """step(trainable, opt_state, batch) -> (trainable, opt_state, loss), jitted: one optimizer step on every floating
-    param (`trainable_params(model.params)`, updated in their own dtype), the rest of model.params held as they are.
-    batch and accumulate as lora_train_step's."""
+    """step(trainable, opt_state, batch) -> (trainable, opt_state, loss), jitted: one optimizer step on `trainable`
+    (full.model_parameters(model): the weights torch would train, each updated in its own dtype), the rest of
+    model.params (buffers) held as they are. batch and accumulate as lora_train_step's."""
 
     def micro_loss(trainable: dict, micro: dict, frozen: dict) -> jax.Array:
         logits = model.apply({**frozen, **trainable}, micro["input_ids"], attention_mask=micro["attention_mask"])["logits"]
@@ -97,6 +92,8 @@ def optimizer_step(opt: Any, micro_loss: Callable[..., jax.Array], accumulate: i
     def step(trainable: Any, opt_state: Any, batch: dict) -> tuple[Any, Any, jax.Array]:
         return jitted(trainable, opt_state, batch, frozen(trainable))
 
+    # step.lower(trainable, opt_state, batch).compile().memory_analysis(): what the step holds, for a benchmark
+    step.lower = lambda trainable, opt_state, batch: jitted.lower(trainable, opt_state, batch, frozen(trainable))
     return step
 
 

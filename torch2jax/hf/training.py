@@ -1,32 +1,22 @@
-"""Fine-tuning a Hugging Face causal LM from its directory (`torch2jax finetune hf:DIR`): the training forward
-converted (logits for a batch of token ids and an attention mask, the KV cache off), the data read and tokenized, and
-the run handed to torch2jax.finetune.run, which needs no torch.
-
-Everything that can be wrong with the arguments, the data or the output directory is found before the conversion,
-the slow part, starts.
+"""What fine-tuning a Hugging Face causal LM needs from transformers: the training forward converted (logits for a
+batch of token ids and an attention mask, the KV cache off), the LoRA targets and their layout read from the model's
+layers, the end and padding tokens, and the arguments checked. pipeline/finetune.py runs it all.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputSpecError
-from ..finetune import data as finetune_data
 from ..finetune.lora import LoraConfig, LoraError
-from ..finetune.run import MERGED_DIR, FinetuneError, RunSettings, StepReport, check_output, file_sha256, run
-from ..finetune.train import OPTIMIZERS, TORCH_WEIGHT_DECAY
-from .directory import load_model, open_directory, prepare_for_export, transformers
-
-ProgressFn = Callable[[str, str], None]
+from .directory import load_model, prepare_for_export, transformers
 
 # module-name suffixes tried in order when no LoRA targets are given: the attention's query and value projections,
 # as PEFT's defaults for the common architectures
 DEFAULT_TARGETS = (("q_proj", "v_proj"), ("c_attn",), ("query_key_value",), ("qkv_proj",), ("Wqkv",), ("query", "value"))
-ARTIFACT_DIR = "artifact"  # with artifact=True: out/merged converted for torch2jax.load
 DEFAULT_LORA_RANK, DEFAULT_LORA_ALPHA = 8, 8.0  # PEFT's LoraConfig defaults
 
 
@@ -53,60 +43,19 @@ class Method:
             raise InputSpecError("--lora-targets names no module: give comma-separated module-name suffixes, e.g. q_proj,v_proj")
 
 
-def finetune(model_dir: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike, *, steps: int, lr: float,
-             method: Method = Method(), optimizer: str = "adamw", weight_decay: float | None = None, batch_size: int = 8,
-             max_length: int = 512, seed: int = 0, shuffle: bool = True, save_init: bool = False, resume: bool = False,
-             force: bool = False, artifact: bool = False, progress: ProgressFn | None = None,
-             on_step: Callable[[StepReport], None] | None = None) -> Path:
-    """Fine-tune the causal LM in `model_dir` on the JSON-lines `data` and write `out` (torch2jax.finetune.run's
-    layout: adapter/, merged/, losses.jsonl, checkpoint/ ...). Returns `out`. Needs torch (the conversion) and the
-    directory's tokenizer.json.
+LORA_DEFAULTS = Method()  # LoRA with the default rank, alpha and targets
 
-    With `artifact`, out/merged is then converted to a text-generation artifact in out/artifact (verified against
-    transformers, as `torch2jax convert hf:OUT/merged` does); if that fails the run's output stays as written."""
-    say = progress or (lambda stage, message: None)
-    _check_numbers(steps=steps, lr=lr, batch_size=batch_size, max_length=max_length, weight_decay=weight_decay)
-    method.check()
-    if optimizer not in OPTIMIZERS:
-        raise InputSpecError(f"--optimizer {optimizer!r} is not one of {list(OPTIMIZERS)}")
-    directory, config, tokenizer_files, _ = open_directory(model_dir)
-    if "tokenizer.json" not in tokenizer_files:
-        raise InputSpecError(f"{directory} has no tokenizer.json, which finetune reads the training text with: save the "
-                             "model's tokenizer into it (tokenizer.save_pretrained(DIR))")
-    check_output(out, resume=resume, force=force)
 
-    say("data", f"reading {data}")
-    from tokenizers import Tokenizer
-
-    examples = finetune_data.read_examples(data)
-    eos_id, pad_id = _special_ids(directory, config)
-    rows = finetune_data.tokenize(examples, Tokenizer.from_file(str(tokenizer_files["tokenizer.json"])), eos_id,
-                                  max_length, source=str(data))
-    trained = sum(len(t) for _, t in rows)
-    say("data", f"{len(rows)} examples, {trained} trained tokens")
-
-    say("load", f"loading {directory}")
+def load_causal_lm(directory: Path) -> Any:
+    """The directory's causal LM as transformers loads it (every weight from the checkpoint), its progress bar off."""
     logging = transformers().utils.logging
     bar = logging.is_progress_bar_enabled()
     logging.disable_progress_bar()  # its bar would break into our progress line
     try:
-        module = load_model(transformers().AutoModelForCausalLM, directory)
+        return load_model(transformers().AutoModelForCausalLM, directory)
     finally:
         if bar:
             logging.enable_progress_bar()
-    lora = None if method.full else _lora_config(module, method)
-    settings = RunSettings(str(directory.resolve()), file_sha256(data), "full" if method.full else "lora", lora, optimizer,
-                           float(lr), TORCH_WEIGHT_DECAY[optimizer] if weight_decay is None else float(weight_decay),
-                           batch_size, max_length, seed, shuffle)
-    say("convert", f"converting the training forward ({batch_size} x {max_length} tokens)")
-    model = training_forward(module, batch_size, max_length, seed)
-    written = run(model, settings, rows, out, steps=steps, pad_id=pad_id, resume=resume, save_init=save_init,
-                  force=force, on_step=on_step)
-    if artifact:
-        from ..pipeline.convert import convert_target
-
-        convert_target(f"hf:{written / MERGED_DIR}", written / ARTIFACT_DIR, task="text-generation", progress=progress)
-    return written
 
 
 def training_forward(module: Any, batch_size: int, max_length: int, seed: int = 0) -> Any:
@@ -126,7 +75,7 @@ def training_forward(module: Any, batch_size: int, max_length: int, seed: int = 
     return torch2jax.convert(module, (ids,), {"attention_mask": mask})
 
 
-def _lora_config(module: Any, method: Method) -> LoraConfig:
+def lora_config(module: Any, method: Method) -> LoraConfig:
     """The LoRA config for this model: targets as given or the first of DEFAULT_TARGETS it has, fan_in_fan_out where
     the targeted layers are transformers' Conv1D (weights stored [in, out], GPT-2's), as PEFT sets it."""
     conv1d = transformers().pytorch_utils.Conv1D
@@ -162,7 +111,7 @@ def _lora_config(module: Any, method: Method) -> LoraConfig:
         raise InputSpecError(str(err)) from None
 
 
-def _special_ids(directory: Path, config: Any) -> tuple[int | None, int]:
+def special_ids(directory: Path, config: Any) -> tuple[int | None, int]:
     """(the end token that closes each trained text, the padding id): the generation config's end token (the first
     of a list), else the config's; padding the config's pad token, else the end token, else 0 (masked out anyway)."""
     generation = directory / "generation_config.json"
@@ -181,7 +130,7 @@ def _special_ids(directory: Path, config: Any) -> tuple[int | None, int]:
     return eos, pad if pad is not None else (eos if eos is not None else 0)
 
 
-def _check_numbers(*, steps: int, lr: float, batch_size: int, max_length: int, weight_decay: float | None) -> None:
+def check_numbers(*, steps: int, lr: float, batch_size: int, max_length: int, weight_decay: float | None) -> None:
     problems = []
     if steps < 1:
         problems.append(f"--steps must be >= 1 (got {steps})")
@@ -197,4 +146,4 @@ def _check_numbers(*, steps: int, lr: float, batch_size: int, max_length: int, w
         raise InputSpecError("; ".join(problems))
 
 
-__all__ = ["FinetuneError", "Method", "finetune", "training_forward"]
+__all__ = ["LORA_DEFAULTS", "Method", "check_numbers", "load_causal_lm", "lora_config", "special_ids", "training_forward"]

@@ -48,7 +48,10 @@ def _leading_block(src, shape):
 
 @lowers("aten.embedding.default")
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    return jnp.take(weight, _wrap(indices, weight.shape[0]), axis=0)
+    rows = jnp.take(weight, _wrap(indices, weight.shape[0]), axis=0)
+    if padding_idx is not None and padding_idx >= 0:  # torch's backward leaves the padding row's gradient zero
+        rows = jnp.where((indices == padding_idx)[..., None], lax.stop_gradient(rows), rows)
+    return rows
 
 
 @lowers("aten.embedding_dense_backward.default")
