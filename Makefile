@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-slow test-ops-full test-ops-eager test-ops-compile test-models-full test-models-hf models-doc demo runtime-check lint docs bench bench-calls bench-eager bench-compile bench-large bench-serve bench-vlm clean
+.PHONY: install test test-slow test-ops-full test-ops-eager test-ops-compile test-models-full test-models-hf models-doc demo runtime-check lint docs bench bench-calls bench-eager bench-compile bench-large bench-serve bench-vlm bench-finetune clean
 
 install: $(STAMP)
 
@@ -79,6 +79,12 @@ bench: $(BENCH_STAMP)
 	$(PY) -m compileall -q torch2jax
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
 	$(if $(findstring --quick,$(BENCH_ARGS)),,$(PY) -m benchmarks.call_overhead)
+
+# LoRA fine-tuning against PEFT on torch eager, and LoRA's memory against full fine-tuning's (~2 min): rewrites its
+# section of docs/benchmarks.md.
+bench-finetune: $(BENCH_STAMP)
+	$(PY) -m pip install -q -e '.[finetune]' peft
+	$(PY) -m benchmarks.finetune
 
 # Per-call overhead alone (~2 min): rewrites its section of docs/benchmarks.md.
 bench-calls: $(BENCH_STAMP)
