@@ -63,6 +63,9 @@ def _targets(text: str | None) -> list[str] | None:
 @click.option("--steps", type=int, required=True, help="Optimizer steps this run takes (with --resume: more steps).")
 @click.option("--batch-size", type=int, default=8, show_default=True, help="Examples per step.")
 @click.option("--max-length", type=int, default=512, show_default=True, help="Tokens per example; longer ones are cut.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
+              help="The forward's weights and compute; bfloat16 keeps the trained values (adapters, full fine-tuning's "
+                   "master weights) in float32.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds the LoRA init and the data order.")
 @click.option("--no-shuffle", is_flag=True, help="Take the examples in file order.")
 @click.option("--save-init", is_flag=True, help="Also write the adapter before the first step (OUT/adapter_init/).")
@@ -73,7 +76,7 @@ def _targets(text: str | None) -> list[str] | None:
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @handles_errors
 def finetune(model, data, out_dir, lora_rank, lora_alpha, lora_targets, full, optimizer, lr, weight_decay, steps,
-             batch_size, max_length, seed, no_shuffle, save_init, resume, force, artifact, quiet):
+             batch_size, max_length, dtype, seed, no_shuffle, save_init, resume, force, artifact, quiet):
     """Fine-tune a Hugging Face causal LM (hf:DIR) in JAX with LoRA (default) or --full, and hand it back.
 
     Writes OUT/adapter/ (LoRA, in PEFT's format: peft.PeftModel.from_pretrained loads it), OUT/merged/ (a Hugging
@@ -104,7 +107,7 @@ def finetune(model, data, out_dir, lora_rank, lora_alpha, lora_targets, full, op
     method = Method(full=full, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=_targets(lora_targets))
     out = run_finetune(model, data, out_dir, steps=steps, lr=lr, method=method, optimizer=optimizer,
                        weight_decay=weight_decay, batch_size=batch_size, max_length=max_length, seed=seed,
-                       shuffle=not no_shuffle, save_init=save_init, resume=resume, force=force, artifact=artifact,
+                       shuffle=not no_shuffle, save_init=save_init, resume=resume, force=force, artifact=artifact, dtype=dtype,
                        progress=progress,
                        on_step=StepBar(progress, quiet))
     progress.done()

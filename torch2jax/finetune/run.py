@@ -37,7 +37,7 @@ from .full import model_parameters
 from .hf_format import DTYPES, save_merged
 from .lora import LoraConfig, init_lora, merge
 from .peft_format import save_adapter
-from .train import full_train_step, lora_train_step, make_batch, optimizer
+from .train import full_train_step, lora_train_step, make_batch, master_weights, optimizer
 
 SETTINGS_FILE, LOSSES_FILE, CHECKPOINT_DIR = "finetune.json", "losses.jsonl", "checkpoint"
 ADAPTER_DIR, ADAPTER_INIT_DIR, MERGED_DIR = "adapter", "adapter_init", "merged"
@@ -63,6 +63,7 @@ class RunSettings:
     max_length: int
     seed: int
     shuffle: bool
+    dtype: str = "float32"  # the forward's: "bfloat16" computes in bfloat16, the trained values kept in float32
 
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)
@@ -147,7 +148,7 @@ def run(model: Any, settings: RunSettings, rows: Sequence[tuple[list[int], list[
         trainable = init_lora(model.params, settings.lora, jax.random.key(settings.seed))
         step_fn = lora_train_step(model, settings.lora, opt)
     else:
-        trainable = model_parameters(model)
+        trainable = master_weights(model_parameters(model))
         step_fn = full_train_step(model, opt)
     opt_state = opt.init(trainable)
 

@@ -41,7 +41,7 @@ def optimizer(name: str, lr: float, weight_decay: float | None = None) -> Any:
     return optax.adamw(lr, b1=ADAMW_BETAS[0], b2=ADAMW_BETAS[1], eps=ADAMW_EPS, eps_root=0.0, weight_decay=decay)
 
 
-def lora_train_step(model: Any, config: LoraConfig, opt: Any, accumulate: int = 1) -> Callable[..., Any]:
+def lora_train_step(model: Any, config: LoraConfig, opt: Any, accumulate: int = 1, remat: bool = False) -> Callable[..., Any]:
     """step(lora, opt_state, batch) -> (lora, opt_state, loss), jitted: one optimizer step on the adapters, the base
     params (model.params) frozen. batch: dict(input_ids, attention_mask, labels) [rows, seq] (make_batch's); the loss
     is causal_lm_loss over the model's logits, the batch's loss before the step.
@@ -49,7 +49,13 @@ def lora_train_step(model: Any, config: LoraConfig, opt: Any, accumulate: int = 
     accumulate: split the rows into that many micro-batches run one after the other (less activation memory); their
     gradients are summed weighted by each one's trained tokens, so the step equals the whole batch's. The rows must
     divide evenly, and the model must take a batch of rows / accumulate (convert it with a dynamic batch dim, or at
-    that size)."""
+    that size).
+
+    remat: activation checkpointing: the backward pass keeps only the matrix products' outputs of the forward and
+    computes the rest again (norms, activations, softmax), for less memory at the cost of some recomputation.
+
+    A model converted in bfloat16 (torch2jax.convert(..., dtype="bfloat16")) computes in bfloat16; the adapters stay
+    float32 (as PEFT keeps them) and the merged weights are cast to the base weights' dtype."""
 
     check_accumulate(accumulate)
     forward = apply_fn(model, config)
@@ -58,29 +64,44 @@ def lora_train_step(model: Any, config: LoraConfig, opt: Any, accumulate: int = 
         logits = forward(lora, params, micro["input_ids"], attention_mask=micro["attention_mask"])["logits"]
         return causal_lm_loss(logits, micro["labels"])
 
-    return optimizer_step(opt, micro_loss, accumulate, lambda lora: model.params)
+    return optimizer_step(opt, micro_loss, accumulate, lambda lora: model.params, remat)
 
 
-def full_train_step(model: Any, opt: Any, accumulate: int = 1) -> Callable[..., Any]:
+def full_train_step(model: Any, opt: Any, accumulate: int = 1, remat: bool = False) -> Callable[..., Any]:
     """step(trainable, opt_state, batch) -> (trainable, opt_state, loss), jitted: one optimizer step on `trainable`
-    (full.model_parameters(model): the weights torch would train, each updated in its own dtype), the rest of
-    model.params (buffers) held as they are. batch and accumulate as lora_train_step's."""
+    (full.model_parameters(model), or master_weights(...) of it: the weights torch would train), the rest of
+    model.params (buffers) held as they are. batch, accumulate and remat as lora_train_step's.
+
+    Each trained value enters the forward cast to the dtype of the model's own param: float32 master weights of a
+    model converted in bfloat16 compute in bfloat16, and the optimizer updates the float32 masters."""
+    dtypes = {name: jnp.result_type(value) for name, value in model.params.items()}
 
     def micro_loss(trainable: dict, micro: dict, frozen: dict) -> jax.Array:
-        logits = model.apply({**frozen, **trainable}, micro["input_ids"], attention_mask=micro["attention_mask"])["logits"]
+        cast = {name: value.astype(dtypes[name]) for name, value in trainable.items()}
+        logits = model.apply({**frozen, **cast}, micro["input_ids"], attention_mask=micro["attention_mask"])["logits"]
         return causal_lm_loss(logits, micro["labels"])
 
     return optimizer_step(opt, micro_loss, accumulate,
-                          lambda trainable: {name: value for name, value in model.params.items() if name not in trainable})
+                          lambda trainable: {name: value for name, value in model.params.items() if name not in trainable},
+                          remat)
 
 
-def optimizer_step(opt: Any, micro_loss: Callable[..., jax.Array], accumulate: int,
-                   frozen: Callable[[Any], dict]) -> Callable[..., Any]:
+def master_weights(trainable: dict, dtype: Any = jnp.float32) -> dict:
+    """The trained values held in `dtype` (float32): the optimizer's copies of a bfloat16 model's weights, so small
+    updates are not rounded away; full_train_step casts them back for the forward."""
+    return {name: jnp.asarray(value, dtype) for name, value in trainable.items()}
+
+
+def optimizer_step(opt: Any, micro_loss: Callable[..., jax.Array], accumulate: int, frozen: Callable[[Any], dict],
+                   remat: bool = False) -> Callable[..., Any]:
     """step(trainable, opt_state, batch) -> (trainable, opt_state, loss): `micro_loss(trainable, micro, frozen(trainable))`
     accumulated over the batch, then one update of `opt`, jitted. The frozen params are an argument of the jitted step,
-    not constants folded into what it compiles."""
+    not constants folded into what it compiles. remat: the forward's matrix products are kept for the backward, the
+    rest recomputed."""
     import optax
 
+    if remat:
+        micro_loss = jax.checkpoint(micro_loss, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
     loss_and_grads = accumulated_value_and_grad(micro_loss, accumulate)
 
     @jax.jit

@@ -43,6 +43,7 @@ class Method:
             raise InputSpecError("--lora-targets names no module: give comma-separated module-name suffixes, e.g. q_proj,v_proj")
 
 
+TRAINING_DTYPES = ("float32", "bfloat16")
 LORA_DEFAULTS = Method()  # LoRA with the default rank, alpha and targets
 
 
@@ -58,9 +59,12 @@ def load_causal_lm(directory: Path) -> Any:
             logging.enable_progress_bar()
 
 
-def training_forward(module: Any, batch_size: int, max_length: int, seed: int = 0) -> Any:
+def training_forward(module: Any, batch_size: int, max_length: int, seed: int = 0, dtype: str = "float32") -> Any:
     """The causal LM's forward as a torch2jax Model: `apply(params, ids, attention_mask=)["logits"]` for int
-    [batch_size, max_length] inputs, in float32 (the weights trained in float32), the KV cache off, dropout off."""
+    [batch_size, max_length] inputs, the KV cache off, dropout off; weights and compute in `dtype` ("float32" or
+    "bfloat16": the trainer keeps float32 copies of what it trains)."""
+    if dtype not in TRAINING_DTYPES:
+        raise InputSpecError(f"--dtype {dtype!r} is not one of {list(TRAINING_DTYPES)}")
     import torch
 
     import torch2jax
@@ -72,7 +76,7 @@ def training_forward(module: Any, batch_size: int, max_length: int, seed: int = 
     ids = torch.randint(0, module.config.vocab_size, (batch_size, max_length), generator=generator)
     mask = torch.ones(batch_size, max_length, dtype=torch.long)
     mask[-1, max_length // 2:] = 0  # right padding in the example, as the batches have: the mask is not specialized away
-    return torch2jax.convert(module, (ids,), {"attention_mask": mask})
+    return torch2jax.convert(module, (ids,), {"attention_mask": mask}, dtype=None if dtype == "float32" else dtype)
 
 
 def lora_config(module: Any, method: Method) -> LoraConfig:
@@ -146,4 +150,5 @@ def check_numbers(*, steps: int, lr: float, batch_size: int, max_length: int, we
         raise InputSpecError("; ".join(problems))
 
 
-__all__ = ["LORA_DEFAULTS", "Method", "check_numbers", "load_causal_lm", "lora_config", "special_ids", "training_forward"]
+__all__ = ["LORA_DEFAULTS", "TRAINING_DTYPES", "Method", "check_numbers", "load_causal_lm", "lora_config", "special_ids",
+           "training_forward"]

@@ -16,7 +16,7 @@ from ..finetune import data as finetune_data
 from ..finetune.run import MERGED_DIR, RunSettings, StepReport, check_output, file_sha256, run
 from ..finetune.train import OPTIMIZERS, TORCH_WEIGHT_DECAY
 from ..hf.directory import open_directory
-from ..hf.training import LORA_DEFAULTS, Method, check_numbers, load_causal_lm, lora_config, special_ids, training_forward
+from ..hf.training import LORA_DEFAULTS, TRAINING_DTYPES, Method, check_numbers, load_causal_lm, lora_config, special_ids, training_forward
 from .conversion import ProgressFn
 from .convert import convert_target
 
@@ -26,17 +26,22 @@ ARTIFACT_DIR = "artifact"  # with artifact=True: out/merged converted for torch2
 def finetune(model_dir: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike, *, steps: int, lr: float,
              method: Method = LORA_DEFAULTS, optimizer: str = "adamw", weight_decay: float | None = None, batch_size: int = 8,
              max_length: int = 512, seed: int = 0, shuffle: bool = True, save_init: bool = False, resume: bool = False,
-             force: bool = False, artifact: bool = False, progress: ProgressFn | None = None,
+             force: bool = False, artifact: bool = False, dtype: str = "float32", progress: ProgressFn | None = None,
              on_step: Callable[[StepReport], None] | None = None) -> Path:
     """Fine-tune the causal LM in `model_dir` on the JSON-lines `data` and write `out` (torch2jax.finetune.run's
     layout: adapter/, merged/, losses.jsonl, checkpoint/ ...). Returns `out`. Needs torch (the conversion) and the
     directory's tokenizer.json.
+
+    `dtype` "bfloat16" converts and runs the forward in bfloat16, the trained values (LoRA adapters, full
+    fine-tuning's master weights) in float32.
 
     With `artifact`, out/merged is then converted to a text-generation artifact in out/artifact (verified against
     transformers, as `torch2jax convert hf:OUT/merged` does); if that fails the run's output stays as written."""
     say = progress or (lambda stage, message: None)
     check_numbers(steps=steps, lr=lr, batch_size=batch_size, max_length=max_length, weight_decay=weight_decay)
     method.check()
+    if dtype not in TRAINING_DTYPES:
+        raise InputSpecError(f"--dtype {dtype!r} is not one of {list(TRAINING_DTYPES)}")
     if optimizer not in OPTIMIZERS:
         raise InputSpecError(f"--optimizer {optimizer!r} is not one of {list(OPTIMIZERS)}")
     directory, config, tokenizer_files, _ = open_directory(model_dir)
@@ -60,9 +65,9 @@ def finetune(model_dir: str | os.PathLike, data: str | os.PathLike, out: str | o
     lora = None if method.full else lora_config(module, method)
     settings = RunSettings(str(directory.resolve()), file_sha256(data), "full" if method.full else "lora", lora, optimizer,
                            float(lr), TORCH_WEIGHT_DECAY[optimizer] if weight_decay is None else float(weight_decay),
-                           batch_size, max_length, seed, shuffle)
+                           batch_size, max_length, seed, shuffle, dtype)
     say("convert", f"converting the training forward ({batch_size} x {max_length} tokens)")
-    model = training_forward(module, batch_size, max_length, seed)
+    model = training_forward(module, batch_size, max_length, seed, dtype)
     written = run(model, settings, rows, out, steps=steps, pad_id=pad_id, resume=resume, save_init=save_init,
                   force=force, on_step=on_step)
     if artifact:
