@@ -20,10 +20,24 @@ from .common import handles_errors, needs_extra
 @click.option("--temperature", type=float, help="Sample with this temperature (default: greedy decoding).")
 @click.option("--top-k", type=int, help="Sample from the k most likely tokens.")
 @click.option("--top-p", type=float, help="Sample from the smallest set of tokens whose probability reaches p.")
+@click.option("--min-p", type=float, help="Sample only tokens at least this fraction as likely as the most likely one.")
+@click.option("--typical-p", type=float, help="Typical sampling: keep this much probability mass, nearest the entropy.")
+@click.option("--greedy", is_flag=True, help="Greedy decoding even where the model's generation config samples.")
+@click.option("--repetition-penalty", type=float, help="Divide (multiply, if negative) the logits of tokens already seen "
+              "by this; 1.0 is off.")
+@click.option("--no-repeat-ngram-size", type=int, help="Never repeat an n-gram of this size (0 is off).")
+@click.option("--min-new-tokens", type=int, help="No end token before this many new tokens.")
+@click.option("--min-length", type=int, help="No end token before the sequence (prompt included) is this long.")
+@click.option("--suppress-tokens", help="Token ids never generated, comma-separated.")
+@click.option("--begin-suppress-tokens", help="Token ids not generated first, comma-separated.")
+@click.option("--bad-words-ids", "bad_words", multiple=True, help="A token id sequence never generated, comma-separated "
+              "(repeatable).")
 @click.option("--seed", default=0, show_default=True, help="PRNG seed for sampling.")
 @click.option("--from-graph", is_flag=True, help="Rebuild the functions from their graphs instead of the StableHLO.")
 @handles_errors
-def generate(artifact_dir, prompts, id_lists, images, max_new_tokens, temperature, top_k, top_p, seed, from_graph):
+def generate(artifact_dir, prompts, id_lists, images, max_new_tokens, temperature, top_k, top_p, min_p, typical_p, greedy,
+             repetition_penalty, no_repeat_ngram_size, min_new_tokens, min_length, suppress_tokens, begin_suppress_tokens,
+             bad_words, seed, from_graph):
     """Generate text (or token ids) with a text-generation or text2text-generation artifact; needs no torch.
 
     A causal LM continues each prompt (printed with it); an encoder-decoder reads each prompt as its source
@@ -40,6 +54,10 @@ def generate(artifact_dir, prompts, id_lists, images, max_new_tokens, temperatur
     With --image (an image-text-to-text artifact) the prompt is built as the model's processor builds one user
     turn (chat template, each image's tokens, the generation prompt) and the reply is printed. In Python:
     `torch2jax.load(DIR).generate_text(prompts, images=..., max_new_tokens=...)` returns what this prints.
+
+    Settings not given come from the model's generation config (saved in the artifact), as with transformers: a
+    model whose config samples samples (with --seed) unless --greedy; its repetition penalty, suppressed tokens and
+    so on apply unless overridden here, e.g. --repetition-penalty 1.0 to turn its penalty off.
     """
 
     import torch2jax
@@ -70,12 +88,27 @@ def generate(artifact_dir, prompts, id_lists, images, max_new_tokens, temperatur
         rows = list(prompts) or [[int(t) for t in text.split(",") if t.strip()] for text in id_lists]
     except ValueError:
         raise InputSpecError(f"--ids takes comma-separated integers, got {list(id_lists)}") from None
-    options = {}
-    if temperature is not None or top_k is not None or top_p is not None:
-        import jax
+    import jax
 
-        given = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
-        options = {"do_sample": True, "rng": jax.random.key(seed), **{k: v for k, v in given.items() if v is not None}}
+    def token_ids(flag: str, text: str) -> list[int]:
+        try:
+            return [int(t) for t in text.split(",") if t.strip()]
+        except ValueError:
+            raise InputSpecError(f"{flag} takes comma-separated integers, got {text!r}") from None
+
+    given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "typical_p": typical_p,
+             "repetition_penalty": repetition_penalty, "no_repeat_ngram_size": no_repeat_ngram_size,
+             "min_new_tokens": min_new_tokens, "min_length": min_length,
+             "suppress_tokens": None if suppress_tokens is None else token_ids("--suppress-tokens", suppress_tokens),
+             "begin_suppress_tokens": None if begin_suppress_tokens is None else
+             token_ids("--begin-suppress-tokens", begin_suppress_tokens),
+             "bad_words_ids": [token_ids("--bad-words-ids", word) for word in bad_words] or None}
+    samples = any(given[k] is not None for k in ("temperature", "top_k", "top_p", "min_p", "typical_p"))
+    if greedy and samples:
+        raise InputSpecError("--greedy takes no sampling option (--temperature, --top-k, --top-p, --min-p, --typical-p)")
+    options = {"rng": jax.random.key(seed), **{k: v for k, v in given.items() if v is not None}}
+    if samples or greedy:
+        options["do_sample"] = not greedy
     start = time.perf_counter()
     completions = g.complete(rows, images=list(images), max_new_tokens=max_new_tokens, **options)
     elapsed = time.perf_counter() - start

@@ -3,6 +3,7 @@
     g = torch2jax.load("out/llm")                              # a Generator
     ids = g.generate(input_ids, attention_mask=mask, max_new_tokens=32)
     ids = g.generate(input_ids, do_sample=True, temperature=0.8, top_p=0.9, rng=jax.random.key(0))
+    ids = g.generate(input_ids, repetition_penalty=1.3, no_repeat_ngram_size=3, min_new_tokens=5)
     for step in g.generate(input_ids, stream=True): ...        # one [B] array of new tokens per step
     texts = g.generate_text(["The capital of France is"], max_new_tokens=32)   # what `torch2jax generate` prints
 
@@ -14,13 +15,14 @@ Prompts are left-padded further to a length bucket (four per octave: loop.prompt
 nearby lengths share one compiled prefill; each step attends only to the filled part of the cache, rounded
 up to a power of two (one compiled decode step per such span). Decode steps run `steps_per_call` at a time inside one
 compiled loop, which stops on the device once every row has ended: the host dispatches and reads tokens once per
-block instead of once per token, which on a GPU is most of a small model's step time.
+block instead of once per token, which on a GPU is most of a small model's step time. The checkpoint's generation
+config (its sampling settings and logits processors, generate/processors.py) is the artifact's default for every call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,7 @@ from ..ir import dtypes
 from ..runtime.artifact import ArtifactContents
 from ..runtime.model import Model
 from ..runtime.sharding import ShardingPlan
-from . import sampling
+from . import processors, sampling
 from .loop import (
     DECODE_LOOP_OPTIONS,
     MIN_BUCKET,
@@ -61,6 +63,8 @@ class GenerationSpec:
     pad_token_id: int
     cache_shapes: tuple[tuple[int, ...], ...]  # per cache tensor, without the batch dim
     cache_dtype: str
+    # the checkpoint's generation config: each generate call's defaults (keyword-only, so subclasses add fields freely)
+    settings: processors.GenerationSettings = field(default=processors.GenerationSettings(), kw_only=True)
 
     def to_json(self) -> dict:
         return {
@@ -70,6 +74,7 @@ class GenerationSpec:
             "eos_token_ids": list(self.eos_token_ids),
             "pad_token_id": self.pad_token_id,
             "cache": {"shapes": [["batch", *s] for s in self.cache_shapes], "dtype": self.cache_dtype, "donated": True},
+            "settings": self.settings.to_json(),
         }
 
     @staticmethod
@@ -84,6 +89,7 @@ class GenerationSpec:
                 pad_token_id=int(data["pad_token_id"]),
                 cache_shapes=tuple(tuple(int(d) for d in shape[1:]) for shape in cache["shapes"]),
                 cache_dtype=str(cache["dtype"]),
+                settings=processors.GenerationSettings.from_json(data.get("settings")),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise Torch2JaxError(f"the manifest's generation section is malformed ({type(err).__name__}: {err})") from None
@@ -104,10 +110,11 @@ class Generator(TokenLoop):
         self.tokenizer_files = dict(tokenizer_files or {})  # file name -> path (tokenizer.json, ...)
         self._id_dtype = dtypes.jax_dtype("int64")
         self._prefill = jax.jit(self._prefill_step, donate_argnums=(1,))
-        self._decode = jax.jit(self._decode_steps, donate_argnums=(1, 5), static_argnames=("do_sample", "span", "size"),
+        self._decode = jax.jit(self._decode_steps, donate_argnums=(1, 5),
+                               static_argnames=("do_sample", "span", "size", "processing"),
                                compiler_options=DECODE_LOOP_OPTIONS)
         self.steps_per_call = STEPS_PER_CALL
-        self._first = jax.jit(self._pick, static_argnames=("do_sample",))
+        self._first = jax.jit(self._pick_first, static_argnames=("do_sample", "processing"))
 
     @classmethod
     def from_artifact(cls, contents: ArtifactContents) -> Generator:
@@ -147,21 +154,36 @@ class Generator(TokenLoop):
         attention_mask: Any = None,
         *,
         max_new_tokens: int = 32,
-        do_sample: bool = False,
-        temperature: Any = 1.0,
-        top_k: Any = 0,
-        top_p: Any = 1.0,
+        do_sample: bool | None = None,
+        temperature: Any = None,
+        top_k: Any = None,
+        top_p: Any = None,
         rng: jax.Array | None = None,
         eos_token_id: int | list[int] | None = None,
         pad_token_id: int | None = None,
         stream: bool = False,
+        min_p: Any = None,
+        typical_p: Any = None,
+        repetition_penalty: Any = None,
+        no_repeat_ngram_size: int | None = None,
+        min_length: int | None = None,
+        min_new_tokens: Any = None,
+        suppress_tokens: Sequence[int] | None = None,
+        begin_suppress_tokens: Sequence[int] | None = None,
+        bad_words_ids: Sequence[Sequence[int]] | None = None,
     ) -> np.ndarray | Iterator[np.ndarray]:
         """[B, L] prompt ids (left-padded when `attention_mask` marks pads with 0) -> [B, L + new] ids, as
         transformers' generate returns them: a row that emits an end token is padded with `pad_token_id`
         after it, and generation stops early once every row has ended. `stream=True` yields each step's
-        [B] new tokens instead. Sampling parameters may be scalars or per-row sequences."""
+        [B] new tokens instead. The generation settings (sampling, and the logits processors in transformers' names
+        and meaning, docs/api.md) default to the checkpoint's generation config as the artifact stores it; the sampling
+        ones, repetition_penalty, min_p, typical_p and min_new_tokens may be per-row sequences."""
         ids, mask = check_prompt(input_ids, attention_mask, self.spec, max_new_tokens)
-        request = self._request(ids.shape[0], do_sample, temperature, top_k, top_p, rng, eos_token_id, pad_token_id)
+        given = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                     typical_p=typical_p, repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                     min_length=min_length, min_new_tokens=min_new_tokens, suppress_tokens=suppress_tokens,
+                     begin_suppress_tokens=begin_suppress_tokens, bad_words_ids=bad_words_ids)
+        request = self._request(given, rng, eos_token_id, pad_token_id, prompt=ids, counted_from=np.argmax(mask, axis=1))
         return finish(ids, self._steps(ids, mask, max_new_tokens, request), stream)
 
     # -- the loop ---------------------------------------------------------------------------
@@ -183,7 +205,8 @@ class Generator(TokenLoop):
         key, do_sample, params = request.key, request.do_sample, request.sampling
         first_position = positions[:, -1] + 1 + (0 if position_delta is None else np.asarray(position_delta))
         state = {"cache": self.new_cache(batch), "valid": self.carried(valid),
-                 "position": self.carried(first_position, self._id_dtype)}
+                 "position": self.carried(first_position, self._id_dtype), "history": request.history}
+        processing = dict(processing=request.processing, extra=request.extra)
 
         def first():
             logits, state["cache"] = self._prefill(
@@ -191,16 +214,19 @@ class Generator(TokenLoop):
                 jnp.arange(width, dtype=self._id_dtype), jnp.asarray(valid[:, :width]),
                 *(prefill_inputs(width) if prefill_inputs is not None else ()),
             )
-            return self._first(logits, jax.random.fold_in(key, 0), *params, jnp.zeros((batch,), bool), request.eos,
-                               request.pad, do_sample=do_sample)
+            token, done, state["history"] = self._first(logits, jax.random.fold_in(key, 0), *params, jnp.zeros((batch,), bool),
+                                                        request.eos, request.pad, do_sample=do_sample, history=state["history"],
+                                                        **processing)
+            return token, done
 
         def advance(produced, token, done, count):
             slot = width + produced - 1  # the slot of the first step's input token
             count = min(count, attended_span(slot + 1, self.spec.max_cache_len) - slot)  # one span per call
-            tokens, ran, token, state["cache"], state["valid"], done, state["position"] = self._decode(
+            tokens, ran, token, state["cache"], state["valid"], done, state["position"], state["history"] = self._decode(
                 self.params, state["cache"], token, state["position"], jnp.asarray(slot, self._id_dtype), state["valid"], done,
                 key, *params, request.eos, request.pad, jnp.asarray(produced, self._id_dtype), jnp.asarray(count, self._id_dtype),
                 do_sample=do_sample, span=attended_span(slot + 1, self.spec.max_cache_len), size=self.steps_per_call,
+                history=state["history"], **processing,
             )
             return tokens, ran, token, done
 
@@ -214,28 +240,41 @@ class Generator(TokenLoop):
         """Inputs the decode step takes after the cache (none for a causal LM)."""
         return ()
 
+    def _pick_first(self, logits, key, temperature, top_k, top_p, done, eos, pad, *, do_sample,
+                    processing=processors.NONE, extra=None, history=None):
+        """The prefill's token (the first new one), with the processors over the prompt: (token, done, history)."""
+        length = None if extra is None else extra["start"]
+        token, done = self._pick(logits, key, temperature, top_k, top_p, done, eos, pad, do_sample=do_sample,
+                                 processing=processing, extra=extra, history=history, length=length)
+        return token, done, processors.record(history, length, token)
+
     def _decode_step(self, params, cache, token, position, slot, valid, done, key, temperature, top_k, top_p, eos, pad, *,
-                     do_sample, span):
+                     do_sample, span, processing=processors.NONE, extra=None, history=None, length=None):
         valid = valid.at[:, slot].set(True)
         logits, cache = causal_lm_step(self.decode_model, params, token[:, None], position[:, None], slot[None], valid[:, :span], cache,
                               *self._decode_inputs(token.shape[0]))
-        token, done = self._pick(logits, key, temperature, top_k, top_p, done, eos, pad, do_sample=do_sample)
+        token, done = self._pick(logits, key, temperature, top_k, top_p, done, eos, pad, do_sample=do_sample,
+                                 processing=processing, extra=extra, history=history, length=length)
         return token, cache, valid, done
 
     def _decode_steps(self, params, cache, token, position, slot, valid, done, key, temperature, top_k, top_p, eos, pad,
-                      first, count, *, do_sample, span, size):
+                      first, count, *, do_sample, span, size, processing=processors.NONE, extra=None, history=None):
         """Up to `count` (<= `size`) decode steps in one compiled loop, ending early once every row has: ([size, B]
-        tokens, of which the first `ran` are new, then the last token, cache, valid, done and position). Step i writes slot
-        `slot + i` and samples with key `fold_in(key, first + i)`, as one step per call would."""
+        tokens, of which the first `ran` are new, then the last token, cache, valid, done, position and the processors'
+        token history). Step i writes slot `slot + i` and samples with key `fold_in(key, first + i)`, as one step per
+        call would; its processors see the prompt and the `first + i` tokens before it."""
 
         def step(i, token, state, done):
+            cache, valid, history = state
+            length = None if extra is None else extra["start"] + (first + i).astype(jnp.int32)
             token, cache, valid, done = self._decode_step(
-                params, state[0], token, position + i, slot + i, state[1], done, jax.random.fold_in(key, first + i),
-                temperature, top_k, top_p, eos, pad, do_sample=do_sample, span=span)
-            return token, (cache, valid), done
+                params, cache, token, position + i, slot + i, valid, done, jax.random.fold_in(key, first + i),
+                temperature, top_k, top_p, eos, pad, do_sample=do_sample, span=span, processing=processing, extra=extra,
+                history=history, length=length)
+            return token, (cache, valid, processors.record(history, length, token)), done
 
-        tokens, ran, token, (cache, valid), done = decode_block(step, token, (cache, valid), done, count, size)
-        return tokens, ran, token, cache, valid, done, position + ran
+        tokens, ran, token, (cache, valid, history), done = decode_block(step, token, (cache, valid, history), done, count, size)
+        return tokens, ran, token, cache, valid, done, position + ran, history
 
     def _prompt_batch(self, rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray, int]:
         ids, mask = left_pad(rows, self.spec.pad_token_id)

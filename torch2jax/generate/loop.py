@@ -2,8 +2,9 @@
 transformers' end/pad rules, the stop rule, the result's shape, and text in, text out (`generate_text`).
 
 A causal LM (generate/generator.py) and an encoder-decoder (generate/seq2seq.py) differ in how they reach each
-step's logits; from the logits on they behave alike: greedy or sampled (generate/sampling.py), a row that has
-emitted an end token gets `pad_token_id` from then on, and the loop stops once every row has ended or
+step's logits; from the logits on they behave alike: the generation config's logits processors
+(generate/processors.py: the artifact's defaults, overridable per call), greedy or sampled (generate/sampling.py), a
+row that has emitted an end token gets `pad_token_id` from then on, and the loop stops once every row has ended or
 `max_new_tokens` are out. The compiled loop of decode steps (`decode_block`) is also the server's
 (serve/engine.py), over its shared batch cache.
 """
@@ -24,7 +25,8 @@ from ..errors import InputSpecError, Torch2JaxError
 from ..ir import dtypes, structure
 from ..runtime.artifact import ArtifactContents
 from ..runtime.model import Model
-from . import sampling
+from . import processors, sampling
+from .processors import Processing
 
 NO_TOKEN = -1  # `force` when no token is forced
 MIN_BUCKET = 16  # the shortest prompt / source length a step is compiled for
@@ -46,6 +48,9 @@ class Request:
     eos: jax.Array  # the end token ids
     pad: jax.Array
     pad_id: int  # pad, on the host (reading `pad` back would wait for the device)
+    processing: Processing = processors.NONE  # which logits processors run (static)
+    extra: Any = None  # what they and the min-p / typical-p warpers read: {"arrays", "warpers", "start"}
+    history: jax.Array | None = None  # [B, max_cache_len] int32: the prompt, then each new token (when a processor reads it)
 
 
 @dataclass(frozen=True)
@@ -116,23 +121,24 @@ class TokenLoop:
 
     # -- text in, text out: what `torch2jax generate` prints ------------------------------------------------------
     def generate_text(self, prompts: Sequence[str], *, images: Sequence[Any] = (), max_new_tokens: int = 32,
-                      do_sample: bool = False, temperature: Any = 1.0, top_k: Any = 0, top_p: Any = 1.0,
-                      rng: jax.Array | None = None) -> list[str]:
+                      rng: jax.Array | None = None, **settings: Any) -> list[str]:
         """Each prompt generated on, as text: what `torch2jax generate --prompt` prints. The prompts are tokenized
         with the model's tokenizer (the `tokenizers` package) and run as one batch; each row is cut after its first
         end token and decoded without special tokens. A causal LM gives each prompt with its continuation, an
         encoder-decoder its output; with `images` (an image-text-to-text model: paths or PIL images, in order, and
-        one prompt) the reply alone. Sampling as in `generate`."""
-        return [c.text for c in self.complete(prompts, images=images, max_new_tokens=max_new_tokens, do_sample=do_sample,
-                                              temperature=temperature, top_k=top_k, top_p=top_p, rng=rng)]
+        one prompt) the reply alone. `settings`: generate's generation settings (do_sample, temperature, top_k, top_p,
+        min_p, typical_p, repetition_penalty, no_repeat_ngram_size, min_length, min_new_tokens, suppress_tokens,
+        begin_suppress_tokens, bad_words_ids), the artifact's defaults where not given."""
+        return [c.text for c in self.complete(prompts, images=images, max_new_tokens=max_new_tokens, rng=rng, **settings)]
 
     def complete(self, prompts: Sequence[str] | Sequence[Sequence[int]], *, images: Sequence[Any] = (),
-                 max_new_tokens: int = 32, do_sample: bool = False, temperature: Any = 1.0, top_k: Any = 0,
-                 top_p: Any = 1.0, rng: jax.Array | None = None) -> list[Completion]:
+                 max_new_tokens: int = 32, rng: jax.Array | None = None, **settings: Any) -> list[Completion]:
         """`generate_text` for texts or token id lists (`torch2jax generate --ids`), one Completion per prompt: its ids
         (and text, for a text prompt) as printed, and how many tokens it generated."""
-        options = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
-                       top_p=top_p, rng=rng)
+        unknown = set(settings) - set(processors.SETTING_NAMES)
+        if unknown:
+            raise InputSpecError(f"unknown generation settings {sorted(unknown)}; known: {', '.join(processors.SETTING_NAMES)}")
+        options = dict(max_new_tokens=max_new_tokens, rng=rng, **settings)
         if isinstance(prompts, str):
             raise InputSpecError("give the prompts as a list (one text per row), not one string")
         if len(images):
@@ -189,21 +195,47 @@ class TokenLoop:
         that the first step and the later ones are one compiled step."""
         return jnp.asarray(value, dtype) if self.sharding is not None else jax.device_put(jnp.asarray(value, dtype), jax.devices()[0])
 
-    def _request(self, batch: int, do_sample: bool, temperature: Any, top_k: Any, top_p: Any, rng: jax.Array | None,
-                 eos_token_id: int | list[int] | None, pad_token_id: int | None) -> Request:
-        """Validate the sampling settings and resolve the end/pad tokens (the artifact's unless given)."""
+    def _request(self, given: dict, rng: jax.Array | None, eos_token_id: int | list[int] | None, pad_token_id: int | None,
+                 *, prompt: np.ndarray, counted_from: np.ndarray | None = None, begin_at: int | None = None) -> Request:
+        """Validate the call's generation settings (`given`: name -> value, None for the artifact's default) and resolve
+        the end/pad tokens (the artifact's unless given). `prompt` [B, L]: the sequence before the first new token (a
+        causal LM's prompt as given, an encoder-decoder's start token), which the processors' history starts with;
+        `counted_from` [B]: each row's left padding, which repetition_penalty skips; `begin_at`: the length at which
+        begin_suppress_tokens applies (default L)."""
+        batch, length = prompt.shape
         eos = self.spec.eos_token_ids if eos_token_id is None else tuple(np.atleast_1d(eos_token_id).astype(int).tolist())
         pad = self.spec.pad_token_id if pad_token_id is None else int(pad_token_id)
-        params = sampling.sampling_params(batch, temperature, top_k, top_p) if do_sample else sampling.sampling_params(batch)
+        defaults = getattr(self.spec, "settings", processors.GenerationSettings())
+        defaults.warn_not_applied(stacklevel=4)
+        resolved = processors.resolve(given, defaults, batch, self.spec.vocab_size, eos, length,
+                                      np.zeros(batch, np.int64) if counted_from is None else counted_from,
+                                      length if begin_at is None else begin_at)
+        do_sample = resolved.do_sample
+        params = (sampling.sampling_params(batch, resolved.temperature, resolved.top_k, resolved.top_p) if do_sample
+                  else sampling.sampling_params(batch))
         if do_sample and rng is None:
             rng = jax.random.key(int.from_bytes(os.urandom(4), "little"))  # pass rng= for reproducible samples
-        return Request(bool(do_sample), params, jax.random.key(0) if rng is None else rng,
-                       jnp.asarray(eos, self._id_dtype), jnp.asarray(pad, self._id_dtype), pad)
+        history = None
+        if resolved.processing.history:
+            full = np.zeros((batch, max(self.spec.max_cache_len, length + 1)), np.int32)
+            full[:, :length] = prompt
+            history = self.carried(full, jnp.int32)
+        extra = {"arrays": resolved.arrays, "warpers": resolved.warpers if do_sample else {},
+                 "start": jnp.asarray(length, jnp.int32)}
+        return Request(do_sample, params, jax.random.key(0) if rng is None else rng,
+                       jnp.asarray(eos, self._id_dtype), jnp.asarray(pad, self._id_dtype), pad,
+                       resolved.processing, extra, history)
 
-    def _pick(self, logits, key, temperature, top_k, top_p, done, eos, pad, *, do_sample, force=None):
-        """[B] tokens from [B, V] logits, and which rows have ended. `force` (a token id, or NO_TOKEN) replaces
-        every row's choice, as transformers' forced-BOS/EOS processors do; a row that has ended gets `pad`."""
-        token = sampling.pick(logits, key, temperature, top_k, top_p, do_sample=do_sample).astype(self._id_dtype)
+    def _pick(self, logits, key, temperature, top_k, top_p, done, eos, pad, *, do_sample, force=None,
+              processing: Processing = processors.NONE, extra=None, history=None, length=None):
+        """[B] tokens from [B, V] logits, and which rows have ended. The logits processors of `processing` run first, on
+        the sequence's `length` tokens so far (`history`); `force` (a token id, or NO_TOKEN) replaces every row's
+        choice, as transformers' forced-BOS/EOS processors do; a row that has ended gets `pad`."""
+        warpers = {}
+        if extra is not None:
+            logits = processors.apply(logits, processing, extra["arrays"], history, length)
+            warpers = extra["warpers"]
+        token = sampling.pick(logits, key, temperature, top_k, top_p, do_sample=do_sample, **warpers).astype(self._id_dtype)
         if force is not None:
             token = jnp.where(force != NO_TOKEN, force.astype(self._id_dtype), token)
         token = jnp.where(done, pad, token)

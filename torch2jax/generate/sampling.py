@@ -1,8 +1,8 @@
-"""Token sampling for torch-free text generation: greedy, temperature, top-k and top-p.
+"""Token sampling for torch-free text generation: greedy, temperature, top-k, top-p, min-p and typical-p.
 
 The generation loop runs in serving processes that have no torch, so it cannot use transformers'
-logits warpers. This module reimplements their semantics (temperature, then top-k, then top-p, in
-that order, with the same tie and min-tokens-to-keep rules) as jit-able JAX functions whose
+logits warpers. This module reimplements their semantics (temperature, then top-k, top-p, min-p and
+typical-p, transformers' order, with the same tie and min-tokens-to-keep rules) as jit-able JAX functions whose
 parameters are per-row arrays of shape [B], so one compiled step serves a batch of requests with
 different settings.
 """
@@ -19,7 +19,7 @@ from jax import lax
 
 from ..errors import Torch2JaxError
 
-__all__ = ["filter_logits", "greedy", "pick", "sample", "sampling_params"]
+__all__ = ["divide", "filter_logits", "greedy", "min_p_filter", "pick", "sample", "sampling_params", "typical_filter"]
 
 
 def greedy(logits: jax.Array) -> jax.Array:
@@ -33,12 +33,21 @@ def greedy(logits: jax.Array) -> jax.Array:
     return jnp.min(jnp.where(hit, index, logits.shape[-1]), axis=-1)
 
 
-def filter_logits(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+def divide(x: jax.Array, divisor: jax.Array) -> jax.Array:
+    """x / divisor, rounded as torch rounds it. XLA rewrites a division by a broadcast value into a multiplication by
+    its reciprocal, which is off by one ulp for about half the elements; dividing by a materialized array (behind an
+    optimization barrier) keeps the true division."""
+    return x / lax.optimization_barrier(jnp.broadcast_to(divisor, x.shape))
+
+
+def filter_logits(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array, *,
+                  min_p: jax.Array | None = None, typical_p: jax.Array | None = None) -> jax.Array:
     """[B, V] float logits -> [B, V] float32 logits scaled by 1/temperature, with -inf outside the kept set.
 
     temperature, top_k and top_p are [B] (or scalars, broadcast to every row). top_k = 0 (or >= V) and
     top_p = 1.0 switch that filter off for the row. Ties at the top-k boundary are all kept; top-p removes
     the tokens whose ascending cumulative probability is <= 1 - top_p, always keeping the most likely one.
+    `min_p` and `typical_p` ([B], or None for off in every row) follow, as transformers' warpers do (0 and 1.0: off).
     """
     logits = jnp.asarray(logits, jnp.float32)
     batch, vocab = logits.shape
@@ -46,7 +55,7 @@ def filter_logits(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, t
     top_k = jnp.broadcast_to(jnp.asarray(top_k, jnp.int32), (batch,))
     top_p = jnp.broadcast_to(jnp.asarray(top_p, jnp.float32), (batch,))
 
-    scaled = logits / temperature[:, None]  # a division, not a multiply by 1/T, to round as torch does
+    scaled = divide(logits, temperature[:, None])
 
     # One stable ascending sort per row; the permutation is kept to map the top-p decision back.
     # Stable: among equal values the lower index comes first, as torch.sort(stable=True) orders them (torch's
@@ -67,28 +76,65 @@ def filter_logits(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, t
     remove_sorted = remove_sorted & (top_p < 1.0)[:, None]
     rows = lax.broadcasted_iota(jnp.int32, (batch, vocab), 0)
     remove = jnp.zeros((batch, vocab), jnp.bool_).at[rows, order].set(remove_sorted, unique_indices=True)
-    return jnp.where(remove, -jnp.inf, scaled)
+    scaled = jnp.where(remove, -jnp.inf, scaled)
+    if min_p is not None:
+        scaled = min_p_filter(scaled, min_p)
+    if typical_p is not None:
+        scaled = typical_filter(scaled, typical_p)
+    return scaled
 
 
-def sample(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+def min_p_filter(logits: jax.Array, min_p: jax.Array) -> jax.Array:
+    """transformers' MinPLogitsWarper: -inf where a token's probability is below min_p [B] times the row's most likely
+    token's (which always stays). min_p = 0 keeps every token."""
+    probs = jax.nn.softmax(logits, axis=-1)
+    threshold = jnp.broadcast_to(jnp.asarray(min_p, jnp.float32), logits.shape[:1])[:, None] * probs.max(axis=-1, keepdims=True)
+    return jnp.where(probs < threshold, -jnp.inf, logits)
+
+
+def typical_filter(logits: jax.Array, typical_p: jax.Array) -> jax.Array:
+    """transformers' TypicalLogitsWarper: keep the tokens whose -log p is closest to the entropy, in that order, until
+    their probability reaches typical_p [B] (the token that crosses it included, ties with it too; at least one).
+    typical_p = 1.0 leaves the row as it is."""
+    batch, vocab = logits.shape
+    mass = jnp.broadcast_to(jnp.asarray(typical_p, jnp.float32), (batch,))
+    normalized = jax.nn.log_softmax(logits, axis=-1)
+    p = jnp.exp(normalized)
+    entropy = -jnp.nansum(normalized * p, axis=-1, keepdims=True)  # nansum: -inf * 0 of removed tokens
+    shifted = jnp.abs(-normalized - entropy)
+    iota = lax.broadcasted_iota(jnp.int32, (batch, vocab), 1)
+    sorted_shift, sorted_logits, order = lax.sort((shifted, logits, iota), dimension=1, is_stable=True, num_keys=1)
+    cumulative = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
+    last = jnp.minimum(jnp.sum(cumulative < mass[:, None], axis=-1), vocab - 1)
+    cut = jnp.take_along_axis(sorted_shift, last[:, None], axis=1)
+    remove_sorted = (sorted_shift > cut).at[:, 0].set(False)  # min_tokens_to_keep = 1
+    rows = lax.broadcasted_iota(jnp.int32, (batch, vocab), 0)
+    remove = jnp.zeros((batch, vocab), jnp.bool_).at[rows, order].set(remove_sorted, unique_indices=True)
+    return jnp.where(remove & (mass < 1.0)[:, None], -jnp.inf, logits)
+
+
+def sample(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array, *,
+           min_p: jax.Array | None = None, typical_p: jax.Array | None = None) -> jax.Array:
     """[B] int32 tokens drawn from softmax(filter_logits(...)) per row (jax.random.categorical)."""
-    filtered = filter_logits(logits, temperature, top_k, top_p)
+    filtered = filter_logits(logits, temperature, top_k, top_p, min_p=min_p, typical_p=typical_p)
     return jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
 
 
 def pick(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array, *, do_sample: bool,
-         key_per_row: bool = False, greedy_rows: jax.Array | None = None) -> jax.Array:
+         key_per_row: bool = False, greedy_rows: jax.Array | None = None, min_p: jax.Array | None = None,
+         typical_p: jax.Array | None = None) -> jax.Array:
     """[B] int32 tokens from [B, V] logits, the one token choice of every generator and of the server's batch: the
     greedy token, or (`do_sample`) a draw from the filtered distribution with `key` for the whole batch, or with
     `key[r]` for row r when `key_per_row` (a row then draws what it would draw alone, in a batch of one, with that
-    key); rows where `greedy_rows` is True take the greedy token all the same."""
+    key); rows where `greedy_rows` is True take the greedy token all the same. `min_p`, `typical_p`: [B] or None
+    (off), the warpers after top-p."""
     if not do_sample:
         return greedy(logits)
     if key_per_row:
-        filtered = filter_logits(logits, temperature, top_k, top_p)
+        filtered = filter_logits(logits, temperature, top_k, top_p, min_p=min_p, typical_p=typical_p)
         drawn = jax.vmap(lambda k, row: jax.random.categorical(k, row[None], axis=-1)[0])(key, filtered).astype(jnp.int32)
     else:
-        drawn = sample(logits, key, temperature, top_k, top_p)
+        drawn = sample(logits, key, temperature, top_k, top_p, min_p=min_p, typical_p=typical_p)
     return drawn if greedy_rows is None else jnp.where(greedy_rows, greedy(logits), drawn)
 
 

@@ -10,12 +10,13 @@ self-attention cache (state: allocated here, donated to each step) and that cros
 step, never saved). The decoder starts from `decoder_start_token_id` at slot 0, so there is no decoder
 prefill. Sources are right-padded further to a power-of-two bucket (one compiled encode per bucket), and
 each step attends to the filled part of the self cache rounded up to a power of two, as for causal LMs.
-The token pick, end/pad rules and sampling are the causal LM's (generate/loop.py).
+The token pick, end/pad rules, logits processors and sampling are the causal LM's (generate/loop.py); the processors
+see the decoder's sequence (its start token, then the new tokens), as transformers' do for an encoder-decoder.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from ..errors import InputSpecError, Torch2JaxError
 from ..ir import dtypes
 from ..runtime.artifact import ArtifactContents
 from ..runtime.model import Model
+from . import processors
 from .generator import GenerationSpec
 from .loop import (
     DECODE_LOOP_OPTIONS,
@@ -114,7 +116,8 @@ class Seq2SeqGenerator(TokenLoop):
         self.tokenizer_files = dict(tokenizer_files or {})
         self._id_dtype = dtypes.jax_dtype("int64")
         self._encode = jax.jit(self._encode_step)
-        self._decode = jax.jit(self._decode_steps, donate_argnums=(1, 4), static_argnames=("do_sample", "span", "size"),
+        self._decode = jax.jit(self._decode_steps, donate_argnums=(1, 4),
+                               static_argnames=("do_sample", "span", "size", "processing"),
                                compiler_options=DECODE_LOOP_OPTIONS)
         self.steps_per_call = STEPS_PER_CALL  # decode steps per compiled call, as Generator's
 
@@ -135,25 +138,41 @@ class Seq2SeqGenerator(TokenLoop):
         *,
         input_features: Any = None,
         max_new_tokens: int = 32,
-        do_sample: bool = False,
-        temperature: Any = 1.0,
-        top_k: Any = 0,
-        top_p: Any = 1.0,
+        do_sample: bool | None = None,
+        temperature: Any = None,
+        top_k: Any = None,
+        top_p: Any = None,
         rng: jax.Array | None = None,
         eos_token_id: int | list[int] | None = None,
         pad_token_id: int | None = None,
         stream: bool = False,
+        min_p: Any = None,
+        typical_p: Any = None,
+        repetition_penalty: Any = None,
+        no_repeat_ngram_size: int | None = None,
+        min_length: int | None = None,
+        min_new_tokens: Any = None,
+        suppress_tokens: Sequence[int] | None = None,
+        begin_suppress_tokens: Sequence[int] | None = None,
+        bad_words_ids: Sequence[Sequence[int]] | None = None,
     ) -> np.ndarray | Iterator[np.ndarray]:
         """[B, S] source ids (right-padded where `attention_mask` is 0) -> [B, 1 + new] decoder ids starting with
         decoder_start_token_id, as transformers' generate returns them for an encoder-decoder: a row that emits
         an end token is padded with `pad_token_id` after it, and generation stops once every row has ended.
         `stream=True` yields each step's [B] new tokens instead. Sampling parameters may be per row.
         A Whisper artifact takes `input_features` [B, mel, frames] instead (transformers' Whisper generate
-        returns the same tokens without the start token)."""
+        returns the same tokens without the start token). The generation settings are the causal LM's
+        (Generator.generate), over the decoder's sequence: its start token, then the new tokens."""
         ids, mask = check_source(input_ids, attention_mask, input_features, self.spec)
         check_new_tokens_fit_decoder(max_new_tokens, self.spec)
-        request = self._request(ids.shape[0], do_sample, temperature, top_k, top_p, rng, eos_token_id, pad_token_id)
         start = np.full((ids.shape[0], 1), self.spec.decoder_start_token_id, np.int64)
+        given = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                     typical_p=typical_p, repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                     min_length=min_length, min_new_tokens=min_new_tokens, suppress_tokens=suppress_tokens,
+                     begin_suppress_tokens=begin_suppress_tokens, bad_words_ids=bad_words_ids)
+        # transformers' begin-suppression waits one token more where a forced BOS fills the first
+        begin_at = 1 + (self.spec.forced_bos_token_id is not None)
+        request = self._request(given, rng, eos_token_id, pad_token_id, prompt=start, begin_at=begin_at)
         return finish(start, self._steps(ids, mask, max_new_tokens, request), stream)
 
     # -- the loop ---------------------------------------------------------------------------
@@ -175,15 +194,17 @@ class Seq2SeqGenerator(TokenLoop):
         cross = self._encode(self.params, *inputs)
         key, do_sample, params = request.key, request.do_sample, request.sampling
         source_mask = jnp.ones((batch, cross[0].shape[2]), bool) if self.spec.takes_features else inputs[1] != 0
-        state = {"cache": self.new_cache(batch), "valid": jnp.zeros((batch, self.spec.max_cache_len), bool)}
+        state = {"cache": self.new_cache(batch), "valid": jnp.zeros((batch, self.spec.max_cache_len), bool),
+                 "history": request.history}
         forced = self._forced(max_new_tokens)
 
         def block(slot: int, token: jax.Array, done: jax.Array, count: int) -> tuple:
             span = attended_span(slot + 1, self.spec.max_cache_len)
-            tokens, ran, token, state["cache"], state["valid"], done = self._decode(
+            tokens, ran, token, state["cache"], state["valid"], done, state["history"] = self._decode(
                 self.params, state["cache"], cross, source_mask, state["valid"], token, jnp.asarray(slot, self._id_dtype), done,
                 key, *params, request.eos, request.pad, *forced, jnp.asarray(min(count, span - slot), self._id_dtype),
-                do_sample=do_sample, span=span, size=self.steps_per_call,
+                do_sample=do_sample, span=span, size=self.steps_per_call, processing=request.processing,
+                extra=request.extra, history=state["history"],
             )
             return tokens, ran, token, done
 
@@ -201,30 +222,35 @@ class Seq2SeqGenerator(TokenLoop):
         return list(call_entry(self.encode_model, params, *inputs))
 
     def _decode_step(self, params, cache, cross, source_mask, valid, token, slot, done, key, temperature, top_k, top_p, eos, pad,
-                     force, *, do_sample, span):
+                     force, *, do_sample, span, processing=processors.NONE, extra=None, history=None):
         valid = valid.at[:, slot].set(True)
         logits, cache = call_entry(self.decode_model, params, token[:, None], slot[None], valid[:, :span], source_mask,
                                    list(cache), list(cross))
-        token, done = self._pick(logits, key, temperature, top_k, top_p, done, eos, pad, do_sample=do_sample, force=force)
-        return token, list(cache), valid, done
+        length = (slot + 1).astype(jnp.int32)  # the decoder's sequence so far: the start token and `slot` new ones
+        token, done = self._pick(logits, key, temperature, top_k, top_p, done, eos, pad, do_sample=do_sample, force=force,
+                                 processing=processing, extra=extra, history=history, length=length)
+        return token, list(cache), valid, done, processors.record(history, length, token)
 
     def _decode_steps(self, params, cache, cross, source_mask, valid, token, slot, done, key, temperature, top_k, top_p, eos,
-                      pad, forced_bos, forced_eos, last, count, *, do_sample, span, size):
+                      pad, forced_bos, forced_eos, last, count, *, do_sample, span, size, processing=processors.NONE,
+                      extra=None, history=None):
         """Up to `count` (<= `size`) decode steps in one compiled loop, ending early once every row has: ([size, B]
-        tokens, of which the first `ran` are new, then the last token, cache, valid and done). Step i writes slot
-        `slot + i` and samples with `fold_in(key, slot + i)`, as one step per call would."""
+        tokens, of which the first `ran` are new, then the last token, cache, valid, done and the processors' token
+        history). Step i writes slot `slot + i` and samples with `fold_in(key, slot + i)`, as one step per call would."""
 
         def step(i, token, state, done):
             at = slot + i
             force = jnp.where(at == 0, forced_bos, NO_TOKEN)
             force = jnp.where((at == last) & (forced_eos != NO_TOKEN), forced_eos, force)
-            token, cache, valid, done = self._decode_step(params, state[0], cross, source_mask, state[1], token, at, done,
-                                                          jax.random.fold_in(key, at), temperature, top_k, top_p, eos, pad,
-                                                          force, do_sample=do_sample, span=span)
-            return token, (cache, valid), done
+            token, cache, valid, done, history = self._decode_step(
+                params, state[0], cross, source_mask, state[1], token, at, done, jax.random.fold_in(key, at), temperature,
+                top_k, top_p, eos, pad, force, do_sample=do_sample, span=span, processing=processing, extra=extra,
+                history=state[2])
+            return token, (cache, valid, history), done
 
-        tokens, ran, token, (cache, valid), done = decode_block(step, token, (list(cache), valid), done, count, size)
-        return tokens, ran, token, cache, valid, done
+        tokens, ran, token, (cache, valid, history), done = decode_block(step, token, (list(cache), valid, history), done,
+                                                                         count, size)
+        return tokens, ran, token, cache, valid, done, history
 
     def _prompt_batch(self, rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray, int]:
         if self.spec.takes_features:

@@ -138,14 +138,15 @@ class VisionLanguageGenerator(Generator):
     def generate(self, input_ids: Any, attention_mask: Any = None, *, pixel_values: Any = None, image_grid_thw: Any = None,
                  image_sizes: Any = None, batch_num_images: Any = None, pixel_values_videos: Any = None,
                  token_type_ids: Any = None,
-                 max_new_tokens: int = 32, do_sample: bool = False, temperature: Any = 1.0, top_k: Any = 0, top_p: Any = 1.0,
-                 rng: jax.Array | None = None, eos_token_id: int | list[int] | None = None,
-                 pad_token_id: int | None = None, stream: bool = False) -> np.ndarray | Iterator[np.ndarray]:
+                 max_new_tokens: int = 32, do_sample: bool | None = None, temperature: Any = None, top_k: Any = None,
+                 top_p: Any = None, rng: jax.Array | None = None, eos_token_id: int | list[int] | None = None,
+                 pad_token_id: int | None = None, stream: bool = False, **settings: Any) -> np.ndarray | Iterator[np.ndarray]:
         """As transformers' generate: [B, L] ids (left-padded, with `attention_mask`) holding the image tokens the
         processor expanded, and `pixel_values` [images, C, H, W] for them in order -> [B, L + new] ids (Qwen2-VL: with
         image_grid_thw; LLaVA-NeXT and OneVision: [images, tiles, C, H, W] with image_sizes, OneVision's
         batch_num_images too for several images in a prompt). `token_type_ids` (Gemma 3's processor output) is accepted
-        and not needed: the image tokens are found in the ids."""
+        and not needed: the image tokens are found in the ids. `settings`: Generator.generate's logits processors and
+        warpers (repetition_penalty, no_repeat_ngram_size, min_new_tokens, ..., min_p, typical_p), by name."""
         if pixel_values_videos is not None:
             raise InputSpecError("video inputs are not supported: give images (pixel_values)")
         merge = self.vision.spatial_merge_size
@@ -181,7 +182,8 @@ class VisionLanguageGenerator(Generator):
                                      f"(id {self.vision.image_token_id}); expand each image's token to "
                                      f"{self.vision.tokens_per_image} as the processor does")
             features = encoded.reshape(-1, encoded.shape[-1])
-        request = self._request(ids.shape[0], do_sample, temperature, top_k, top_p, rng, eos_token_id, pad_token_id)
+        given = dict(settings, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
+        request = self._request(given, rng, eos_token_id, pad_token_id, prompt=ids, counted_from=np.argmax(mask, axis=1))
 
         delta = None
         if merge:

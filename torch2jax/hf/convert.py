@@ -11,10 +11,12 @@ multimodal step (hf/steps/vision_language.py); last, the directory's tokenizer (
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from ..generate.generator import Generator
+from ..generate.processors import GenerationSettings
 from ..generate.seq2seq import Seq2SeqGenerator
 from ..generate.vision_language import VisionLanguageGenerator
 from .options import GenerationOptions
@@ -49,6 +51,9 @@ def convert_generator(source: HFSource, options: GenerationOptions, progress: Pr
         generator = convert_seq2seq(source.model, max_source_len=options.max_source_len, **common)
     else:
         generator = convert_causal_lm(source.model, weights=source.weights, repeat_layers=options.repeat_layers, **common)
+    # the checkpoint's generation config (sampling settings, logits processors): each generate call's defaults
+    settings = GenerationSettings.from_config(getattr(source.model, "generation_config", None))
+    generator.spec = dataclasses.replace(generator.spec, settings=settings)
     if source.directory is not None:
         generator.tokenizer_files = dict(source.tokenizer_files)
         if source.task == IMAGE_TEXT_TO_TEXT:
