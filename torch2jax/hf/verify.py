@@ -49,7 +49,7 @@ def verify_generation(lm: torch.nn.Module, generator, tokens: int = 16, seed: in
     batch = min(2, generator.spec.max_batch)
     prompts = [rng.integers(0, generator.spec.vocab_size, length).tolist() for length in lengths[:batch]]
     ids, mask = left_pad(prompts, generator.spec.pad_token_id)
-    ours = generator.generate(ids, attention_mask=mask, max_new_tokens=tokens, eos_token_id=[])
+    ours = generator.generate(ids, attention_mask=mask, max_new_tokens=tokens, do_sample=False, eos_token_id=[])
     theirs = transformers_greedy(lm, ids, tokens, generator.spec.pad_token_id, mask)
     width = ids.shape[1]
     rows = [(ours[r, width:].tolist(), theirs[r, width:].tolist()) for r in range(len(prompts))]
@@ -65,14 +65,14 @@ def verify_seq2seq(lm: torch.nn.Module, generator, tokens: int = 16, seed: int =
     batch = min(2, generator.spec.max_batch)
     if generator.spec.takes_features:  # Whisper: random log-mel-like features, no mask
         features = rng.standard_normal((batch, *generator.spec.feature_shape)).astype(np.float32)
-        ours = generator.generate(input_features=features, max_new_tokens=tokens, eos_token_id=[])
+        ours = generator.generate(input_features=features, max_new_tokens=tokens, do_sample=False, eos_token_id=[])
         theirs = transformers_greedy(lm, features, tokens, generator.spec.pad_token_id, dtype=next(lm.parameters()).dtype)
     else:
         lengths = (7, 4)
         sources = [rng.integers(0, generator.spec.vocab_size, min(length, generator.spec.max_source_len)).tolist()
                    for length in lengths[:batch]]
         ids, mask = right_pad(sources, generator.spec.pad_token_id)
-        ours = generator.generate(ids, attention_mask=mask, max_new_tokens=tokens, eos_token_id=[])
+        ours = generator.generate(ids, attention_mask=mask, max_new_tokens=tokens, do_sample=False, eos_token_id=[])
         theirs = transformers_greedy(lm, ids, tokens, generator.spec.pad_token_id, mask)
     start = theirs.shape[1] - tokens  # 1, or 0 where transformers drops the start token (Whisper)
     rows = [(ours[r, 1:].tolist(), theirs[r, start:].tolist()) for r in range(batch)]
@@ -109,7 +109,8 @@ def verify_vision_language(vlm: torch.nn.Module, generator, tokens: int = 16, se
         pixels = rng.standard_normal((batch, vision.grid_tiles(size), *vision.pixel_shape)).astype(np.float32)
     else:
         pixels = rng.standard_normal((batch, *vision.pixel_shape)).astype(np.float32)
-    ours = generator.generate(ids, attention_mask=mask, pixel_values=pixels, max_new_tokens=tokens, eos_token_id=[], **grids)
+    ours = generator.generate(ids, attention_mask=mask, pixel_values=pixels, max_new_tokens=tokens, do_sample=False,
+                              eos_token_id=[], **grids)
     extra = {**processor_token_types(vlm, vision, ids), **{k: torch.from_numpy(v) for k, v in grids.items()}}
     theirs = transformers_greedy(vlm, ids, tokens, generator.spec.pad_token_id, mask,
                                  pixel_values=torch.from_numpy(pixels).to(next(vlm.parameters()).dtype), **extra)
