@@ -232,3 +232,38 @@ def test_a_diverging_run_names_the_step_and_writes_nothing(workdir, tmp_path):
     assert result.exit_code == 1 and "training diverged; lower --lr" in result.output, result.output
     assert not out.exists() and not list(tmp_path.glob(".run*"))
 
+
+
+def test_a_vision_language_models_language_part(tmp_path):
+    """LLaVA: the adapter goes on the language model's layers only (the CLIP tower has layers of the same names), the
+    trajectory equals PEFT's on the text forward, and the merged directory is the whole model, its tower untouched."""
+    from tests.hf.vlms import write
+
+    source = write("llava", tmp_path)
+    data = tmp_path / "train.jsonl"
+    rng = np.random.default_rng(1)
+    data.write_text("".join(json.dumps({"prompt": "w7 w8", "completion": " ".join(f"w{t}" for t in rng.integers(9, 128, 5))})
+                            + "\n" for _ in range(6)))
+    out = tmp_path / "run"
+    result = run_cli(f"hf:{source}", "--data", str(data), "--out", str(out), "--batch-size", "2", "--max-length", "10",
+                     "--lr", "0.01", "--steps", "3", "--save-init", "-q")
+    assert result.exit_code == 0, result.output
+    targets = json.loads((out / "adapter" / "adapter_config.json").read_text())["target_modules"]
+    assert sorted(targets) == sorted(f"model.language_model.layers.{i}.self_attn.{p}" for i in (0, 1) for p in ("q_proj", "v_proj"))
+
+    base = transformers.AutoModelForImageTextToText.from_pretrained(source, dtype=torch.float32).eval()
+    pm = peft.PeftModel.from_pretrained(base, out / "adapter_init", is_trainable=True).eval()
+    trainable = [p for p in pm.parameters() if p.requires_grad]
+    assert len(trainable) == 8
+    tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
+    rows = finetune_data.tokenize(finetune_data.read_examples(data), tokenizer, 2, 10)
+    steps = [make_batch([rows[i] for i in finetune_data.batch_indices(len(rows), 2, step, 0, True)], 10, 0) for step in range(3)]
+    np.testing.assert_allclose(losses(out), torch_steps(pm, torch.optim.AdamW(trainable, lr=0.01), steps), rtol=1e-4)
+
+    merged = transformers.AutoModelForImageTextToText.from_pretrained(out / "merged", dtype=torch.float32).state_dict()
+    original = transformers.AutoModelForImageTextToText.from_pretrained(source, dtype=torch.float32).state_dict()
+    tower = [k for k in merged if k.startswith("model.vision_tower.")]
+    assert tower and all(torch.equal(merged[k], original[k]) for k in tower)
+    language = [k for k in merged if k.startswith("model.language_model.") and k.endswith(("q_proj.weight", "v_proj.weight"))]
+    assert len(language) == 4 and not any(torch.equal(merged[k], original[k]) for k in language)
+    assert (source / "preprocessor_config.json").is_file() == (out / "merged" / "preprocessor_config.json").is_file()

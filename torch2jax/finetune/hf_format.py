@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,8 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 COPIED = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-          "vocab.json", "merges.txt", "tokenizer.model")
+          "vocab.json", "merges.txt", "tokenizer.model", "processor_config.json", "preprocessor_config.json",
+          "chat_template.jinja", "chat_template.json")
 DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -49,14 +51,18 @@ def _checkpoint_names(source: Path) -> set[str] | None:
 
 
 def save_merged(params: dict, source_dir: str | os.PathLike, out_dir: str | os.PathLike, *, force: bool = False,
-                dtype: str | None = None) -> Path:
+                dtype: str | None = None, names: Collection[str] | None = None) -> Path:
     """Write `params` (a converted model's, keyed by state_dict names) as a Hugging Face model directory beside the
     source model's config.json, generation_config.json and tokenizer files: model.safetensors, metadata
     {"format": "pt"}. Where the source holds a safetensors checkpoint, only its tensor names are written (buffers the
     converter kept but save_pretrained does not, such as rotary `inv_freq`, are left out) and a name it holds that
     the params lack is an error. `dtype` ("float32", "float16", "bfloat16") casts the floating params and sets
     config.json's dtype. Written in a temporary sibling and renamed into place; an existing `out_dir` is replaced
-    only with force=True."""
+    only with force=True.
+
+    `names` (the torch module's state_dict names, where the caller has them) are written instead of the checkpoint's:
+    for a checkpoint stored under older names that transformers maps on load (LLaVA's `language_model.model.*`); a
+    name the params lack is a tied weight's second name, which transformers re-ties."""
     from safetensors.numpy import save_file
 
     source, out = Path(source_dir), Path(out_dir)
@@ -66,7 +72,10 @@ def save_merged(params: dict, source_dir: str | os.PathLike, out_dir: str | os.P
         raise Torch2JaxError(f"dtype={dtype!r}: expected one of {DTYPES} or None (keep the params' dtypes)")
     if out.exists() and not force:
         raise Torch2JaxError(f"{out} already exists; pass force=True to replace it")
-    names = _checkpoint_names(source)
+    if names is not None:
+        names = {name for name in names if name in params}
+    else:
+        names = _checkpoint_names(source)
     if names is not None:
         lacking = sorted(names - set(params))
         if lacking:

@@ -22,7 +22,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,11 +128,11 @@ def _differences(now: RunSettings, before: RunSettings) -> list[str]:
 
 def run(model: Any, settings: RunSettings, rows: Sequence[tuple[list[int], list[int]]], out: str | os.PathLike, *,
         steps: int, pad_id: int, resume: bool = False, save_init: bool = False, force: bool = False,
-        on_step: Callable[[StepReport], None] | None = None) -> Path:
+        merged_names: Collection[str] | None = None, on_step: Callable[[StepReport], None] | None = None) -> Path:
     """Train `model` (a converted causal LM: `model.apply(params, ids, attention_mask=)["logits"]`) for `steps` more
     steps on `rows` (data.tokenize's), and write the output directory (see the module docstring). With `resume` the
     run in `out` goes on from its checkpoint, so 3 steps and then 3 resumed give what 6 steps give; its settings must
-    equal `settings`. Returns `out`."""
+    equal `settings`. `merged_names`: the tensor names merged/ holds (hf_format.save_merged's `names`). Returns `out`."""
     out = Path(out)
     if not isinstance(steps, int) or steps < 1:
         raise FinetuneError(f"steps must be an integer >= 1, got {steps!r}")
@@ -184,7 +184,8 @@ def run(model: Any, settings: RunSettings, rows: Sequence[tuple[list[int], list[
             merged = merge(model.params, trainable, settings.lora)
         else:
             merged = {**model.params, **trainable}
-        save_merged(merged, settings.model_dir, tmp / MERGED_DIR, dtype=checkpoint_dtype(settings.model_dir))
+        save_merged(merged, settings.model_dir, tmp / MERGED_DIR, dtype=checkpoint_dtype(settings.model_dir),
+                    names=merged_names)
         swap_into_place(tmp, out)
     finally:
         if tmp.exists():

@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import InputSpecError
 from ..finetune.lora import LoraConfig, LoraError
 from .directory import load_model, prepare_for_export, transformers
+from .tasks import IMAGE_TEXT_TO_TEXT, TEXT_GENERATION, auto_class, default_task
 
 # module-name suffixes tried in order when no LoRA targets are given: the attention's query and value projections,
 # as PEFT's defaults for the common architectures
@@ -47,16 +48,39 @@ TRAINING_DTYPES = ("float32", "bfloat16")
 LORA_DEFAULTS = Method()  # LoRA with the default rank, alpha and targets
 
 
-def load_causal_lm(directory: Path) -> Any:
-    """The directory's causal LM as transformers loads it (every weight from the checkpoint), its progress bar off."""
+def load_for_training(directory: Path, config: Any) -> Any:
+    """The directory's model as transformers loads it (every weight from the checkpoint), its progress bar off: a
+    causal LM, or an image-text-to-text model whose language part is trained on text (its vision tower unused)."""
+    task = default_task(config)
+    if task not in (TEXT_GENERATION, IMAGE_TEXT_TO_TEXT):
+        raise InputSpecError(f"{directory} holds a {task} model (config.json's architectures): finetune trains causal "
+                             "LMs and the language part of image-text-to-text models")
     logging = transformers().utils.logging
     bar = logging.is_progress_bar_enabled()
     logging.disable_progress_bar()  # its bar would break into our progress line
     try:
-        return load_model(transformers().AutoModelForCausalLM, directory)
+        return load_model(auto_class(task, config), directory)
     finally:
         if bar:
             logging.enable_progress_bar()
+
+
+def text_layers(module: Any) -> set[str]:
+    """The names of the linear layers (Linear, Conv1D) a text-only forward runs: a vision-language model's language
+    part, all of a causal LM's."""
+    import torch
+
+    conv1d = transformers().pytorch_utils.Conv1D
+    called: set[str] = set()
+    hooks = [m.register_forward_hook(lambda m, i, o, name=name: called.add(name))
+             for name, m in module.named_modules() if isinstance(m, (torch.nn.Linear, conv1d))]
+    try:
+        with torch.no_grad():
+            module(input_ids=torch.full((1, 4), 3, dtype=torch.long), attention_mask=torch.ones(1, 4, dtype=torch.long))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return called
 
 
 def training_forward(module: Any, batch_size: int, max_length: int, seed: int = 0, dtype: str = "float32") -> Any:
@@ -71,9 +95,12 @@ def training_forward(module: Any, batch_size: int, max_length: int, seed: int = 
 
     prepare_for_export(module)
     module = module.float().eval()
-    module.config.use_cache = False
+    for config in (module.config, getattr(module.config, "text_config", None)):
+        if config is not None:
+            config.use_cache = False
     generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, module.config.vocab_size, (batch_size, max_length), generator=generator)
+    vocab = module.get_input_embeddings().num_embeddings
+    ids = torch.randint(0, vocab, (batch_size, max_length), generator=generator)
     mask = torch.ones(batch_size, max_length, dtype=torch.long)
     mask[-1, max_length // 2:] = 0  # right padding in the example, as the batches have: the mask is not specialized away
     return torch2jax.convert(module, (ids,), {"attention_mask": mask}, dtype=None if dtype == "float32" else dtype)
@@ -85,7 +112,8 @@ def lora_config(module: Any, method: Method) -> LoraConfig:
     conv1d = transformers().pytorch_utils.Conv1D
     import torch
 
-    layers = {name: type(m) for name, m in module.named_modules() if isinstance(m, (torch.nn.Linear, conv1d))}
+    used = text_layers(module)
+    layers = {name: type(m) for name, m in module.named_modules() if name in used}
 
     def matching(target: str) -> list[str]:
         return [name for name in layers if name == target or name.endswith("." + target)]
@@ -103,6 +131,11 @@ def lora_config(module: Any, method: Method) -> LoraConfig:
             leaves = sorted({name.rpartition(".")[2] for name in layers})
             raise InputSpecError(f"--lora-targets {missing} match no linear layer of {type(module).__name__}; its linear "
                                  f"layers' names end in {leaves}")
+    everywhere = [name for name, m in module.named_modules() if isinstance(m, (torch.nn.Linear, conv1d))
+                  and any(name == t or name.endswith("." + t) for t in targets)]
+    if any(name not in used for name in everywhere):
+        # a vision tower has layers of the same names: the adapter names the language part's layers one by one
+        targets = tuple(sorted(name for t in targets for name in matching(t)))
     kinds = {layers[name] is conv1d for t in targets for name in matching(t)}
     if len(kinds) > 1:
         raise InputSpecError(f"--lora-targets {list(targets)} mix Conv1D layers (weights stored [in, out]) and Linear ones; "
@@ -150,5 +183,5 @@ def check_numbers(*, steps: int, lr: float, batch_size: int, max_length: int, we
         raise InputSpecError("; ".join(problems))
 
 
-__all__ = ["LORA_DEFAULTS", "TRAINING_DTYPES", "Method", "check_numbers", "load_causal_lm", "lora_config", "special_ids",
-           "training_forward"]
+__all__ = ["LORA_DEFAULTS", "TRAINING_DTYPES", "Method", "check_numbers", "load_for_training", "lora_config", "special_ids",
+           "text_layers", "training_forward"]

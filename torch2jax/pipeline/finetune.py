@@ -16,7 +16,16 @@ from ..finetune import data as finetune_data
 from ..finetune.run import MERGED_DIR, RunSettings, StepReport, check_output, file_sha256, run
 from ..finetune.train import OPTIMIZERS, TORCH_WEIGHT_DECAY
 from ..hf.directory import open_directory
-from ..hf.training import LORA_DEFAULTS, TRAINING_DTYPES, Method, check_numbers, load_causal_lm, lora_config, special_ids, training_forward
+from ..hf.training import (
+    LORA_DEFAULTS,
+    TRAINING_DTYPES,
+    Method,
+    check_numbers,
+    load_for_training,
+    lora_config,
+    special_ids,
+    training_forward,
+)
 from .conversion import ProgressFn
 from .convert import convert_target
 
@@ -35,7 +44,10 @@ def finetune(model_dir: str | os.PathLike, data: str | os.PathLike, out: str | o
     `dtype` "bfloat16" converts and runs the forward in bfloat16, the trained values (LoRA adapters, full
     fine-tuning's master weights) in float32.
 
-    With `artifact`, out/merged is then converted to a text-generation artifact in out/artifact (verified against
+    A vision-language model's language part is trained on the text (its vision tower as it was); the merged
+    directory is the whole model.
+
+    With `artifact`, out/merged is then converted to a generation artifact in out/artifact (verified against
     transformers, as `torch2jax convert hf:OUT/merged` does); if that fails the run's output stays as written."""
     say = progress or (lambda stage, message: None)
     check_numbers(steps=steps, lr=lr, batch_size=batch_size, max_length=max_length, weight_decay=weight_decay)
@@ -61,7 +73,7 @@ def finetune(model_dir: str | os.PathLike, data: str | os.PathLike, out: str | o
     say("data", f"{len(rows)} examples, {trained} trained tokens")
 
     say("load", f"loading {directory}")
-    module = load_causal_lm(directory)
+    module = load_for_training(directory, config)
     lora = None if method.full else lora_config(module, method)
     settings = RunSettings(str(directory.resolve()), file_sha256(data), "full" if method.full else "lora", lora, optimizer,
                            float(lr), TORCH_WEIGHT_DECAY[optimizer] if weight_decay is None else float(weight_decay),
@@ -69,7 +81,7 @@ def finetune(model_dir: str | os.PathLike, data: str | os.PathLike, out: str | o
     say("convert", f"converting the training forward ({batch_size} x {max_length} tokens)")
     model = training_forward(module, batch_size, max_length, seed, dtype)
     written = run(model, settings, rows, out, steps=steps, pad_id=pad_id, resume=resume, save_init=save_init,
-                  force=force, on_step=on_step)
+                  force=force, merged_names=list(module.state_dict()), on_step=on_step)
     if artifact:
-        convert_target(f"hf:{written / MERGED_DIR}", written / ARTIFACT_DIR, task="text-generation", progress=progress)
+        convert_target(f"hf:{written / MERGED_DIR}", written / ARTIFACT_DIR, progress=progress)
     return written
