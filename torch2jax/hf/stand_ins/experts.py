@@ -12,6 +12,8 @@ torch2jax.hf does); the privacy filter's is registered because its own loop is w
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ...capture import trace_forwards
@@ -107,15 +109,33 @@ def switch_transformers_experts(self, hidden_states: torch.Tensor, selected_expe
 
 def jetmoe_gating(self, hidden_states: torch.Tensor) -> tuple:
     """transformers' JetMoeTopKGating.forward with the tokens per expert kept a tensor (it calls `.tolist()`, whose
-    values then size a split): the same sort of the (token, choice) rows by expert, and the same gates."""
+    values then size a split): the same sort of the (token, choice) rows by expert, and the same gates.
+
+    JetMoE routes its attention heads on the token's normalized embedding, and the pad id's embedding row is zero
+    (nn.Embedding's padding_idx), so a pad id given as a real token (generated, or in a prompt) ties every expert's
+    score exactly. Which experts top-k then picks is the sort's own business: torch's CPU kernel picks others than
+    XLA's (lowest index first), and the tokens after it differed. A token whose scores all tie takes the experts torch
+    picks for such a row (measured here, a constant in the graph); partial ties of nonzero scores stay unspecified."""
     logits = self.layer(hidden_states).float()
     top_k_logits, top_k_indices = logits.topk(self.top_k, dim=1)
+    tied_choice = torch.tensor([_tied_choice(logits.shape[1], self.top_k)], device=top_k_indices.device)
+    all_tied = (logits == logits[:, :1]).all(dim=1, keepdim=True)
+    top_k_indices = torch.where(all_tied, tied_choice, top_k_indices)
     top_k_gates = torch.softmax(top_k_logits, dim=1).type_as(hidden_states)
     expert_size = torch.zeros_like(logits, dtype=torch.long).scatter(1, top_k_indices, 1).sum(0)
     _, index_sorted_experts = top_k_indices.flatten().sort(0)
     batch_index = index_sorted_experts.div(self.top_k, rounding_mode="trunc")
     batch_gates = top_k_gates.flatten()[index_sorted_experts]
     return index_sorted_experts, batch_index, batch_gates, expert_size, logits
+
+
+@functools.cache
+def _tied_choice(experts: int, k: int) -> list[int]:
+    """The experts torch's own top-k picks from `experts` equal scores, run outside the trace (so not lowered)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return torch.zeros(1, experts).topk(k, dim=1).indices[0].tolist()
 
 
 def jetmoe_parallel_experts(self, inputs: torch.Tensor, expert_size: torch.Tensor) -> torch.Tensor:

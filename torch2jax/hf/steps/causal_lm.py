@@ -16,6 +16,8 @@ first L slots (L symbolic, at most S): the caller passes the span its tokens nee
 O(tokens so far) rather than O(max_cache_len). A query may attend to slot j
 when j holds a real token, j <= its own slot (causal) and, for sliding-window layers, j is within the
 window; it always attends to its own slot, so a pad row never has every key masked (no NaN).
+Decoders that count positions from the cache's length rather than taking `position_ids` (BART and kin) are given
+each query's column in the batch instead (hf/stand_ins/positions.py), so the length bucket's padding is not counted.
 """
 
 from __future__ import annotations
@@ -60,6 +62,11 @@ class DecoderStep(torch.nn.Module):
         self.additive_mask = getattr(config, "_attn_implementation", None) == "eager" or \
             getattr(lm.config, "_attn_implementation", None) == "eager"
         self._layer = explicit_layer_class()
+        from ..stand_ins import positions  # imported here: the stand-ins import this package's kv_cache
+
+        self._positions = positions
+        # decoders that count positions from the cache's length (BART and kin): given each query's batch column
+        object.__setattr__(self, "_counted_from_cache", positions.counted_from_cache(lm))
 
     def forward(self, input_ids, position_ids, write_at, kv_valid, cache):
         return self.step({"input_ids": input_ids}, position_ids, write_at, kv_valid, cache)
@@ -71,15 +78,17 @@ class DecoderStep(torch.nn.Module):
 
         span = kv_valid.shape[1]
         layers = [self._layer(cache[2 * i], cache[2 * i + 1], write_at, span) for i in range(self.layout.layers)]
-        out = self.lm(
-            **tokens,
-            position_ids=position_ids,
-            attention_mask=self._masks(write_at, kv_valid, also),
-            past_key_values=Cache(layers=layers),
-            cache_position=write_at,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        columns = self._positions.batch_columns(position_ids, write_at) if self._counted_from_cache else None
+        with self._positions.columns_given(self._counted_from_cache, columns):
+            out = self.lm(
+                **tokens,
+                position_ids=position_ids,
+                attention_mask=self._masks(write_at, kv_valid, also),
+                past_key_values=Cache(layers=layers),
+                cache_position=write_at,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         logits = out.logits[:, -1].float()
         return logits, [t for layer in layers for t in (layer.keys, layer.values)]
 

@@ -190,6 +190,12 @@ class Seq2SeqDecodeStep(torch.nn.Module):
         self.layout, self.hidden = layout, hidden
         self.additive = getattr(lm.config, "_attn_implementation", None) == "eager"
         self._layer, self._filled = explicit_layer_class(), filled_layer_class()
+        from ..stand_ins import positions
+
+        self._positions = positions
+        # decoders that count positions from the cache's length (BART and kin; MVP's own count does not trace): given
+        # the slots (the encoder's tables are not run here: its output is given)
+        object.__setattr__(self, "_counted_from_cache", positions.counted_from_cache(lm))
 
     def forward(self, input_ids, write_at, kv_valid, source_mask, cache, cross):
         from transformers.cache_utils import Cache, EncoderDecoderCache
@@ -206,14 +212,15 @@ class Seq2SeqDecodeStep(torch.nn.Module):
         # the encoder's output is not read (the cross keys/values replace its projections); transformers uses it
         # for the cross mask's shape and to tell cross from self attention
         hidden = torch.zeros((batch, source, self.hidden), dtype=dtype, device=source_mask.device)
-        out = self.lm(
-            encoder_outputs=(hidden,),
-            attention_mask=_mask(source_mask[:, None, None, :], self.additive, dtype),
-            decoder_input_ids=input_ids,
-            decoder_attention_mask=_mask(keep_self[:, None, None, :], self.additive, dtype),
-            past_key_values=state,
-            use_cache=True,
-        )
+        with self._positions.columns_given(self._counted_from_cache, write_at):  # no padding before the start token
+            out = self.lm(
+                encoder_outputs=(hidden,),
+                attention_mask=_mask(source_mask[:, None, None, :], self.additive, dtype),
+                decoder_input_ids=input_ids,
+                decoder_attention_mask=_mask(keep_self[:, None, None, :], self.additive, dtype),
+                past_key_values=state,
+                use_cache=True,
+            )
         logits = out.logits[:, -1].float()
         return logits, [t for layer in layers for t in (layer.keys, layer.values)]
 

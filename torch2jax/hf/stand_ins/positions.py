@@ -1,0 +1,97 @@
+"""Positions of decoders that count them from the cache's length, over the converted causal-LM step.
+
+BART's decoder and its kin (mBART, PLBART, Pegasus, Blenderbot, Marian, MVP, BigBird-Pegasus, TrOCR) take no
+`position_ids`: token t's position is `t + cache.get_seq_length()`, padding included, so transformers' `generate` on
+a left-padded batch gives every row the batch's column numbers. The converted step writes a prompt left-padded
+further to a length bucket (generate/loop.prompt_bucket) and its cache reports the first slot written, so those
+positions were shifted by the bucket's extra padding and the tokens differed from transformers' whenever the
+prompt was not exactly a bucket long.
+
+The causal-LM step (hf/steps/causal_lm.py) knows each query's column in transformers' batch: the longest row has no
+padding there, so its position is its column, and every row's position is at most that. It gives these columns
+(`write_at` less the bucket's padding: the last slot minus the batch's largest last position) to the decoder's
+positional embedding, whose stand-in looks them up instead of the positions it is called with. Slots of the bucket's
+padding come before column 0; they are clamped to it (those slots are masked out of every row's attention). The
+encoder-decoder's decode step (hf/steps/seq2seq.py) gives its slots, which are the decoder's positions there (no
+padding before the start token); MVP's own count, an arange from a tensor length, does not trace at all.
+Without a step (plain conversion, the encoder) the embedding's own forward runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from ...capture import trace_forwards
+
+_MODELS = "transformers.models"
+# an nn.Embedding whose row for position p is p + `offset` (its own attribute, else 0)
+_TABLES = tuple(f"{_MODELS}.{name}" for name in (
+    "bart.modeling_bart.BartLearnedPositionalEmbedding",
+    "mbart.modeling_mbart.MBartLearnedPositionalEmbedding",
+    "plbart.modeling_plbart.PLBartLearnedPositionalEmbedding",
+    "pegasus.modeling_pegasus.PegasusSinusoidalPositionalEmbedding",
+    "blenderbot.modeling_blenderbot.BlenderbotLearnedPositionalEmbedding",
+    "blenderbot_small.modeling_blenderbot_small.BlenderbotSmallLearnedPositionalEmbedding",
+    "marian.modeling_marian.MarianSinusoidalPositionalEmbedding",
+    "mvp.modeling_mvp.MvpLearnedPositionalEmbedding",
+    "bigbird_pegasus.modeling_bigbird_pegasus.BigBirdPegasusLearnedPositionalEmbedding",
+    "trocr.modeling_trocr.TrOCRLearnedPositionalEmbedding",
+))
+# TrOCR's sinusoidal table numbers each row's non-pad tokens of the call from the cache's length
+_TROCR_SINUSOIDAL = f"{_MODELS}.trocr.modeling_trocr.TrOCRSinusoidalPositionalEmbedding"
+_GIVEN = "_torch2jax_step_columns"  # the instance attribute the step sets while it runs
+
+
+def _qualified(module: torch.nn.Module) -> str:
+    return f"{type(module).__module__}.{type(module).__qualname__}"
+
+
+def counted_from_cache(lm: torch.nn.Module) -> list[torch.nn.Module]:
+    """The positional embeddings in `lm` whose positions count from the cache's length (this module's stand-ins)."""
+    known = {*_TABLES, _TROCR_SINUSOIDAL}
+    return [m for m in lm.modules() if _qualified(m) in known]
+
+
+def batch_columns(position_ids: torch.Tensor, write_at: torch.Tensor) -> torch.Tensor:
+    """[T] each written slot's column in transformers' batch (the batch left-padded to its longest row): the slot
+    less the bucket's extra padding, which is the last slot minus the largest position any row has there."""
+    return write_at - (write_at[-1] - position_ids[:, -1].max())
+
+
+@contextmanager
+def columns_given(modules: list[torch.nn.Module], columns: torch.Tensor) -> Iterator[None]:
+    """While the step runs, `modules` (counted_from_cache's) look up `columns` instead of their own positions."""
+    for module in modules:
+        module.__dict__[_GIVEN] = columns
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.__dict__.pop(_GIVEN, None)
+
+
+def table_at_columns(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+    columns = self.__dict__.get(_GIVEN)
+    if columns is None:
+        return type(self).forward(self, *args, **kwargs)
+    rows = columns.clamp(min=0) + getattr(self, "offset", 0)
+    return torch.nn.Embedding.forward(self, rows[None])  # [1, T, D]: added to the [B, T, D] token embeddings
+
+
+def trocr_sinusoidal_at_columns(self: Any, input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    columns = self.__dict__.get(_GIVEN)
+    if columns is None:
+        return type(self).forward(self, input_ids, *args, **kwargs)
+    # transformers' cache holds the batch's columns before this call's first one (none before the prompt)
+    rows = self.create_position_ids_from_input_ids(input_ids, self.padding_idx, columns[0].clamp(min=0))
+    table = self.weights.to(input_ids.device)
+    return table.index_select(0, rows.reshape(-1)).view(*input_ids.shape, table.shape[-1])
+
+
+for _name in _TABLES:
+    trace_forwards.register(_name, table_at_columns)
+trace_forwards.register(_TROCR_SINUSOIDAL, trocr_sinusoidal_at_columns)
