@@ -35,7 +35,7 @@ from ...ir.graph import Graph
 from ...runtime.model import Model
 from ...runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_model
 from . import layer_repeat
-from .kv_cache import CacheLayout, cache_layout, check_limits, cut_layout, explicit_layer_class, generation_fields
+from .kv_cache import CacheLayout, cache_argument, cache_layout, check_limits, cut_layout, explicit_layer_class, generation_fields
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
@@ -84,7 +84,7 @@ class DecoderStep(torch.nn.Module):
                 **tokens,
                 position_ids=position_ids,
                 attention_mask=self._masks(write_at, kv_valid, also),
-                past_key_values=Cache(layers=layers),
+                **cache_argument(self.lm, Cache(layers=layers)),
                 cache_position=write_at,
                 use_cache=True,
                 logits_to_keep=1,

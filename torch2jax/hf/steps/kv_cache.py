@@ -44,13 +44,25 @@ class CacheLayout:
         return [torch.zeros(shape, dtype=self.dtype) for shape in self.shapes(batch)]
 
 
+def cache_argument(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """The cache as the model's forward takes it: `cache=` where the forward has that parameter (transformers 5.24 on;
+    its `past_key_values=` is deprecated and goes in 5.40), `past_key_values=` for models that have only the old name."""
+    import inspect
+
+    try:
+        takes = "cache" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return {"cache": cache} if takes else {"past_key_values": cache}
+
+
 def cache_layout(lm: torch.nn.Module, max_cache_len: int) -> CacheLayout:
     """Measure the cache the model writes: one token through a dynamic cache, read back per layer."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=lm.config)
     with torch.no_grad():
-        lm(input_ids=torch.zeros((1, 1), dtype=torch.long), past_key_values=cache, use_cache=True)
+        lm(input_ids=torch.zeros((1, 1), dtype=torch.long), **cache_argument(lm, cache), use_cache=True)
     stateful = sorted({type(layer).__name__ for layer in cache.layers if not hasattr(layer, "keys")})
     if stateful:
         raise ExportError(

@@ -27,7 +27,7 @@ from ...capture.converter import StageTimer, cast_module, convert, tp_plan_hints
 from ...errors import ExportError, InputSpecError
 from ...generate.seq2seq import Seq2SeqGenerator, Seq2SeqSpec
 from ...runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_entry_points
-from .kv_cache import CacheLayout, check_limits, explicit_layer_class, generation_fields
+from .kv_cache import CacheLayout, cache_argument, check_limits, explicit_layer_class, generation_fields
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ class EncodeStep(torch.nn.Module):
         dtype = self.lm.get_input_embeddings().weight.dtype
         self.lm(**dict(zip(self.source.names, inputs)), decoder_input_ids=start,
                 decoder_attention_mask=_mask(torch.ones((batch, 1, 1, 1), dtype=torch.bool), self.additive, dtype),
-                past_key_values=cache, use_cache=True)
+                **cache_argument(self.lm, cache), use_cache=True)
         if any(layer.keys is None for layer in cross):
             raise ExportError(f"{type(self.lm).__name__} did not fill its cross-attention cache: only encoder-decoders "
                               "whose decoder layers cache the encoder's keys/values (T5, BART, Whisper) are supported")
@@ -218,7 +218,7 @@ class Seq2SeqDecodeStep(torch.nn.Module):
                 attention_mask=_mask(source_mask[:, None, None, :], self.additive, dtype),
                 decoder_input_ids=input_ids,
                 decoder_attention_mask=_mask(keep_self[:, None, None, :], self.additive, dtype),
-                past_key_values=state,
+                **cache_argument(self.lm, state),
                 use_cache=True,
             )
         logits = out.logits[:, -1].float()
@@ -242,7 +242,7 @@ def self_layout(lm: torch.nn.Module, source: Source, layers: int, max_cache_len:
     cache = EncoderDecoderCache(DynamicCache(config=lm.config), DynamicCache(config=lm.config))
     ids = torch.zeros((1, 1), dtype=torch.long)
     with torch.no_grad():
-        lm(**dict(zip(source.names, source.example(1, 3))), decoder_input_ids=ids, past_key_values=cache, use_cache=True)
+        lm(**dict(zip(source.names, source.example(1, 3))), decoder_input_ids=ids, **cache_argument(lm, cache), use_cache=True)
     found = cache.self_attention_cache.layers
     if len(found) != layers or any(layer.keys is None for layer in found):
         raise ExportError(f"{type(lm).__name__} did not fill a self-attention cache for its {layers} decoder layers")
