@@ -4,6 +4,9 @@ The adapters are a dict of their own, keyed like PEFT's modules (`model.layers.0
 `jax.grad` over them leaves the base params untouched and the pair maps one to one onto a PEFT adapter file
 (peft_format.py). The init is PEFT's default: A as torch's kaiming_uniform_(a=sqrt(5)), B zeros, so the adapted
 model starts as the base model.
+
+Where the weights cannot take a delta (a base converted with `quantize=`: QLoRA), `lora_apply` runs the adapters
+beside them instead, as a side path of the converted graph (lowering/lora_paths.py); apply_fn switches to it there.
 """
 
 from __future__ import annotations
@@ -17,6 +20,15 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import Torch2JaxError
+from ..lowering import interpreter, passes
+from ..lowering.lora_paths import (
+    LoraPathError,
+    LoraTarget,
+    product_sites,
+    recompute_quantized_products,
+    with_lora_paths,
+)
+from ..runtime.model import Model
 
 
 class LoraError(Torch2JaxError, ValueError):
@@ -130,13 +142,20 @@ def _in_out(weight: Any, config: LoraConfig) -> tuple[int, int]:
     return (rows, cols) if config.fan_in_fan_out else (cols, rows)
 
 
-def init_lora(params: dict, config: LoraConfig, rng: jax.Array) -> dict[str, jax.Array]:
+def init_lora(params: dict, config: LoraConfig, rng: jax.Array,
+              sizes: dict[str, tuple[int, int]] | None = None) -> dict[str, jax.Array]:
     """PEFT's default init for every targeted weight: `{module}.lora_A` [r, in] uniform as torch's
-    kaiming_uniform_(a=sqrt(5)) (bound 1/sqrt(in)), `{module}.lora_B` [out, r] zeros. float32, as PEFT keeps adapters."""
+    kaiming_uniform_(a=sqrt(5)) (bound 1/sqrt(in)), `{module}.lora_B` [out, r] zeros. float32, as PEFT keeps adapters.
+
+    sizes: {module: (in, out)} where the params cannot tell (weights stored quantized: side_path.init_adapter)."""
     lora = {}
     a = math.sqrt(5)
     for i, module in enumerate(targeted_modules(params, config)):
-        fan_in, fan_out = _in_out(params[module + ".weight"], config)
+        if sizes is not None and module in sizes:
+            fan_in, fan_out = sizes[module]
+        else:
+            _check_float(params, module + ".weight", "in / out sizes: use torch2jax.finetune.init_adapter(model, config, rng)")
+            fan_in, fan_out = _in_out(params[module + ".weight"], config)
         gain = math.sqrt(2.0 / (1 + a**2))
         bound = math.sqrt(3.0) * gain / math.sqrt(fan_in)
         lora[module + ".lora_A"] = jax.random.uniform(jax.random.fold_in(rng, i), (config.rank, fan_in), jnp.float32, -bound, bound)
@@ -163,6 +182,8 @@ def merge(params: dict, lora: dict, config: LoraConfig) -> dict:
         name = module + ".weight"
         if name not in params:
             raise LoraError(f"the adapter has a pair for {module!r} but the params have no {name!r}")
+        _check_float(params, name, "float weight to merge a delta into: train and run the adapter beside it, on the side "
+                     "path (torch2jax.finetune.lora_apply, which apply_fn uses on a quantized model)")
         weight, a, b = params[name], lora[module + ".lora_A"], lora[module + ".lora_B"]
         fan_in, fan_out = _in_out(weight, config)
         if a.shape != (config.rank, fan_in) or b.shape != (fan_out, config.rank):
@@ -176,11 +197,22 @@ def merge(params: dict, lora: dict, config: LoraConfig) -> dict:
     return merged
 
 
+def _check_float(params: dict, name: str, what: str) -> None:
+    """LoraError for a weight stored quantized (runtime/quantize.py): its stored values are not the weight."""
+    value = params.get(name)
+    if value is not None and not jnp.issubdtype(value.dtype, jnp.floating):
+        raise LoraError(f"{name} is stored quantized ({value.dtype}), so it has no {what}")
+
+
 def apply_fn(model: Any, config: LoraConfig) -> Callable[..., Any]:
     """fn(lora, params, *inputs, **kwargs) = model.apply(merge(params, lora, config), *inputs, **kwargs): the
-    adapters first, so `jax.grad(loss(fn(...)))` differentiates them alone and the base params stay frozen.
+    adapters first, so `jax.grad(loss(fn(...)))` differentiates them alone and the base params stay frozen. On a model
+    converted with `quantize=` (QLoRA) the weights cannot take a delta: the adapters run beside them instead
+    (lora_apply, the same function of the adapters).
 
     Refuses (LoraError, check_targets) targets that are tied weights or embedding tables."""
+    if getattr(model, "quantization", None):
+        return lora_apply(model, config)
     graph = getattr(model, "graph", None)
     if graph is not None:
         check_targets(graph, config)
@@ -189,3 +221,63 @@ def apply_fn(model: Any, config: LoraConfig) -> Callable[..., Any]:
         return model.apply(merge(params, lora, config), *inputs, **kwargs)
 
     return fn
+
+
+def lora_apply(model: Any, config: LoraConfig) -> Callable[..., Any]:
+    """fn(lora, params, *inputs, **kwargs): `model.apply(params, ...)` with each targeted product's LoRA side path,
+    the adapters first, so `jax.grad` over them differentiates them alone. `params` is the base (model.params), float
+    or quantized; the same logits as apply_fn's merge on a float base. A quantized product's dequantized weight is
+    remade in the backward pass rather than kept from the forward one (recompute_quantized_products), so a step holds
+    no float copy of the base.
+
+    Refuses (LoraError) tied weights and embedding tables (check_targets), and a target whose weight some op other than
+    a matrix product reads."""
+    check_targets(model.graph, config)
+    modules = targeted_modules(model.params, config)
+    target = LoraTarget(config.rank, config.scaling, config.fan_in_fan_out)
+    graph = passes.optimize(model.graph)
+    sizes = {module: (site[0].fan_in, site[0].fan_out) for module, site in lora_sites(graph, modules).items()}
+    # after the side paths are placed (they find the quantized products by their own ops)
+    side = side_model(model, recompute_quantized_products(lora_graph(graph, {module: target for module in modules})))
+
+    def fn(lora: dict, params: dict, *inputs: Any, **kwargs: Any) -> Any:
+        check_pairs(lora, sizes, config.rank)
+        return side.apply({**params, **lora}, *inputs, **kwargs)
+
+    return fn
+
+
+def lora_sites(graph: Any, modules: list[str]) -> dict:
+    """lora_paths.product_sites, its errors as LoraError."""
+    try:
+        return product_sites(graph, modules)
+    except LoraPathError as err:
+        raise LoraError(str(err)) from None
+
+
+def lora_graph(graph: Any, targets: dict[str, LoraTarget], per_row: int | None = None) -> Any:
+    """lora_paths.with_lora_paths, its errors as LoraError."""
+    try:
+        return with_lora_paths(graph, targets, per_row)
+    except LoraPathError as err:
+        raise LoraError(str(err)) from None
+
+
+def side_model(model: Any, graph: Any) -> Model:
+    """A Model running `graph` (the side paths added; already optimized) over the base model's params."""
+    side = Model(interpreter.build(graph), model.params, graph)
+    side.quantization = dict(getattr(model, "quantization", {}) or {})
+    return side
+
+
+def check_pairs(lora: dict, sizes: dict[str, tuple[int, int]], rank: int) -> None:
+    if set(modules_of(lora)) != set(sizes):
+        raise LoraError(f"the adapter's modules {sorted(modules_of(lora))} are not the config's targets {sorted(sizes)}")
+    for module, (fan_in, fan_out) in sizes.items():
+        check_pair(module, lora[f"{module}.lora_A"], lora[f"{module}.lora_B"], fan_in, fan_out, rank)
+
+
+def check_pair(module: str, a: Any, b: Any, fan_in: int, fan_out: int, rank: int, label: str = "") -> None:
+    if tuple(a.shape) != (rank, fan_in) or tuple(b.shape) != (fan_out, rank):
+        raise LoraError(f"{label}{module}: lora_A {tuple(a.shape)} / lora_B {tuple(b.shape)} do not fit the weight "
+                        f"({fan_in} -> {fan_out}) at rank {rank} (expected A {(rank, fan_in)}, B {(fan_out, rank)})")

@@ -31,6 +31,7 @@ FAMILIES = (
     "indexing",
     "linalg",
     "linalg_decomp",
+    "lora",
     "losses",
     "normalization",
     "pooling",
