@@ -35,10 +35,14 @@ from .common import handles_errors, needs_extra
 @click.option("--decode-block", default=16, show_default=True, type=click.IntRange(min=1),
               help="Decode steps per device call while no request waits (ended early on the device when a row finishes): "
               "fewer dispatches and token reads, which on a GPU is most of a small model's step; 1 = a step per call.")
+@click.option("--lora", "lora", multiple=True, metavar="NAME=DIR", callback=lambda ctx, param, value: _named_dirs(value),
+              help="Serve a PEFT LoRA adapter directory (e.g. `torch2jax finetune`'s OUT/adapter) as the model NAME, beside "
+              "the base model; repeat for more. A request's `model` chooses: the base model's name or an adapter's, and "
+              "rows of different adapters share a batch.")
 @click.option("--log-level", default="warning", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 @handles_errors
 def serve(artifact_dir, host, port, max_batch, max_queue, chunk, model_name, chat_template, drain_timeout, warm_up,
-          decode_block, log_level):
+          decode_block, lora, log_level):
     """Serve a text-generation artifact over HTTP, OpenAI-style: /v1/completions, /v1/chat/completions
     (streaming with stream=true), /v1/models, /health and /metrics (Prometheus). Needs no torch.
 
@@ -47,8 +51,11 @@ def serve(artifact_dir, host, port, max_batch, max_queue, chunk, model_name, cha
       torch2jax serve out/llm --port 8000 --max-batch 8
       curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
            -d '{"model": "llm", "prompt": "Hello", "max_tokens": 16, "temperature": 0}'
+      torch2jax serve out/llm --lora sql=runs/sql/adapter --lora chat=runs/chat/adapter   # models sql and chat too
     """
     needs_extra("serve", "uvicorn", "starlette", "pydantic", "jinja2", "tokenizers", "prometheus_client")
+    if lora:
+        needs_extra("finetune", "safetensors")  # reads the adapters' weights
     import uvicorn
 
     from torch2jax.serve.api import build_service, create_app
@@ -63,7 +70,7 @@ def serve(artifact_dir, host, port, max_batch, max_queue, chunk, model_name, cha
 
     service = build_service(artifact_dir, max_batch=max_batch, max_queue=max_queue, chunk=chunk, model_name=model_name,
                             chat_template=chat_template, warm_up=warm_up, progress=progress,
-                            decode_block=decode_block)
+                            decode_block=decode_block, lora=lora)
     click.echo(f"[serve] loaded and warmed up in {time.perf_counter() - started:.1f}s", err=True)
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
 
@@ -78,7 +85,20 @@ def serve(artifact_dir, host, port, max_batch, max_queue, chunk, model_name, cha
 
     config = uvicorn.Config(create_app(service), host=host, port=port, log_level=log_level, access_log=log_level == "debug",
                             timeout_graceful_shutdown=drain_timeout, lifespan="on")
+    adapters = f", adapters {', '.join(service.adapters)}" if service.adapters else ""
     click.echo(f"[serve] {service.model_name} on http://{host}:{port} ({service.scheduler.engine.rows} rows, "
-               f"max_cache_len {service.max_cache_len})", err=True)
+               f"max_cache_len {service.max_cache_len}{adapters})", err=True)
     Server(config).run()
     click.echo("[serve] stopped", err=True)
+
+
+def _named_dirs(values: tuple[str, ...]) -> list[tuple[str, str]]:
+    """--lora NAME=DIR values as (name, dir) pairs; names are checked where the base model's is known (build_service)."""
+    pairs = []
+    for value in values:
+        name, sep, directory = value.partition("=")
+        if not sep or not name or not directory:
+            raise click.BadParameter(f"{value!r} is not NAME=DIR: give the adapter's model name, '=', then its PEFT adapter "
+                                     "directory, e.g. --lora sql=runs/sql/adapter", param_hint="--lora")
+        pairs.append((name, directory))
+    return pairs

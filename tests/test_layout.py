@@ -4,7 +4,8 @@ The torch-free folders (ir, ops, lowering, runtime, generate, serve, finetune) n
 function, and never reach into the torch side or the CLI. Within the torch-free side data flows one
 way, ir <- ops <- lowering <- runtime <- generate <- serve: a folder imports only the ones before it (and
 errors.py, which both halves share); finetune (LoRA, the training loss, PEFT adapters) builds on runtime, beside
-generate, never on generate or serve. The torch side goes one way too: capture (generic torch.export
+generate, never on generate or serve (serve may import it: the server runs LoRA adapters beside the weights).
+The torch side goes one way too: capture (generic torch.export
 and capture) <- diagnose <- hf (everything that knows transformers) <- pipeline (a target to a checked
 artifact); eager (the jax device, the dynamo backend) builds on capture alone. Nothing in the package
 imports the CLI (cli/, installed as torch2jax.cli), which may import any of it. No module imports
@@ -30,7 +31,7 @@ TORCH_FREE = {
     "lowering": {"ir", "ops", "lowering"},
     "runtime": {"ir", "ops", "lowering", "runtime"},
     "generate": {"ir", "ops", "lowering", "runtime", "generate"},
-    "serve": {"ir", "ops", "lowering", "runtime", "generate", "serve"},
+    "serve": {"ir", "ops", "lowering", "runtime", "generate", "finetune", "serve"},
     "finetune": {"ir", "ops", "lowering", "runtime", "finetune"},
 }
 TORCH_FREE_SIDE = set(TORCH_FREE)

@@ -7,16 +7,17 @@ A request is checked before it queues and refused with OpenAI's error body ({"er
 "param", "code"}}): 400 for a malformed body or bad values, 404 for an unknown model, 429 (Retry-After)
 when every row is busy and the queue is full. The web layer only translates: the wire format is protocol.py, the
 endpoints routes.py; tokens, stop strings and rows are the scheduler's (serve/scheduler.py). Here the service is
-built from an artifact and the app assembled over it.
+built from an artifact (and the LoRA adapters served beside it, `--lora NAME=DIR`) and the app assembled over it.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 
@@ -30,6 +31,9 @@ from .engine import BatchEngine
 from .metrics import Metrics
 from .routes import EXCEPTION_HANDLERS, ROUTES, Service
 from .scheduler import Request, Scheduler
+
+if TYPE_CHECKING:
+    from ..finetune.side_path import RowAdapters
 
 
 def create_app(service: Service, on_shutdown: Callable[[], None] | None = None) -> Starlette:
@@ -53,12 +57,14 @@ def create_app(service: Service, on_shutdown: Callable[[], None] | None = None) 
 
 def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = None, max_queue: int = 64, chunk: int = 256,
                   model_name: str | None = None, chat_template: str | os.PathLike | None = None, warm_up: str = "all",
-                  progress: Callable[[int, int], None] | None = None, decode_block: int = 16) -> Service:
+                  progress: Callable[[int, int], None] | None = None, decode_block: int = 16,
+                  lora: Sequence[tuple[str, str | os.PathLike]] = ()) -> Service:
     """What `torch2jax serve` serves: the artifact loaded, what the server cannot serve refused (with the reason), its
     scheduler over `max_batch` rows (default: the artifact's), and its steps compiled before the first client: at
     every shape a request can need (`warm_up="all"`, reporting `progress(done, total)`), or a short prompt's only
     (`"short"`: a quicker start, and compilations later while clients wait). `decode_block`: decode steps per call
-    while no request waits (serve/engine.py)."""
+    while no request waits (serve/engine.py). `lora`: (name, PEFT adapter directory) pairs, each served as a model of
+    its own name beside the base model, rows of any of them sharing the batch (load_adapters)."""
     if warm_up not in ("all", "short"):
         raise InputSpecError(f"warm_up must be 'all' or 'short', got {warm_up!r}")
     g = load(artifact_dir)
@@ -75,8 +81,10 @@ def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = No
     if "tokenizer.json" not in g.tokenizer_files:
         raise InputSpecError(f"{artifact_dir} has no tokenizer (its model directory had no tokenizer.json): the server "
                              "reads and writes text, so it needs one")
+    name = model_name or Path(artifact_dir).resolve().name
+    names, dirs, adapters = load_adapters(g, name, lora) if lora else ([], [], None)
     rows = max_batch or g.spec.max_batch
-    engine = BatchEngine(g, rows, chunk, decode_block)
+    engine = BatchEngine(g, rows, chunk, decode_block, adapters=adapters)
     metrics = Metrics(rows)
     scheduler = Scheduler(engine, max_queue=max_queue)
     template = ChatTemplate.from_files(g.tokenizer_files.get("tokenizer_config.json"),
@@ -86,8 +94,52 @@ def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = No
     else:
         warm_up_short(scheduler)
     scheduler.metrics = metrics  # counted from the first client on
-    name = model_name or Path(artifact_dir).resolve().name
-    return Service(name, scheduler, g.tokenizer, template, metrics, created=int(time.time()))
+    return Service(name, scheduler, g.tokenizer, template, metrics, created=int(time.time()), adapters=names,
+                   adapter_dirs=dirs)
+
+
+def load_adapters(g: Generator, model_name: str, lora: Sequence[tuple[str, str | os.PathLike]]
+                  ) -> tuple[list[str], list[str], RowAdapters]:
+    """The `--lora NAME=DIR` adapters read (finetune.load_adapter) and stacked over the generator's prefill and decode
+    (finetune.row_adapters): (their names, their directories, the RowAdapters), adapter i being the engine's id i.
+    InputSpecError, naming the adapter, for a name served twice or the base model's, a directory that is missing or not
+    a PEFT LoRA adapter, and an adapter that does not fit the artifact's weights."""
+    from ..finetune import load_adapter, row_adapters
+    from ..finetune.lora import LoraError
+    from ..lowering.lora_paths import LoraPathError
+
+    names, dirs, loaded = [], [], []
+    for name, directory in lora:
+        option = f"--lora {name}={directory}"
+        if not name:
+            raise InputSpecError(f"{option}: the adapter needs a name (the `model` clients send), as --lora NAME=DIR")
+        if name == model_name:
+            raise InputSpecError(f"{option}: '{name}' is the base model's name; give the adapter another NAME (or serve "
+                                 "the base model under another one with --model-name)")
+        if name in names:
+            raise InputSpecError(f"{option}: the name '{name}' is given to two adapters; each --lora needs a NAME of its own")
+        path = Path(directory)
+        if not path.is_dir():
+            raise InputSpecError(f"{option}: {path} is not a directory; give the PEFT adapter directory (the one holding "
+                                 "adapter_config.json, e.g. `torch2jax finetune`'s OUT/adapter)")
+        try:
+            loaded.append(load_adapter(path))
+        except (LoraError, KeyError, ValueError) as err:  # KeyError / ValueError: a malformed adapter_config.json
+            raise InputSpecError(f"{option}: not a LoRA adapter torch2jax can serve ({type(err).__name__}: {err})") from None
+        names.append(name)
+        dirs.append(str(path.resolve()))
+    try:
+        return names, dirs, row_adapters(g.entries(), loaded)
+    except (LoraError, LoraPathError) as together:  # find which one does not fit, alone
+        for name, directory, adapter in zip(names, dirs, loaded):
+            try:
+                row_adapters(g.entries(), [adapter])
+            except (LoraError, LoraPathError) as err:
+                reason = str(err).removeprefix("adapter 0: ")
+                raise InputSpecError(f"--lora {name}={directory}: the adapter does not fit this artifact's weights ({reason}); "
+                                     "was it trained on the model this artifact was converted from?") from None
+        raise InputSpecError(f"--lora {', '.join(names)}: each adapter fits alone, but they cannot be served together "
+                             f"({together}); serve them from separate servers") from None
 
 
 def warm_up_short(scheduler: Scheduler) -> None:

@@ -20,6 +20,11 @@ running row to w always fits the cache: every rebase succeeds, whatever the mix 
 While no request waits and none is being prefilled, decode steps run up to `decode_block` at a time in one
 compiled loop, which ends on the device as soon as a row reaches its length or an end token (its row can then be
 given to a new request): the host dispatches and reads tokens once per block instead of once per token.
+
+With LoRA adapters (`adapters`, finetune.side_path.RowAdapters over the generator's entries) every row carries the
+adapter its request chose (`adapter_ids`, BASE for none), and the prefill and decode steps run the entries' graphs with
+the adapters beside the weights, each row through its own: rows of different adapters share a batch. Without adapters
+the steps are the generator's own, unchanged.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +45,7 @@ from ..generate.generator import Generator, causal_lm_step
 from ..generate.loop import DECODE_LOOP_OPTIONS, MIN_BUCKET, attended_span, bucket, decode_block
 
 SEED_LIMIT = 2**31  # seeds are taken modulo this (jax.random.key of a non-negative int32)
+BASE = -1  # a row's adapter id for the base model alone (finetune.side_path.NO_ADAPTER)
 
 
 @dataclass
@@ -69,6 +76,7 @@ class Group:
     bounds: list[int]  # chunk edges 0 = b0 < b1 < ... = P
     scratch: list[jax.Array]
     chunk: int = 0  # chunks done
+    adapter_ids: np.ndarray | None = None  # [k] int32, each member's adapter (pad rows: BASE)
 
     @property
     def done(self) -> bool:
@@ -78,7 +86,7 @@ class Group:
 class BatchEngine:
     """The batch cache and its jitted steps (decode, prefill chunk, join, rebase); host bookkeeping of the slots."""
 
-    def __init__(self, generator: Generator, rows: int, chunk: int = 256, decode_block: int = 16):
+    def __init__(self, generator: Generator, rows: int, chunk: int = 256, decode_block: int = 16, adapters: Any = None):
         spec = generator.spec
         if not 1 <= rows <= spec.max_batch:
             raise InputSpecError(f"--max-batch {rows}: this artifact was converted for batches of 1 to {spec.max_batch} "
@@ -95,6 +103,10 @@ class BatchEngine:
         self.running = np.zeros(rows, bool)
         self.rebases = 0
         self.decode_steps = 0  # device decode steps (a block counts its steps)
+        # finetune.side_path.RowAdapters (lora, steps, count) or None: the steps then are the generator's own
+        self.adapters = adapters
+        self.adapter_ids = np.full(rows, BASE, np.int32)  # each running row's adapter
+        self.most_models = 0  # the most models (adapters and the base) among the rows of one decode step
         self._ids = generator.id_dtype
         self._decode = jax.jit(self._decode_steps, donate_argnums=(1,), static_argnames=("span", "any_sample", "size"),
                                compiler_options=DECODE_LOOP_OPTIONS)
@@ -102,11 +114,15 @@ class BatchEngine:
         self._pick_jit = jax.jit(self._pick, static_argnames=("any_sample",))
         self._join = jax.jit(self._join_rows, donate_argnums=(0,))
         self._roll = jax.jit(lambda cache, shift: [jnp.roll(c, shift, axis=2) for c in cache], donate_argnums=(0,))
+        if adapters is not None:
+            self._prefill_rows = jax.jit(self._prefill_with_adapters, donate_argnums=(2,))
 
     # -- prefill --------------------------------------------------------------------------------
-    def start_group(self, rows: list[int], prompts: list[list[int]], max_tokens: list[int]) -> Group:
+    def start_group(self, rows: list[int], prompts: list[list[int]], max_tokens: list[int],
+                    adapter_ids: list[int] | None = None) -> Group:
         """Lay out the prompts of the requests that start together: left-padded to a common width made of
-        chunks of at most `chunk` tokens, the first one a power of two (so few widths are compiled)."""
+        chunks of at most `chunk` tokens, the first one a power of two (so few widths are compiled). `adapter_ids`:
+        each request's adapter (default: the base model's)."""
         k = min(1 << (len(rows) - 1).bit_length(), self.g.spec.max_batch)
         # the limit is what generate would allow the padded prompt (the same widths)
         bounds = self._chunk_bounds(max(len(p) for p in prompts), self.max_len - max(max_tokens))
@@ -115,7 +131,9 @@ class BatchEngine:
         mask = np.zeros((k, width), bool)
         for r, prompt in enumerate(prompts):
             ids[r, width - len(prompt):], mask[r, width - len(prompt):] = prompt, True
-        return Group(rows, [len(p) for p in prompts], ids, mask, bounds, self.g.new_cache(k))
+        chosen = np.full(k, BASE, np.int32)
+        chosen[: len(prompts)] = BASE if adapter_ids is None else adapter_ids
+        return Group(rows, [len(p) for p in prompts], ids, mask, bounds, self.g.new_cache(k), adapter_ids=chosen)
 
     def _chunk_bounds(self, longest: int, limit: int) -> list[int]:
         """Chunk edges of a prompt of `longest` tokens padded to fit `limit`: a power-of-two first chunk where it fits,
@@ -136,9 +154,9 @@ class BatchEngine:
         _, span = self._chunk_shape(lo, hi)
         valid = np.zeros((group.mask.shape[0], span), bool)
         valid[:, :hi] = group.mask[:, :hi]
-        logits, group.scratch = self.g.prefill(
+        logits, group.scratch = self._prefill(
             group.scratch, jnp.asarray(group.ids[:, lo:hi], self._ids), jnp.asarray(positions[:, lo:hi], self._ids),
-            jnp.arange(lo, hi, dtype=self._ids), jnp.asarray(valid))
+            jnp.arange(lo, hi, dtype=self._ids), jnp.asarray(valid), group.adapter_ids)
         group.chunk += 1
         return logits if group.done else None
 
@@ -163,6 +181,8 @@ class BatchEngine:
         self.cache = self._join(self.cache, group.scratch, jnp.asarray(rows), jnp.asarray(self.pointer - width, jnp.int32))
         for m in members:
             self.starts[group.rows[m]], self.running[group.rows[m]] = self.pointer - group.lengths[m], True
+            if group.adapter_ids is not None:
+                self.adapter_ids[group.rows[m]] = group.adapter_ids[m]
 
     # -- decode ---------------------------------------------------------------------------------
     def decode(self, tokens: np.ndarray, settings: list[Sampling | None], counts: np.ndarray, left: np.ndarray | None = None,
@@ -178,12 +198,16 @@ class BatchEngine:
         count = max(1, min(block, self.decode_block, self.max_len - self.pointer, span - self.pointer))
         left = np.full(self.rows, count, np.int32) if left is None else np.where(self.running, left, count)
         watch = np.zeros(self.rows, bool) if watch_eos is None else watch_eos & self.running
+        side = None
+        if self.adapters is not None:
+            self.most_models = max(self.most_models, len(set(self.adapter_ids[self.running].tolist())))
+            side = self._side(np.where(self.running, self.adapter_ids, BASE))
         out, ran, self.cache = self._decode(
             self.g.params, self.cache, jnp.asarray(tokens, self._ids), jnp.asarray(positions, self._ids),
             jnp.asarray(self.pointer, self._ids), jnp.asarray(starts, self._ids), *self._sampling_arrays(settings, self.rows),
             jnp.asarray(counts, jnp.int32), jnp.asarray(left, jnp.int32), jnp.asarray(watch), self._eos,
-            jnp.asarray(count, jnp.int32), span=span, any_sample=any(s is not None and s.temperature > 0 for s in settings),
-            size=self.decode_block)
+            jnp.asarray(count, jnp.int32), side, span=span,
+            any_sample=any(s is not None and s.temperature > 0 for s in settings), size=self.decode_block)
         ran = int(ran)
         self.pointer += ran
         self.decode_steps += ran
@@ -192,10 +216,10 @@ class BatchEngine:
     def reset(self) -> None:
         """Start over with an empty batch (after a failed step, whose cache may have been donated)."""
         self.cache = self.g.new_cache(self.rows)
-        self.pointer, self.running[:] = 0, False
+        self.pointer, self.running[:], self.adapter_ids[:] = 0, False, BASE
 
     def free(self, row: int) -> None:
-        self.running[row] = False
+        self.running[row], self.adapter_ids[row] = False, BASE
         if not self.running.any():
             self.pointer = 0
 
@@ -240,8 +264,9 @@ class BatchEngine:
         shapes, ids, g, rows = self.step_shapes(), self._ids, self.g, self.rows
 
         def prefill(k: int, width: int, span: int) -> tuple[jax.Array, list[jax.Array]]:
-            return jax.block_until_ready(g.prefill(g.new_cache(k), jnp.zeros((k, width), ids), jnp.zeros((k, width), ids),
-                                                   jnp.arange(width, dtype=ids), jnp.zeros((k, span), bool)))
+            return jax.block_until_ready(self._prefill(g.new_cache(k), jnp.zeros((k, width), ids), jnp.zeros((k, width), ids),
+                                                       jnp.arange(width, dtype=ids), jnp.zeros((k, span), bool),
+                                                       np.full(k, BASE, np.int32)))
 
         def first_and_join(k: int) -> None:  # a group's last chunk, its first tokens, its rows copied into the batch
             logits, scratch = prefill(k, MIN_BUCKET, MIN_BUCKET)
@@ -254,8 +279,9 @@ class BatchEngine:
             one = jnp.ones((rows,), jnp.int32)
             tokens, _, _ = self._decode(g.params, g.new_cache(rows), jnp.zeros((rows,), ids), jnp.zeros((rows,), ids),
                                         jnp.asarray(span - 1, ids), jnp.zeros((rows,), ids), *self._sampling_arrays([], rows),
-                                        one, one, jnp.zeros((rows,), bool), self._eos, jnp.asarray(1, jnp.int32), span=span,
-                                        any_sample=any_sample, size=self.decode_block)
+                                        one, one, jnp.zeros((rows,), bool), self._eos, jnp.asarray(1, jnp.int32),
+                                        self._side(np.full(rows, BASE, np.int32)), span=span, any_sample=any_sample,
+                                        size=self.decode_block)
             jax.block_until_ready(tokens)
 
         calls = [lambda k=k: first_and_join(k) for k in shapes["groups"]]
@@ -269,6 +295,26 @@ class BatchEngine:
                 if progress is not None:
                     progress(done, len(calls))
         return len(calls)
+
+    # -- adapters ---------------------------------------------------------------------------------
+    def _prefill(self, cache: list[jax.Array], ids: jax.Array, positions: jax.Array, write_at: jax.Array, valid: jax.Array,
+                 adapter_ids: np.ndarray | None) -> tuple[jax.Array, list[jax.Array]]:
+        """One compiled prefill step: the generator's own without adapters, else the entries' graph with each row's
+        adapter beside the weights."""
+        if self.adapters is None:
+            return self.g.prefill(cache, ids, positions, write_at, valid)
+        return self._prefill_rows(self.g.params, self.adapters.lora, cache, ids, positions, write_at, valid,
+                                  jnp.asarray(adapter_ids, jnp.int32))
+
+    def _side(self, adapter_ids: np.ndarray) -> tuple[dict, jax.Array] | None:
+        """What the decode loop takes for the adapters: None without them (the step traced exactly as before), else
+        (the stacked adapters, each row's adapter id)."""
+        return None if self.adapters is None else (self.adapters.lora, jnp.asarray(adapter_ids, jnp.int32))
+
+    def _prefill_with_adapters(self, params, lora, cache, ids, positions, write_at, valid, adapter_ids):
+        logits, cache = self.adapters.steps["prefill"](params, lora, ids, positions, write_at, valid, list(cache),
+                                                       adapter_ids=adapter_ids)
+        return logits, list(cache)
 
     # -- jitted bodies --------------------------------------------------------------------------
     def _sampling_arrays(self, settings: list[Sampling | None], rows: int) -> tuple:
@@ -285,23 +331,31 @@ class BatchEngine:
         return sampling.pick(logits, keys, temperature, top_k, top_p, do_sample=any_sample, key_per_row=True,
                              greedy_rows=greedy)
 
-    def _decode_step(self, params, cache, tokens, positions, slot, starts, temperature, top_k, top_p, greedy, seeds, counts, *,
-                     span, any_sample):
+    def _decode_step(self, params, cache, tokens, positions, slot, starts, temperature, top_k, top_p, greedy, seeds, counts,
+                     side, *, span, any_sample):
         slots = jnp.arange(span)
         valid = (slots[None, :] >= starts[:, None]) & (slots[None, :] <= slot)
-        logits, cache = causal_lm_step(self.g.decode_model, params, tokens[:, None], positions[:, None], slot[None], valid, cache)
+        if side is None:
+            logits, cache = causal_lm_step(self.g.decode_model, params, tokens[:, None], positions[:, None], slot[None], valid,
+                                           cache)
+        else:
+            lora, adapter_ids = side
+            logits, cache = self.adapters.steps["decode"](params, lora, tokens[:, None], positions[:, None], slot[None], valid,
+                                                          list(cache), adapter_ids=adapter_ids)
+            cache = list(cache)
         return self._pick(logits, temperature, top_k, top_p, greedy, seeds, counts, any_sample=any_sample), cache
 
     def _decode_steps(self, params, cache, tokens, positions, slot, starts, temperature, top_k, top_p, greedy, seeds, counts,
-                      left, watch, eos, count, *, span, any_sample, size):
+                      left, watch, eos, count, side, *, span, any_sample, size):
         """Up to `count` (<= `size`) decode steps in generate's compiled loop (loop.decode_block): ([size, rows] tokens,
         how many steps ran, cache). Step i is the step `decode` would run alone i steps later; the loop ends after the
         step where a row has no tokens left or a watched row emits an end token (a row's end frees it for a new
-        request, where generate's rows wait for every row to end)."""
+        request, where generate's rows wait for every row to end). `side`: None, or the adapters and each row's
+        adapter id (_side)."""
 
         def step(i, token, cache, ended):
             token, cache = self._decode_step(params, cache, token, positions + i, slot + i, starts, temperature, top_k, top_p,
-                                             greedy, seeds, counts + i, span=span, any_sample=any_sample)
+                                             greedy, seeds, counts + i, side, span=span, any_sample=any_sample)
             return token, cache, ((left <= i + 1) | (watch & jnp.isin(token, eos))).any()
 
         out, ran, _, cache, _ = decode_block(step, tokens, cache, jnp.zeros((), bool), count, size)

@@ -20,6 +20,8 @@ class Metrics:
         self.registry = registry = CollectorRegistry()
         self.requests = Counter("torch2jax_requests", "HTTP requests by endpoint and status code", ["endpoint", "code"],
                                 registry=registry)
+        self.model_requests = Counter("torch2jax_model_requests", "Requests accepted, by the model they chose (the base "
+                                      "model's name or a LoRA adapter's)", ["model"], registry=registry)
         self.finished = Counter("torch2jax_generations", "Generations that ended, by finish reason", ["finish_reason"],
                                 registry=registry)
         self.prompt_tokens = Counter("torch2jax_prompt_tokens", "Prompt tokens admitted into the batch", registry=registry)
@@ -63,3 +65,6 @@ class Metrics:
 
     def request(self, endpoint: str, code: int) -> Any:
         self.requests.labels(endpoint, str(code)).inc()
+
+    def model_request(self, model: str) -> None:
+        self.model_requests.labels(model).inc()

@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request as HttpRequest
@@ -24,6 +24,7 @@ from starlette.routing import Route
 
 from ..errors import InputSpecError
 from ..generate.text import ChatTemplate, TextStream
+from .engine import BASE
 from .metrics import Metrics
 from .protocol import (
     ApiError,
@@ -43,7 +44,8 @@ RETRY_AFTER_S = 1
 
 @dataclass
 class Service:
-    """What the endpoints serve: one model's scheduler, tokenizer and chat template."""
+    """What the endpoints serve: one model's scheduler, tokenizer and chat template; with LoRA adapters, their names
+    (clients choose one as the `model`) and directories, in the order of the engine's adapter ids."""
 
     model_name: str
     scheduler: Scheduler
@@ -51,10 +53,27 @@ class Service:
     chat_template: ChatTemplate | None
     metrics: Metrics
     created: int = 0
+    adapters: list[str] = field(default_factory=list)
+    adapter_dirs: list[str] = field(default_factory=list)
 
     @property
     def max_cache_len(self) -> int:
         return self.scheduler.engine.max_len
+
+    @property
+    def served(self) -> list[str]:
+        """Every name a request's `model` may be: the base model's, then the adapters'."""
+        return [self.model_name, *self.adapters]
+
+    def adapter_of(self, model: Any) -> int:
+        """The engine's adapter id for a request's `model` (absent or the base model's name: BASE), or the 404 for
+        a model this server does not serve."""
+        if not isinstance(model, str) or model == self.model_name:
+            return BASE
+        if model in self.adapters:
+            return self.adapters.index(model)
+        names = ", ".join(f"'{name}'" for name in self.served)
+        raise ApiError(404, f"The model '{model}' does not exist (this server serves {names})", "model", "model_not_found")
 
 
 async def completions(http: HttpRequest) -> Response:
@@ -66,9 +85,13 @@ async def chat_completions(http: HttpRequest) -> Response:
 
 
 async def models(http: HttpRequest) -> Response:
+    """The base model, then each adapter with the model it runs on (`parent`) and its directory (`root`), as vLLM
+    lists its LoRA modules."""
     service: Service = http.app.state.service
-    return JSONResponse({"object": "list", "data": [
-        {"id": service.model_name, "object": "model", "created": service.created, "owned_by": "torch2jax"}]})
+    base = {"id": service.model_name, "object": "model", "created": service.created, "owned_by": "torch2jax"}
+    adapters = [dict(base, id=name, parent=service.model_name, root=root)
+                for name, root in zip(service.adapters, service.adapter_dirs)]
+    return JSONResponse({"object": "list", "data": [base, *adapters]})
 
 
 async def health(http: HttpRequest) -> Response:
@@ -122,16 +145,18 @@ async def _complete(http: HttpRequest, endpoint: str, kind: type[GenerationReque
     chat = kind is ChatCompletionRequest
     try:
         data = json_object(await http.body())
-        _check_model(data.get("model"), service)  # before the fields: another model's request is not ours to judge
+        adapter = service.adapter_of(data.get("model"))  # before the fields: another model's request is not ours to judge
         body = validate(data, kind)
         prompt = _chat_prompt(body, service) if chat else _completion_prompt(body, service)
         max_tokens = body.max_new_tokens(max(service.max_cache_len - len(prompt), 1) if chat else 16)
-        request, events = _submit(service, prompt, body, max_tokens)
+        request, events = _submit(service, prompt, body, max_tokens, adapter)
     except ApiError as err:
         return _error_response(err, endpoint, service)
     ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-    shape = (ChatShape if chat else CompletionShape)(ident, started, service.model_name)
+    model = service.served[adapter + 1]  # the name the request chose (the base model's when it named none)
+    shape = (ChatShape if chat else CompletionShape)(ident, started, model)
     service.metrics.request(endpoint, 200)
+    service.metrics.model_request(model)
     if body.stream:
         return EventStream(_sse(events, shape, body.include_usage), request.cancel)
     text, last = [], None
@@ -152,12 +177,6 @@ async def _complete(http: HttpRequest, endpoint: str, kind: type[GenerationReque
     return JSONResponse(shape.whole("".join(text), last))
 
 
-def _check_model(model: Any, service: Service) -> None:
-    if isinstance(model, str) and model != service.model_name:
-        raise ApiError(404, f"The model '{model}' does not exist (this server serves '{service.model_name}')", "model",
-                       "model_not_found")
-
-
 def _completion_prompt(body: CompletionRequest, service: Service) -> list[int]:
     prompt = body.prompt
     return service.tokenizer.encode(prompt).ids if isinstance(prompt, str) else list(prompt)
@@ -174,11 +193,14 @@ def _chat_prompt(body: ChatCompletionRequest, service: Service) -> list[int]:
     return service.tokenizer.encode(text, add_special_tokens=False).ids
 
 
-def _submit(service: Service, prompt: list[int], body: GenerationRequest, max_tokens: int) -> tuple[Request, asyncio.Queue]:
-    """Queue the request on the scheduler; its events come back on this event loop's queue."""
+def _submit(service: Service, prompt: list[int], body: GenerationRequest, max_tokens: int,
+            adapter: int = BASE) -> tuple[Request, asyncio.Queue]:
+    """Queue the request on the scheduler (on the engine's adapter `adapter`); its events come back on this event
+    loop's queue."""
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
     request = Request(prompt, max_tokens, lambda e: loop.call_soon_threadsafe(events.put_nowait, e), body.sampling(),
-                      TextStream(service.tokenizer, body.stop_strings), end_tokens=() if body.ignore_eos else None)
+                      TextStream(service.tokenizer, body.stop_strings), end_tokens=() if body.ignore_eos else None,
+                      adapter=adapter)
     try:
         service.scheduler.submit(request)
     except QueueFull as err:

@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Torch2JaxError
+from ..errors import InputSpecError, Torch2JaxError
 from ..generate.prompts import CLIENT, check_prompt
 from ..generate.text import TextStream
-from .engine import BatchEngine, Group, Sampling
+from .engine import BASE, BatchEngine, Group, Sampling
 
 log = logging.getLogger("torch2jax.serve")
 _ids = itertools.count()
@@ -68,6 +68,7 @@ class Request:
     sampling: Sampling = field(default_factory=Sampling)
     text: TextStream | None = None  # detokenizes and applies stop strings
     end_tokens: tuple[int, ...] | None = None  # None: the artifact's end tokens
+    adapter: int = BASE  # the engine's adapter this request runs with (its index; BASE: the base model)
     id: int = field(default_factory=lambda: next(_ids))
     tokens: list[int] = field(default_factory=list)
     cancelled: bool = False
@@ -99,6 +100,10 @@ class Scheduler:
     def validate(self, request: Request) -> None:
         """Refuse what cannot run, before it queues: generate's prompt check, in a client's words."""
         check_prompt(np.asarray([request.prompt]), None, self.engine.g.spec, request.max_tokens, CLIENT)
+        count = 0 if self.engine.adapters is None else self.engine.adapters.count
+        if request.adapter != BASE and not 0 <= request.adapter < count:
+            raise InputSpecError(f"adapter {request.adapter}: this engine holds {count} adapters (0 to {count - 1}, or "
+                                 f"{BASE} for the base model)")
 
     def submit(self, request: Request) -> None:
         """Queue a request (raises InputSpecError for one that cannot run, QueueFull when the queue is full)."""
@@ -132,9 +137,12 @@ class Scheduler:
         return len(self.waiting)
 
     def stats(self) -> dict:
-        return {"rows": self.engine.rows, "rows_held": self.rows_held, "max_rows_held": self.max_rows_held,
-                "queue_depth": self.queue_depth, "steps": self.steps, "decode_steps": self.engine.decode_steps,
-                "rebases": self.engine.rebases}
+        stats = {"rows": self.engine.rows, "rows_held": self.rows_held, "max_rows_held": self.max_rows_held,
+                 "queue_depth": self.queue_depth, "steps": self.steps, "decode_steps": self.engine.decode_steps,
+                 "rebases": self.engine.rebases}
+        if self.engine.adapters is not None:  # how many models (adapters and the base) have shared one decode step
+            stats["max_models_per_step"] = self.engine.most_models
+        return stats
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> None:
@@ -195,7 +203,8 @@ class Scheduler:
             self.slots[row] = request
         self.max_rows_held = max(self.max_rows_held, self.rows_held)
         self.group_members = members
-        self.group = self.engine.start_group(rows, [r.prompt for r in members], [r.max_tokens for r in members])
+        self.group = self.engine.start_group(rows, [r.prompt for r in members], [r.max_tokens for r in members],
+                                             [r.adapter for r in members])
         if self.metrics is not None:
             self.metrics.observe_admitted(sum(len(r.prompt) for r in members))
 
