@@ -32,12 +32,18 @@ from .common import handles_errors, needs_extra
 @click.option("--begin-suppress-tokens", help="Token ids not generated first, comma-separated.")
 @click.option("--bad-words-ids", "bad_words", multiple=True, help="A token id sequence never generated, comma-separated "
               "(repeatable).")
+@click.option("--num-beams", type=int, help="Beam search with this many beams per prompt, as transformers' (1: one "
+              "sequence, greedy or sampled).")
+@click.option("--length-penalty", type=float, help="Beam search: finished sequences score sum(log p) / length ** this "
+              "(> 1 favors longer ones, < 1 shorter).")
+@click.option("--num-return-sequences", type=int, help="Beam search: print each prompt's best this many sequences "
+              "(at most --num-beams).")
 @click.option("--seed", default=0, show_default=True, help="PRNG seed for sampling.")
 @click.option("--from-graph", is_flag=True, help="Rebuild the functions from their graphs instead of the StableHLO.")
 @handles_errors
 def generate(artifact_dir, prompts, id_lists, images, max_new_tokens, temperature, top_k, top_p, min_p, typical_p, greedy,
              repetition_penalty, no_repeat_ngram_size, min_new_tokens, min_length, suppress_tokens, begin_suppress_tokens,
-             bad_words, seed, from_graph):
+             bad_words, num_beams, length_penalty, num_return_sequences, seed, from_graph):
     """Generate text (or token ids) with a text-generation or text2text-generation artifact; needs no torch.
 
     A causal LM continues each prompt (printed with it); an encoder-decoder reads each prompt as its source
@@ -48,6 +54,7 @@ def generate(artifact_dir, prompts, id_lists, images, max_new_tokens, temperatur
       torch2jax generate out/llm --prompt "The capital of France is" --max-new-tokens 32
       torch2jax generate out/llm --ids 1,450,7483 --temperature 0.8 --top-p 0.9 --seed 0
       torch2jax generate out/t5 --prompt "translate English to German: Hello" --max-new-tokens 32
+      torch2jax generate out/t5 --prompt "translate English to German: Hello" --num-beams 4 --num-return-sequences 2
       torch2jax generate out/vlm --image cat.png --prompt "What is in the picture?" --max-new-tokens 32
       torch2jax generate out/vlm --image a.png --image b.png --prompt "What differs?"
 
@@ -57,7 +64,9 @@ def generate(artifact_dir, prompts, id_lists, images, max_new_tokens, temperatur
 
     Settings not given come from the model's generation config (saved in the artifact), as with transformers: a
     model whose config samples samples (with --seed) unless --greedy; its repetition penalty, suppressed tokens and
-    so on apply unless overridden here, e.g. --repetition-penalty 1.0 to turn its penalty off.
+    so on apply unless overridden here, e.g. --repetition-penalty 1.0 to turn its penalty off. A config that sets
+    num_beams beam-searches (--num-beams 1 for one sequence per prompt); with --num-return-sequences each prompt's
+    sequences are printed in turn, best first.
     """
 
     import torch2jax
@@ -102,7 +111,8 @@ def generate(artifact_dir, prompts, id_lists, images, max_new_tokens, temperatur
              "suppress_tokens": None if suppress_tokens is None else token_ids("--suppress-tokens", suppress_tokens),
              "begin_suppress_tokens": None if begin_suppress_tokens is None else
              token_ids("--begin-suppress-tokens", begin_suppress_tokens),
-             "bad_words_ids": [token_ids("--bad-words-ids", word) for word in bad_words] or None}
+             "bad_words_ids": [token_ids("--bad-words-ids", word) for word in bad_words] or None,
+             "num_beams": num_beams, "length_penalty": length_penalty, "num_return_sequences": num_return_sequences}
     samples = any(given[k] is not None for k in ("temperature", "top_k", "top_p", "min_p", "typical_p"))
     if greedy and samples:
         raise InputSpecError("--greedy takes no sampling option (--temperature, --top-k, --top-p, --min-p, --typical-p)")

@@ -212,9 +212,9 @@ def test_generation_config_becomes_settings_and_survives_the_manifest():
     resolved = processors.resolve({"temperature": 1.5, "repetition_penalty": 1.0}, settings, 1, 128, [2], 3, np.zeros(1), 3)
     assert (resolved.do_sample, resolved.temperature, resolved.top_p) == (True, 1.5, 0.9)  # the call's value wins
     assert not resolved.processing.repetition and resolved.processing.banned and resolved.processing.min_length
-    with pytest.warns(UserWarning, match=r"sets num_beams=4, which torch2jax's generate does not apply"):
-        beams = GenerationSettings.from_config(transformers.GenerationConfig(num_beams=4))
-    assert beams.not_applied == ("num_beams=4",)
+    with pytest.warns(UserWarning, match=r"sets encoder_repetition_penalty=1.2, which torch2jax's generate does not apply"):
+        unapplied = GenerationSettings.from_config(transformers.GenerationConfig(encoder_repetition_penalty=1.2))
+    assert unapplied.not_applied == ("encoder_repetition_penalty=1.2",)
 
 
 # -- whole generate calls against transformers' generate --------------------------------------------------------------

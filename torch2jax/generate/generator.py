@@ -4,6 +4,7 @@
     ids = g.generate(input_ids, attention_mask=mask, max_new_tokens=32)
     ids = g.generate(input_ids, do_sample=True, temperature=0.8, top_p=0.9, rng=jax.random.key(0))
     ids = g.generate(input_ids, repetition_penalty=1.3, no_repeat_ngram_size=3, min_new_tokens=5)
+    ids = g.generate(input_ids, num_beams=4, length_penalty=1.0)   # beam search, as transformers' (generate/beam.py)
     for step in g.generate(input_ids, stream=True): ...        # one [B] array of new tokens per step
     texts = g.generate_text(["The capital of France is"], max_new_tokens=32)   # what `torch2jax generate` prints
 
@@ -21,7 +22,7 @@ config (its sampling settings and logits processors, generate/processors.py) is 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from ..ir import dtypes
 from ..runtime.artifact import ArtifactContents
 from ..runtime.model import Model
 from ..runtime.sharding import ShardingPlan
-from . import processors, sampling
+from . import beam, processors, sampling
 from .loop import (
     DECODE_LOOP_OPTIONS,
     MIN_BUCKET,
@@ -65,6 +66,14 @@ class GenerationSpec:
     cache_dtype: str
     # the checkpoint's generation config: each generate call's defaults (keyword-only, so subclasses add fields freely)
     settings: processors.GenerationSettings = field(default=processors.GenerationSettings(), kw_only=True)
+    # per cache tensor: "kv" (attention slots, written at write_at) or "state" (a recurrent layer's fixed-size state,
+    # overwritten by each step), and its dtype; empty: every tensor "kv" of `cache_dtype` (what older artifacts hold)
+    cache_kinds: tuple[str, ...] = field(default=(), kw_only=True)
+    cache_dtypes: tuple[str, ...] = field(default=(), kw_only=True)
+
+    def tensor_dtypes(self) -> tuple[str, ...]:
+        """Each cache tensor's dtype."""
+        return self.cache_dtypes or (self.cache_dtype,) * len(self.cache_shapes)
 
     def to_json(self) -> dict:
         return {
@@ -73,7 +82,9 @@ class GenerationSpec:
             "vocab_size": self.vocab_size,
             "eos_token_ids": list(self.eos_token_ids),
             "pad_token_id": self.pad_token_id,
-            "cache": {"shapes": [["batch", *s] for s in self.cache_shapes], "dtype": self.cache_dtype, "donated": True},
+            "cache": {"shapes": [["batch", *s] for s in self.cache_shapes], "dtype": self.cache_dtype, "donated": True,
+                      **({"kinds": list(self.cache_kinds)} if self.cache_kinds else {}),
+                      **({"dtypes": list(self.cache_dtypes)} if self.cache_dtypes else {})},
             "settings": self.settings.to_json(),
         }
 
@@ -90,6 +101,8 @@ class GenerationSpec:
                 cache_shapes=tuple(tuple(int(d) for d in shape[1:]) for shape in cache["shapes"]),
                 cache_dtype=str(cache["dtype"]),
                 settings=processors.GenerationSettings.from_json(data.get("settings")),
+                cache_kinds=tuple(str(k) for k in cache.get("kinds", ())),
+                cache_dtypes=tuple(str(d) for d in cache.get("dtypes", ())),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise Torch2JaxError(f"the manifest's generation section is malformed ({type(err).__name__}: {err})") from None
@@ -171,18 +184,31 @@ class Generator(TokenLoop):
         suppress_tokens: Sequence[int] | None = None,
         begin_suppress_tokens: Sequence[int] | None = None,
         bad_words_ids: Sequence[Sequence[int]] | None = None,
+        num_beams: int | None = None,
+        length_penalty: float | None = None,
+        early_stopping: bool | str | None = None,
+        num_return_sequences: int | None = None,
     ) -> np.ndarray | Iterator[np.ndarray]:
         """[B, L] prompt ids (left-padded when `attention_mask` marks pads with 0) -> [B, L + new] ids, as
         transformers' generate returns them: a row that emits an end token is padded with `pad_token_id`
         after it, and generation stops early once every row has ended. `stream=True` yields each step's
         [B] new tokens instead. The generation settings (sampling, and the logits processors in transformers' names
         and meaning, docs/api.md) default to the checkpoint's generation config as the artifact stores it; the sampling
-        ones, repetition_penalty, min_p, typical_p and min_new_tokens may be per-row sequences."""
+        ones, repetition_penalty, min_p, typical_p and min_new_tokens may be per-row sequences. `num_beams` > 1 runs
+        transformers' beam search (with length_penalty, early_stopping True / False / "never", num_return_sequences:
+        then [B * num_return_sequences, L + new], each prompt's best sequences in turn); it needs
+        B * num_beams <= max_batch and takes neither do_sample=True nor stream=True."""
         ids, mask = check_prompt(input_ids, attention_mask, self.spec, max_new_tokens)
         given = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                      typical_p=typical_p, repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
                      min_length=min_length, min_new_tokens=min_new_tokens, suppress_tokens=suppress_tokens,
                      begin_suppress_tokens=begin_suppress_tokens, bad_words_ids=bad_words_ids)
+        beams = beam.beam_settings(dict(num_beams=num_beams, length_penalty=length_penalty, early_stopping=early_stopping,
+                                        num_return_sequences=num_return_sequences), self.spec.settings,
+                                   do_sample=bool(do_sample if do_sample is not None else self.spec.settings.do_sample),
+                                   stream=stream)
+        if beams is not None:
+            return self._beam_search(ids, mask, max_new_tokens, given, beams, eos_token_id, pad_token_id)
         request = self._request(given, rng, eos_token_id, pad_token_id, prompt=ids, counted_from=np.argmax(mask, axis=1))
         return finish(ids, self._steps(ids, mask, max_new_tokens, request), stream)
 
@@ -231,6 +257,93 @@ class Generator(TokenLoop):
             return tokens, ran, token, done
 
         return run_blocks(first, advance, max_new_tokens, self.steps_per_call)
+
+    # -- beam search (generate/beam.py) -------------------------------------------------------------------------------
+    def _beam_search(self, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, given: dict, beams: beam.Beams,
+                     eos_token_id: Any, pad_token_id: Any) -> np.ndarray:
+        """Beam search over the prompts: one prefill per prompt, its cache rows repeated for its beams, then the decode
+        blocks, each step's search and cache-row gathering inside the compiled loop."""
+        batch, length = ids.shape
+        beam.check_rows(batch, beams, self.spec.max_batch)
+        nb = beams.num_beams
+        counted_from = np.argmax(mask, axis=1)
+        request = self._request(beam.expand_rows(given, batch, beams), None, eos_token_id, pad_token_id,
+                                prompt=np.repeat(ids, nb, axis=0), counted_from=np.repeat(counted_from, nb),
+                                beams_applied=True)
+        eos = np.asarray(request.eos).reshape(-1)
+        width = prompt_bucket(length, self.spec.max_cache_len - max_new_tokens, MIN_BUCKET)
+        padded_ids = np.full((batch, width), request.pad_id, np.int64)
+        padded_ids[:, width - length:] = ids
+        padded_mask = np.zeros((batch, width), bool)
+        padded_mask[:, width - length:] = mask
+        positions = np.maximum(np.cumsum(padded_mask, axis=1) - 1, 0)
+        valid = np.zeros((batch, self.spec.max_cache_len), bool)
+        valid[:, :width] = padded_mask
+        logits, cache = self._prefill(self.params, self.new_cache(batch), jnp.asarray(padded_ids, self._id_dtype),
+                                      jnp.asarray(positions, self._id_dtype), jnp.arange(width, dtype=self._id_dtype),
+                                      jnp.asarray(valid[:, :width]))
+        tokens_width = beam.width_for(max_new_tokens)
+        search = beam.initial_state(batch, beams, tokens_width, beam.fill_token(request.pad_id, tuple(eos.tolist())))
+        penalty, max_new = beam.penalties(beams, tokens_width), jnp.asarray(max_new_tokens, jnp.int32)
+        first, decode = self._beam_steps()
+        processing = dict(processing=request.processing, extra=request.extra, rule=beams.rule)
+        token, cache, history, search, over = first(logits, cache, request.history, search, penalty, request.eos, max_new,
+                                                    **processing)
+        valid = self.carried(np.repeat(valid, nb, axis=0))
+        position = self.carried(np.repeat(positions[:, -1] + 1, nb), self._id_dtype)
+        produced = 1
+        while produced < max_new_tokens and not bool(over):
+            slot = width + produced - 1
+            span = attended_span(slot + 1, self.spec.max_cache_len)
+            count = min(self.steps_per_call, max_new_tokens - produced, span - slot)
+            ran, token, cache, valid, history, search, over, position = decode(
+                self.params, cache, token, position, jnp.asarray(slot, self._id_dtype), valid, history, search, penalty,
+                request.eos, max_new, jnp.asarray(produced, self._id_dtype), jnp.asarray(count, self._id_dtype),
+                span=span, size=self.steps_per_call, **processing)
+            produced += int(ran)
+        return beam.result(search, ids, beams)
+
+    def _beam_steps(self) -> tuple[Callable, Callable]:
+        """The compiled first beam step (after the prefill) and decode block, made once per generator."""
+        if "_beam_jitted" not in self.__dict__:
+            self.__dict__["_beam_jitted"] = (
+                jax.jit(self._beam_first, static_argnames=("processing", "rule")),
+                jax.jit(self._beam_block, donate_argnums=(1,), static_argnames=("span", "size", "processing", "rule"),
+                        compiler_options=DECODE_LOOP_OPTIONS))
+        return self.__dict__["_beam_jitted"]
+
+    def _beam_first(self, logits, cache, history, search, penalty, eos, max_new, *, processing, extra, rule):
+        """The first new token's search over the prefill's [B, V] logits: every beam of a prompt starts from its row."""
+        nb = search["scores"].shape[1]  # the beams per prompt
+        cache = [jnp.repeat(c, nb, axis=0) for c in cache]
+        length = extra["start"]
+        scores = processors.apply(beam.log_probs(jnp.repeat(logits, nb, axis=0)), processing, extra["arrays"], history, length)
+        search, rows, token, over = beam.step(search, scores, jnp.zeros((), jnp.int32), max_new, penalty, eos, rule=rule)
+        cache = [jnp.take(c, rows, axis=0) for c in cache]
+        history = processors.record(None if history is None else jnp.take(history, rows, axis=0), length, token)
+        return token.astype(self._id_dtype), cache, history, search, over
+
+    def _beam_block(self, params, cache, token, position, slot, valid, history, search, penalty, eos, max_new, first, count,
+                    *, span, size, processing, extra, rule):
+        """Up to `count` beam-search decode steps in one compiled loop, ending once the search is over: (how many ran,
+        the running beams' last tokens, cache, valid, history, search state, whether it is over, positions)."""
+
+        def one(i, token, carry, over):
+            cache, valid, history, search = carry
+            at = first + i
+            valid = valid.at[:, slot + i].set(True)
+            logits, cache = causal_lm_step(self.decode_model, params, token[:, None], (position + i)[:, None],
+                                           (slot + i)[None], valid[:, :span], cache, *self._decode_inputs(token.shape[0]))
+            length = extra["start"] + at.astype(jnp.int32)
+            scores = processors.apply(beam.log_probs(logits), processing, extra["arrays"], history, length)
+            search, rows, new, ended = beam.step(search, scores, at, max_new, penalty, eos, rule=rule)
+            cache = [jnp.take(c, rows, axis=0) for c in cache]
+            history = processors.record(None if history is None else jnp.take(history, rows, axis=0), length, new)
+            return new.astype(token.dtype), (cache, valid, history, search), ended[None]
+
+        _, ran, token, (cache, valid, history, search), over = decode_block(
+            one, token, (list(cache), valid, history, search), jnp.zeros((1,), bool), count, size)
+        return ran, token, cache, valid, history, search, over[0], position + ran
 
     # -- jitted bodies ----------------------------------------------------------------------
     def _prefill_step(self, params, cache, ids, positions, write_at, valid, *extra):

@@ -12,6 +12,7 @@ row that has emitted an end token gets `pad_token_id` from then on, and the loop
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from ..errors import InputSpecError, Torch2JaxError
 from ..ir import dtypes, structure
 from ..runtime.artifact import ArtifactContents
 from ..runtime.model import Model
-from . import processors, sampling
+from . import beam, processors, sampling
 from .processors import Processing
 
 NO_TOKEN = -1  # `force` when no token is forced
@@ -128,16 +129,19 @@ class TokenLoop:
         encoder-decoder its output; with `images` (an image-text-to-text model: paths or PIL images, in order, and
         one prompt) the reply alone. `settings`: generate's generation settings (do_sample, temperature, top_k, top_p,
         min_p, typical_p, repetition_penalty, no_repeat_ngram_size, min_length, min_new_tokens, suppress_tokens,
-        begin_suppress_tokens, bad_words_ids), the artifact's defaults where not given."""
+        begin_suppress_tokens, bad_words_ids; num_beams, length_penalty, early_stopping, num_return_sequences for beam
+        search), the artifact's defaults where not given."""
         return [c.text for c in self.complete(prompts, images=images, max_new_tokens=max_new_tokens, rng=rng, **settings)]
 
     def complete(self, prompts: Sequence[str] | Sequence[Sequence[int]], *, images: Sequence[Any] = (),
                  max_new_tokens: int = 32, rng: jax.Array | None = None, **settings: Any) -> list[Completion]:
-        """`generate_text` for texts or token id lists (`torch2jax generate --ids`), one Completion per prompt: its ids
-        (and text, for a text prompt) as printed, and how many tokens it generated."""
-        unknown = set(settings) - set(processors.SETTING_NAMES)
+        """`generate_text` for texts or token id lists (`torch2jax generate --ids`), one Completion per prompt (with
+        num_return_sequences, that many per prompt, in turn): its ids (and text, for a text prompt) as printed, and how
+        many tokens it generated."""
+        known = processors.SETTING_NAMES + beam.BEAM_NAMES
+        unknown = set(settings) - set(known)
         if unknown:
-            raise InputSpecError(f"unknown generation settings {sorted(unknown)}; known: {', '.join(processors.SETTING_NAMES)}")
+            raise InputSpecError(f"unknown generation settings {sorted(unknown)}; known: {', '.join(known)}")
         options = dict(max_new_tokens=max_new_tokens, rng=rng, **settings)
         if isinstance(prompts, str):
             raise InputSpecError("give the prompts as a list (one text per row), not one string")
@@ -152,10 +156,12 @@ class TokenLoop:
             raise InputSpecError("a prompt has no tokens")
         ids, mask, first_new = self._prompt_batch(rows)
         out = self.generate(ids, attention_mask=mask, **options)
+        per_prompt = out.shape[0] // len(rows)  # num_return_sequences, each prompt's rows in turn
         completions = []
-        for r, row in enumerate(rows):
-            new = until_end([int(t) for t in out[r, first_new:]], self.spec.eos_token_ids)
-            shown = self._shown(row, out[r], new)
+        for r, generated in enumerate(out):
+            row = rows[r // per_prompt]
+            new = until_end([int(t) for t in generated[first_new:]], self.spec.eos_token_ids)
+            shown = self._shown(row, generated, new)
             completions.append(Completion(shown, len(new), tokenizer.decode(shown) if tokenizer is not None else None))
         return completions
 
@@ -182,13 +188,13 @@ class TokenLoop:
     def _cache_maker(self, batch: int) -> Callable[[], list[jax.Array]]:
         """The cache's zeros made in one compiled call (one call per array took 1.1 ms for 16 arrays, where a small
         model's prefill takes 60)."""
-        dtype = dtypes.jax_dtype(self.spec.cache_dtype)
+        types = [dtypes.jax_dtype(d) for d in self.spec.tensor_dtypes()]  # a recurrent state's may differ (float32)
         shapes = [(batch, *shape) for shape in self.spec.cache_shapes]
         if self.sharding is None:
             places = [jax.sharding.SingleDeviceSharding(jax.devices()[0])] * len(shapes)
         else:
             places = [self.sharding.cache_sharding(shape) for shape in shapes]
-        return jax.jit(lambda: [jnp.zeros(shape, dtype) for shape in shapes], out_shardings=places)
+        return jax.jit(lambda: [jnp.zeros(shape, dtype) for shape, dtype in zip(shapes, types)], out_shardings=places)
 
     def carried(self, value: Any, dtype: Any = None) -> jax.Array:
         """A loop-carried input's first value, placed as the steps' outputs are (committed, like `new_cache`), so
@@ -196,17 +202,29 @@ class TokenLoop:
         return jnp.asarray(value, dtype) if self.sharding is not None else jax.device_put(jnp.asarray(value, dtype), jax.devices()[0])
 
     def _request(self, given: dict, rng: jax.Array | None, eos_token_id: int | list[int] | None, pad_token_id: int | None,
-                 *, prompt: np.ndarray, counted_from: np.ndarray | None = None, begin_at: int | None = None) -> Request:
+                 *, prompt: np.ndarray, counted_from: np.ndarray | None = None, begin_at: int | None = None,
+                 beams_applied: bool = False) -> Request:
         """Validate the call's generation settings (`given`: name -> value, None for the artifact's default) and resolve
         the end/pad tokens (the artifact's unless given). `prompt` [B, L]: the sequence before the first new token (a
         causal LM's prompt as given, an encoder-decoder's start token), which the processors' history starts with;
         `counted_from` [B]: each row's left padding, which repetition_penalty skips; `begin_at`: the length at which
-        begin_suppress_tokens applies (default L)."""
+        begin_suppress_tokens applies (default L). `beams_applied`: the caller runs beam search where asked (generate/
+        beam.py); a generator that does not refuses beam settings given and warns for the artifact's."""
         batch, length = prompt.shape
+        asked = [f"{name}={given[name]!r}" for name in ("num_beams", "num_return_sequences")
+                 if given.get(name) is not None and given[name] != 1]
+        if asked and not beams_applied:
+            raise InputSpecError(f"{', '.join(asked)}: beam search is not supported by {self.TASK} generation; "
+                                 "leave these settings out (one sequence per prompt, greedy or sampled)")
+        given = {name: v for name, v in given.items() if name not in beam.BEAM_NAMES}
         eos = self.spec.eos_token_ids if eos_token_id is None else tuple(np.atleast_1d(eos_token_id).astype(int).tolist())
         pad = self.spec.pad_token_id if pad_token_id is None else int(pad_token_id)
         defaults = getattr(self.spec, "settings", processors.GenerationSettings())
         defaults.warn_not_applied(stacklevel=4)
+        if not beams_applied and (defaults.num_beams or 1) > 1:
+            warnings.warn(f"the model's generation config sets num_beams={defaults.num_beams}, which {self.TASK} generation "
+                          "does not apply (it decodes one sequence per prompt): its tokens can differ from transformers' "
+                          "generate", UserWarning, stacklevel=3)
         resolved = processors.resolve(given, defaults, batch, self.spec.vocab_size, eos, length,
                                       np.zeros(batch, np.int64) if counted_from is None else counted_from,
                                       length if begin_at is None else begin_at)

@@ -9,11 +9,14 @@ JAX functions over the last step's logits, so the compiled decode loop runs them
 2. no_repeat_ngram_size
 3. bad_words_ids (one-token words always; longer ones when the history ends with the word's prefix)
 4. min_length, then min_new_tokens (the end tokens masked until the length is reached)
-5. forced BOS/EOS (generate/seq2seq.py forces them after the pick, as before)
+5. forced BOS/EOS (generate/seq2seq.py forces them after the greedy / sampled pick; beam search, whose scores see the
+   forced token's log-probability 0, passes them to `apply`)
 6. suppress_tokens, then begin_suppress_tokens (at the first generated step)
 
 The sampling warpers (temperature, top_k, top_p, min_p, typical_p, in that order) are generate/sampling.py's. Only the
 first processor changes values; the others set logits to -inf, so their order among themselves does not matter.
+
+Beam search (generate/beam.py) runs the same processors on the log-probabilities, per beam, as transformers does.
 
 `GenerationSettings` is what the artifact stores of the checkpoint's generation config (its defaults, overridable per
 call); `Processing` is the static part of one call's processors (which ones run: the compiled step's shape), and
@@ -33,10 +36,11 @@ import numpy as np
 from jax import lax
 
 from ..errors import Torch2JaxError
+from .beam import BEAM_NAMES
 from .sampling import _bad, _per_row, divide
 
 __all__ = [
-    "GenerationSettings", "NONE", "Processing", "SETTING_NAMES", "apply", "bad_words", "begin_suppress", "min_length",
+    "GenerationSettings", "NONE", "Processing", "SETTING_NAMES", "apply", "bad_words", "begin_suppress", "forced", "min_length",
     "no_repeat_ngram", "record", "repetition_penalty", "resolve", "suppress",
 ]
 
@@ -49,7 +53,7 @@ SETTING_NAMES = SAMPLING_NAMES + PROCESSOR_NAMES
 # Generation-config settings that change transformers' output and that torch2jax does not apply, with the value
 # that means "off": a checkpoint setting one of them gets a warning at conversion and at each generate call.
 NOT_APPLIED = {
-    "num_beams": 1, "num_beam_groups": 1, "penalty_alpha": None, "encoder_repetition_penalty": 1.0,
+    "num_beam_groups": 1, "penalty_alpha": None, "encoder_repetition_penalty": 1.0,
     "encoder_no_repeat_ngram_size": 0, "sequence_bias": None, "exponential_decay_length_penalty": None,
     "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "top_h": None, "guidance_scale": 1.0, "remove_invalid_values": False,
     "renormalize_logits": False, "forced_decoder_ids": None, "dola_layers": None, "watermarking_config": None,
@@ -60,7 +64,8 @@ NOT_APPLIED = {
 class GenerationSettings:
     """The checkpoint's generation-config values torch2jax applies (None: not set), stored in the artifact's manifest
     (`generation.settings`) so a torch-free generate call starts from the checkpoint's defaults, as transformers' does.
-    `not_applied`: settings the config sets that torch2jax does not apply (beam search, ...), as `name=value`."""
+    The beam-search settings (generate/beam.py) are stored as the config gives them. `not_applied`: settings the config
+    sets that torch2jax does not apply (diverse beam groups, contrastive search, ...), as `name=value`."""
 
     do_sample: bool | None = None
     temperature: float | None = None
@@ -75,12 +80,16 @@ class GenerationSettings:
     suppress_tokens: tuple[int, ...] | None = None
     begin_suppress_tokens: tuple[int, ...] | None = None
     bad_words_ids: tuple[tuple[int, ...], ...] | None = None
+    num_beams: int | None = None
+    length_penalty: float | None = None
+    early_stopping: bool | str | None = None  # True, False or "never"
+    num_return_sequences: int | None = None
     not_applied: tuple[str, ...] = ()
 
     @staticmethod
     def from_config(config: Any) -> GenerationSettings:
         """The settings of a transformers GenerationConfig (read by attribute: no transformers import here); warns
-        once for each setting that changes transformers' output and is not applied (num_beams > 1, ...)."""
+        once for each setting that changes transformers' output and is not applied (num_beam_groups > 1, ...)."""
         if config is None:
             return GenerationSettings()
         values: dict[str, Any] = {}
@@ -99,6 +108,15 @@ class GenerationSettings:
             else:
                 value = float(value)
             values[name] = value
+        for name in BEAM_NAMES:
+            value = getattr(config, name, None)
+            if value is not None:
+                if name == "length_penalty":
+                    values[name] = float(value)
+                elif name == "early_stopping":
+                    values[name] = value if value == "never" else bool(value)
+                else:
+                    values[name] = int(value)
         ignored = []
         for name, off in NOT_APPLIED.items():
             value = getattr(config, name, None)
@@ -111,7 +129,7 @@ class GenerationSettings:
     def warn_not_applied(self, stacklevel: int = 2) -> None:
         if self.not_applied:
             warnings.warn(f"the model's generation config sets {', '.join(self.not_applied)}, which torch2jax's generate "
-                          "does not apply (it decodes one sequence per prompt, greedy or sampled, with the processors "
+                          "does not apply (it decodes greedy, sampled or with beam search, with the processors "
                           "docs/api.md lists): its tokens can differ from transformers' generate", UserWarning,
                           stacklevel=stacklevel + 1)
 
@@ -238,11 +256,22 @@ def min_length(logits: jax.Array, eos: jax.Array, length: jax.Array, eos_from: j
     return jnp.where(eos[None] & (length < eos_from)[:, None], -jnp.inf, logits)
 
 
-def apply(logits: jax.Array, processing: Processing, arrays: dict, history: jax.Array | None, length: jax.Array) -> jax.Array:
+def forced(logits: jax.Array, force: jax.Array) -> jax.Array:
+    """transformers' ForcedBOSTokenLogitsProcessor / ForcedEOSTokenLogitsProcessor where they fire: 0 at token `force`
+    (a scalar or [B]), -inf elsewhere; a negative `force` (no token forced at this step) leaves the logits as they are."""
+    force = jnp.broadcast_to(jnp.asarray(force), logits.shape[:1])[:, None]
+    at = lax.broadcasted_iota(jnp.int32, logits.shape, 1) == force
+    return jnp.where(force >= 0, jnp.where(at, 0.0, -jnp.inf).astype(logits.dtype), logits)
+
+
+def apply(logits: jax.Array, processing: Processing, arrays: dict, history: jax.Array | None, length: jax.Array,
+          force: jax.Array | None = None) -> jax.Array:
     """Every processor of `processing`, in transformers' order, on [B, V] logits (as float32, as transformers' generate
-    casts them) when `length` tokens of the sequence exist (history[:, :length], prompt included)."""
+    casts them) when `length` tokens of the sequence exist (history[:, :length], prompt included). `force`: a token id
+    (negative: none) that transformers' forced-BOS/EOS processors leave alone at 0, every other logit -inf (beam search
+    passes it: its scores add the forced token's 0)."""
     logits = jnp.asarray(logits, jnp.float32)
-    if not processing.active:
+    if not processing.active and force is None:
         return logits
     if processing.repetition:
         logits = repetition_penalty(logits, history, length, arrays["counted_from"], arrays["repetition_penalty"])
@@ -252,6 +281,8 @@ def apply(logits: jax.Array, processing: Processing, arrays: dict, history: jax.
         logits = bad_words(logits, history, length, arrays["bad_prefixes"], arrays["bad_prefix_lengths"], arrays["bad_last"])
     if processing.min_length:
         logits = min_length(logits, arrays["eos_mask"], length, arrays["eos_from"])
+    if force is not None:
+        logits = forced(logits, force)
     if processing.banned:
         logits = suppress(logits, arrays["banned"])
     if processing.begin_banned:

@@ -3,6 +3,7 @@
     g = torch2jax.load("out/t5")                               # a Seq2SeqGenerator
     ids = g.generate(input_ids, attention_mask=mask, max_new_tokens=32)   # [B, 1 + new], from the start token
     ids = whisper.generate(input_features=features)            # [B, mel, frames] log-mel features
+    ids = g.generate(input_ids, attention_mask=mask, num_beams=4)   # beam search, as transformers' (generate/beam.py)
 
 `encode` runs once per call: the source (right-padded, as tokenizers pad for these models) to the
 cross-attention keys and values of every decoder layer. `decode` then runs one token per row over the
@@ -16,7 +17,7 @@ see the decoder's sequence (its start token, then the new tokens), as transforme
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from ..errors import InputSpecError, Torch2JaxError
 from ..ir import dtypes
 from ..runtime.artifact import ArtifactContents
 from ..runtime.model import Model
-from . import processors
+from . import beam, processors
 from .generator import GenerationSpec
 from .loop import (
     DECODE_LOOP_OPTIONS,
@@ -155,6 +156,10 @@ class Seq2SeqGenerator(TokenLoop):
         suppress_tokens: Sequence[int] | None = None,
         begin_suppress_tokens: Sequence[int] | None = None,
         bad_words_ids: Sequence[Sequence[int]] | None = None,
+        num_beams: int | None = None,
+        length_penalty: float | None = None,
+        early_stopping: bool | str | None = None,
+        num_return_sequences: int | None = None,
     ) -> np.ndarray | Iterator[np.ndarray]:
         """[B, S] source ids (right-padded where `attention_mask` is 0) -> [B, 1 + new] decoder ids starting with
         decoder_start_token_id, as transformers' generate returns them for an encoder-decoder: a row that emits
@@ -162,7 +167,8 @@ class Seq2SeqGenerator(TokenLoop):
         `stream=True` yields each step's [B] new tokens instead. Sampling parameters may be per row.
         A Whisper artifact takes `input_features` [B, mel, frames] instead (transformers' Whisper generate
         returns the same tokens without the start token). The generation settings are the causal LM's
-        (Generator.generate), over the decoder's sequence: its start token, then the new tokens."""
+        (Generator.generate), over the decoder's sequence: its start token, then the new tokens; `num_beams` > 1 runs
+        transformers' beam search as Generator.generate does ([B * num_return_sequences, 1 + new])."""
         ids, mask = check_source(input_ids, attention_mask, input_features, self.spec)
         check_new_tokens_fit_decoder(max_new_tokens, self.spec)
         start = np.full((ids.shape[0], 1), self.spec.decoder_start_token_id, np.int64)
@@ -172,6 +178,12 @@ class Seq2SeqGenerator(TokenLoop):
                      begin_suppress_tokens=begin_suppress_tokens, bad_words_ids=bad_words_ids)
         # transformers' begin-suppression waits one token more where a forced BOS fills the first
         begin_at = 1 + (self.spec.forced_bos_token_id is not None)
+        beams = beam.beam_settings(dict(num_beams=num_beams, length_penalty=length_penalty, early_stopping=early_stopping,
+                                        num_return_sequences=num_return_sequences), self.spec.settings,
+                                   do_sample=bool(do_sample if do_sample is not None else self.spec.settings.do_sample),
+                                   stream=stream)
+        if beams is not None:
+            return self._beam_search(ids, mask, start, max_new_tokens, given, beams, eos_token_id, pad_token_id, begin_at)
         request = self._request(given, rng, eos_token_id, pad_token_id, prompt=start, begin_at=begin_at)
         return finish(start, self._steps(ids, mask, max_new_tokens, request), stream)
 
@@ -216,6 +228,73 @@ class Seq2SeqGenerator(TokenLoop):
         none, and the last step's slot."""
         bos, eos = self.spec.forced_bos_token_id, self.spec.forced_eos_token_id
         return tuple(jnp.asarray(NO_TOKEN if t is None else t, self._id_dtype) for t in (bos, eos, max_new_tokens - 1))
+
+    # -- beam search (generate/beam.py) -------------------------------------------------------------------------------
+    def _beam_search(self, ids: np.ndarray, mask: np.ndarray | None, start: np.ndarray, max_new_tokens: int, given: dict,
+                     beams: beam.Beams, eos_token_id: Any, pad_token_id: Any, begin_at: int) -> np.ndarray:
+        """Beam search: one encode per source, its cross state repeated for its beams, then the decode blocks from the
+        start token, each step's search and self-cache gathering inside the compiled loop."""
+        batch = ids.shape[0]
+        beam.check_rows(batch, beams, self.spec.max_batch)
+        nb = beams.num_beams
+        request = self._request(beam.expand_rows(given, batch, beams), None, eos_token_id, pad_token_id,
+                                prompt=np.repeat(start, nb, axis=0), begin_at=begin_at, beams_applied=True)
+        eos = np.asarray(request.eos).reshape(-1)
+        inputs = self._encoder_inputs(ids, mask, request.pad_id)
+        cross = self._encode(self.params, *inputs)
+        source_mask = jnp.ones((batch, cross[0].shape[2]), bool) if self.spec.takes_features else inputs[1] != 0
+        repeat, decode = self._beam_steps()
+        cross, source_mask = repeat(cross, source_mask, nb=nb)
+        tokens_width = beam.width_for(max_new_tokens)
+        search = beam.initial_state(batch, beams, tokens_width, beam.fill_token(request.pad_id, tuple(eos.tolist())))
+        penalty, max_new = beam.penalties(beams, tokens_width), jnp.asarray(max_new_tokens, jnp.int32)
+        cache, valid = self.new_cache(batch * nb), jnp.zeros((batch * nb, self.spec.max_cache_len), bool)
+        token, history = jnp.full((batch * nb,), self.spec.decoder_start_token_id, self._id_dtype), request.history
+        forced = self._forced(max_new_tokens)
+        produced, over = 0, False
+        while produced < max_new_tokens and not bool(over):
+            span = attended_span(produced + 1, self.spec.max_cache_len)
+            count = min(self.steps_per_call, max_new_tokens - produced, span - produced)
+            ran, token, cache, valid, history, search, over = decode(
+                self.params, cache, cross, source_mask, valid, token, jnp.asarray(produced, self._id_dtype), history, search,
+                penalty, request.eos, max_new, *forced, jnp.asarray(count, self._id_dtype), span=span,
+                size=self.steps_per_call, processing=request.processing, extra=request.extra, rule=beams.rule)
+            produced += int(ran)
+        return beam.result(search, start, beams)
+
+    def _beam_steps(self) -> tuple[Callable, Callable]:
+        """The compiled repeat of the encoder's outputs for the beams, and the beam decode block, made once."""
+        if "_beam_jitted" not in self.__dict__:
+            repeat = jax.jit(lambda cross, mask, nb: ([jnp.repeat(c, nb, axis=0) for c in cross], jnp.repeat(mask, nb, axis=0)),
+                             static_argnames=("nb",))
+            block = jax.jit(self._beam_block, donate_argnums=(1,), static_argnames=("span", "size", "processing", "rule"),
+                            compiler_options=DECODE_LOOP_OPTIONS)
+            self.__dict__["_beam_jitted"] = (repeat, block)
+        return self.__dict__["_beam_jitted"]
+
+    def _beam_block(self, params, cache, cross, source_mask, valid, token, slot, history, search, penalty, eos, max_new,
+                    forced_bos, forced_eos, last, count, *, span, size, processing, extra, rule):
+        """Up to `count` beam-search decode steps from `slot` (the new tokens so far) in one compiled loop, ending once the
+        search is over: (how many ran, the running beams' last tokens, cache, valid, history, search, whether over)."""
+
+        def one(i, token, carry, over):
+            cache, valid, history, search = carry
+            at = slot + i
+            valid = valid.at[:, at].set(True)
+            logits, cache = call_entry(self.decode_model, params, token[:, None], at[None], valid[:, :span], source_mask,
+                                       list(cache), list(cross))
+            length = (at + 1).astype(jnp.int32)
+            force = jnp.where(at == 0, forced_bos, NO_TOKEN)
+            force = jnp.where((at == last) & (forced_eos != NO_TOKEN), forced_eos, force)
+            scores = processors.apply(beam.log_probs(logits), processing, extra["arrays"], history, length, force=force)
+            search, rows, new, ended = beam.step(search, scores, at, max_new, penalty, eos, rule=rule)
+            cache = [jnp.take(c, rows, axis=0) for c in cache]
+            history = processors.record(None if history is None else jnp.take(history, rows, axis=0), length, new)
+            return new.astype(token.dtype), (cache, valid, history, search), ended[None]
+
+        _, ran, token, (cache, valid, history, search), over = decode_block(
+            one, token, (list(cache), valid, history, search), jnp.zeros((1,), bool), count, size)
+        return ran, token, cache, valid, history, search, over[0]
 
     # -- jitted bodies ----------------------------------------------------------------------
     def _encode_step(self, params, *inputs):

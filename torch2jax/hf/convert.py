@@ -22,6 +22,7 @@ from ..generate.vision_language import VisionLanguageGenerator
 from .options import GenerationOptions
 from .source import HFSource, load_generation_model, resolve_source
 from .steps.causal_lm import convert_causal_lm
+from .steps.recurrent import convert_recurrent_lm, keeps_recurrent_state
 from .steps.seq2seq import convert_seq2seq
 from .steps.vision_language import convert_vision_language, with_processor_text
 from .tasks import IMAGE_TEXT_TO_TEXT, TEXT2TEXT_GENERATION
@@ -49,8 +50,9 @@ def convert_generator(source: HFSource, options: GenerationOptions, progress: Pr
         generator = convert_vision_language(source.model, weights=source.weights, **common)
     elif source.task == TEXT2TEXT_GENERATION:
         generator = convert_seq2seq(source.model, max_source_len=options.max_source_len, **common)
-    else:
-        generator = convert_causal_lm(source.model, weights=source.weights, repeat_layers=options.repeat_layers, **common)
+    else:  # state-space layers (Mamba, Mamba2 and hybrids): their recurrent state is the cache (hf/steps/recurrent.py)
+        convert = convert_recurrent_lm if keeps_recurrent_state(source.model) else convert_causal_lm
+        generator = convert(source.model, weights=source.weights, repeat_layers=options.repeat_layers, **common)
     # the checkpoint's generation config (sampling settings, logits processors): each generate call's defaults
     settings = GenerationSettings.from_config(getattr(source.model, "generation_config", None))
     generator.spec = dataclasses.replace(generator.spec, settings=settings)

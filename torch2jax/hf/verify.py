@@ -49,7 +49,8 @@ def verify_generation(lm: torch.nn.Module, generator, tokens: int = 16, seed: in
     batch = min(2, generator.spec.max_batch)
     prompts = [rng.integers(0, generator.spec.vocab_size, length).tolist() for length in lengths[:batch]]
     ids, mask = left_pad(prompts, generator.spec.pad_token_id)
-    ours = generator.generate(ids, attention_mask=mask, max_new_tokens=tokens, do_sample=False, eos_token_id=[])
+    ours = generator.generate(ids, attention_mask=mask, max_new_tokens=tokens, do_sample=False, num_beams=1,
+                              eos_token_id=[])
     theirs = transformers_greedy(lm, ids, tokens, generator.spec.pad_token_id, mask)
     width = ids.shape[1]
     rows = [(ours[r, width:].tolist(), theirs[r, width:].tolist()) for r in range(len(prompts))]
@@ -65,14 +66,16 @@ def verify_seq2seq(lm: torch.nn.Module, generator, tokens: int = 16, seed: int =
     batch = min(2, generator.spec.max_batch)
     if generator.spec.takes_features:  # Whisper: random log-mel-like features, no mask
         features = rng.standard_normal((batch, *generator.spec.feature_shape)).astype(np.float32)
-        ours = generator.generate(input_features=features, max_new_tokens=tokens, do_sample=False, eos_token_id=[])
+        ours = generator.generate(input_features=features, max_new_tokens=tokens, do_sample=False, num_beams=1,
+                                  eos_token_id=[])
         theirs = transformers_greedy(lm, features, tokens, generator.spec.pad_token_id, dtype=next(lm.parameters()).dtype)
     else:
         lengths = (7, 4)
         sources = [rng.integers(0, generator.spec.vocab_size, min(length, generator.spec.max_source_len)).tolist()
                    for length in lengths[:batch]]
         ids, mask = right_pad(sources, generator.spec.pad_token_id)
-        ours = generator.generate(ids, attention_mask=mask, max_new_tokens=tokens, do_sample=False, eos_token_id=[])
+        ours = generator.generate(ids, attention_mask=mask, max_new_tokens=tokens, do_sample=False, num_beams=1,
+                                  eos_token_id=[])
         theirs = transformers_greedy(lm, ids, tokens, generator.spec.pad_token_id, mask)
     start = theirs.shape[1] - tokens  # 1, or 0 where transformers drops the start token (Whisper)
     rows = [(ours[r, 1:].tolist(), theirs[r, start:].tolist()) for r in range(batch)]
@@ -142,7 +145,7 @@ def transformers_greedy(lm: torch.nn.Module, ids: np.ndarray, tokens: int, pad_t
     try:
         with torch.no_grad():
             source = torch.from_numpy(np.asarray(ids))
-            out = lm.generate(source if dtype is None else source.to(dtype), max_new_tokens=tokens, do_sample=False,
+            out = lm.generate(source if dtype is None else source.to(dtype), max_new_tokens=tokens, do_sample=False, num_beams=1,
                               pad_token_id=pad_token_id,
                               attention_mask=None if mask is None else torch.from_numpy(np.asarray(mask)).long(), **inputs)
         return out.numpy()

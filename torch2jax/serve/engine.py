@@ -29,6 +29,7 @@ the steps are the generator's own, unchanged.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -112,8 +113,11 @@ class BatchEngine:
                                compiler_options=DECODE_LOOP_OPTIONS)
         self._eos = jnp.asarray(spec.eos_token_ids or (-1,), self._ids)
         self._pick_jit = jax.jit(self._pick, static_argnames=("any_sample",))
-        self._join = jax.jit(self._join_rows, donate_argnums=(0,))
-        self._roll = jax.jit(lambda cache, shift: [jnp.roll(c, shift, axis=2) for c in cache], donate_argnums=(0,))
+        # a recurrent state (a state-space layer's) has no slots: it is copied whole, never rolled with the KV slots
+        slotted = tuple(kind != "state" for kind in getattr(spec, "cache_kinds", ()) or ("kv",) * len(spec.cache_shapes))
+        self._join = jax.jit(functools.partial(self._join_rows, slotted=slotted), donate_argnums=(0,))
+        self._roll = jax.jit(lambda cache, shift: [jnp.roll(c, shift, axis=2) if slots else c
+                                                   for c, slots in zip(cache, slotted)], donate_argnums=(0,))
         if adapters is not None:
             self._prefill_rows = jax.jit(self._prefill_with_adapters, donate_argnums=(2,))
 
@@ -362,5 +366,6 @@ class BatchEngine:
         return out, ran, cache
 
     @staticmethod
-    def _join_rows(cache, scratch, rows, shift):
-        return [c.at[rows].set(jnp.roll(s, shift, axis=2).astype(c.dtype), mode="drop") for c, s in zip(cache, scratch)]
+    def _join_rows(cache, scratch, rows, shift, slotted):
+        return [c.at[rows].set((jnp.roll(s, shift, axis=2) if slots else s).astype(c.dtype), mode="drop")
+                for c, s, slots in zip(cache, scratch, slotted)]

@@ -1,0 +1,233 @@
+"""A causal LM whose cache keeps a recurrent state (Mamba, Mamba2, and hybrids of them with attention layers) as one
+step over explicit per-layer state, served as prefill and decode like an attention-only LM (hf/steps/causal_lm.py).
+
+The step's signature is the causal-LM step's: (input_ids, position_ids, write_at, kv_valid, cache) -> (last logits,
+new cache), and `cache` is still two tensors per layer, so the generator's token loop runs it unchanged:
+
+    attention layer   keys, values  [B, kv_heads, max_cache_len + 1, head_dim]   slots, written at `write_at`
+    state-space layer conv          [B, channels, kernel - 1]                   overwritten by each step
+                      ssm           [B, ...] float32 (transformers' own shape)   overwritten by each step
+
+A state layer's size does not grow with the context: a decode step costs the same at any length (its graph reads
+`kv_valid` only at the written slots). Which tokens are real comes from the same inputs the attention mask is built
+from: token t of row b is real when `kv_valid[b, write_at[t]]`, so left padding (and a length bucket's extra padding)
+never enters the state (hf/stand_ins/state_space.py). The prompt runs as one scan over its tokens, starting from the
+given state: a prompt filled in chunks equals it filled at once. The generation spec marks each cache tensor's kind
+(`"kv"` or `"state"`) and dtype.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...capture.converter import StageTimer, cast_module, model_from, tp_plan_hints, trace
+from ...capture.fx import dtype_name
+from ...errors import ExportError
+from ...generate.generator import GenerationSpec, Generator
+from ...runtime.model import Model
+from ...runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_model
+from ..stand_ins import state_space
+from .causal_lm import DecoderStep
+from .kv_cache import check_limits, generation_fields
+
+ATTENTION, STATE = "kv", "state"
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    """Two cache tensors per layer: keys and values of an attention layer, conv and SSM state of a state-space layer.
+    Shapes without the batch dim; an attention layer's are [kv_heads, max_cache_len + 1, head_dim]."""
+
+    kinds: tuple[str, ...]  # per layer: ATTENTION or STATE
+    tensor_shapes: tuple[tuple[int, ...], ...]  # per tensor (2 per layer)
+    tensor_dtypes: tuple[torch.dtype, ...]
+    dtype: torch.dtype  # the model's (the attention mask's and the conv state's)
+    max_cache_len: int
+
+    @property
+    def layers(self) -> int:
+        return len(self.kinds)
+
+    @property
+    def slots(self) -> int:
+        return self.max_cache_len + 1
+
+    def tensor_kinds(self) -> tuple[str, ...]:
+        return tuple(kind for kind in self.kinds for _ in range(2))
+
+    def shapes(self, batch: int) -> list[tuple[int, ...]]:
+        return [(batch, *shape) for shape in self.tensor_shapes]
+
+    def zeros(self, batch: int) -> list[torch.Tensor]:
+        return [torch.zeros(shape, dtype=dtype) for shape, dtype in zip(self.shapes(batch), self.tensor_dtypes)]
+
+
+def state_mixers(lm: torch.nn.Module) -> dict[int, torch.nn.Module]:
+    """The state-space mixers of `lm` this module converts, by the index of the layer whose cache entry they own."""
+    return {int(m.layer_idx): m for m in lm.modules() if state_space.qualified(m) in state_space.MIXERS}
+
+
+def keeps_recurrent_state(lm: torch.nn.Module) -> bool:
+    """Whether `lm` has state-space mixers this module converts (the dispatch's question: hf/convert.py)."""
+    return bool(state_mixers(lm))
+
+
+def state_layout(lm: torch.nn.Module, max_cache_len: int) -> StateLayout:
+    """Each layer's cache: one token run through transformers' own cache says which layers keep keys and values and
+    their shapes; a state layer's shapes come from its mixer."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    cache = DynamicCache(config=lm.config)
+    with torch.no_grad():
+        lm(input_ids=torch.zeros((1, 1), dtype=torch.long), use_cache=True, **{cache_keyword(lm): cache})
+    mixers = state_mixers(lm)
+    dtype = next(p.dtype for p in lm.parameters() if p.is_floating_point())
+    kinds, shapes, dtypes = [], [], []
+    for i, layer in enumerate(cache.layers):
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            if i not in mixers or getattr(layer, "keys", None) is not None:
+                raise ExportError(
+                    f"{type(lm).__name__}'s layer {i} keeps a recurrent state ({type(layer).__name__}) of a kind "
+                    f"text-generation artifacts do not hold yet (supported: {', '.join(sorted(set(state_space.MIXERS.values())))} "
+                    "mixers); its forward converts: torch2jax.convert(model, args), or "
+                    "`torch2jax convert hf:DIR --task feature-extraction`.")
+            kinds.append(STATE)
+            shapes += [state_space.conv_shape(mixers[i]), state_space.ssm_shape(mixers[i])]
+            dtypes += [dtype, torch.float32]
+        elif getattr(layer, "keys", None) is not None:
+            if getattr(layer, "is_sliding", False):
+                raise ExportError(f"{type(lm).__name__}'s layer {i} is a sliding-window attention layer next to state "
+                                  "layers; such hybrids cannot generate yet")
+            kinds.append(ATTENTION)
+            shapes += [(layer.keys.shape[1], max_cache_len + 1, layer.keys.shape[3]),
+                       (layer.values.shape[1], max_cache_len + 1, layer.values.shape[3])]
+            dtypes += [layer.keys.dtype, layer.values.dtype]
+        else:
+            raise ExportError(f"{type(lm).__name__}'s layer {i} filled neither keys and values nor a recurrent state")
+    return StateLayout(tuple(kinds), tuple(shapes), tuple(dtypes), dtype, max_cache_len)
+
+
+def cache_keyword(lm: torch.nn.Module) -> str:
+    """The name the LM's forward takes its cache by: `cache` (Mamba, Mamba2), else `past_key_values`."""
+    parameters = inspect.signature(lm.forward).parameters
+    return "cache" if "cache" in parameters and "past_key_values" not in parameters else "past_key_values"
+
+
+def state_layer_class():
+    from transformers.cache_utils import LinearAttentionLayer
+
+    class StateLayer(LinearAttentionLayer):
+        """One state-space layer's conv and SSM state given as tensors, and which of the step's tokens are real
+        (`keep` [B, T]); the mixer's stand-in replaces `conv` and `ssm` with the new states."""
+
+        def __init__(self, conv: torch.Tensor, ssm: torch.Tensor, keep: torch.Tensor):
+            super().__init__()
+            self.conv, self.ssm, self.keep = conv, ssm, keep
+            setattr(self, state_space.STATE_ATTRIBUTE, True)
+            self.conv_states[0], self.recurrent_states[0] = conv, ssm
+            self.is_conv_states_initialized[0] = self.is_recurrent_states_initialized[0] = True
+            self.has_previous_state[0] = True
+            self.conv_kernel_size[0] = conv.shape[-1] + 1
+
+    return StateLayer
+
+
+class RecurrentStep(DecoderStep):
+    """forward(input_ids, position_ids, write_at, kv_valid, cache) -> (last logits [B, V] float32, new cache), over a
+    StateLayout's cache (two tensors per layer)."""
+
+    def __init__(self, lm: torch.nn.Module, layout: StateLayout):
+        super().__init__(lm, layout)
+        self._state_layer = state_layer_class()
+        self._keyword = cache_keyword(lm)
+        self._attends = ATTENTION in layout.kinds
+
+    def step(self, tokens: dict, position_ids, write_at, kv_valid, cache, also=None):
+        from transformers.cache_utils import Cache
+
+        span = kv_valid.shape[1]
+        keep = kv_valid.gather(1, write_at[None, :].expand(kv_valid.shape[0], -1))  # [B, T]: the real tokens
+        layers = [self._layer(cache[2 * i], cache[2 * i + 1], write_at, span) if kind == ATTENTION
+                  else self._state_layer(cache[2 * i], cache[2 * i + 1], keep)
+                  for i, kind in enumerate(self.layout.kinds)]
+        extra = dict(position_ids=position_ids, attention_mask=self._masks(write_at, kv_valid, also),
+                     cache_position=write_at) if self._attends else {}
+        out = self.lm(**tokens, **extra, **{self._keyword: Cache(layers=layers)}, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1].float()
+        new = []
+        for layer, kind in zip(layers, self.layout.kinds):
+            new += [layer.keys, layer.values] if kind == ATTENTION else [layer.conv, layer.ssm]
+        return logits, new
+
+
+def example_inputs(layout: StateLayout, batch: int, tokens: int) -> tuple:
+    span = max(tokens + 1, layout.max_cache_len // 2)
+    return (
+        torch.zeros((batch, tokens), dtype=torch.long),
+        torch.arange(tokens).expand(batch, tokens).clone(),
+        torch.arange(tokens),
+        torch.ones((batch, span), dtype=torch.bool),
+        layout.zeros(batch),
+    )
+
+
+def dynamic_shapes(layout: StateLayout, max_batch: int) -> tuple:
+    """As the causal-LM step's: batch, tokens and the attended span symbolic; state tensors symbolic in batch only."""
+    batch = {"name": "batch", "min": 1, "max": max_batch} if max_batch > 1 else None
+    tokens = {"name": "tokens", "min": 1, "max": layout.max_cache_len}
+    span = {"name": "span", "min": 1, "max": layout.max_cache_len}
+
+    def dims(*axes: Any) -> dict | None:
+        return {axis: d for axis, d in enumerate(axes) if d is not None} or None
+
+    row = dims(batch, tokens)
+    return (row, row, dims(tokens), dims(batch, span), [dims(batch)] * len(layout.tensor_shapes))
+
+
+def convert_recurrent_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch: int = 8, dtype: Any = None,
+                         progress: Any = None, weights: Any = None, repeat_layers: bool | int = True,
+                         quantize: str | None = None, group_size: int = DEFAULT_GROUP_SIZE) -> Generator:
+    """A transformers causal LM with state-space layers -> a `Generator`, as hf/steps/causal_lm.convert_causal_lm
+    (same options; every layer is traced: `repeat_layers` does not apply to these models yet)."""
+    check_limits(max_cache_len, max_batch)
+    if quantize is not None:
+        check_scheme(quantize, group_size)
+    lm = lm.eval()
+    if dtype is not None:
+        lm = cast_module(lm, dtype, weights)
+    layout = state_layout(lm, max_cache_len)
+    timer = StageTimer(progress)
+    batch = min(max_batch, 2)  # torch.export specializes a dim of 1
+    captured, _ = trace(RecurrentStep(lm, layout).eval(), example_inputs(layout, batch, 3), None,
+                        dynamic_shapes(layout, max_batch), timer)
+    prefill = model_from(captured, timer, weights)
+    if quantize is not None:
+        with timer.stage("quantize", f"quantize the matmul weights to {quantize}"):
+            prefill = quantize_model(prefill, quantize, group_size)
+    decode = Model(prefill._run, prefill.params, prefill.graph.with_fixed_dims({"tokens": 1}))
+    decode.quantization = prefill.quantization
+    prefill.sharding_hints = decode.sharding_hints = tp_plan_hints(lm)
+    return Generator(prefill, decode, GenerationSpec(**spec_fields(lm, layout, max_batch)))
+
+
+def spec_fields(lm: torch.nn.Module, layout: StateLayout, max_batch: int) -> dict:
+    """generation_fields with this layout's shapes, and each cache tensor's kind and dtype."""
+    fields = generation_fields(lm, _AsKV(layout), max_batch)
+    fields.update(cache_shapes=layout.tensor_shapes, cache_dtype=dtype_name(layout.dtype),
+                  cache_kinds=layout.tensor_kinds(), cache_dtypes=tuple(dtype_name(d) for d in layout.tensor_dtypes))
+    return fields
+
+
+class _AsKV:
+    """What generation_fields reads of a layout (its limits; the shapes are replaced after)."""
+
+    def __init__(self, layout: StateLayout):
+        self.max_cache_len, self.dtype = layout.max_cache_len, layout.dtype
+
+    def shapes(self, batch: int) -> list:
+        return []
