@@ -17,7 +17,15 @@ from ..lowering import interpreter, passes
 from ..runtime.checkpoint import is_deferred
 from ..runtime.collector import existing_objects_frozen
 from ..runtime.model import Model
-from ..runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, dequantize_array, quantize_array, quantize_model, weight_format
+from ..runtime.quantize import (
+    DEFAULT_GROUP_SIZE,
+    adopt_stored,
+    check_scheme,
+    dequantize_array,
+    quantize_array,
+    quantize_model,
+    weight_format,
+)
 from . import decomposition, example_path, exporter
 from . import specialize as specialize_inputs
 from .fake_params import has_fake_parameters, is_fake, to_dtype
@@ -152,7 +160,7 @@ def model_from(captured: Captured, timer: StageTimer, weights: WeightSource | No
     model = Model(run, params, captured.graph)
     model.sharding_hints = tp_plan_hints(hints_from) if hints_from is not None else {}
     model.timings = timer.timings
-    return model
+    return adopt_stored(model)  # weights the checkpoint stores quantized keep that form (runtime/quantize.py)
 
 
 def tp_plan_hints(module: Any) -> dict[str, str]:
@@ -223,7 +231,7 @@ def quantize_like(module: torch.nn.Module, quantization: dict) -> torch.nn.Modul
     """Give `module` (in place) the weights a quantized conversion computes with: each quantized weight replaced by
     its dequantized values, so torch runs what the artifact runs (the reference for verification). For
     int8-dynamic, each such nn.Linear also rounds its input rows to int8 steps, as the artifact's product does."""
-    if not quantization:
+    if not quantization or quantization.get("stored_by") == "checkpoint":  # loaded by transformers, already dequantized
         return module
     scheme, group = quantization["scheme"], quantization.get("group_size", DEFAULT_GROUP_SIZE)
     with torch.no_grad():

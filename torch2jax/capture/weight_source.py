@@ -25,6 +25,7 @@ import torch
 from ..errors import InputSpecError
 from ..ir.dtypes import is_floating, jax_dtype, numpy_dtype
 from ..runtime.checkpoint import DeferredArray
+from ..runtime.quantize import StoredWeight
 from .checkpoint_files import Checkpoint, aligned_empty, mapped
 from .fake_params import is_fake
 from .fx import dtype_name
@@ -60,16 +61,19 @@ class Recipe:
     parts: list[list[str]]  # per source pattern, the checkpoint names in index order
     fuse: Fuse | None = None
     label: str = field(default="")
+    stored: StoredWeight | None = None  # a weight the checkpoint stores quantized (hf/prequantized.py)
 
 
 class WeightSource:
     """A checkpoint plus the rules that name its tensors as the module names its params."""
 
     def __init__(self, checkpoint: Checkpoint, renames: tuple[Rename, ...] = (), fuses: tuple[Fuse, ...] = (),
-                 cast: bool = False):
+                 cast: bool = False, stored: tuple[dict[str, StoredWeight], set[str]] | None = None):
         self.checkpoint = checkpoint
         self.cast = cast  # the conversion asked for a dtype: floating tensors are converted to it on read
-        self.recipes = _recipes(checkpoint, renames, fuses)
+        # weights stored quantized ({checkpoint name: StoredWeight}) and the tensors that make them, not params themselves
+        self.stored, taken = stored or ({}, set())
+        self.recipes = _recipes(checkpoint, renames, fuses, self.stored, taken)
         self._by_suffix: dict[str, list[str]] = defaultdict(list)
         for name in self.recipes:
             parts = name.split(".")
@@ -96,6 +100,9 @@ class WeightSource:
                 continue
             used.add(found)
             recipe = self.recipes[found]
+            if recipe.stored is not None:
+                self._resolve_stored(name, tensor, recipe, out, mismatched)
+                continue
             shape, dtype = self._result(recipe, tuple(tensor.shape))
             want = numpy_dtype(dtype_name(tensor.dtype))
             if shape != tuple(tensor.shape) or (dtype != want and not (self.cast and is_floating(dtype) and is_floating(want))):
@@ -106,6 +113,20 @@ class WeightSource:
         if missing or mismatched:
             raise InputSpecError(self._problems(missing, mismatched, used))
         return out
+
+    @staticmethod
+    def _resolve_stored(name: str, tensor: torch.Tensor, recipe: Recipe, out: dict, mismatched: list) -> None:
+        """A weight stored quantized: a DeferredArray of the float weight (read dequantized) that carries the stored
+        form as `stored`, which runtime/quantize.adopt_stored keeps where the weight only feeds matmuls."""
+        stored = recipe.stored
+        want = numpy_dtype(dtype_name(tensor.dtype))
+        if stored.shape != tuple(tensor.shape) or not is_floating(want):
+            mismatched.append(f"{name}: the module has {want}{list(tensor.shape)}, {recipe.label} is {list(stored.shape)}")
+            return
+        carried = np.dtype(jax_dtype(dtype_name(tensor.dtype)))
+        value = DeferredArray(stored.shape, carried, lambda: stored.dequantize().astype(carried), recipe.label)
+        value.stored = stored
+        out[name] = value
 
     def check(self, module: torch.nn.Module) -> dict[str, Any]:
         """Resolve the module's own state before anything is exported: a wrong checkpoint fails at once. Returns what
@@ -138,8 +159,11 @@ class WeightSource:
             if key is None:
                 continue
             recipe = self.recipes[key]
-            entry = self.checkpoint.entries[recipe.parts[0][0]]
             want = numpy_dtype(dtype_name(tensor.dtype))
+            if recipe.stored is not None:  # dequantized, as transformers loads such a checkpoint on CPU
+                state.update(dict.fromkeys(names, to_torch(recipe.stored.dequantize().astype(want))))
+                continue
+            entry = self.checkpoint.entries[recipe.parts[0][0]]
             stored_as_module = recipe.fuse is None and entry.dtype == want
             values = torch_view(mapped(entry)) if stored_as_module else to_torch(
                 self._reader(recipe, tuple(tensor.shape), entry.dtype, want)())
@@ -271,16 +295,19 @@ def _empty_groups(count: int) -> list[dict[int, str]]:
     return [{} for _ in range(count)]
 
 
-def _recipes(checkpoint: Checkpoint, renames: tuple[Rename, ...], fuses: tuple[Fuse, ...]) -> dict[str, Recipe]:
-    """Param name -> recipe, after renaming every checkpoint name and grouping the fused ones."""
+def _recipes(checkpoint: Checkpoint, renames: tuple[Rename, ...], fuses: tuple[Fuse, ...],
+             stored: dict[str, StoredWeight] | None = None, taken_by_stored: set[str] = frozenset()) -> dict[str, Recipe]:
+    """Param name -> recipe, after renaming every checkpoint name and grouping the fused ones. A weight stored quantized
+    counts as one tensor under its weight's name (its parts are no params); it is never fused."""
+    stored = stored or {}
     renamed = {}
-    for name in checkpoint.entries:
+    for name in [*(n for n in checkpoint.entries if n not in taken_by_stored), *stored]:
         new = name
         for rule in renames:
             new = re.sub(rule.pattern, rule.replacement, new)
         renamed[name] = new
     recipes: dict[str, Recipe] = {}
-    taken: set[str] = set()
+    taken: set[str] = set(stored)
     for fuse in fuses:
         groups: dict[str, list[dict[int, str]]] = defaultdict(functools.partial(_empty_groups, len(fuse.sources)))
         for k, source in enumerate(fuse.sources):
@@ -299,6 +326,9 @@ def _recipes(checkpoint: Checkpoint, renames: tuple[Rename, ...], fuses: tuple[F
             recipes[target] = Recipe(parts, fuse, label)
             taken.update(n for p in parts for n in p)
     for original, name in renamed.items():
-        if original not in taken:
+        if original in stored:
+            recipes.setdefault(name, Recipe([[original]], None, f"checkpoint tensor {original} ({stored[original].description})",
+                                            stored[original]))
+        elif original not in taken:
             recipes.setdefault(name, Recipe([[original]], None, f"checkpoint tensor {original}"))
     return recipes

@@ -55,31 +55,36 @@ def open_directory(target: str | os.PathLike) -> tuple[Path, Any, dict[str, Path
 
 
 def read_config(directory: Path) -> Any:
-    """The directory's config; a checkpoint stored quantized by another tool is refused (see check_not_quantized)."""
+    """The directory's config; a checkpoint stored quantized by another tool is refused unless its format converts as
+    it is stored (see check_not_quantized)."""
     config = transformers().AutoConfig.from_pretrained(directory, local_files_only=True)
     check_not_quantized(config, directory)
     return config
 
 
 def check_not_quantized(config: Any, directory: Path) -> None:
-    """A `quantization_config` means the safetensors hold another tool's quantized format (GPTQ, AWQ, bitsandbytes,
-    ...), whose tensors the converter cannot read as weights: say which, and what works instead."""
-    quantization = getattr(config, "quantization_config", None)
-    if not quantization:
-        return
-    method = quantization.get("quant_method") if isinstance(quantization, dict) else getattr(quantization, "quant_method", None)
-    method = getattr(method, "value", method) or "an unnamed method"
-    raise InputSpecError(f"{directory} holds weights quantized with {method} (config.json's quantization_config), which "
-                         "torch2jax cannot read: convert the unquantized checkpoint, with --quantize int8 or int4 to store "
-                         "it quantized")
+    """A `quantization_config` means the safetensors hold another tool's quantized format: fp8 blocks and
+    compressed-tensors convert as they are stored (hf/prequantized.py); any other (GPTQ, AWQ, bitsandbytes, ...) is
+    refused, saying which and what works instead."""
+    from .prequantized import check_convertible
+
+    check_convertible(config, directory)
 
 
 def load_model(auto_class: Any, directory: Path) -> Any:
     """Load with sdpa attention (kept whole and lowered to one fused attention), eager where the architecture has no sdpa.
 
-    Every weight must come from the checkpoint: transformers fills a missing or misnamed tensor with a fresh random
+    A checkpoint stored quantized converts only streamed, which keeps its stored form: transformers would load it
+    dequantized to floats. Every weight must come from the checkpoint: transformers fills a missing or misnamed tensor with a fresh random
     initialization (and one of the wrong shape too, when told to go on), which would put random weights in the
     artifact; such a checkpoint is refused here, naming the tensors, before anything is converted."""
+    from .prequantized import method_of
+
+    method = method_of(transformers().AutoConfig.from_pretrained(directory, local_files_only=True))
+    if method is not None:
+        raise InputSpecError(f"{directory} holds weights quantized with {method}, which convert only streamed from the "
+                             "safetensors files (the default: drop --weights-in-memory / pass stream_weights=True), keeping "
+                             "the stored form; loaded by transformers they would be dequantized to floats")
     logging = transformers().utils.logging
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()  # its load report is replaced by our error, or says nothing worth it
@@ -123,15 +128,24 @@ def check_loaded(info: dict, directory: Path) -> None:
 def load_quietly(auto_class: Any, directory: Path, config: Any = None) -> Any:
     """The model as transformers itself loads it (a verification reference), in eval mode. With a sliced `config`
     the later layers' tensors are unused on purpose: transformers' load report about them is not shown, and its
-    progress bar never breaks into our own progress line."""
+    progress bar never breaks into our own progress line. A compressed-tensors checkpoint is decompressed as it loads
+    (transformers' `dequantize=True`): its compressed forward cannot load asymmetric int4 weights."""
+    import warnings
+
+    from .prequantized import method_of
+
     logging = transformers().utils.logging
     extra = {"config": config} if config is not None else {}
+    if method_of(config or transformers().AutoConfig.from_pretrained(directory, local_files_only=True)) == "compressed-tensors":
+        extra["quantization_config"] = transformers().CompressedTensorsConfig(dequantize=True)
     verbosity, bar = logging.get_verbosity(), logging.is_progress_bar_enabled()
     logging.disable_progress_bar()
     if config is not None:
         logging.set_verbosity_error()
     try:
-        model = auto_class.from_pretrained(directory, local_files_only=True, **extra)
+        with warnings.catch_warnings():  # that the directory's own quantization config is kept: it is
+            warnings.filterwarnings("ignore", "You passed `quantization_config`", UserWarning)
+            model = auto_class.from_pretrained(directory, local_files_only=True, **extra)
     finally:
         logging.set_verbosity(verbosity)
         if bar:

@@ -22,6 +22,7 @@ from ..capture.weight_source import WeightSource
 from ..ir import dtypes
 from .checkpoint_rules import transformers_rules
 from .directory import generation_config, prepare_for_export, read_config, transformers, with_attention_fallback
+from .prequantized import checkpoint_format
 from .tasks import IMAGE_TEXT_TO_TEXT, TEXT_GENERATION, auto_class
 
 LAYER_LISTS = ("layer_types",)  # per-layer config entries that follow num_hidden_layers
@@ -54,7 +55,8 @@ def fake_model(model_class: Any, directory: Path, config: Any = None) -> tuple[A
     model = with_attention_fallback(build, f"transformers could not build {model_class.__name__} for {directory}")
     prepare_for_export(model)
     renames, fuses = transformers_rules(model)
-    source = WeightSource(checkpoint, renames, fuses)
+    quantized = checkpoint_format(config)  # stored quantized: its weights keep that form (hf/prequantized.py)
+    source = WeightSource(checkpoint, renames, fuses, stored=quantized.stored_weights(checkpoint) if quantized else None)
     source.check(model)
     return model.eval(), source
 

@@ -58,8 +58,9 @@ def verify_streamed(source: HFSource, artifact_dir: Path, options: GenerationOpt
     if progress:
         progress("verify", f"convert the first {layers} of {depth} layers the same way and generate {tokens} tokens with both")
     small = sliced_config(config, layers)
+    stored = quantization.get("stored_by") == "checkpoint"  # stored quantized: the slice's weights are too, as they are
     sliced = dataclasses.replace(options, repeat_layers=SLICE_UNITS if repeat_slice is not None else False,
-                                 quantize=quantization.get("scheme"),
+                                 quantize=None if stored else quantization.get("scheme"),
                                  group_size=quantization.get("group_size", DEFAULT_GROUP_SIZE))
     with tempfile.TemporaryDirectory(prefix="torch2jax-verify-") as scratch:
         generator = _convert_slice(source, small, Path(scratch) / "slice", sliced)

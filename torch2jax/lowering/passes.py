@@ -47,7 +47,10 @@ DEQUANTIZE_INT4_HALVES = "torch2jax.dequantize_int4_halves.default"
 # a quantized weight's op (runtime/quantize.py) -> the op of a Linear reading it, made from the stored form (ops/quantized.py)
 _QUANTIZED_LINEAR = {DYNAMIC_INT8_WEIGHT: DYNAMIC_INT8_LINEAR, DEQUANTIZE_INT8: "torch2jax.int8_linear.default",
                      DEQUANTIZE_INT4: "torch2jax.int4_linear.default",
-                     DEQUANTIZE_INT4_HALVES: "torch2jax.int4_halves_linear.default"}
+                     DEQUANTIZE_INT4_HALVES: "torch2jax.int4_halves_linear.default",
+                     # weights a checkpoint stores quantized (runtime/quantize.adopt_stored)
+                     "torch2jax.dequantize_blocks.default": "torch2jax.blocks_linear.default",
+                     "torch2jax.dequantize_packed_int.default": "torch2jax.packed_int_linear.default"}
 _BINARY = frozenset({"aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.div.Tensor", "aten.where.self",
                      "aten.maximum.default", "aten.minimum.default"})
 

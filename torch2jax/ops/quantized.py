@@ -167,3 +167,95 @@ def _dequantized_linear(x, rows_of, rows: int, dtype, bias, whole=None):
         return by_row_count(math.prod(x.shape[:-1]), lambda: dense(x), blocked, lambda: dense(x))
 
     return lax.platform_dependent(x, cpu=cpu, default=dense)
+
+
+# -- weights a checkpoint stores quantized (runtime/quantize.StoredWeight), kept in the artifact as they are stored --
+def float8_values(values):
+    """float32 of float8_e4m3fn values, made with integer ops: XLA:CPU's own float8 conversion is emulated element by
+    element, about 3 times a float32 product's time at one row, where these fuse into the product's loop (within 10%
+    of float32). The 7 bits below the sign, put at the top of a float32's exponent and mantissa, are the value times
+    2^-120 for a normal value (exponent bias 7 against 127); a subnormal one (exponent 0) is its mantissa times 2^-9;
+    the two codes with every bit set are NaN. Equal to the conversion on all 256 codes."""
+    if values.dtype != jnp.float8_e4m3fn:
+        return values.astype(jnp.float32)
+    u = lax.bitcast_convert_type(values, jnp.uint8).astype(jnp.uint32)
+    magnitude = u & 0x7F
+    normal = lax.bitcast_convert_type((magnitude << 20) | ((u & 0x80) << 24), jnp.float32) * jnp.float32(2.0 ** 120)
+    subnormal = (u & 0x7).astype(jnp.float32) * jnp.where(u & 0x80, jnp.float32(-(2.0 ** -9)), jnp.float32(2.0 ** -9))
+    value = jnp.where((u & 0x78) == 0, subnormal, normal)
+    return jnp.where(magnitude == 0x7F, jnp.float32(jnp.nan), value)
+
+
+def _block_rows(values, scale, block_rows: int, block_cols: int, start, size: int):
+    """float32 rows [start, start + size) of a block-scaled weight (`start` a multiple of `size`, traced or not)."""
+    rows, cols = values.shape
+    grid_rows, grid_cols = -(-rows // block_rows), -(-cols // block_cols)
+    grid = scale.astype(jnp.float32).reshape(grid_rows, grid_cols)
+    part = float8_values(lax.dynamic_slice_in_dim(values, start, size) if size != rows else values)
+    if size == rows and rows % block_rows == 0:  # whole row blocks: the scales broadcast over each block's rows
+        per_row = None
+    else:
+        per_row = lax.dynamic_slice_in_dim(jnp.repeat(grid, block_rows, axis=0)[:rows], start, size)
+    if cols % block_cols == 0:
+        if per_row is None:
+            blocks = part.reshape(grid_rows, block_rows, grid_cols, block_cols) * grid[:, None, :, None]
+        else:
+            blocks = part.reshape(size, grid_cols, block_cols) * per_row[:, :, None]
+        return blocks.reshape(size, cols)
+    per_row = per_row if per_row is not None else jnp.repeat(grid, block_rows, axis=0)[:rows]
+    return part * jnp.repeat(per_row, block_cols, axis=1)[:, :cols]
+
+
+@lowers("torch2jax.dequantize_blocks.default")
+def dequantize_blocks(values, scale, block_rows, block_cols, dtype):
+    """[out, in] values (float8, as FP8 checkpoints store them) times one scale per block of block_rows x block_cols
+    (the last blocks of a side that is not a multiple are partial), in float32, rounded to `dtype` once."""
+    return _block_rows(values, scale, block_rows, block_cols, 0, values.shape[0]).astype(dtype)
+
+
+@lowers("torch2jax.blocks_linear.default")
+def blocks_linear(x, values, scale, block_rows, block_cols, dtype, bias=None):
+    """linear(x, dequantize_blocks(values, scale, block_rows, block_cols, dtype), bias), see _dequantized_linear."""
+    def rows(start, size):
+        return _block_rows(values, scale, block_rows, block_cols, start, size).astype(dtype)
+
+    return _dequantized_linear(x, rows, values.shape[0], dtype, bias)
+
+
+def unpack_int32(packed, bits: int, count: int):
+    """[n, words] int32 of 32 / bits values each (the lowest bits first, offset by 2^(bits - 1)) -> [n, count] int32."""
+    words = lax.bitcast_convert_type(packed, jnp.uint32)
+    shifts = jnp.arange(0, 32, bits, dtype=jnp.uint32)
+    values = (words[:, :, None] >> shifts) & jnp.uint32((1 << bits) - 1)
+    return values.reshape(packed.shape[0], -1)[:, :count].astype(jnp.int32) - (1 << (bits - 1))
+
+
+@lowers("torch2jax.dequantize_packed_int.default")
+def dequantize_packed_int(packed, scale, bits, group_size, cols, dtype, zero_point=None):
+    """[out, words] int32 words of packed `bits`-bit values (compressed-tensors' pack-quantized), [out, in / group]
+    scales and, asymmetric, zero points packed alike down the rows (None: symmetric) -> (q - zero_point) * scale, in
+    `dtype`."""
+    rows = packed.shape[0]
+    q = unpack_int32(packed, bits, cols).astype(jnp.float32).reshape(rows, -1, group_size)
+    if zero_point is not None:
+        q = q - unpack_int32(zero_point.T, bits, rows).T.astype(jnp.float32).reshape(rows, -1)[:, :, None]
+    return (q * scale.astype(jnp.float32).reshape(rows, -1)[:, :, None]).reshape(rows, cols).astype(dtype)
+
+
+@lowers("torch2jax.packed_int_linear.default")
+def packed_int_linear(x, packed, scale, bits, group_size, cols, dtype, zero_point=None, bias=None):
+    """linear(x, dequantize_packed_int(...), bias), see _dequantized_linear: a block of rows takes its rows' words,
+    scales and zero-point words (the blocks' rows are a multiple of 32 / bits, so each block's zero points are whole words)."""
+    rows = packed.shape[0]
+    scale = scale.reshape(rows, -1)
+
+    def block(start, size):
+        zero = None
+        if zero_point is not None:
+            zero = lax.dynamic_slice_in_dim(zero_point, start * bits // 32, size * bits // 32) if size != rows else zero_point
+        if size == rows:
+            return dequantize_packed_int(packed, scale, bits, group_size, cols, dtype, zero)
+        return dequantize_packed_int(lax.dynamic_slice_in_dim(packed, start, size), lax.dynamic_slice_in_dim(scale, start, size),
+                                     bits, group_size, cols, dtype, zero)
+
+    return _dequantized_linear(x, block, rows, dtype, bias)

@@ -32,7 +32,11 @@ def describe(manifest: dict, where: str | os.PathLike) -> list[str]:
         lines.append(f"mutates   {', '.join(manifest['mutated_buffers'])}")
     lines.append(f"params    {params['count']:,} values, {params['bytes'] / 1e6:.2f} MB in {len(params['tree'])} tensors")
     quantized = params.get("quantization")
-    if isinstance(quantized, dict):
+    if isinstance(quantized, dict) and quantized.get("stored_by") == "checkpoint":  # runtime/quantize.adopt_stored
+        lines.append(f"quantized as the checkpoint stores them ({', '.join(quantized.get('formats', []))}): "
+                     f"{len(quantized.get('params', []))} matmul weights, {quantized.get('bytes_before', 0) / 1e6:.2f} MB as "
+                     f"floats -> {quantized.get('bytes_after', 0) / 1e6:.2f} MB (dequantized inside the function)")
+    elif isinstance(quantized, dict):
         group = f", groups of {quantized['group_size']} input columns" if quantized.get("group_size") else ", one scale per row"
         how = ("int8 weights and int8-rounded input rows, int8 x int8 products" if quantized.get("scheme") == "int8-dynamic"
                else f"{quantized.get('scheme')} weight-only")

@@ -51,6 +51,10 @@ def quantize_model(model: Model, scheme: str, group_size: int = DEFAULT_GROUP_SI
     """`model` with the weights of its matrix products quantized (see the module docstring); the manifest's
     params section says which, how, and the bytes before and after (`Model.quantization`)."""
     check_scheme(scheme, group_size)
+    stored = getattr(model, "quantization", {}).get("stored_by") == "checkpoint"
+    if stored:
+        raise InputSpecError(f"this checkpoint's weights are stored quantized ({', '.join(model.quantization['formats'])}) and "
+                             f"convert in that form: convert it without quantize={scheme!r}")
     graph = model.graph
     chosen = [inp for inp in matmul_weights(graph) if _fits(inp, scheme, group_size)]
     if not chosen:
@@ -262,3 +266,117 @@ class _ReadOnce:
 
 def _nbytes(params: dict) -> int:
     return int(sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in params.values()))
+
+
+# -- weights a checkpoint stores quantized (hf/prequantized.py reads them) ---------------------------------------------
+# Their stored tensors become the artifact's params as they are; a node of one of these ops makes the weight from them.
+STORED_LAYOUTS = {"blocks": "torch2jax.dequantize_blocks.default", "packed-int": "torch2jax.dequantize_packed_int.default"}
+ZERO_POINT_SUFFIX = "_zero_point"
+
+
+@dataclasses.dataclass
+class StoredWeight:
+    """A weight stored quantized by the checkpoint's own tool: its parts (read later, as they are stored) and how they
+    make the [out, in] weight, in NumPy (`dequantize`) and in the function (ops/quantized.py, by `layout`).
+
+        blocks      float values (float8) times one scale per block of `args` = (block rows, block cols); a block
+                    as wide as the weight is a scale per row, one as large as it a scale per tensor
+        packed-int  32 / bits unsigned values per int32 word (the lowest bits first), offset by 2^(bits - 1), `args` =
+                    (bits, group_size, columns): w = (q - zero_point) * scale per group of columns; the zero points
+                    packed alike down the rows"""
+
+    layout: str
+    shape: tuple[int, int]  # the weight's [out, in]
+    values: DeferredArray
+    scale: DeferredArray
+    args: tuple[int, ...]
+    zero_point: DeferredArray | None = None
+    description: str = ""  # the format, for the manifest (e.g. "fp8 blocks of 128x128")
+
+    def parts(self) -> dict[str, DeferredArray]:
+        """The stored params by suffix of the weight's name ("" is the values)."""
+        found = {"": self.values, SCALE_SUFFIX: self.scale}
+        if self.zero_point is not None:
+            found[ZERO_POINT_SUFFIX] = self.zero_point
+        return found
+
+    def dequantize(self) -> np.ndarray:
+        """The float32 weight, read and dequantized in NumPy (the same arithmetic as the function's)."""
+        zero = self.zero_point.read() if self.zero_point is not None else None
+        return dequantize_stored(self.layout, self.values.read(), self.scale.read(), self.args, self.shape, zero)
+
+
+def dequantize_stored(layout: str, values: np.ndarray, scale: np.ndarray, args: tuple, shape: tuple[int, int],
+                      zero_point: np.ndarray | None = None) -> np.ndarray:
+    """A stored weight's float32 values (see StoredWeight), in NumPy."""
+    rows, cols = shape
+    if layout == "blocks":
+        block_rows, block_cols = args
+        grid = scale.astype(np.float32).reshape(-(-rows // block_rows), -(-cols // block_cols))
+        full = np.repeat(np.repeat(grid, block_rows, axis=0), block_cols, axis=1)[:rows, :cols]
+        return values.astype(np.float32) * full
+    bits, group_size, _ = args
+    q = unpack_int32(values, bits, cols).astype(np.float32)
+    per_group = scale.astype(np.float32).reshape(rows, -1)
+    if zero_point is not None:
+        q = q.reshape(rows, -1, group_size) - unpack_int32(zero_point.T, bits, rows).T.reshape(rows, -1)[:, :, None]
+    return (q.reshape(rows, -1, group_size) * per_group[:, :, None]).reshape(rows, cols)
+
+
+def unpack_int32(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """[n, words] int32 of 32 / bits values each (the lowest bits first, offset by 2^(bits - 1)) -> [n, count] int32."""
+    words = packed.view(np.uint32)
+    shifts = np.arange(0, 32, bits, dtype=np.uint32)
+    values = (words[:, :, None] >> shifts) & np.uint32((1 << bits) - 1)
+    return values.reshape(packed.shape[0], -1)[:, :count].astype(np.int32) - (1 << (bits - 1))
+
+
+def adopt_stored(model: Model) -> Model:
+    """`model` with each weight its checkpoint stores quantized (a param whose DeferredArray carries a `stored`
+    StoredWeight) kept in that form: the placeholder becomes the stored parts and a node that dequantizes them, as
+    quantize_model does for its own schemes. A stored weight read other than as a matmul's weight stays a float param
+    (read dequantized). The manifest's quantization section says so (`stored_by: checkpoint`)."""
+    stored = {name: value.stored for name, value in model.params.items() if getattr(value, "stored", None) is not None}
+    if not stored:
+        return model
+    chosen = [inp for inp in matmul_weights(model.graph) if inp.target in stored]
+    if not chosen:
+        return model
+    by_name = {inp.name: inp for inp in chosen}
+    inputs, nodes = [], []
+    for inp in model.graph.inputs:
+        if inp.name not in by_name:
+            inputs.append(inp)
+            continue
+        weight = stored[inp.target]
+        refs = []
+        for suffix, part in weight.parts().items():
+            placeholder = GraphInput(f"{inp.name}{suffix or '_q'}", "parameter", TensorMeta(dtypes.name_of(part.dtype), list(part.shape)),
+                                     inp.target + suffix)
+            inputs.append(placeholder)
+            refs.append({"ref": placeholder.name})
+        values, scale, *zero = refs
+        # packed-int always has the zero-point slot (None: symmetric), so a fused Linear's bias comes after it
+        zero_slot = [zero[0] if zero else None] if weight.layout == "packed-int" else []
+        nodes.append(Node(inp.name, STORED_LAYOUTS[weight.layout], [values, scale, *weight.args, {"dtype": inp.meta.dtype}, *zero_slot],
+                          {}, inp.meta))
+    params = {}
+    for name, value in model.params.items():
+        if name in stored and any(inp.target == name for inp in chosen):
+            params.update({name + suffix: part for suffix, part in stored[name].parts().items()})
+        else:
+            params[name] = value
+    graph = dataclasses.replace(model.graph, inputs=inputs, nodes=nodes + list(model.graph.nodes))
+    adopted = Model(interpreter.build(passes.optimize(graph)), params, graph)
+    adopted.sharding_hints = dict(model.sharding_hints)
+    adopted.timings = getattr(model, "timings", {})
+    names = [inp.target for inp in chosen]
+    adopted.quantization = {
+        "scheme": "checkpoint",
+        "stored_by": "checkpoint",
+        "formats": sorted({stored[name].description for name in names}),
+        "params": names,
+        "bytes_before": _nbytes({**model.params}),
+        "bytes_after": _nbytes(params),
+    }
+    return adopted
