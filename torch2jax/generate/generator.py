@@ -40,6 +40,7 @@ from . import beam, processors, sampling
 from .loop import (
     DECODE_LOOP_OPTIONS,
     MIN_BUCKET,
+    NO_TOKEN,
     STEPS_PER_CALL,
     Request,
     TokenLoop,
@@ -233,6 +234,9 @@ class Generator(TokenLoop):
         state = {"cache": self.new_cache(batch), "valid": self.carried(valid),
                  "position": self.carried(first_position, self._id_dtype), "history": request.history}
         processing = dict(processing=request.processing, extra=request.extra)
+        forced_eos = getattr(self.spec.settings, "forced_eos_token_id", None)
+        if forced_eos is not None:  # transformers forces it as the last new token (ForcedEOSTokenLogitsProcessor)
+            processing["forced"] = (jnp.asarray(forced_eos, self._id_dtype), jnp.asarray(max_new_tokens - 1, self._id_dtype))
 
         def first():
             logits, state["cache"] = self._prefill(
@@ -354,24 +358,27 @@ class Generator(TokenLoop):
         return ()
 
     def _pick_first(self, logits, key, temperature, top_k, top_p, done, eos, pad, *, do_sample,
-                    processing=processors.NONE, extra=None, history=None):
-        """The prefill's token (the first new one), with the processors over the prompt: (token, done, history)."""
+                    processing=processors.NONE, extra=None, history=None, forced=None):
+        """The prefill's token (the first new one), with the processors over the prompt: (token, done, history).
+        `forced`: (the forced end token, the index of the last new token), or None (forced_eos_at)."""
         length = None if extra is None else extra["start"]
         token, done = self._pick(logits, key, temperature, top_k, top_p, done, eos, pad, do_sample=do_sample,
-                                 processing=processing, extra=extra, history=history, length=length)
+                                 processing=processing, extra=extra, history=history, length=length,
+                                 force=forced_eos_at(forced, 0))
         return token, done, processors.record(history, length, token)
 
     def _decode_step(self, params, cache, token, position, slot, valid, done, key, temperature, top_k, top_p, eos, pad, *,
-                     do_sample, span, processing=processors.NONE, extra=None, history=None, length=None):
+                     do_sample, span, processing=processors.NONE, extra=None, history=None, length=None, force=None):
         valid = valid.at[:, slot].set(True)
         logits, cache = causal_lm_step(self.decode_model, params, token[:, None], position[:, None], slot[None], valid[:, :span], cache,
                               *self._decode_inputs(token.shape[0]))
         token, done = self._pick(logits, key, temperature, top_k, top_p, done, eos, pad, do_sample=do_sample,
-                                 processing=processing, extra=extra, history=history, length=length)
+                                 processing=processing, extra=extra, history=history, length=length, force=force)
         return token, cache, valid, done
 
     def _decode_steps(self, params, cache, token, position, slot, valid, done, key, temperature, top_k, top_p, eos, pad,
-                      first, count, *, do_sample, span, size, processing=processors.NONE, extra=None, history=None):
+                      first, count, *, do_sample, span, size, processing=processors.NONE, extra=None, history=None,
+                      forced=None):
         """Up to `count` (<= `size`) decode steps in one compiled loop, ending early once every row has: ([size, B]
         tokens, of which the first `ran` are new, then the last token, cache, valid, done, position and the processors'
         token history). Step i writes slot `slot + i` and samples with key `fold_in(key, first + i)`, as one step per
@@ -383,7 +390,7 @@ class Generator(TokenLoop):
             token, cache, valid, done = self._decode_step(
                 params, cache, token, position + i, slot + i, valid, done, jax.random.fold_in(key, first + i),
                 temperature, top_k, top_p, eos, pad, do_sample=do_sample, span=span, processing=processing, extra=extra,
-                history=history, length=length)
+                history=history, length=length, force=forced_eos_at(forced, first + i))
             return token, (cache, valid, processors.record(history, length, token)), done
 
         tokens, ran, token, (cache, valid, history), done = decode_block(step, token, (cache, valid, history), done, count, size)
@@ -417,3 +424,10 @@ def causal_lm_step(model: Model, params: dict, ids: jax.Array, positions: jax.Ar
     return logits, list(new_cache)
 
 
+def forced_eos_at(forced: tuple[jax.Array, jax.Array] | None, index: Any) -> jax.Array | None:
+    """The token forced as new token `index` (0-based): the forced end token at the last one, NO_TOKEN before it;
+    None where the generation config forces none."""
+    if forced is None:
+        return None
+    token, last = forced
+    return jnp.where(index == last, token, jnp.asarray(NO_TOKEN, token.dtype))

@@ -84,6 +84,8 @@ class GenerationSettings:
     length_penalty: float | None = None
     early_stopping: bool | str | None = None  # True, False or "never"
     num_return_sequences: int | None = None
+    # transformers' ForcedEOSTokenLogitsProcessor: the last new token (a causal LM's; an encoder-decoder's spec has its own)
+    forced_eos_token_id: int | None = None
     not_applied: tuple[str, ...] = ()
 
     @staticmethod
@@ -117,6 +119,11 @@ class GenerationSettings:
                     values[name] = value if value == "never" else bool(value)
                 else:
                     values[name] = int(value)
+        forced_eos = getattr(config, "forced_eos_token_id", None)
+        if isinstance(forced_eos, (list, tuple)):  # transformers forces the first of a list
+            forced_eos = forced_eos[0] if forced_eos else None
+        if forced_eos is not None:
+            values["forced_eos_token_id"] = int(forced_eos)
         ignored = []
         for name, off in NOT_APPLIED.items():
             value = getattr(config, name, None)
