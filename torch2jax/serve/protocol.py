@@ -65,6 +65,24 @@ class GenerationRequest(BaseModel):
     top_k: int | None = _rule("an integer >= 0 (0 turns top-k off)", ge=0)
     seed: int | None = _rule("an integer")
     ignore_eos: bool | None = _rule("true or false")  # run to max_tokens
+    presence_penalty: float | None = _rule("a number in [-2, 2]", ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float | None = _rule("a number in [-2, 2]", ge=-2, le=2, allow_inf_nan=False)
+    top_logprobs: int | None = _rule("an integer in [0, 20]", ge=0, le=20)
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float | None, info: Any) -> float | None:
+        # a penalty the server would not apply changes the text the client expects: refused, not ignored
+        if value not in (None, 0):
+            raise ValueError(f"'{info.field_name}' is not supported by this server yet: send 0 or leave it out")
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_top_logprobs(cls, value: int | None) -> int | None:
+        if value not in (None, 0):
+            raise ValueError("'top_logprobs' needs 'logprobs', which this server does not support")
+        return value
 
     @field_validator("n", "best_of")
     @classmethod
