@@ -39,10 +39,14 @@ from .common import handles_errors, needs_extra
               help="Serve a PEFT LoRA adapter directory (e.g. `torch2jax finetune`'s OUT/adapter) as the model NAME, beside "
               "the base model; repeat for more. A request's `model` chooses: the base model's name or an adapter's, and "
               "rows of different adapters share a batch.")
+@click.option("--compilation-cache", type=click.Path(file_okay=False),
+              help="Keep the compiled steps here between runs, so a restart reads them instead of compiling "
+                   "[default: $XDG_CACHE_HOME/torch2jax/jax, i.e. ~/.cache/torch2jax/jax].")
+@click.option("--no-compilation-cache", is_flag=True, help="Compile every step at start-up, keeping nothing.")
 @click.option("--log-level", default="warning", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 @handles_errors
 def serve(artifact_dir, host, port, max_batch, max_queue, chunk, model_name, chat_template, drain_timeout, warm_up,
-          decode_block, lora, log_level):
+          decode_block, lora, compilation_cache, no_compilation_cache, log_level):
     """Serve a text-generation artifact over HTTP, OpenAI-style: /v1/completions, /v1/chat/completions
     (streaming with stream=true), /v1/models, /health and /metrics (Prometheus). Needs no torch.
 
@@ -58,8 +62,10 @@ def serve(artifact_dir, host, port, max_batch, max_queue, chunk, model_name, cha
         needs_extra("finetune", "safetensors")  # reads the adapters' weights
     import uvicorn
 
-    from torch2jax.serve.api import build_service, create_app
+    from torch2jax.serve.api import build_service, create_app, default_compilation_cache, use_compilation_cache
 
+    if not no_compilation_cache:
+        use_compilation_cache(compilation_cache or default_compilation_cache())
     started = time.perf_counter()
     last = [0.0]
 
