@@ -55,6 +55,9 @@ def create_app(service: Service, on_shutdown: Callable[[], None] | None = None) 
     return app
 
 
+COMPILATION_CACHE_BYTES = 4 << 30  # what the cache may hold on disk
+
+
 def default_compilation_cache() -> Path:
     """Where `torch2jax serve` keeps compiled steps between runs: $XDG_CACHE_HOME/torch2jax/jax (~/.cache/...)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch2jax" / "jax"
@@ -70,6 +73,7 @@ def use_compilation_cache(directory: str | os.PathLike) -> None:
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_compilation_cache_max_size", COMPILATION_CACHE_BYTES)  # the least recently used go first
 
 
 def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = None, max_queue: int = 64, chunk: int = 256,
