@@ -222,13 +222,7 @@ class Generator(TokenLoop):
         batch, length = ids.shape
         limit = self.spec.max_cache_len - max_new_tokens
         width = unbucketed + prompt_bucket(length - unbucketed, limit - unbucketed, MIN_BUCKET)
-        padded_ids = np.full((batch, width), request.pad_id, np.int64)
-        padded_ids[:, width - length :] = ids
-        padded_mask = np.zeros((batch, width), bool)
-        padded_mask[:, width - length :] = mask
-        positions = np.maximum(np.cumsum(padded_mask, axis=1) - 1, 0)
-        valid = np.zeros((batch, self.spec.max_cache_len), bool)
-        valid[:, :width] = padded_mask
+        padded_ids, positions, valid = pad_prompt(ids, mask, width, request.pad_id, self.spec.max_cache_len)
         key, do_sample, params = request.key, request.do_sample, request.sampling
         first_position = positions[:, -1] + 1 + (0 if position_delta is None else np.asarray(position_delta))
         state = {"cache": self.new_cache(batch), "valid": self.carried(valid),
@@ -276,13 +270,7 @@ class Generator(TokenLoop):
                                 beams_applied=True)
         eos = np.asarray(request.eos).reshape(-1)
         width = prompt_bucket(length, self.spec.max_cache_len - max_new_tokens, MIN_BUCKET)
-        padded_ids = np.full((batch, width), request.pad_id, np.int64)
-        padded_ids[:, width - length:] = ids
-        padded_mask = np.zeros((batch, width), bool)
-        padded_mask[:, width - length:] = mask
-        positions = np.maximum(np.cumsum(padded_mask, axis=1) - 1, 0)
-        valid = np.zeros((batch, self.spec.max_cache_len), bool)
-        valid[:, :width] = padded_mask
+        padded_ids, positions, valid = pad_prompt(ids, mask, width, request.pad_id, self.spec.max_cache_len)
         logits, cache = self._prefill(self.params, self.new_cache(batch), jnp.asarray(padded_ids, self._id_dtype),
                                       jnp.asarray(positions, self._id_dtype), jnp.arange(width, dtype=self._id_dtype),
                                       jnp.asarray(valid[:, :width]))
@@ -402,6 +390,18 @@ class Generator(TokenLoop):
 
     def _shown(self, prompt: list[int], generated: np.ndarray, new: list[int]) -> list[int]:
         return prompt + new
+
+
+def pad_prompt(ids: np.ndarray, mask: np.ndarray, width: int, pad_id: int, max_cache_len: int) -> tuple:
+    """A [B, L] left-padded prompt padded further on the left to `width` (its length bucket): (ids, each token's position
+    from the row's first real token, the [B, max_cache_len] slots holding a real token)."""
+    batch, length = ids.shape
+    padded_ids = np.full((batch, width), pad_id, np.int64)
+    padded_ids[:, width - length:] = ids
+    valid = np.zeros((batch, max_cache_len), bool)
+    valid[:, width - length:width] = mask
+    positions = np.maximum(np.cumsum(valid[:, :width], axis=1) - 1, 0)
+    return padded_ids, positions, valid
 
 
 def left_pad(rows: list, pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:

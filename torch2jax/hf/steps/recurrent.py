@@ -31,7 +31,7 @@ from ...generate.generator import GenerationSpec, Generator
 from ...runtime.model import Model
 from ...runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_model
 from ..stand_ins import state_space
-from .causal_lm import DecoderStep
+from .causal_lm import DecoderStep, example_step_inputs
 from .kv_cache import check_limits, generation_fields
 
 ATTENTION, STATE = "kv", "state"
@@ -165,17 +165,6 @@ class RecurrentStep(DecoderStep):
         return logits, new
 
 
-def example_inputs(layout: StateLayout, batch: int, tokens: int) -> tuple:
-    span = max(tokens + 1, layout.max_cache_len // 2)
-    return (
-        torch.zeros((batch, tokens), dtype=torch.long),
-        torch.arange(tokens).expand(batch, tokens).clone(),
-        torch.arange(tokens),
-        torch.ones((batch, span), dtype=torch.bool),
-        layout.zeros(batch),
-    )
-
-
 def dynamic_shapes(layout: StateLayout, max_batch: int) -> tuple:
     """As the causal-LM step's: batch, tokens and the attended span symbolic; state tensors symbolic in batch only."""
     batch = {"name": "batch", "min": 1, "max": max_batch} if max_batch > 1 else None
@@ -203,7 +192,7 @@ def convert_recurrent_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_b
     layout = state_layout(lm, max_cache_len)
     timer = StageTimer(progress)
     batch = min(max_batch, 2)  # torch.export specializes a dim of 1
-    captured, _ = trace(RecurrentStep(lm, layout).eval(), example_inputs(layout, batch, 3), None,
+    captured, _ = trace(RecurrentStep(lm, layout).eval(), example_step_inputs(layout, batch, 3), None,
                         dynamic_shapes(layout, max_batch), timer)
     prefill = model_from(captured, timer, weights)
     if quantize is not None:
