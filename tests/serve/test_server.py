@@ -42,7 +42,8 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        # a cache of compiled steps of its own: one shared with other runs would make a test's timing depend on them
+        env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(log.parent / "cache"))
         self.process = subprocess.Popen([*command, "serve", str(artifact), "--port", str(self.port), *options], cwd=ROOT,
                                         env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"))
         deadline = time.monotonic() + START_S
@@ -260,9 +261,10 @@ def test_a_client_leaving_mid_stream_frees_its_row(server):
 def test_full_queue_gets_429_and_sigterm_drains_then_exits_0(artifact, reference, tmp_path):
     """One row, one queue place, run by the console script: a third request is refused with Retry-After; on
     SIGTERM the two in flight still finish whole, and the process exits 0. With `--warm-up short` the first
-    request's later decode steps compile while it runs, which keeps its row busy long after the others arrive."""
+    request's later decode steps compile while it runs (no compilation cache), which keeps its row busy long after the
+    others arrive."""
     s = Server([CLI], artifact, tmp_path / "server.log", "--max-batch", "1", "--max-queue", "1", "--drain-timeout", "60",
-               "--warm-up", "short")
+               "--warm-up", "short", "--no-compilation-cache")
     results: dict[int, httpx.Response] = {}
 
     def ask(i: int) -> None:
