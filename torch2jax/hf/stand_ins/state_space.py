@@ -8,7 +8,8 @@ the layer's cache entry holds the state as tensors the step was given (`conv` [B
 `torch.ops.higher_order.scan` over the tokens (lax.scan once converted: one compiled loop, not one copy of the body per
 token), starting from the given state, so the prompt, a chunk of it and a single decode token are the same graph.
 A token that is not real (left padding) leaves both states as they were: its input to the convolution is zero and its
-time step is zero, so the SSM update is the identity. The new states are set on the cache entry for the step to return.
+time step is zero, so the SSM update is the identity. The new states are set on the cache entry for the step to return
+(the registry: mixers.py).
 Outside the step (a plain forward, no such cache entry) the mixer's own forward runs.
 """
 
@@ -19,53 +20,25 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...capture import trace_forwards
+from . import mixers
+from .mixers import Mixer, causal_conv, conv_state_shape, step_state
 
 _MODELS = "transformers.models"
-# mixer class -> its kind: the form of its SSM state and of its update
-MIXERS = {
-    f"{_MODELS}.mamba.modeling_mamba.MambaMixer": "mamba",
-    f"{_MODELS}.mamba2.modeling_mamba2.Mamba2Mixer": "mamba2",
-    f"{_MODELS}.bamba.modeling_bamba.BambaMixer": "mamba2",  # Mamba2's mixer, beside attention layers
-}
-STATE_ATTRIBUTE = "torch2jax_step_state"  # set on the step's own cache layers (hf/steps/recurrent.py)
 
 
-def qualified(module: torch.nn.Module) -> str:
-    return f"{type(module).__module__}.{type(module).__qualname__}"
+def _mamba_states(mixer: torch.nn.Module) -> tuple:
+    """conv [channels, kernel - 1] in the model's dtype, SSM [intermediate, state] float32."""
+    return ((conv_state_shape(mixer.conv1d), None),
+            ((int(mixer.intermediate_size), int(mixer.ssm_state_size)), torch.float32))
 
 
-def ssm_shape(mixer: torch.nn.Module) -> tuple[int, ...]:
-    """The SSM state of one row, as transformers keeps it: [intermediate, state] (Mamba), [heads, head_dim, state]
-    (Mamba2)."""
-    kind = MIXERS[qualified(mixer)]
-    if kind == "mamba":
-        return (int(mixer.intermediate_size), int(mixer.ssm_state_size))
-    return (int(mixer.num_heads), int(mixer.head_dim), int(mixer.ssm_state_size))
+def _mamba2_states(mixer: torch.nn.Module) -> tuple:
+    """conv [channels, kernel - 1] in the model's dtype, SSM [heads, head_dim, state] float32."""
+    return ((conv_state_shape(mixer.conv1d), None),
+            ((int(mixer.num_heads), int(mixer.head_dim), int(mixer.ssm_state_size)), torch.float32))
 
 
-def conv_shape(mixer: torch.nn.Module) -> tuple[int, int]:
-    """The convolution's state of one row: its last kernel - 1 inputs per channel."""
-    return (int(mixer.conv1d.in_channels), int(mixer.conv1d.kernel_size[0]) - 1)
-
-
-def _step_state(cache: Any, layer_idx: int) -> Any:
-    layers = getattr(cache, "layers", None)
-    if layers is None or layer_idx >= len(layers) or not getattr(layers[layer_idx], STATE_ATTRIBUTE, False):
-        return None
-    return layers[layer_idx]
-
-
-def causal_conv(x: torch.Tensor, state: torch.Tensor, conv: torch.nn.Conv1d, activation: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The depthwise causal convolution of x [B, C, T] continuing from `state` [B, C, K - 1]: (activated output
-    [B, C, T], the new state: the last K - 1 inputs)."""
-    from transformers.activations import ACT2FN
-
-    kept = state.shape[-1]
-    full = torch.cat([state.to(x.dtype), x], dim=-1)
-    out = F.conv1d(full.to(conv.weight.dtype), conv.weight, conv.bias, groups=x.shape[1])
-    new_state = full[:, :, full.shape[-1] - kept:]
-    return ACT2FN[activation](out).to(x.dtype), new_state.to(state.dtype)
+MAMBA, MAMBA2 = Mixer("mamba", _mamba_states), Mixer("mamba2", _mamba2_states)
 
 
 def diagonal_scan(state: torch.Tensor, decay_rate: torch.Tensor, dt: torch.Tensor, x: torch.Tensor, B: torch.Tensor,
@@ -88,21 +61,23 @@ def diagonal_scan(state: torch.Tensor, decay_rate: torch.Tensor, dt: torch.Tenso
 
 def mamba_forward(self: Any, hidden_states: torch.Tensor, cache: Any = None, attention_mask: Any = None, **kwargs: Any):
     """MambaMixer over the step's state: the projections and gating of transformers' torch path, the scan above."""
-    layer = _step_state(cache, self.layer_idx)
+    layer = step_state(cache, self.layer_idx)
     if layer is None:
         return type(self).forward(self, hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
     dtype = hidden_states.dtype
     keep = layer.keep  # [B, T]
+    conv_state, ssm_state = layer.states
     hidden_states = hidden_states * keep[:, :, None].to(dtype)
     x, gate = self.in_proj(hidden_states).transpose(1, 2).chunk(2, dim=1)  # [B, D, T] each
-    x, layer.conv = causal_conv(x * keep[:, None, :].to(x.dtype), layer.conv, self.conv1d, self.activation)
+    x, conv_state = causal_conv(x * keep[:, None, :].to(x.dtype), conv_state, self.conv1d, self.activation)
     x = x.transpose(1, 2) * keep[:, :, None].to(x.dtype)  # [B, T, D]
     time_step, B, C = torch.split(self.x_proj(x), [self.time_step_rank, self.ssm_state_size, self.ssm_state_size], dim=-1)
     time_step = (self.dt_proj.weight @ time_step.transpose(1, 2)).transpose(1, 2)  # [B, T, D]
     dt = F.softplus(time_step + self.dt_proj.bias.float()) * keep[:, :, None]  # a pad's step is the identity
     A = -torch.exp(self.A_log.float())
-    ys, layer.ssm = diagonal_scan(layer.ssm, A, dt.transpose(0, 1), x.float().transpose(0, 1),
+    ys, ssm_state = diagonal_scan(ssm_state, A, dt.transpose(0, 1), x.float().transpose(0, 1),
                                   B.float().transpose(0, 1), C.float().transpose(0, 1))
+    layer.states = [conv_state, ssm_state]
     y = ys.transpose(0, 1).to(dtype) + x * self.D.float()  # [B, T, D]
     y = y * F.silu(gate.transpose(1, 2))
     return self.out_proj(y.to(dtype))
@@ -111,7 +86,7 @@ def mamba_forward(self: Any, hidden_states: torch.Tensor, cache: Any = None, att
 def mamba2_forward(self: Any, hidden_states: torch.Tensor, cache: Any = None, attention_mask: Any = None, **kwargs: Any):
     """Mamba2Mixer over the step's state: transformers' projections, gated norm and time-step limits, the scan above
     per head (the state [heads, head_dim, state] of transformers' one-token update)."""
-    layer = _step_state(cache, self.layer_idx)
+    layer = step_state(cache, self.layer_idx)
     if layer is None:
         return type(self).forward(self, hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
     return ssd_mixer(self, hidden_states, layer, self.conv1d, self.activation, limit=self.time_step_limit)
@@ -123,11 +98,12 @@ def ssd_mixer(mixer: Any, hidden_states: torch.Tensor, layer: Any, conv: torch.n
     batch, tokens, _ = hidden_states.shape
     dtype = hidden_states.dtype
     keep = layer.keep
+    conv_state, ssm_state = layer.states
     hidden_states = hidden_states * keep[:, :, None].to(dtype)
     projected = mixer.in_proj(hidden_states)
     groups_state = mixer.n_groups * mixer.ssm_state_size
     gate, xbc, dt = projected.split([mixer.intermediate_size, mixer.conv_dim, mixer.num_heads], dim=-1)
-    xbc, layer.conv = causal_conv(xbc.transpose(1, 2) * keep[:, None, :].to(xbc.dtype), layer.conv, conv, activation)
+    xbc, conv_state = causal_conv(xbc.transpose(1, 2) * keep[:, None, :].to(xbc.dtype), conv_state, conv, activation)
     xbc = xbc.transpose(1, 2) * keep[:, :, None].to(xbc.dtype)
     x, B, C = torch.split(xbc, [mixer.intermediate_size, groups_state, groups_state], dim=-1)
     dt = F.softplus(dt + mixer.dt_bias.to(dt.dtype))
@@ -141,14 +117,14 @@ def ssd_mixer(mixer: Any, hidden_states: torch.Tensor, layer: Any, conv: torch.n
     B = B.reshape(batch, tokens, mixer.n_groups, state).float().repeat_interleave(per_group, dim=2, output_size=heads)
     C = C.reshape(batch, tokens, mixer.n_groups, state).float().repeat_interleave(per_group, dim=2, output_size=heads)
     A = -torch.exp(mixer.A_log.float())[:, None, None]  # [H, 1, 1]
-    ys, layer.ssm = diagonal_scan(layer.ssm, A, dt.transpose(0, 1)[..., None], x.transpose(0, 1), B.transpose(0, 1),
+    ys, ssm_state = diagonal_scan(ssm_state, A, dt.transpose(0, 1)[..., None], x.transpose(0, 1), B.transpose(0, 1),
                                   C.transpose(0, 1))
+    layer.states = [conv_state, ssm_state]
     y = ys.transpose(0, 1) + x * mixer.D.float()[:, None]  # [B, T, H, P]
     y = mixer.norm(y.reshape(batch, tokens, -1), gate)
     return mixer.out_proj(y.to(dtype))
 
 
-trace_forwards.register(f"{_MODELS}.mamba.modeling_mamba.MambaMixer", mamba_forward)
-for _name, _kind in MIXERS.items():
-    if _kind == "mamba2":
-        trace_forwards.register(_name, mamba2_forward)
+mixers.register(f"{_MODELS}.mamba.modeling_mamba.MambaMixer", MAMBA, mamba_forward)
+mixers.register(f"{_MODELS}.mamba2.modeling_mamba2.Mamba2Mixer", MAMBA2, mamba2_forward)
+mixers.register(f"{_MODELS}.bamba.modeling_bamba.BambaMixer", MAMBA2, mamba2_forward)  # Mamba2's, beside attention

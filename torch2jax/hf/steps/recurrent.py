@@ -2,11 +2,14 @@
 step over explicit per-layer state, served as prefill and decode like an attention-only LM (hf/steps/causal_lm.py).
 
 The step's signature is the causal-LM step's: (input_ids, position_ids, write_at, kv_valid, cache) -> (last logits,
-new cache), and `cache` is still two tensors per layer, so the generator's token loop runs it unchanged:
+new cache), and `cache` is a flat list of tensors, so the generator's token loop runs it unchanged:
 
     attention layer   keys, values  [B, kv_heads, max_cache_len + 1, head_dim]   slots, written at `write_at`
     state-space layer conv          [B, channels, kernel - 1]                   overwritten by each step
                       ssm           [B, ...] float32 (transformers' own shape)   overwritten by each step
+    other mixers      the states their registry entry lists (hf/stand_ins/mixers.py)
+    hybrid layer      a mixer's states, then keys and values
+    MLP-only layer    none
 
 A state layer's size does not grow with the context: a decode step costs the same at any length (its graph reads
 `kv_valid` only at the written slots). Which tokens are real comes from the same inputs the attention mask is built
@@ -30,7 +33,7 @@ from ...errors import ExportError
 from ...generate.generator import GenerationSpec, Generator
 from ...runtime.model import Model
 from ...runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_model
-from ..stand_ins import state_space
+from ..stand_ins import mixers
 from .causal_lm import DecoderStep, example_step_inputs
 from .kv_cache import check_limits, generation_fields
 
@@ -39,25 +42,27 @@ ATTENTION, STATE = "kv", "state"
 
 @dataclass(frozen=True)
 class StateLayout:
-    """Two cache tensors per layer: keys and values of an attention layer, conv and SSM state of a state-space layer.
-    Shapes without the batch dim; an attention layer's are [kv_heads, max_cache_len + 1, head_dim]."""
+    """Each layer's cache tensors, in order: keys and values of an attention layer; the mixer's states of a state layer
+    (conv and SSM for Mamba); states then keys and values of a layer with both (Zamba's hybrid layers); none for a
+    layer without a cache (an MLP-only layer). Shapes without the batch dim; an attention tensor's is
+    [kv_heads, max_cache_len + 1, head_dim]."""
 
-    kinds: tuple[str, ...]  # per layer: ATTENTION or STATE
-    tensor_shapes: tuple[tuple[int, ...], ...]  # per tensor (2 per layer)
+    layer_kinds: tuple[tuple[str, ...], ...]  # per layer, per tensor: ATTENTION or STATE
+    tensor_shapes: tuple[tuple[int, ...], ...]  # per tensor, all layers in order
     tensor_dtypes: tuple[torch.dtype, ...]
     dtype: torch.dtype  # the model's (the attention mask's and the conv state's)
     max_cache_len: int
 
     @property
     def layers(self) -> int:
-        return len(self.kinds)
+        return len(self.layer_kinds)
 
     @property
     def slots(self) -> int:
         return self.max_cache_len + 1
 
     def tensor_kinds(self) -> tuple[str, ...]:
-        return tuple(kind for kind in self.kinds for _ in range(2))
+        return tuple(kind for layer in self.layer_kinds for kind in layer)
 
     def shapes(self, batch: int) -> list[tuple[int, ...]]:
         return [(batch, *shape) for shape in self.tensor_shapes]
@@ -67,49 +72,58 @@ class StateLayout:
 
 
 def state_mixers(lm: torch.nn.Module) -> dict[int, torch.nn.Module]:
-    """The state-space mixers of `lm` this module converts, by the index of the layer whose cache entry they own."""
-    return {int(m.layer_idx): m for m in lm.modules() if state_space.qualified(m) in state_space.MIXERS}
+    """The recurrent mixers of `lm` this module converts (stand_ins/mixers.py), by the index of the layer whose cache
+    entry they own."""
+    found = {}
+    for module in lm.modules():
+        mixer = mixers.mixer_of(module)
+        if mixer is not None:
+            found[mixer.layer_index(module)] = module
+    return found
 
 
 def keeps_recurrent_state(lm: torch.nn.Module) -> bool:
-    """Whether `lm` has state-space mixers this module converts (the dispatch's question: hf/convert.py)."""
+    """Whether `lm` has recurrent mixers this module converts (the dispatch's question: hf/convert.py)."""
     return bool(state_mixers(lm))
 
 
 def state_layout(lm: torch.nn.Module, max_cache_len: int) -> StateLayout:
     """Each layer's cache: one token run through transformers' own cache says which layers keep keys and values and
-    their shapes; a state layer's shapes come from its mixer."""
+    their shapes, and which keep a recurrent state; a state's tensors come from its mixer's registry entry."""
     from transformers import DynamicCache
-    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+    from transformers.cache_utils import DummyLayer, LinearAttentionCacheLayerMixin
 
     cache = DynamicCache(config=lm.config)
     with torch.no_grad():
         lm(input_ids=torch.zeros((1, 1), dtype=torch.long), use_cache=True, **{cache_keyword(lm): cache})
-    mixers = state_mixers(lm)
+    found = state_mixers(lm)
     dtype = next(p.dtype for p in lm.parameters() if p.is_floating_point())
-    kinds, shapes, dtypes = [], [], []
+    layer_kinds, shapes, dtypes = [], [], []
     for i, layer in enumerate(cache.layers):
+        kinds: list[str] = []
         if isinstance(layer, LinearAttentionCacheLayerMixin):
-            if i not in mixers or getattr(layer, "keys", None) is not None:
+            if i not in found:
                 raise ExportError(
                     f"{type(lm).__name__}'s layer {i} keeps a recurrent state ({type(layer).__name__}) of a kind "
-                    f"text-generation artifacts do not hold yet (supported: {', '.join(sorted(set(state_space.MIXERS.values())))} "
-                    "mixers); its forward converts: torch2jax.convert(model, args), or "
+                    f"text-generation artifacts do not hold yet (supported: {', '.join(mixers.kinds())} mixers); its "
+                    "forward converts: torch2jax.convert(model, args), or "
                     "`torch2jax convert hf:DIR --task feature-extraction`.")
-            kinds.append(STATE)
-            shapes += [state_space.conv_shape(mixers[i]), state_space.ssm_shape(mixers[i])]
-            dtypes += [dtype, torch.float32]
-        elif getattr(layer, "keys", None) is not None:
+            for shape, state_dtype in mixers.mixer_of(found[i]).states(found[i]):
+                kinds.append(STATE)
+                shapes.append(tuple(int(d) for d in shape))
+                dtypes.append(state_dtype or dtype)
+        if getattr(layer, "keys", None) is not None:
             if getattr(layer, "is_sliding", False):
                 raise ExportError(f"{type(lm).__name__}'s layer {i} is a sliding-window attention layer next to state "
                                   "layers; such hybrids cannot generate yet")
-            kinds.append(ATTENTION)
+            kinds += [ATTENTION, ATTENTION]
             shapes += [(layer.keys.shape[1], max_cache_len + 1, layer.keys.shape[3]),
                        (layer.values.shape[1], max_cache_len + 1, layer.values.shape[3])]
             dtypes += [layer.keys.dtype, layer.values.dtype]
-        else:
+        if not kinds and not isinstance(layer, DummyLayer):
             raise ExportError(f"{type(lm).__name__}'s layer {i} filled neither keys and values nor a recurrent state")
-    return StateLayout(tuple(kinds), tuple(shapes), tuple(dtypes), dtype, max_cache_len)
+        layer_kinds.append(tuple(kinds))
+    return StateLayout(tuple(layer_kinds), tuple(shapes), tuple(dtypes), dtype, max_cache_len)
 
 
 def cache_keyword(lm: torch.nn.Module) -> str:
@@ -118,50 +132,73 @@ def cache_keyword(lm: torch.nn.Module) -> str:
     return "cache" if "cache" in parameters and "past_key_values" not in parameters else "past_key_values"
 
 
-def state_layer_class():
+def state_layer_classes():
+    """(StateLayer, HybridLayer): a state layer's entry, and a layer's with both a state and keys and values."""
     from transformers.cache_utils import LinearAttentionLayer
 
-    class StateLayer(LinearAttentionLayer):
-        """One state-space layer's conv and SSM state given as tensors, and which of the step's tokens are real
-        (`keep` [B, T]); the mixer's stand-in replaces `conv` and `ssm` with the new states."""
+    from .kv_cache import explicit_layer_class
 
-        def __init__(self, conv: torch.Tensor, ssm: torch.Tensor, keep: torch.Tensor):
-            super().__init__()
-            self.conv, self.ssm, self.keep = conv, ssm, keep
-            setattr(self, state_space.STATE_ATTRIBUTE, True)
-            self.conv_states[0], self.recurrent_states[0] = conv, ssm
+    class StateLayer(LinearAttentionLayer):
+        """One recurrent layer's states given as tensors (`states`, as its mixer's registry entry lists them) and which
+        of the step's tokens are real (`keep` [B, T]); the mixer's stand-in replaces `states` with the new ones."""
+
+        def __init__(self, states: list[torch.Tensor], keep: torch.Tensor):
+            LinearAttentionLayer.__init__(self)
+            self.states, self.keep = list(states), keep
+            setattr(self, mixers.STATE_ATTRIBUTE, True)
             self.is_conv_states_initialized[0] = self.is_recurrent_states_initialized[0] = True
             self.has_previous_state[0] = True
-            self.conv_kernel_size[0] = conv.shape[-1] + 1
 
-    return StateLayer
+    explicit = explicit_layer_class()
+
+    class HybridLayer(StateLayer, explicit):
+        """A layer whose mixer keeps a state and whose attention keeps keys and values (Zamba, Falcon-H1)."""
+
+        def __init__(self, states: list[torch.Tensor], keep: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     write_at: torch.Tensor, span: int):
+            explicit.__init__(self, keys, values, write_at, span)
+            StateLayer.__init__(self, states, keep)
+
+    return StateLayer, HybridLayer
 
 
 class RecurrentStep(DecoderStep):
     """forward(input_ids, position_ids, write_at, kv_valid, cache) -> (last logits [B, V] float32, new cache), over a
-    StateLayout's cache (two tensors per layer)."""
+    StateLayout's cache (a flat list of each layer's tensors)."""
 
     def __init__(self, lm: torch.nn.Module, layout: StateLayout):
         super().__init__(lm, layout)
-        self._state_layer = state_layer_class()
+        self._state_layer, self._hybrid_layer = state_layer_classes()
         self._keyword = cache_keyword(lm)
-        self._attends = ATTENTION in layout.kinds
+        self._attends = ATTENTION in layout.tensor_kinds()
 
     def step(self, tokens: dict, position_ids, write_at, kv_valid, cache, also=None):
-        from transformers.cache_utils import Cache
+        from transformers.cache_utils import Cache, DummyLayer
 
         span = kv_valid.shape[1]
         keep = kv_valid.gather(1, write_at[None, :].expand(kv_valid.shape[0], -1))  # [B, T]: the real tokens
-        layers = [self._layer(cache[2 * i], cache[2 * i + 1], write_at, span) if kind == ATTENTION
-                  else self._state_layer(cache[2 * i], cache[2 * i + 1], keep)
-                  for i, kind in enumerate(self.layout.kinds)]
+        layers, at = [], 0
+        for kinds in self.layout.layer_kinds:
+            tensors, at = cache[at:at + len(kinds)], at + len(kinds)
+            states = [t for t, kind in zip(tensors, kinds) if kind == STATE]
+            if not kinds:
+                layers.append(DummyLayer())
+            elif not states:
+                layers.append(self._layer(*tensors, write_at, span))
+            elif len(states) == len(kinds):
+                layers.append(self._state_layer(states, keep))
+            else:
+                layers.append(self._hybrid_layer(states, keep, *tensors[len(states):], write_at, span))
         extra = dict(position_ids=position_ids, attention_mask=self._masks(write_at, kv_valid, also),
                      cache_position=write_at) if self._attends else {}
         out = self.lm(**tokens, **extra, **{self._keyword: Cache(layers=layers)}, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1].float()
         new = []
-        for layer, kind in zip(layers, self.layout.kinds):
-            new += [layer.keys, layer.values] if kind == ATTENTION else [layer.conv, layer.ssm]
+        for layer, kinds in zip(layers, self.layout.layer_kinds):
+            if STATE in kinds:
+                new += layer.states
+            if ATTENTION in kinds:
+                new += [layer.keys, layer.values]
         return logits, new
 
 
