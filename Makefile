@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: install
-	$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow"
+	$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow" --durations=25
 
 # Every OpInfo, every dtype, every sample; records docs/opinfo_results.json (after every case) for `make docs`.
 # Hours on 2 cores: `OPINFO_DTYPE=float32` sweeps one dtype and keeps the report's others; `RESUME=1` goes on

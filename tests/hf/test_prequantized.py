@@ -236,8 +236,9 @@ def test_fused_products_equal_the_dequantized_weights_product(rows):
 
 
 @pytest.mark.parametrize("quantization, named", [
-    ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "gptq"),
-    ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}, "awq"),
+    ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "GPTQ with 3-bit weights"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemv"}, "AWQ in the gemv layout"),
+    ({"quant_method": "hqq"}, "hqq"),
     ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "bitsandbytes"),
     ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
         "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32},
@@ -251,6 +252,7 @@ def test_formats_that_do_not_convert_are_refused_naming_those_that_do(block_fp8,
         torch2jax.convert_hf(tmp_path, max_cache_len=16, max_batch=2)
     message = str(refused.value)
     assert named in message and "fp8 (block-scaled float8" in message and "compressed-tensors pack-quantized" in message
+    assert "GPTQ (2, 4 or 8 bits" in message and "AWQ (4 bits, the gemm layout)" in message
 
 
 def test_a_prequantized_checkpoint_is_not_loaded_dequantized_in_memory(block_fp8):

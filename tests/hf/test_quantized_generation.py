@@ -73,12 +73,12 @@ def test_int4_whisper_through_the_cli_is_verified(tmp_path):
 def test_a_checkpoint_quantized_by_another_tool_is_refused_naming_the_method(llama, tmp_path):
     import shutil
 
-    source = tmp_path / "gptq"
+    source = tmp_path / "bnb"
     shutil.copytree(llama, source)
     config = json.loads((source / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128}
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
     (source / "config.json").write_text(json.dumps(config))
-    with pytest.raises(torch2jax.InputSpecError, match="quantized with gptq"):
+    with pytest.raises(torch2jax.InputSpecError, match="quantized with bitsandbytes"):
         torch2jax.convert_hf(source, max_cache_len=16, max_batch=2)
     result = cli("convert", f"hf:{source}", "--out", str(tmp_path / "out"))
-    assert result.returncode == 2 and "quantized with gptq" in result.stderr and not (tmp_path / "out").exists()
+    assert result.returncode == 2 and "quantized with bitsandbytes" in result.stderr and not (tmp_path / "out").exists()

@@ -64,7 +64,7 @@ def read_config(directory: Path) -> Any:
 
 def check_not_quantized(config: Any, directory: Path) -> None:
     """A `quantization_config` means the safetensors hold another tool's quantized format: fp8 blocks and
-    compressed-tensors convert as they are stored (hf/prequantized.py); any other (GPTQ, AWQ, bitsandbytes, ...) is
+    compressed-tensors, GPTQ and AWQ convert as they are stored (hf/prequantized.py); any other (bitsandbytes, ...) is
     refused, saying which and what works instead."""
     from .prequantized import check_convertible
 
@@ -129,14 +129,18 @@ def load_quietly(auto_class: Any, directory: Path, config: Any = None) -> Any:
     """The model as transformers itself loads it (a verification reference), in eval mode. With a sliced `config`
     the later layers' tensors are unused on purpose: transformers' load report about them is not shown, and its
     progress bar never breaks into our own progress line. A compressed-tensors checkpoint is decompressed as it loads
-    (transformers' `dequantize=True`): its compressed forward cannot load asymmetric int4 weights."""
+    (transformers' `dequantize=True`): its compressed forward cannot load asymmetric int4 weights. GPTQ and AWQ, which
+    transformers loads only through GPTQModel, are dequantized here (hf/prequantized.dequantized_reference)."""
     import warnings
 
-    from .prequantized import method_of
+    from .prequantized import NOT_LOADED_BY_TRANSFORMERS, dequantized_reference, method_of
 
     logging = transformers().utils.logging
     extra = {"config": config} if config is not None else {}
-    if method_of(config or transformers().AutoConfig.from_pretrained(directory, local_files_only=True)) == "compressed-tensors":
+    read = config or transformers().AutoConfig.from_pretrained(directory, local_files_only=True)
+    if method_of(read) in NOT_LOADED_BY_TRANSFORMERS:
+        return dequantized_reference(auto_class, directory, read)
+    if method_of(read) == "compressed-tensors":
         extra["quantization_config"] = transformers().CompressedTensorsConfig(dequantize=True)
     verbosity, bar = logging.get_verbosity(), logging.is_progress_bar_enabled()
     logging.disable_progress_bar()

@@ -12,12 +12,20 @@ to the product that reads the weight (ops/quantized.py), as it does its own int8
     compressed-tensors pack-quantized: `W.weight_packed` int32 (32 / bits values a word, the lowest bits first, offset
         by 2^(bits - 1)), `W.weight_scale` [out, in / group] (per channel: [out, 1]), `W.weight_shape`, and where
         asymmetric `W.weight_zero_point` packed alike down the rows: w = (q - zero_point) * scale
+    GPTQ (gptq, the v1 and v2 formats): `W.qweight` int32 [in * bits / 32, out], values packed down the input dim,
+        the lowest bits first; `W.qzeros` int32 [groups, out * bits / 32] packed along the output dim (v1 stores each
+        zero point minus one); `W.scales` [groups, out]; `W.g_idx` [in]: w = (q - zero) * scale of the column's group
+    AWQ (awq, the gemm layout AutoAWQ writes): `W.qweight` int32 [in, out * bits / 32] packed along the output dim in
+        the order 0 2 4 6 1 3 5 7 within a word; `W.qzeros` [groups, out * bits / 32] alike; `W.scales` [groups, out]
 
-Other methods (GPTQ, AWQ, bitsandbytes, ...) are refused, naming the formats that convert.
+GPTQ and AWQ weights become the pack-quantized layout as they are read (the same bits in another order: no value
+changes, nothing gets larger). Other methods (bitsandbytes, HQQ, GPTQ in activation order, ...) are refused, naming
+the formats that convert.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,8 +38,11 @@ from ..runtime.quantize import StoredWeight
 
 CONVERTED = ("fp8 (block-scaled float8, transformers' FineGrainedFP8Config)",
              "compressed-tensors pack-quantized (2, 4 or 8 bits, symmetric or with zero points, per group or channel)",
-             "compressed-tensors float-quantized (float8 per channel, tensor, group or block)")
+             "compressed-tensors float-quantized (float8 per channel, tensor, group or block)",
+             "GPTQ (2, 4 or 8 bits, per group or channel, the gptq and gptq_v2 formats, without activation order)",
+             "AWQ (4 bits, the gemm layout)")
 PACKED_BITS = (2, 4, 8)  # values that tile an int32 word (other widths straddle words)
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the output column each 4-bit field of an AWQ word holds, lowest bits first
 
 
 def _float8() -> np.dtype:
@@ -76,13 +87,14 @@ class WeightArgs:
     group_size: int | None = None
     block: tuple[int, int] | None = None
     symmetric: bool = True
+    zero_offset: int = 0  # added to each stored zero point (GPTQ's v1 format stores them minus one)
 
 
 @dataclass(frozen=True)
 class CheckpointFormat:
     """A checkpoint's quantization: per weight, from its tensors (`stored_weights`)."""
 
-    method: str  # "fp8" or "compressed-tensors"
+    method: str  # "fp8", "compressed-tensors", "gptq" or "awq"
     args: WeightArgs
 
     def stored_weights(self, checkpoint: Checkpoint) -> tuple[dict[str, StoredWeight], set[str]]:
@@ -108,7 +120,66 @@ class CheckpointFormat:
                 base = name.removesuffix("_scale")
                 stored[base] = self._float_scaled(checkpoint, base, name)
                 taken.update((base, name))
+            elif self.method in ("gptq", "awq") and name.endswith(".qweight"):
+                module = name.removesuffix(".qweight")
+                stored[f"{module}.weight"], parts = self._gptq_or_awq(checkpoint, module)
+                taken.update(parts)
         return stored, taken
+
+    def _gptq_or_awq(self, checkpoint: Checkpoint, module: str) -> tuple[StoredWeight, set[str]]:
+        """`module`'s qweight / qzeros / scales (/ g_idx) as a packed-int StoredWeight (read and repacked lazily)."""
+        names = {part: f"{module}.{part}" for part in ("qweight", "qzeros", "scales", "g_idx")}
+        entries = checkpoint.entries
+        missing = [names[part] for part in ("qzeros", "scales") if names[part] not in entries]
+        if missing:
+            raise InputSpecError(f"{names['qweight']} has no {' or '.join(missing)} beside it")
+        bits, method = self.args.bits, self.method
+        per_word = 32 // bits
+        qweight, scales = entries[names["qweight"]], entries[names["scales"]]
+        if method == "gptq":
+            rows, cols = int(qweight.shape[1]), int(qweight.shape[0]) * per_word  # [out, in]
+        else:
+            cols, rows = int(qweight.shape[0]), int(qweight.shape[1]) * per_word
+        group = self.args.group_size if self.args.group_size and self.args.group_size > 0 else cols
+        groups = -(-cols // group)
+        if qweight.dtype != np.int32 or cols % group or tuple(scales.shape) != (groups, rows) or \
+                tuple(entries[names["qzeros"]].shape) != (groups, rows // per_word):
+            raise InputSpecError(f"{module}: the {method.upper()} tensors' shapes (qweight {list(qweight.shape)}, scales "
+                                 f"{list(scales.shape)}, qzeros {list(entries[names['qzeros']].shape)}) do not fit "
+                                 f"{bits}-bit values in groups of {group}")
+        if names["g_idx"] in entries:
+            order = checkpoint.read(names["g_idx"]).astype(np.int64)
+            if not np.array_equal(order, np.arange(cols) // group):
+                raise InputSpecError(f"{module} is quantized in activation order (its g_idx is not the columns' groups in "
+                                     "order: desc_act), which does not convert yet; a checkpoint quantized with "
+                                     "desc_act=False does")
+        read = checkpoint.read
+        offset = self.args.zero_offset
+
+        def values() -> np.ndarray:  # [out, in / per_word]: the input dim packed, as pack-quantized has it
+            q = read(names["qweight"])
+            unsigned = _unpack_rows(q.T, bits) if method == "gptq" else _unpack_rows(q, bits, AWQ_ORDER).T
+            return _pack_rows(unsigned, bits)
+
+        def zero_points() -> np.ndarray:  # [out / per_word, groups]: packed down the output dim
+            zeros = _unpack_rows(read(names["qzeros"]), bits, AWQ_ORDER if method == "awq" else None) + offset
+            if zeros.max(initial=0) >= 1 << bits:
+                raise InputSpecError(f"{names['qzeros']} holds a zero point of {int(zeros.max())}, past {bits} bits (a "
+                                     "GPTQ v1 checkpoint whose stored zero wrapped around): re-quantize or export it in "
+                                     "the gptq_v2 format")
+            return _pack_rows(zeros, bits).T.copy()
+
+        def scale() -> np.ndarray:
+            return read(names["scales"]).T.copy()
+
+        stored = StoredWeight(
+            "packed-int", (rows, cols),
+            DeferredArray((rows, cols // per_word), np.int32, values, f"{names['qweight']} repacked"),
+            DeferredArray((rows, groups), scales.dtype, scale, f"{names['scales']} transposed"),
+            (bits, group, cols),
+            DeferredArray((rows // per_word, groups), np.int32, zero_points, f"{names['qzeros']} repacked"),
+            f"{method.upper()} int{bits} per {'group' if group < cols else 'channel'} with zero points")
+        return stored, set(names.values()) & set(entries)
 
     def _fp8_blocks(self, checkpoint: Checkpoint, weight: str, scale: str) -> StoredWeight:
         entry = checkpoint.entries.get(weight)
@@ -176,7 +247,82 @@ def checkpoint_format(config: Any) -> CheckpointFormat | None:
         return CheckpointFormat("fp8", WeightArgs("float", 8, "block", block=(int(block[0]), int(block[1]))))
     if method == "compressed-tensors":
         return CheckpointFormat("compressed-tensors", _compressed_tensors_args(quantization))
+    if method in ("gptq", "awq"):
+        return CheckpointFormat(method, _gptq_or_awq_args(method, quantization))
     raise _Unsupported(method)
+
+
+NOT_LOADED_BY_TRANSFORMERS = ("gptq", "awq")  # transformers needs GPTQModel (a CUDA build) to load these
+
+
+def dequantized_reference(auto_class: Any, directory: Any, config: Any) -> Any:
+    """The float model of a GPTQ or AWQ checkpoint, which transformers loads only through GPTQModel: built from the config
+    (no quantization_config) with every stored weight dequantized in NumPy by its StoredWeight and every other tensor
+    as stored. A verification reference for the graph; the unpacking itself is tested against peer converters."""
+    import torch
+
+    from ..capture.checkpoint_files import Checkpoint
+
+    checkpoint = Checkpoint.open(directory)
+    stored, taken = checkpoint_format(config).stored_weights(checkpoint)
+    plain = copy.deepcopy(config)
+    plain.quantization_config = None
+    del plain.quantization_config
+    scales = next((w.scale.dtype for w in stored.values()), np.dtype(np.float32))
+    model = auto_class.from_config(plain, dtype=torch.float16 if scales == np.float16 else None)
+    state = {name: torch.from_numpy(weight.dequantize()) for name, weight in stored.items()}
+    state.update({name: torch.from_numpy(checkpoint.read(name).copy()) for name in checkpoint.entries if name not in taken})
+    own = model.state_dict()
+    missing = [name for name in own if name not in state and not _tied(model, name)]
+    if missing:
+        raise InputSpecError(f"{directory}: the checkpoint has no {', '.join(missing[:5])} for the reference model")
+    model.load_state_dict({name: value.to(own[name].dtype) for name, value in state.items() if name in own}, strict=False)
+    model.tie_weights()
+    return model.eval()
+
+
+def _tied(model: Any, name: str) -> bool:
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    return name in tied
+
+
+def _gptq_or_awq_args(method: str, quantization: dict) -> WeightArgs:
+    """The weights of a GPTQ or AWQ config: bits, group size, and the stored zero points' offset."""
+    bits = int(quantization.get("bits") or quantization.get("w_bit") or 0)
+    group = int(quantization.get("group_size") or quantization.get("q_group_size") or -1)
+    fmt = str(quantization.get("format") or quantization.get("checkpoint_format") or quantization.get("version")
+              or ("gptq" if method == "gptq" else "gemm")).lower()
+    if method == "awq":
+        if fmt != "gemm":
+            raise _Unsupported(f"AWQ in the {fmt} layout (the gemm layout converts)")
+        if bits != 4:
+            raise _Unsupported(f"AWQ with {bits}-bit weights (4 bits convert)")
+        if quantization.get("zero_point") is False:
+            raise _Unsupported("AWQ without zero points")
+        return WeightArgs("int", bits, "group", group, symmetric=False)
+    if fmt not in ("gptq", "gptq_v2"):
+        raise _Unsupported(f"GPTQ in the {fmt} format (the gptq and gptq_v2 formats convert)")
+    if bits not in PACKED_BITS:
+        raise _Unsupported(f"GPTQ with {bits}-bit weights ({', '.join(map(str, PACKED_BITS))} bits convert)")
+    return WeightArgs("int", bits, "group", group, symmetric=False, zero_offset=1 if fmt == "gptq" else 0)
+
+
+def _unpack_rows(packed: np.ndarray, bits: int, order: tuple[int, ...] | None = None) -> np.ndarray:
+    """[n, words] int32 -> [n, words * 32 / bits] unsigned values; field i of a word (the lowest bits first) is value
+    `order[i]` of its run (in order when None)."""
+    per_word = 32 // bits
+    fields = (packed.view(np.uint32)[:, :, None] >> np.arange(0, 32, bits, dtype=np.uint32)) & np.uint32((1 << bits) - 1)
+    if order is not None:
+        fields = fields[:, :, np.argsort(order)]
+    return fields.reshape(packed.shape[0], packed.shape[1] * per_word).astype(np.int64)
+
+
+def _pack_rows(values: np.ndarray, bits: int) -> np.ndarray:
+    """[n, count] unsigned values (count a multiple of 32 / bits) -> [n, count * bits / 32] int32, the lowest bits
+    first: pack-quantized's layout (whose values are offset by 2^(bits - 1), so an unsigned value is stored as it is)."""
+    per_word = 32 // bits
+    fields = values.astype(np.uint32).reshape(values.shape[0], -1, per_word) << np.arange(0, 32, bits, dtype=np.uint32)
+    return np.bitwise_or.reduce(fields, axis=2).view(np.int32)
 
 
 def _compressed_tensors_args(quantization: dict) -> WeightArgs:
