@@ -88,7 +88,7 @@ def convert_hf(source: Any, *, task: str | None = None, max_cache_len: int = 512
       max_batch: the most prompts per `generate` call.
       max_source_len: encoder-decoders: the longest source, in tokens.
       dtype: e.g. "bfloat16": params and computation in that precision.
-      stream_weights: (a directory's causal LM or image-text-to-text model) read each weight from the safetensors
+      stream_weights: (a model directory: any generation task) read each weight from the safetensors
         files only when saving.
       repeat_layers: False traces every decoder layer instead of repeating a middle one of an alike stack.
       quantize: causal LMs: "int8" or "int4": the projections' and LM head's weights stored quantized.

@@ -49,7 +49,7 @@ def convert_generator(source: HFSource, options: GenerationOptions, progress: Pr
     if source.task == IMAGE_TEXT_TO_TEXT:
         generator = convert_vision_language(source.model, weights=source.weights, **common)
     elif source.task == TEXT2TEXT_GENERATION:
-        generator = convert_seq2seq(source.model, max_source_len=options.max_source_len, **common)
+        generator = convert_seq2seq(source.model, max_source_len=options.max_source_len, weights=source.weights, **common)
     else:  # state-space layers (Mamba, Mamba2 and hybrids): their recurrent state is the cache (hf/steps/recurrent.py)
         convert = convert_recurrent_lm if keeps_recurrent_state(source.model) else convert_causal_lm
         generator = convert(source.model, weights=source.weights, repeat_layers=options.repeat_layers, **common)

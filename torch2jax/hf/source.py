@@ -21,10 +21,9 @@ from ..capture.weight_source import WeightSource
 from ..errors import InputSpecError
 from ..ir import input_specs
 from .directory import load_model, open_directory, prepare_for_export
-from .streamed import fake_causal_lm, fake_model
+from .streamed import fake_generation_model, fake_model
 from .tasks import (
     FORWARD_TASKS,
-    IMAGE_TEXT_TO_TEXT,
     TEXT2TEXT_GENERATION,
     TEXT_GENERATION,
     Example,
@@ -63,15 +62,12 @@ def resolve_source(source: Any, task: str | None = None) -> HFSource:
 def load_generation_model(source: HFSource, stream_weights: bool = False) -> HFSource:
     """The source with the model its generation task converts, in eval mode and ready for export (hf/directory's
     prepare_for_export; an encoder-decoder as loaded): loaded with transformers, or with `stream_weights` built with
-    fake params beside the WeightSource of its safetensors files (a directory's causal LM or image-text-to-text model)."""
+    fake params beside the WeightSource of its safetensors files (a directory's model)."""
     check_generation_task(source.task)
     if stream_weights:
-        if source.task == TEXT2TEXT_GENERATION:
-            raise InputSpecError("stream_weights=True is for causal LMs and image-text-to-text models; text2text-generation "
-                                 "models load in memory: pass stream_weights=False")
         if source.directory is None:
             raise InputSpecError("stream_weights=True reads the weights from a model directory: pass its path, not a model object")
-        model, weights = fake_causal_lm(source.directory, source.config, vision=source.task == IMAGE_TEXT_TO_TEXT)
+        model, weights = fake_generation_model(source.directory, source.task, source.config)
         return dataclasses.replace(source, model=model, weights=weights)
     model = source.model if source.directory is None else load_model(auto_class(source.task, source.config), source.directory)
     if source.task != TEXT2TEXT_GENERATION:

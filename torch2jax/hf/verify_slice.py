@@ -26,9 +26,9 @@ from .directory import load_quietly
 from .options import GenerationOptions
 from .source import HFSource
 from .steps.causal_lm import SLICE_UNITS
-from .streamed import fake_causal_lm, num_layers, sliced_config
-from .tasks import IMAGE_TEXT_TO_TEXT, auto_class
-from .verify import check_generation, verify_generation, verify_vision_language
+from .streamed import fake_generation_model, num_layers, sliced_config
+from .tasks import IMAGE_TEXT_TO_TEXT, TEXT2TEXT_GENERATION, auto_class
+from .verify import check_generation, verify_generation, verify_seq2seq, verify_vision_language
 
 
 def verify_streamed(source: HFSource, artifact_dir: Path, options: GenerationOptions, *, layers: int = 2, tokens: int = 16,
@@ -42,7 +42,8 @@ def verify_streamed(source: HFSource, artifact_dir: Path, options: GenerationOpt
     with the same weights dequantized, and a slice is converted quantized alike."""
     quantization = quantization or {}
     vision = source.task == IMAGE_TEXT_TO_TEXT
-    compare = verify_vision_language if vision else verify_generation
+    compare = {IMAGE_TEXT_TO_TEXT: verify_vision_language, TEXT2TEXT_GENERATION: verify_seq2seq}.get(source.task,
+                                                                                                      verify_generation)
     config = source.model.config
     depth = num_layers(config)
     if repeat_slice is not None:
@@ -65,7 +66,7 @@ def verify_streamed(source: HFSource, artifact_dir: Path, options: GenerationOpt
     with tempfile.TemporaryDirectory(prefix="torch2jax-verify-") as scratch:
         generator = _convert_slice(source, small, Path(scratch) / "slice", sliced)
         reference = quantize_like(_cast(_reference(source.directory, source.task, small), options.dtype),
-                                  generator.prefill_model.quantization)
+                                  next(iter(generator.entries().values())).quantization)
         result = compare(reference, generator, tokens=tokens, seed=seed)
     check_generation(result)
     how = " (its middle layers repeated, as for the whole model)" if repeat_slice is not None else ""
@@ -77,7 +78,7 @@ def verify_streamed(source: HFSource, artifact_dir: Path, options: GenerationOpt
 
 def _convert_slice(source: HFSource, config: Any, out: Path, options: GenerationOptions) -> Any:
     """The slice converted as the whole model was (hf.convert.convert_generator), saved and loaded back."""
-    model, weights = fake_causal_lm(source.directory, config, vision=source.task == IMAGE_TEXT_TO_TEXT)
+    model, weights = fake_generation_model(source.directory, source.task, config)
     generator = convert_generator(dataclasses.replace(source, config=config, model=model, weights=weights), options)
     save_generator(generator, out, platforms=("cpu",))
     return load_generator(out)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,14 +10,13 @@ from ..errors import InputSpecError
 from ..hf.directory import is_hf_target
 from ..hf.options import GenerationOptions
 from ..hf.source import resolve_source
-from ..hf.tasks import GENERATION_TASKS, IMAGE_TEXT_TO_TEXT, TEXT_GENERATION
+from ..hf.tasks import GENERATION_TASKS
 from ..runtime.stablehlo import DEFAULT_PLATFORMS
 from .conversion import BytesFn, Conversion, ProgressFn
 from .forward import export_forward
 from .generation import export_generator
 from .targets import import_lowerings
 
-STREAMED_TASKS = (TEXT_GENERATION, IMAGE_TEXT_TO_TEXT)  # generators whose weights stream (encoder-decoders load in memory)
 # what `torch2jax convert` does by default: the weights streamed from the safetensors files
 STREAMED = GenerationOptions(stream_weights=True)
 
@@ -90,8 +88,6 @@ def convert_target(
         if source.task in GENERATION_TASKS:
             if specialize:
                 raise InputSpecError(f"--specialize is for forward-pass conversions; {source.task} builds its own inputs")
-            streams = options.stream_weights and source.task in STREAMED_TASKS
-            return export_generator(source, out, options=dataclasses.replace(options, stream_weights=streams),
-                                    verify_tokens=verify_tokens, verify_layers=verify_layers, **saving)
+            return export_generator(source, out, options=options, verify_tokens=verify_tokens, verify_layers=verify_layers, **saving)
     return export_forward(target, out, options=options, source=source, inputs=inputs, weights=weights, task=task, train=train,
                           report=report, repro_dir=repro_dir, specialize=list(specialize), **saving)

@@ -35,7 +35,16 @@ from ...ir.graph import Graph
 from ...runtime.model import Model
 from ...runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_model
 from . import layer_repeat
-from .kv_cache import CacheLayout, cache_argument, cache_layout, check_limits, cut_layout, explicit_layer_class, generation_fields
+from .kv_cache import (
+    CacheLayout,
+    adopt_parts,
+    cache_argument,
+    cache_layout,
+    check_limits,
+    cut_layout,
+    explicit_layer_class,
+    generation_fields,
+)
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
@@ -48,9 +57,7 @@ class DecoderStep(torch.nn.Module):
 
     def __init__(self, lm: torch.nn.Module, layout: CacheLayout):
         super().__init__()
-        # the LM's children registered here directly, so params keep the LM's own state_dict names
-        for name, child in lm.named_children():
-            self.add_module(name, child)
+        adopt_parts(self, lm)  # the LM's parts registered here directly: params keep the LM's own state_dict names
         object.__setattr__(self, "lm", lm)  # called, not registered (it would prefix every name with "lm.")
         self.layout = layout
         config = lm.config.get_text_config()  # a vision-language model's language part (the config itself for an LM)

@@ -83,6 +83,19 @@ def cache_layout(lm: torch.nn.Module, max_cache_len: int) -> CacheLayout:
     )
 
 
+def adopt_parts(step: torch.nn.Module, model: torch.nn.Module) -> None:
+    """Register `model`'s children, and its own params and buffers (BART's `final_logits_bias`), on the step that
+    wraps it, so torch.export lifts every one under the model's own state_dict name. A tensor attribute of an
+    unregistered model would be lifted as a nameless constant, its value the model's at trace time: wrong for a
+    model built with fake params whose weights stream from the checkpoint."""
+    for name, child in model.named_children():
+        step.add_module(name, child)
+    for name, param in model.named_parameters(recurse=False):
+        step.register_parameter(name, param)
+    for name, buffer in model.named_buffers(recurse=False):
+        step.register_buffer(name, buffer, persistent=name not in model._non_persistent_buffers_set)
+
+
 def explicit_layer_class():
     from transformers.cache_utils import CacheLayerMixin
 

@@ -27,7 +27,7 @@ from ...capture.converter import StageTimer, cast_module, convert, tp_plan_hints
 from ...errors import ExportError, InputSpecError
 from ...generate.seq2seq import Seq2SeqGenerator, Seq2SeqSpec
 from ...runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_entry_points
-from .kv_cache import CacheLayout, cache_argument, check_limits, explicit_layer_class, generation_fields
+from .kv_cache import CacheLayout, adopt_parts, cache_argument, check_limits, explicit_layer_class, generation_fields
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,7 @@ class EncodeStep(torch.nn.Module):
 
     def __init__(self, lm: torch.nn.Module, layers: int, start: int, source: Source):
         super().__init__()
-        for name, child in lm.named_children():  # params keep the model's own state_dict names
-            self.add_module(name, child)
+        adopt_parts(self, lm)  # params keep the model's own state_dict names
         object.__setattr__(self, "lm", lm)
         self.layers, self.start, self.source = layers, start, source
         self.additive = getattr(lm.config, "_attn_implementation", None) == "eager"
@@ -184,8 +183,7 @@ class Seq2SeqDecodeStep(torch.nn.Module):
 
     def __init__(self, lm: torch.nn.Module, layout: CacheLayout, hidden: int):
         super().__init__()
-        for name, child in lm.named_children():
-            self.add_module(name, child)
+        adopt_parts(self, lm)  # params keep the model's own state_dict names
         object.__setattr__(self, "lm", lm)
         self.layout, self.hidden = layout, hidden
         self.additive = getattr(lm.config, "_attn_implementation", None) == "eager"
@@ -283,10 +281,11 @@ def decode_dynamic_shapes(layout: CacheLayout, max_batch: int, max_source_len: i
 
 def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch: int = 8, max_source_len: int = 512,
                     dtype: Any = None, progress: Any = None, quantize: str | None = None,
-                    group_size: int = DEFAULT_GROUP_SIZE) -> Seq2SeqGenerator:
+                    group_size: int = DEFAULT_GROUP_SIZE, weights: Any = None) -> Seq2SeqGenerator:
     """A transformers encoder-decoder -> a `Seq2SeqGenerator` (torch-free encode/decode over one params tree).
     `quantize` ("int8", "int4" with `group_size`, "int8-dynamic"): the matmul weights of both, the encoder's
-    projections and the decoder's (and its LM head, unless tied to the embedding), stored quantized."""
+    projections and the decoder's (and its LM head, unless tied to the embedding), stored quantized. `weights`: a
+    model built with fake params reads its params from these safetensors files when it is saved (hf/streamed.py)."""
     check_limits(max_cache_len, max_batch)
     if quantize is not None:
         check_scheme(quantize, group_size)
@@ -296,7 +295,7 @@ def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch:
         raise InputSpecError(f"{type(lm).__name__} is not an encoder-decoder: convert it with --task text-generation")
     lm = lm.eval()
     if dtype is not None:
-        lm = cast_module(lm, dtype)
+        lm = cast_module(lm, dtype, weights)
     check_positions(lm.config, max_cache_len, max_source_len)
     layers = decoder_layers(lm)
     start = start_token(lm)
@@ -310,9 +309,9 @@ def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch:
     decode_step = Seq2SeqDecodeStep(lm, layout, hidden).eval()
     batch, length = min(max_batch, 2), min(max_source_len, 5)  # not 1: torch.export would specialize a dim of 1
     encode = convert(encode_step, source.example(batch, length), dynamic_shapes=source.dynamic_shapes(max_batch, max_source_len),
-                     progress=progress)
+                     progress=progress, weights=weights)
     decode = convert(decode_step, decode_inputs(layout, cross, batch, length),
-                     dynamic_shapes=decode_dynamic_shapes(layout, max_batch, max_source_len), progress=progress)
+                     dynamic_shapes=decode_dynamic_shapes(layout, max_batch, max_source_len), progress=progress, weights=weights)
     _share_params(encode, decode)
     encode.sharding_hints = decode.sharding_hints = tp_plan_hints(lm)
     if quantize is not None:

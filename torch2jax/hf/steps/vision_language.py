@@ -43,7 +43,7 @@ from ...runtime.model import Model
 from ...runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_model, share_quantized_params
 from ..directory import processor_files, transformers
 from .causal_lm import DecoderStep, example_step_inputs, step_dynamic_shapes
-from .kv_cache import cache_layout, check_limits, generation_fields
+from .kv_cache import adopt_parts, cache_layout, check_limits, generation_fields
 
 IMAGES_PER_PROMPT = 4  # the encoder's symbolic image count goes up to this many images per prompt of the batch
 SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", "PaliGemmaForConditionalGeneration",
@@ -72,8 +72,7 @@ class ImageEncoder(torch.nn.Module):
 
     def __init__(self, vlm: torch.nn.Module):
         super().__init__()
-        for name, child in vlm.named_children():  # every param under the model's own names, as the step has them
-            self.add_module(name, child)
+        adopt_parts(self, vlm)  # params keep the model's own state_dict names
         object.__setattr__(self, "vlm", vlm)
 
     def forward(self, pixel_values):
@@ -112,8 +111,7 @@ class PatchEncoder(torch.nn.Module):
 
     def __init__(self, vlm: torch.nn.Module):
         super().__init__()
-        for name, child in vlm.named_children():
-            self.add_module(name, child)
+        adopt_parts(self, vlm)  # params keep the model's own state_dict names
         object.__setattr__(self, "vlm", vlm)
         visual = vlm.model.visual
         self.full_attention = set(getattr(visual, "fullatt_block_indexes", None) or ())
