@@ -85,18 +85,20 @@ def test_each_request_gets_what_it_gets_alone(name, engines):
 
 
 def test_after_compile_steps_a_mixed_load_compiles_nothing(engines, tmp_path):
-    """The server's warm-up: after compile_steps, requests of every group size, prompts of one to three chunks, greedy
-    and sampled, with rebases, run without a compilation. The artifact is saved and loaded, as `serve` does (params
-    on the device), and the engine is new, so nothing a test before compiled counts."""
+    """The server's warm-up: after compile_steps, requests of every group size, prompts of one to three chunks, greedy,
+    sampled and with log-probabilities and penalties, with rebases, run without a compilation. The artifact is saved and
+    loaded, as `serve` does (params on the device), and the engine is new, so nothing a test before compiled counts."""
     g = torch2jax.load(torch2jax.save(engines("llama").g, tmp_path / "llm"))
     engine = BatchEngine(g, ROWS, chunk=CHUNK)
     assert engine.step_shapes() == {"groups": [1, 2, 4], "chunks": [(16, 16), (16, 64)], "spans": [64]}
-    assert engine.compile_steps(workers=2) == 3 + 3 + 2 + 1
-    steps = [g._prefill, engine._pick_jit, engine._join, engine._decode, engine._roll]
+    assert engine.compile_steps(workers=2) == 3 + 3 + 4 + 1 + 1  # decode: greedy or sampled, with extras or not; count_from
+    steps = [g._prefill, engine._pick_jit, engine._join, engine._decode, engine._roll, engine._count_from]
     compiled = [f._cache_size() for f in steps]
     rng = np.random.default_rng(3)
+    kinds = [lambda i: Sampling(0.8, seed=i), lambda i: Sampling(), lambda i: Sampling(logprobs=2, frequency_penalty=0.5),
+             lambda i: Sampling(0.8, seed=i, logprobs=0, presence_penalty=-1.0)]
     load = [Request(rng.integers(3, 128, int(rng.integers(1, 40))).tolist(), int(rng.integers(1, 17)), lambda e: None,
-                    Sampling(0.8, seed=i) if i % 3 == 0 else Sampling(), end_tokens=()) for i in range(14)]
+                    kinds[i % 4](i), end_tokens=()) for i in range(14)]
     scheduler = Scheduler(engine)
     run(scheduler, {0: load[:4], 1: load[4:5], 6: load[5:7], 9: load[7:11], 20: load[11:]})
     assert engine.rebases > 0 and scheduler.max_rows_held == ROWS

@@ -217,14 +217,14 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, cli
         ({"model": "llm", "prompt": "w5", "top_p": 0}, 400, "top_p", "(0, 1]"),
         ({"model": "llm", "prompt": "w5", "top_k": -2}, 400, "top_k", "an integer >= 0"),
         ({"model": "llm", "prompt": "w5", "max_tokens": 0}, 400, "max_tokens", "an integer >= 1"),
-        ({"model": "llm", "prompt": "w5", "n": 2}, 400, "n", "only n=1"),
+        ({"model": "llm", "prompt": "w5", "n": 5}, 400, "n", "'n' must be at most 4"),
         ({"model": "llm", "prompt": [5, 900]}, 400, "prompt", "outside the vocabulary"),
         ({"model": "llm", "prompt": "w5", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "at most 4"),
         ({"model": "llm", "prompt": "w5", "max_tokens": "many"}, 400, "max_tokens", "an integer >= 1"),
         ({"model": "llm", "prompt": "w5", "presence_penalty": 3.5}, 400, "presence_penalty", "a number in [-2, 2]"),
         ({"model": "llm", "prompt": "w5", "frequency_penalty": -2.5}, 400, "frequency_penalty", "a number in [-2, 2]"),
-        ({"model": "llm", "prompt": "w5", "frequency_penalty": 0.5}, 400, "frequency_penalty", "not supported by this server"),
-        ({"model": "llm", "prompt": "w5", "top_logprobs": 2}, 400, "top_logprobs", "needs 'logprobs'"),
+        ({"model": "llm", "prompt": "w5", "echo": True, "logprobs": 1}, 400, "logprobs", "'echo' together with 'logprobs'"),
+        ({"model": "llm", "prompt": "w5", "top_logprobs": 2}, 400, "top_logprobs", "takes 'logprobs': N"),
     ]
     for body, status, param, message in cases:
         answer = server.post("/v1/completions", body)

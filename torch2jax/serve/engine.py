@@ -25,6 +25,11 @@ With LoRA adapters (`adapters`, finetune.side_path.RowAdapters over the generato
 adapter its request chose (`adapter_ids`, BASE for none), and the prefill and decode steps run the entries' graphs with
 the adapters beside the weights, each row through its own: rows of different adapters share a batch. Without adapters
 the steps are the generator's own, unchanged.
+
+Requests that ask for log-probabilities or OpenAI's presence / frequency penalties ("extras", Sampling.extras) make the
+batch's steps run a variant that computes them on the device: the raw distribution's log_softmax and its TOP_LOGPROBS
+most likely tokens (each request keeps the first k on the host), and the penalties from a [rows, vocab] count of each
+row's generated tokens, carried from step to step (`seen`). A batch without such a request runs the steps without them.
 """
 
 from __future__ import annotations
@@ -46,17 +51,26 @@ from ..generate.generator import Generator, causal_lm_step
 from ..generate.loop import DECODE_LOOP_OPTIONS, MIN_BUCKET, attended_span, bucket, decode_block
 
 SEED_LIMIT = 2**31  # seeds are taken modulo this (jax.random.key of a non-negative int32)
+TOP_LOGPROBS = 20  # the most likely tokens a step reports (OpenAI's largest top_logprobs); a request takes its first k
+MAX_PENALTY = 2.0  # presence / frequency penalties lie in [-2, 2], as OpenAI allows
 BASE = -1  # a row's adapter id for the base model alone (finetune.side_path.NO_ADAPTER)
 
 
 @dataclass
 class Sampling:
-    """One request's token choice: greedy at temperature 0, else transformers' sampling with its own seed."""
+    """One request's token choice: greedy at temperature 0, else transformers' sampling with its own seed; OpenAI's
+    presence and frequency penalties applied to the logits first (logits[j] -= c[j] * frequency + (c[j] > 0) * presence,
+    c[j] the times token j was generated so far); `logprobs` (None: none) asks for each token's log-probability and the
+    `logprobs` most likely tokens' (of the raw distribution: log_softmax of the model's logits, as vLLM reports them by
+    default, before penalties, temperature and top-k/top-p)."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if self.temperature > 0:  # the same checks and messages as Generator.generate
@@ -64,6 +78,43 @@ class Sampling:
         elif self.temperature < 0:
             raise InputSpecError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
         self.seed = int(self.seed) % SEED_LIMIT
+        if self.logprobs is not None and not 0 <= self.logprobs <= TOP_LOGPROBS:
+            raise InputSpecError(f"logprobs must be None or an integer in [0, {TOP_LOGPROBS}], got {self.logprobs!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -MAX_PENALTY <= value <= MAX_PENALTY:  # NaN fails too
+                raise InputSpecError(f"{name} must be a number in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value!r}")
+
+    @property
+    def penalized(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0
+
+    @property
+    def extras(self) -> bool:
+        """Whether this request needs the step variant that reports log-probabilities and applies penalties."""
+        return self.logprobs is not None or self.penalized
+
+
+@dataclass
+class Logprobs:
+    """What a step variant with extras reports for every row (leading dims: [steps, rows] or [rows]): the chosen token's
+    log-probability and the TOP_LOGPROBS most likely tokens (most likely first) with theirs, all of the raw distribution
+    (log_softmax of the model's logits)."""
+
+    chosen: np.ndarray  # [..., rows] float32
+    top_ids: np.ndarray  # [..., rows, TOP_LOGPROBS] int32
+    top: np.ndarray  # [..., rows, TOP_LOGPROBS] float32
+
+    def at(self, *index: int, k: int = TOP_LOGPROBS) -> tuple[float, list[tuple[int, float]]]:
+        """(the chosen token's log-probability, the k most likely (token, log-probability)) at one row (of one step)."""
+        ids, top = self.top_ids[index][:k], self.top[index][:k]
+        return float(self.chosen[index]), [(int(t), float(v)) for t, v in zip(ids, top)]
+
+
+# one request of each step variant the scheduler can run: greedy or sampled, each without or with extras
+# (log-probabilities and penalties)
+VARIANTS = (Sampling(), Sampling(1.0), Sampling(logprobs=0, presence_penalty=0.5),
+            Sampling(1.0, logprobs=0, presence_penalty=0.5))
 
 
 @dataclass
@@ -109,10 +160,16 @@ class BatchEngine:
         self.adapter_ids = np.full(rows, BASE, np.int32)  # each running row's adapter
         self.most_models = 0  # the most models (adapters and the base) among the rows of one decode step
         self._ids = generator.id_dtype
-        self._decode = jax.jit(self._decode_steps, donate_argnums=(1,), static_argnames=("span", "any_sample", "size"),
+        # with extras (a request asks for log-probabilities or penalties): how often each row generated each token so far,
+        # allocated at the first such request; rows restart it when such a request joins them (count_from)
+        self.seen: jax.Array | None = None
+        self._top = min(TOP_LOGPROBS, spec.vocab_size)
+        self._decode = jax.jit(self._decode_steps, donate_argnums=(1, 2), static_argnames=("span", "any_sample", "size"),
                                compiler_options=DECODE_LOOP_OPTIONS)
         self._eos = jnp.asarray(spec.eos_token_ids or (-1,), self._ids)
-        self._pick_jit = jax.jit(self._pick, static_argnames=("any_sample",))
+        self._pick_jit = jax.jit(self._pick, static_argnames=("any_sample", "extras"))
+        self._count_from = jax.jit(lambda seen, restart, first: jnp.where(
+            restart[:, None], jax.nn.one_hot(first, seen.shape[1], dtype=seen.dtype), seen), donate_argnums=(0,))
         # a recurrent state (a state-space layer's) has no slots: it is copied whole, never rolled with the KV slots
         slotted = tuple(kind != "state" for kind in getattr(spec, "cache_kinds", ()) or ("kv",) * len(spec.cache_shapes))
         self._join = jax.jit(functools.partial(self._join_rows, slotted=slotted), donate_argnums=(0,))
@@ -164,11 +221,31 @@ class BatchEngine:
         group.chunk += 1
         return logits if group.done else None
 
-    def first_tokens(self, logits: jax.Array, settings: list[Sampling]) -> np.ndarray:
-        """Each member's first new token from its prompt's logits (pad rows of the group get greedy picks)."""
-        k = logits.shape[0]
-        return np.asarray(self._pick_jit(logits, *self._sampling_arrays(settings, k), np.zeros(k, np.int32),
-                                          any_sample=any(s.temperature > 0 for s in settings)))
+    def first_tokens(self, logits: jax.Array, settings: list[Sampling]) -> tuple[np.ndarray, Logprobs | None]:
+        """Each member's first new token from its prompt's logits (pad rows of the group get greedy picks), and the
+        log-probabilities when a member asked for them (else None). No penalty applies yet: nothing was generated."""
+        k, extras = logits.shape[0], any(s.extras for s in settings)
+        out = self._pick_jit(logits, *self._sampling_arrays(settings, k), np.zeros(k, np.int32), None,
+                             any_sample=any(s.temperature > 0 for s in settings), extras=extras)
+        if not extras:
+            return np.asarray(out), None
+        tokens, (chosen, ids, top) = out
+        return np.asarray(tokens), Logprobs(np.asarray(chosen), np.asarray(ids), np.asarray(top))
+
+    def _new_seen(self) -> jax.Array:
+        """Zero generated-token counts [rows, vocab], placed as the steps' outputs are (so a step called with new counts
+        and one with counts a step returned are one compiled step)."""
+        return self.g.carried(np.zeros((self.rows, self.g.spec.vocab_size), np.int32))
+
+    def count_from(self, rows: list[int], first: list[int]) -> None:
+        """Restart the generated-token counts of these rows (joined by requests with penalties) at their first token."""
+        if not rows:
+            return
+        if self.seen is None:
+            self.seen = self._new_seen()
+        restart, tokens = np.zeros(self.rows, bool), np.zeros(self.rows, np.int32)
+        restart[rows], tokens[rows] = True, first
+        self.seen = self._count_from(self.seen, jnp.asarray(restart), jnp.asarray(tokens))
 
     def join(self, group: Group, members: list[int]) -> None:
         """Copy these members' rows of the scratch cache into the batch cache, each prompt ending at the pointer."""
@@ -190,11 +267,14 @@ class BatchEngine:
 
     # -- decode ---------------------------------------------------------------------------------
     def decode(self, tokens: np.ndarray, settings: list[Sampling | None], counts: np.ndarray, left: np.ndarray | None = None,
-               watch_eos: np.ndarray | None = None, block: int = 1) -> np.ndarray:
-        """Up to `block` steps for every row: [steps, rows] tokens (free rows' entries are garbage). `counts`: each row's
-        tokens so far; `left`: how many more each running row may take (the block ends once one has none left);
-        `watch_eos`: rows whose end at one of the artifact's end tokens ends the block. The block also stays within
-        the cache and one attended span, so each step attends to what a step alone would."""
+               watch_eos: np.ndarray | None = None, block: int = 1) -> tuple[np.ndarray, Logprobs | None]:
+        """Up to `block` steps for every row: [steps, rows] tokens (free rows' entries are garbage), and their
+        log-probabilities ([steps, rows] Logprobs) when a running row's request has extras (log-probabilities or
+        penalties; else None). `counts`: each row's tokens so far; `left`: how many more each running row may take (the
+        block ends once one has none left); `watch_eos`: rows whose end at one of the artifact's end tokens ends the
+        block. The block also stays within the cache and one attended span, so each step attends to what a step alone
+        would. Only a batch with extras runs the step variant that computes them, so other batches do not pay for
+        them."""
         self.make_room()
         positions = np.where(self.running, self.pointer - self.starts, 0)
         starts = np.where(self.running, self.starts, self.pointer)  # a free row attends to its own slots only
@@ -206,21 +286,31 @@ class BatchEngine:
         if self.adapters is not None:
             self.most_models = max(self.most_models, len(set(self.adapter_ids[self.running].tolist())))
             side = self._side(np.where(self.running, self.adapter_ids, BASE))
-        out, ran, self.cache = self._decode(
-            self.g.params, self.cache, jnp.asarray(tokens, self._ids), jnp.asarray(positions, self._ids),
+        extras = any(s is not None and s.extras for s in settings)
+        seen, penalties = None, None
+        if extras:
+            if self.seen is None:
+                self.seen = self._new_seen()
+            seen, self.seen = self.seen, None  # donated: a failed call must not leave a deleted array behind
+            penalties = self._penalty_arrays(settings)
+        out, ran, self.cache, seen, found = self._decode(
+            self.g.params, self.cache, seen, jnp.asarray(tokens, self._ids), jnp.asarray(positions, self._ids),
             jnp.asarray(self.pointer, self._ids), jnp.asarray(starts, self._ids), *self._sampling_arrays(settings, self.rows),
             jnp.asarray(counts, jnp.int32), jnp.asarray(left, jnp.int32), jnp.asarray(watch), self._eos,
-            jnp.asarray(count, jnp.int32), side, span=span,
+            jnp.asarray(count, jnp.int32), side, penalties, span=span,
             any_sample=any(s is not None and s.temperature > 0 for s in settings), size=self.decode_block)
+        self.seen = seen if extras else self.seen
         ran = int(ran)
         self.pointer += ran
         self.decode_steps += ran
-        return np.asarray(out)[:ran]
+        logprobs = None if found is None else Logprobs(*(np.asarray(a)[:ran] for a in found))
+        return np.asarray(out)[:ran], logprobs
 
     def reset(self) -> None:
         """Start over with an empty batch (after a failed step, whose cache may have been donated)."""
         self.cache = self.g.new_cache(self.rows)
         self.pointer, self.running[:], self.adapter_ids[:] = 0, False, BASE
+        self.seen = None
 
     def free(self, row: int) -> None:
         self.running[row], self.adapter_ids[row] = False, BASE
@@ -261,10 +351,11 @@ class BatchEngine:
         return {"groups": groups, "chunks": sorted(chunks), "spans": spans}
 
     def compile_steps(self, progress: Callable[[int, int], None] | None = None, workers: int | None = None) -> int:
-        """Call each jitted step once at every shape of `step_shapes`, greedy and sampled, so that no client waits on a
-        compilation: which shapes a busy server meets depends on how requests happen to arrive together. The calls run
-        on `workers` threads (XLA compiles without the GIL), each on caches of its own; the batch is left as it was.
-        Returns how many calls it made (`progress(done, total)` after each)."""
+        """Call each jitted step once at every shape of `step_shapes`, in each of its VARIANTS (greedy or sampled, without
+        or with extras: log-probabilities and penalties), so that no client waits on a compilation: which shapes a busy server
+        meets depends on how requests happen to arrive together. The calls run on `workers` threads (XLA compiles without
+        the GIL), each on caches of its own; the batch is left as it was. Returns how many calls it made
+        (`progress(done, total)` after each)."""
         shapes, ids, g, rows = self.step_shapes(), self._ids, self.g, self.rows
 
         def prefill(k: int, width: int, span: int) -> tuple[jax.Array, list[jax.Array]]:
@@ -274,25 +365,31 @@ class BatchEngine:
 
         def first_and_join(k: int) -> None:  # a group's last chunk, its first tokens, its rows copied into the batch
             logits, scratch = prefill(k, MIN_BUCKET, MIN_BUCKET)
-            for temperature in (0.0, 1.0):
-                self.first_tokens(logits, [Sampling(temperature)] * k)
+            for settings in VARIANTS:
+                self.first_tokens(logits, [settings] * k)
             jax.block_until_ready(self._join(g.new_cache(rows), scratch, jnp.full((k,), rows, jnp.int32),
                                              jnp.asarray(0, jnp.int32)))
 
-        def decode(span: int, any_sample: bool) -> None:
+        def decode(span: int, settings: Sampling) -> None:
             one = jnp.ones((rows,), jnp.int32)
-            tokens, _, _ = self._decode(g.params, g.new_cache(rows), jnp.zeros((rows,), ids), jnp.zeros((rows,), ids),
-                                        jnp.asarray(span - 1, ids), jnp.zeros((rows,), ids), *self._sampling_arrays([], rows),
-                                        one, one, jnp.zeros((rows,), bool), self._eos, jnp.asarray(1, jnp.int32),
-                                        self._side(np.full(rows, BASE, np.int32)), span=span, any_sample=any_sample,
-                                        size=self.decode_block)
+            seen = self._new_seen() if settings.extras else None
+            tokens, *_ = self._decode(g.params, g.new_cache(rows), seen, jnp.zeros((rows,), ids), jnp.zeros((rows,), ids),
+                                      jnp.asarray(span - 1, ids), jnp.zeros((rows,), ids),
+                                      *self._sampling_arrays([settings] * rows, rows), one, one, jnp.zeros((rows,), bool),
+                                      self._eos, jnp.asarray(1, jnp.int32), self._side(np.full(rows, BASE, np.int32)),
+                                      self._penalty_arrays([settings] * rows) if settings.extras else None, span=span,
+                                      any_sample=settings.temperature > 0, size=self.decode_block)
             jax.block_until_ready(tokens)
+
+        def count_from() -> None:
+            jax.block_until_ready(self._count_from(self._new_seen(), jnp.zeros(rows, bool), jnp.zeros(rows, jnp.int32)))
 
         calls = [lambda k=k: first_and_join(k) for k in shapes["groups"]]
         calls += [lambda k=k, w=w, s=s: prefill(k, w, s) for k in shapes["groups"] for w, s in shapes["chunks"]
                   if (w, s) != (MIN_BUCKET, MIN_BUCKET)]
-        calls += [lambda s=s, a=a: decode(s, a) for s in shapes["spans"] for a in (False, True)]
+        calls += [lambda s=s, v=v: decode(s, v) for s in shapes["spans"] for v in VARIANTS]
         calls.append(lambda: jax.block_until_ready(self._roll(g.new_cache(rows), jnp.asarray(1, jnp.int32))))
+        calls.append(count_from)
         with ThreadPoolExecutor(workers or min(4, os.cpu_count() or 1)) as pool:
             for done, future in enumerate(as_completed([pool.submit(call) for call in calls]), 1):
                 future.result()
@@ -328,42 +425,78 @@ class BatchEngine:
                 jnp.asarray([s.top_k for s in full], jnp.int32), jnp.asarray([s.top_p for s in full], jnp.float32),
                 jnp.asarray([s.temperature <= 0 for s in full]), jnp.asarray([s.seed for s in full], jnp.int32))
 
-    def _pick(self, logits, temperature, top_k, top_p, greedy, seeds, counts, *, any_sample):
-        """Per row: greedy, or a draw with the row's own key folded with its token count, exactly as
-        Generator.generate(rng=jax.random.key(seed)) draws for that row alone."""
-        keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counts) if any_sample else None
-        return sampling.pick(logits, keys, temperature, top_k, top_p, do_sample=any_sample, key_per_row=True,
-                             greedy_rows=greedy)
+    @staticmethod
+    def _penalty_arrays(settings: list[Sampling | None]) -> tuple[jax.Array, jax.Array]:
+        """Each row's (presence, frequency) penalties, [rows] float32 each (0 for free rows)."""
+        full = [s or Sampling() for s in settings]
+        return (jnp.asarray([s.presence_penalty for s in full], jnp.float32),
+                jnp.asarray([s.frequency_penalty for s in full], jnp.float32))
 
-    def _decode_step(self, params, cache, tokens, positions, slot, starts, temperature, top_k, top_p, greedy, seeds, counts,
-                     side, *, span, any_sample):
+    def _pick(self, logits, temperature, top_k, top_p, greedy, seeds, counts, penalties, *, any_sample, extras=False):
+        """Per row: greedy, or a draw with the row's own key folded with its token count, exactly as
+        Generator.generate(rng=jax.random.key(seed)) draws for that row alone. `penalties`: None, or (seen [rows, V]
+        token counts, presence [rows], frequency [rows]) subtracted from the logits first, as OpenAI defines them. With
+        `extras`, also (the chosen tokens' log-probabilities [rows], the TOP_LOGPROBS most likely tokens [rows, K] and
+        theirs [rows, K]), of the raw distribution: log_softmax of the model's logits, before penalties and sampling."""
+        if extras:
+            logits = logits.astype(jnp.float32)
+            raw = jax.nn.log_softmax(logits, axis=-1)
+        if penalties is not None:
+            seen, presence, frequency = penalties
+            logits = logits.astype(jnp.float32) - (seen.astype(jnp.float32) * frequency[:, None]
+                                                   + (seen > 0).astype(jnp.float32) * presence[:, None])
+        keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counts) if any_sample else None
+        token = sampling.pick(logits, keys, temperature, top_k, top_p, do_sample=any_sample, key_per_row=True,
+                              greedy_rows=greedy)
+        if not extras:
+            return token
+        top, ids = jax.lax.top_k(raw, self._top)
+        return token, (jnp.take_along_axis(raw, token[:, None], axis=1)[:, 0], ids.astype(jnp.int32), top)
+
+    def _step_logits(self, params, cache, tokens, positions, slot, starts, side, *, span):
+        """One decode step of the model for every row: (logits [rows, V], cache)."""
         slots = jnp.arange(span)
         valid = (slots[None, :] >= starts[:, None]) & (slots[None, :] <= slot)
         if side is None:
-            logits, cache = causal_lm_step(self.g.decode_model, params, tokens[:, None], positions[:, None], slot[None], valid,
-                                           cache)
-        else:
-            lora, adapter_ids = side
-            logits, cache = self.adapters.steps["decode"](params, lora, tokens[:, None], positions[:, None], slot[None], valid,
-                                                          list(cache), adapter_ids=adapter_ids)
-            cache = list(cache)
-        return self._pick(logits, temperature, top_k, top_p, greedy, seeds, counts, any_sample=any_sample), cache
+            return causal_lm_step(self.g.decode_model, params, tokens[:, None], positions[:, None], slot[None], valid, cache)
+        lora, adapter_ids = side
+        logits, cache = self.adapters.steps["decode"](params, lora, tokens[:, None], positions[:, None], slot[None], valid,
+                                                      list(cache), adapter_ids=adapter_ids)
+        return logits, list(cache)
 
-    def _decode_steps(self, params, cache, tokens, positions, slot, starts, temperature, top_k, top_p, greedy, seeds, counts,
-                      left, watch, eos, count, side, *, span, any_sample, size):
+    def _decode_steps(self, params, cache, seen, tokens, positions, slot, starts, temperature, top_k, top_p, greedy, seeds,
+                      counts, left, watch, eos, count, side, penalties, *, span, any_sample, size):
         """Up to `count` (<= `size`) decode steps in generate's compiled loop (loop.decode_block): ([size, rows] tokens,
-        how many steps ran, cache). Step i is the step `decode` would run alone i steps later; the loop ends after the
-        step where a row has no tokens left or a watched row emits an end token (a row's end frees it for a new
-        request, where generate's rows wait for every row to end). `side`: None, or the adapters and each row's
-        adapter id (_side)."""
+        how many steps ran, cache, seen, logprobs). Step i is the step `decode` would run alone i steps later; the loop
+        ends after the step where a row has no tokens left or a watched row emits an end token (a row's end frees it for
+        a new request, where generate's rows wait for every row to end). `side`: None, or the adapters and each row's
+        adapter id (_side). `seen`: None (the plain variant: seen and logprobs come back None), or each row's
+        generated-token counts [rows, V], which `penalties` (presence, frequency: [rows] each) scale; each step adds its
+        token, and reports the log-probabilities _pick computes ([size, rows] and [size, rows, K] buffers)."""
+        extras = seen is not None
+        rows = tokens.shape[0]
+        every = jnp.arange(rows)
 
-        def step(i, token, cache, ended):
-            token, cache = self._decode_step(params, cache, token, positions + i, slot + i, starts, temperature, top_k, top_p,
-                                             greedy, seeds, counts + i, side, span=span, any_sample=any_sample)
-            return token, cache, ((left <= i + 1) | (watch & jnp.isin(token, eos))).any()
+        def step(i, token, state, ended):
+            cache, seen, found = state
+            logits, cache = self._step_logits(params, cache, token, positions + i, slot + i, starts, side, span=span)
+            picked = self._pick(logits, temperature, top_k, top_p, greedy, seeds, counts + i,
+                                None if seen is None else (seen, *penalties), any_sample=any_sample, extras=extras)
+            if extras:
+                token, now = picked
+                seen = seen.at[every, token].add(1)
+                found = tuple(buffer.at[i].set(value) for buffer, value in zip(found, now))
+            else:
+                token = picked
+            return token, (cache, seen, found), ((left <= i + 1) | (watch & jnp.isin(token, eos))).any()
 
-        out, ran, _, cache, _ = decode_block(step, tokens, cache, jnp.zeros((), bool), count, size)
-        return out, ran, cache
+        found = None
+        if extras:
+            found = (jnp.zeros((size, rows), jnp.float32), jnp.zeros((size, rows, self._top), jnp.int32),
+                     jnp.zeros((size, rows, self._top), jnp.float32))
+        out, ran, _, (cache, seen, found), _ = decode_block(step, tokens, (cache, seen, found), jnp.zeros((), bool), count,
+                                                            size)
+        return out, ran, cache, seen, found
 
     @staticmethod
     def _join_rows(cache, scratch, rows, shift, slotted):

@@ -13,14 +13,16 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from ..errors import Torch2JaxError
-from .engine import Sampling
-from .scheduler import Event
+from .engine import TOP_LOGPROBS, Sampling
+from .scheduler import Event, TokenLogprob
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
-UNSUPPORTED = ("logprobs", "echo", "suffix", "tools", "functions", "response_format")  # refused unless off
+MAX_LEGACY_LOGPROBS = 5  # /v1/completions' `logprobs`: at most 5 most likely tokens, as OpenAI allows
+UNSUPPORTED = ("suffix", "tools", "functions", "response_format")  # refused unless off
+LOGPROB_FLOOR = -9999.0  # what OpenAI reports for a token of probability 0 (JSON has no -inf)
 
 
 class ApiError(Exception):
@@ -47,9 +49,7 @@ class GenerationRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
     model: str | None = _rule("a string")
-    n: int | None = _rule("an integer")
-    logprobs: Any = None
-    echo: Any = None
+    n: int | None = _rule("an integer >= 1", ge=1)
     suffix: Any = None
     tools: Any = None
     functions: Any = None
@@ -67,29 +67,13 @@ class GenerationRequest(BaseModel):
     ignore_eos: bool | None = _rule("true or false")  # run to max_tokens
     presence_penalty: float | None = _rule("a number in [-2, 2]", ge=-2, le=2, allow_inf_nan=False)
     frequency_penalty: float | None = _rule("a number in [-2, 2]", ge=-2, le=2, allow_inf_nan=False)
-    top_logprobs: int | None = _rule("an integer in [0, 20]", ge=0, le=20)
 
-    @field_validator("presence_penalty", "frequency_penalty")
+    @field_validator("best_of")
     @classmethod
-    def _no_penalty(cls, value: float | None, info: Any) -> float | None:
-        # a penalty the server would not apply changes the text the client expects: refused, not ignored
-        if value not in (None, 0):
-            raise ValueError(f"'{info.field_name}' is not supported by this server yet: send 0 or leave it out")
-        return value
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_top_logprobs(cls, value: int | None) -> int | None:
-        if value not in (None, 0):
-            raise ValueError("'top_logprobs' needs 'logprobs', which this server does not support")
-        return value
-
-    @field_validator("n", "best_of")
-    @classmethod
-    def _one(cls, value: int | None, info: Any) -> int | None:
-        if value not in (None, 1):
-            raise ValueError("only n=1 is supported: send one request per completion" if info.field_name == "n"
-                             else "only best_of=1 is supported")
+    def _no_best_of(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value not in (None, 1, info.data.get("n") or 1):  # best_of = n: every choice is returned, as with n alone
+            raise ValueError("'best_of' must be 1 or 'n' (choosing the best of more choices than are returned is not "
+                             "supported)")
         return value
 
     @field_validator(*UNSUPPORTED)
@@ -114,23 +98,61 @@ class GenerationRequest(BaseModel):
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage", False))
 
+    @property
+    def choices(self) -> int:
+        return _or(self.n, 1)
+
+    @property
+    def top_logprobs_wanted(self) -> int | None:
+        """How many most likely tokens each generated token reports beside its own log-probability (None: no
+        log-probabilities at all)."""
+        return None
+
     def max_new_tokens(self, default: int) -> int:
         """max_tokens, else max_completion_tokens, else `default`."""
         return next((v for v in (self.max_tokens, self.max_completion_tokens) if v is not None), default)
 
-    def sampling(self) -> Sampling:
-        """The token choice: greedy at temperature 0; a request without a seed gets a random one."""
-        seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(4), "little")
+    def sampling(self, choice: int = 0) -> Sampling:
+        """The token choice of choice `choice` (0 to n - 1): greedy at temperature 0; with a seed, choice i draws with
+        seed + i (so choice 0 is what n=1 gives), without one each choice gets a random seed."""
+        seed = self.seed + choice if self.seed is not None else int.from_bytes(os.urandom(4), "little")
         try:
-            return Sampling(float(_or(self.temperature, 1.0)), int(_or(self.top_k, 0)), float(_or(self.top_p, 1.0)), seed)
+            return Sampling(float(_or(self.temperature, 1.0)), int(_or(self.top_k, 0)), float(_or(self.top_p, 1.0)), seed,
+                            self.top_logprobs_wanted, float(_or(self.presence_penalty, 0.0)),
+                            float(_or(self.frequency_penalty, 0.0)))
         except Torch2JaxError as err:
             raise ApiError(400, str(err), "temperature") from None
 
 
 class CompletionRequest(GenerationRequest):
-    """/v1/completions: `prompt` is a string or token ids (or a batch of one of them)."""
+    """/v1/completions: `prompt` is a string or token ids (or a batch of one of them); `echo` puts the prompt's text
+    before each choice's; `logprobs: N` reports each token's log-probability and the N most likely (OpenAI's legacy
+    form)."""
 
     prompt: str | list[int] | None = Field(None, validate_default=True)
+    echo: bool | None = _rule("true or false")
+    logprobs: int | None = _rule(f"an integer in [0, {MAX_LEGACY_LOGPROBS}]", ge=0, le=MAX_LEGACY_LOGPROBS)
+    top_logprobs: int | None = _rule("an integer")
+
+    @field_validator("logprobs")
+    @classmethod
+    def _not_with_echo(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("echo"):
+            raise ValueError("'echo' together with 'logprobs' needs the prompt's log-probabilities, which this server "
+                             "does not compute: send 'echo' or 'logprobs', not both")
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _legacy(cls, value: int | None) -> int | None:
+        if value not in (None, 0):
+            raise ValueError("'top_logprobs' is a /v1/chat/completions field: /v1/completions takes 'logprobs': N (the N "
+                             f"most likely tokens, 0 to {MAX_LEGACY_LOGPROBS})")
+        return value
+
+    @property
+    def top_logprobs_wanted(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -147,9 +169,31 @@ class CompletionRequest(GenerationRequest):
 
 
 class ChatCompletionRequest(GenerationRequest):
-    """/v1/chat/completions: `messages`, each content a string or text parts (flattened to text here)."""
+    """/v1/chat/completions: `messages`, each content a string or text parts (flattened to text here); `logprobs: true`
+    reports each token's log-probability and the `top_logprobs` most likely."""
 
     messages: list[dict] | None = Field(None, validate_default=True)
+    echo: Any = None  # a /v1/completions field: refused here unless off
+    logprobs: bool | None = _rule("true or false")
+    top_logprobs: int | None = _rule(f"an integer in [0, {TOP_LOGPROBS}]", ge=0, le=TOP_LOGPROBS)
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: Any) -> Any:
+        if value not in (None, False):
+            raise ValueError("'echo' is a /v1/completions field (/v1/chat/completions does not echo the messages)")
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value not in (None, 0) and not info.data.get("logprobs"):
+            raise ValueError("'top_logprobs' needs 'logprobs': true")
+        return value
+
+    @property
+    def top_logprobs_wanted(self) -> int | None:
+        return _or(self.top_logprobs, 0) if self.logprobs else None
 
     @field_validator("messages", mode="before")
     @classmethod
@@ -208,46 +252,130 @@ def _or(value: Any, default: Any) -> Any:
 
 
 # -- responses ---------------------------------------------------------------------------------------
-def usage(event: Event) -> dict:
-    return {"prompt_tokens": event.prompt_tokens, "completion_tokens": event.completion_tokens,
-            "total_tokens": event.prompt_tokens + event.completion_tokens}
+def usage(events: list[Event]) -> dict:
+    """The usage of a request's choices, from each one's last event: the prompt counted once, every choice's tokens."""
+    prompt, completion = events[0].prompt_tokens, sum(e.completion_tokens for e in events)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+@dataclass
+class Entry:
+    """One generated token's log-probability as a response writes it: the token's text, its log-probability, the most
+    likely tokens' (text, log-probability), and where the token's text starts in the choice's text."""
+
+    token: str
+    logprob: float
+    top: list[tuple[str, float]]
+    offset: int
+
+
+class TokenTexts:
+    """The texts of one choice's tokens for its log-probabilities: a token reads as what it adds to the text of the (up
+    to CONTEXT) tokens generated before it, so a choice's tokens read as its text does (a leading space included where
+    the tokenizer puts one), and the most likely tokens at its place read the same way. Special tokens keep their
+    names ("</s>"); a byte of a character split across tokens reads as the replacement character until the last one."""
+
+    CONTEXT = 4
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer, self.context = tokenizer, []
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False) if ids else ""
+
+    def _text(self, token: int, before: str) -> str:
+        after = self._decode([*self.context, token])
+        return after[len(os.path.commonprefix([before, after])):]
+
+    def entries(self, found: list[TokenLogprob]) -> list[Entry]:
+        out = []
+        for item in found:
+            before = self._decode(self.context)
+            out.append(Entry(self._text(item.token, before), max(item.logprob, LOGPROB_FLOOR),
+                             [(self._text(t, before), max(v, LOGPROB_FLOOR)) for t, v in item.top], item.offset))
+            self.context = [*self.context, item.token][-self.CONTEXT:]
+        return out
+
+
+@dataclass
+class Choice:
+    """One choice of a whole (not streamed) reply, as its events arrive."""
+
+    index: int
+    texts: TokenTexts
+    text: list[str]
+    entries: list[Entry]
+    last: Event | None = None
 
 
 @dataclass
 class CompletionShape:
-    """/v1/completions' response and chunks."""
+    """/v1/completions' response and chunks; `top`: the most likely tokens each token reports (None: no logprobs)."""
 
     id: str
     created: int
     model: str
+    top: int | None = None
 
     def head(self, kind: str) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def opening(self) -> list[dict]:
-        return []
+    def opening(self, index: int, echo: str = "") -> list[dict]:
+        """The chunks a streamed choice starts with: the echoed prompt."""
+        return [self.chunk(index, echo, None, [])] if echo else []
 
-    def chunk(self, text: str, finish_reason: str | None) -> dict:
-        return {**self.head("text_completion"), "choices": [{"index": 0, "text": text, "logprobs": None,
+    def logprobs(self, entries: list[Entry]) -> dict | None:
+        """OpenAI's legacy form: tokens, token_logprobs, top_logprobs (the most likely tokens and the chosen one, text to
+        log-probability), text_offset."""
+        if self.top is None:
+            return None
+        tops = []
+        for e in entries:
+            top: dict[str, float] = {}
+            for text, value in e.top:
+                top.setdefault(text, value)
+            top.setdefault(e.token, e.logprob)
+            tops.append(top)
+        return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries], "top_logprobs": tops,
+                "text_offset": [e.offset for e in entries]}
+
+    def chunk(self, index: int, text: str, finish_reason: str | None, entries: list[Entry]) -> dict:
+        return {**self.head("text_completion"), "choices": [{"index": index, "text": text, "logprobs": self.logprobs(entries),
                                                                "finish_reason": finish_reason}]}
 
-    def whole(self, text: str, last: Event) -> dict:
-        return {**self.chunk(text, last.finish_reason), "usage": usage(last)}
+    def whole(self, choices: list[Choice]) -> dict:
+        return {**self.head("text_completion"),
+                "choices": [{"index": c.index, "text": "".join(c.text), "logprobs": self.logprobs(c.entries),
+                             "finish_reason": c.last.finish_reason} for c in choices],
+                "usage": usage([c.last for c in choices])}
 
 
 class ChatShape(CompletionShape):
-    """/v1/chat/completions' response and chunks (the first chunk carries the role)."""
+    """/v1/chat/completions' response and chunks (each choice's first chunk carries the role)."""
 
-    def opening(self) -> list[dict]:
-        return [{**self.head("chat.completion.chunk"), "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+    def opening(self, index: int, echo: str = "") -> list[dict]:
+        return [{**self.head("chat.completion.chunk"), "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
                                                                     "logprobs": None, "finish_reason": None}]}]
 
-    def chunk(self, text: str, finish_reason: str | None) -> dict:
+    def logprobs(self, entries: list[Entry]) -> dict | None:
+        """OpenAI's chat form: per token, its text, log-probability, UTF-8 bytes and the `top_logprobs` most likely."""
+        if self.top is None:
+            return None
+
+        def one(text: str, value: float) -> dict:
+            return {"token": text, "logprob": value, "bytes": list(text.encode("utf-8"))}
+
+        return {"content": [dict(one(e.token, e.logprob), top_logprobs=[one(t, v) for t, v in e.top]) for e in entries],
+                "refusal": None}
+
+    def chunk(self, index: int, text: str, finish_reason: str | None, entries: list[Entry]) -> dict:
         delta = {"content": text} if text else {}
-        return {**self.head("chat.completion.chunk"), "choices": [{"index": 0, "delta": delta, "logprobs": None,
+        return {**self.head("chat.completion.chunk"), "choices": [{"index": index, "delta": delta,
+                                                                    "logprobs": self.logprobs(entries),
                                                                     "finish_reason": finish_reason}]}
 
-    def whole(self, text: str, last: Event) -> dict:
-        return {**self.head("chat.completion"), "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                                             "logprobs": None, "finish_reason": last.finish_reason}],
-                "usage": usage(last)}
+    def whole(self, choices: list[Choice]) -> dict:
+        return {**self.head("chat.completion"),
+                "choices": [{"index": c.index, "message": {"role": "assistant", "content": "".join(c.text)},
+                             "logprobs": self.logprobs(c.entries), "finish_reason": c.last.finish_reason} for c in choices],
+                "usage": usage([c.last for c in choices])}

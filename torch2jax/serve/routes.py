@@ -30,9 +30,11 @@ from .protocol import (
     ApiError,
     ChatCompletionRequest,
     ChatShape,
+    Choice,
     CompletionRequest,
     CompletionShape,
     GenerationRequest,
+    TokenTexts,
     json_object,
     usage,
     validate,
@@ -147,34 +149,61 @@ async def _complete(http: HttpRequest, endpoint: str, kind: type[GenerationReque
         data = json_object(await http.body())
         adapter = service.adapter_of(data.get("model"))  # before the fields: another model's request is not ours to judge
         body = validate(data, kind)
+        _check_choices(body.choices, service)
         prompt = _chat_prompt(body, service) if chat else _completion_prompt(body, service)
         max_tokens = body.max_new_tokens(max(service.max_cache_len - len(prompt), 1) if chat else 16)
-        request, events = _submit(service, prompt, body, max_tokens, adapter)
+        requests, events = _submit(service, prompt, body, max_tokens, adapter)
     except ApiError as err:
         return _error_response(err, endpoint, service)
     ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     model = service.served[adapter + 1]  # the name the request chose (the base model's when it named none)
-    shape = (ChatShape if chat else CompletionShape)(ident, started, model)
+    shape = (ChatShape if chat else CompletionShape)(ident, started, model, body.top_logprobs_wanted)
+    echo = _echo(body, prompt, service) if not chat and body.echo else ""
     service.metrics.request(endpoint, 200)
     service.metrics.model_request(model)
+
+    def cancel() -> None:
+        for request in requests:
+            request.cancel()
+
     if body.stream:
-        return EventStream(_sse(events, shape, body.include_usage), request.cancel)
-    text, last = [], None
+        return EventStream(_sse(events, shape, len(requests), echo, service.tokenizer, body.include_usage), cancel)
+    choices = [Choice(i, TokenTexts(service.tokenizer), [echo], []) for i in range(len(requests))]
+    ended = 0
     try:
-        while last is None:
+        while ended < len(choices):
             try:
-                event = await asyncio.wait_for(events.get(), 1.0)
+                index, event = await asyncio.wait_for(events.get(), 1.0)
             except asyncio.TimeoutError:
                 if await http.is_disconnected():
                     return Response(status_code=499)
                 continue
-            text.append(event.text)
-            last = event if event.finish_reason else None
+            if event.finish_reason == "error":
+                return JSONResponse(ApiError(500, f"generation failed: {event.error}", kind="server_error").body(),
+                                    status_code=500)
+            choice = choices[index]
+            choice.text.append(event.text)
+            if shape.top is not None:
+                choice.entries += choice.texts.entries(event.logprobs)
+            if event.finish_reason:
+                choice.last, ended = event, ended + 1
     finally:
-        request.cancel()  # a no-op once it has ended; frees the row when the client left
-    if last.finish_reason == "error":
-        return JSONResponse(ApiError(500, f"generation failed: {last.error}", kind="server_error").body(), status_code=500)
-    return JSONResponse(shape.whole("".join(text), last))
+        cancel()  # a no-op once they have ended; frees the rows when the client left (or a choice failed)
+    return JSONResponse(shape.whole(choices))
+
+
+def _check_choices(n: int, service: Service) -> None:
+    """Refuse `n` choices the batch cannot hold at once (each choice is a row of its own, queued together)."""
+    rows, queue = service.scheduler.engine.rows, service.scheduler.max_queue
+    if n > min(rows, queue):
+        limit = f"decodes {rows} rows at once" + (f" and queues {queue} requests" if queue < rows else "")
+        raise ApiError(400, f"'n' must be at most {min(rows, queue)}: each choice takes a row of its own and this server "
+                            f"{limit} (send several requests for more choices)", "n")
+
+
+def _echo(body: CompletionRequest, prompt: list[int], service: Service) -> str:
+    """The prompt's text, for `echo`: the prompt as sent, or token ids decoded (special tokens kept)."""
+    return body.prompt if isinstance(body.prompt, str) else service.tokenizer.decode(prompt, skip_special_tokens=False)
 
 
 def _completion_prompt(body: CompletionRequest, service: Service) -> list[int]:
@@ -194,22 +223,26 @@ def _chat_prompt(body: ChatCompletionRequest, service: Service) -> list[int]:
 
 
 def _submit(service: Service, prompt: list[int], body: GenerationRequest, max_tokens: int,
-            adapter: int = BASE) -> tuple[Request, asyncio.Queue]:
-    """Queue the request on the scheduler (on the engine's adapter `adapter`); its events come back on this event
-    loop's queue."""
+            adapter: int = BASE) -> tuple[list[Request], asyncio.Queue]:
+    """Queue the request's choices on the scheduler, each a request of its own over the same prompt (on the engine's
+    adapter `adapter`), all together or none; their events come back on this event loop's queue as (choice, event)."""
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
-    request = Request(prompt, max_tokens, lambda e: loop.call_soon_threadsafe(events.put_nowait, e), body.sampling(),
-                      TextStream(service.tokenizer, body.stop_strings), end_tokens=() if body.ignore_eos else None,
-                      adapter=adapter)
+
+    def listener(index: int) -> Callable[[Event], None]:
+        return lambda e: loop.call_soon_threadsafe(events.put_nowait, (index, e))
+
+    settings = [body.sampling(i) for i in range(body.choices)]
+    requests = [Request(prompt, max_tokens, listener(i), s, TextStream(service.tokenizer, body.stop_strings),
+                        end_tokens=() if body.ignore_eos else None, adapter=adapter) for i, s in enumerate(settings)]
     try:
-        service.scheduler.submit(request)
+        service.scheduler.submit(requests)
     except QueueFull as err:
         raise ApiError(429, f"the server is busy ({err}): retry after {RETRY_AFTER_S}s", None, "queue_full",
                        "rate_limit_error") from None
     except InputSpecError as err:  # the prompt's fault unless it would fit with fewer tokens asked for
         fewer = getattr(err, "argument", None) == "max_new_tokens"
         raise ApiError(400, str(err), "max_tokens" if fewer else "prompt") from None
-    return request, events
+    return requests, events
 
 
 def _error_response(err: ApiError, endpoint: str, service: Service) -> JSONResponse:
@@ -218,19 +251,25 @@ def _error_response(err: ApiError, endpoint: str, service: Service) -> JSONRespo
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
-async def _sse(events: asyncio.Queue, shape: CompletionShape, include_usage: bool) -> AsyncIterator[str]:
-    """`data: {chunk}` per event, then the usage chunk when asked for, then `data: [DONE]`."""
-    for chunk in shape.opening():
-        yield f"data: {json.dumps(chunk)}\n\n"
-    while True:
-        event: Event = await events.get()
+async def _sse(events: asyncio.Queue, shape: CompletionShape, n: int, echo: str, tokenizer: Any,
+               include_usage: bool) -> AsyncIterator[str]:
+    """Each choice's opening chunks, then `data: {chunk}` per event (of whichever choice), then the usage chunk when
+    asked for, then `data: [DONE]`."""
+    for index in range(n):
+        for chunk in shape.opening(index, echo):
+            yield f"data: {json.dumps(chunk)}\n\n"
+    texts = [TokenTexts(tokenizer) for _ in range(n)]
+    last: list[Event] = []
+    while len(last) < n:
+        index, event = await events.get()
         if event.finish_reason == "error":
             yield f"data: {json.dumps(ApiError(500, f'generation failed: {event.error}', kind='server_error').body())}\n\n"
             break
-        if event.text or event.finish_reason:
-            yield f"data: {json.dumps(shape.chunk(event.text, event.finish_reason))}\n\n"
+        entries = texts[index].entries(event.logprobs) if shape.top is not None else []
+        if event.text or event.finish_reason or entries:
+            yield f"data: {json.dumps(shape.chunk(index, event.text, event.finish_reason, entries))}\n\n"
         if event.finish_reason:
-            if include_usage:
-                yield f"data: {json.dumps(dict(shape.chunk('', None), choices=[], usage=usage(event)))}\n\n"
-            break
+            last.append(event)
+    if include_usage and len(last) == n:
+        yield f"data: {json.dumps(dict(shape.chunk(0, '', None, []), choices=[], usage=usage(last)))}\n\n"
     yield "data: [DONE]\n\n"

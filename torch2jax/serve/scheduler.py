@@ -34,7 +34,7 @@ import numpy as np
 from ..errors import InputSpecError, Torch2JaxError
 from ..generate.prompts import CLIENT, check_prompt
 from ..generate.text import TextStream
-from .engine import BASE, BatchEngine, Group, Sampling
+from .engine import BASE, BatchEngine, Group, Logprobs, Sampling
 
 log = logging.getLogger("torch2jax.serve")
 _ids = itertools.count()
@@ -45,9 +45,21 @@ class QueueFull(Torch2JaxError):
 
 
 @dataclass
+class TokenLogprob:
+    """One generated token's log-probability (of the raw distribution, serve/engine.py's Sampling) and the most likely
+    tokens' (as many as the request asked for, most likely first), with where the token's text starts in the reply's
+    text (the reply decoded so far, before a stop string cuts it)."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+    offset: int
+
+
+@dataclass
 class Event:
-    """What a request hears from the loop: new tokens with the text they complete, then once `finish_reason`
-    ("stop", "length", or "error" with `error` set)."""
+    """What a request hears from the loop: new tokens with the text they complete (and their log-probabilities when the
+    request asked for them), then once `finish_reason` ("stop", "length", or "error" with `error` set)."""
 
     tokens: list[int]
     text: str = ""
@@ -55,6 +67,7 @@ class Event:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -105,15 +118,18 @@ class Scheduler:
             raise InputSpecError(f"adapter {request.adapter}: this engine holds {count} adapters (0 to {count - 1}, or "
                                  f"{BASE} for the base model)")
 
-    def submit(self, request: Request) -> None:
-        """Queue a request (raises InputSpecError for one that cannot run, QueueFull when the queue is full)."""
-        self.validate(request)
+    def submit(self, request: Request | list[Request]) -> None:
+        """Queue a request, or several together (the choices of one client request: all of them or none; raises
+        InputSpecError for one that cannot run, QueueFull when the queue has no room for them all)."""
+        requests = request if isinstance(request, list) else [request]
+        for one in requests:
+            self.validate(one)
         with self._cond:
             if self._stop:
                 raise QueueFull("the server is shutting down")
-            if len(self.waiting) >= self.max_queue:
+            if len(self.waiting) + len(requests) > self.max_queue:
                 raise QueueFull(f"all {self.engine.rows} rows are busy and {len(self.waiting)} requests are queued")
-            self.waiting.append(request)
+            self.waiting.extend(requests)
             self._cond.notify()
 
     def start(self) -> None:
@@ -177,10 +193,11 @@ class Scheduler:
             left = np.array([s.max_tokens - len(s.tokens) if s is not None else 0 for s in self.slots], np.int32)
             watch = np.array([s is not None and s.end_tokens is None for s in self.slots])
             block = self.engine.decode_block if self.group is None and not self.waiting else 1
-            for tokens in self.engine.decode(self.last, settings, counts, left, watch, block):
+            steps, logprobs = self.engine.decode(self.last, settings, counts, left, watch, block)
+            for step, tokens in enumerate(steps):
                 for row in running:
                     if self.slots[row] is not None and self.engine.running[row]:
-                        self._emit(self.slots[row], int(tokens[row]), row)
+                        self._emit(self.slots[row], int(tokens[row]), row, logprobs=logprobs, at=(step, row))
         if self.metrics is not None:
             self.metrics.observe_batch(int(self.engine.running.sum()), self.queue_depth, self.max_rows_held)
 
@@ -213,25 +230,33 @@ class Scheduler:
         logits = self.engine.prefill_chunk(group)
         if logits is None:
             return
-        first = self.engine.first_tokens(logits, [r.sampling for r in members])
+        first, logprobs = self.engine.first_tokens(logits, [r.sampling for r in members])
         self.group, self.group_members = None, []
         joining = []
         for m, (row, request) in enumerate(zip(group.rows, members)):
             if request.cancelled:
                 self.slots[row] = None
-            elif not self._emit(request, int(first[m]), row, running=False):
+            elif not self._emit(request, int(first[m]), row, running=False, logprobs=logprobs, at=(m,)):
                 joining.append(m)
                 self.last[row] = int(first[m])
         self.engine.join(group, joining)
+        penalized = [m for m in joining if members[m].sampling.penalized]  # their counts start at their first token
+        self.engine.count_from([group.rows[m] for m in penalized], [int(first[m]) for m in penalized])
 
-    def _emit(self, request: Request, token: int, row: int, running: bool = True) -> bool:
-        """Hand one new token to its request; True when the request ended (its row is then free)."""
+    def _emit(self, request: Request, token: int, row: int, running: bool = True, logprobs: Logprobs | None = None,
+              at: tuple[int, ...] = ()) -> bool:
+        """Hand one new token to its request (with its log-probabilities, `logprobs` at `at`, when the request asked for
+        them); True when the request ended (its row is then free)."""
         now = time.perf_counter()
         if self.metrics is not None:
             self.metrics.observe_token(now - (request.last_token_at or request.submitted), first=not request.tokens)
         request.last_token_at = now
         request.tokens.append(token)
         self.last[row] = token
+        found = []
+        if logprobs is not None and request.sampling.logprobs is not None:
+            offset = len(request.text.decoded) if request.text is not None else 0
+            found = [TokenLogprob(token, *logprobs.at(*at, k=request.sampling.logprobs), offset)]
         ends = self.engine.g.spec.eos_token_ids if request.end_tokens is None else request.end_tokens
         reason, text = None, ""
         if token in ends:
@@ -245,9 +270,9 @@ class Scheduler:
         if reason is not None and request.text is not None:
             text += request.text.flush()  # the tail held back for a stop string that never came
         if reason is None:
-            self._deliver(request, Event([token], text))
+            self._deliver(request, Event([token], text, logprobs=found))
             return False
-        self._deliver(request, Event([token], text, reason, len(request.prompt), len(request.tokens)))
+        self._deliver(request, Event([token], text, reason, len(request.prompt), len(request.tokens), logprobs=found))
         if running:
             self._release(row)
         else:
