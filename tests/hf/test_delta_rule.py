@@ -41,8 +41,16 @@ def test_every_listed_model_has_the_function_and_the_check_it_patches():
 
 
 def test_generation_of_a_model_with_recurrent_state_is_refused_by_name(tmp_path):
-    """Qwen3.5's linear-attention layers keep a recurrent state, which the generation artifact's cache does not hold."""
-    entry = run.load_configs()["qwen3_5_text"]
-    run.build(entry, "Qwen3_5ForCausalLM").save_pretrained(tmp_path)
+    """Bailing-hybrid's linear-attention layers keep a recurrent state of a mixer the generation artifact has no
+    stand-in for (hf/stand_ins/mixers.py); Qwen3.5's, which it has, generate (tests/hf/test_gated_delta_generation.py).
+    """
+    import transformers
+
+    config = transformers.BailingHybridConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, num_experts=4, num_experts_per_token=2, num_expert_group=1, topk_group=1,
+        linear_num_heads=2, linear_head_dim=8, layer_types=["linear_attention", "full_attention"],
+        mlp_layer_types=["dense", "dense"], pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
     with pytest.raises(torch2jax.ExportError, match=r"recurrent state in its cache \(LinearAttentionLayer.*forward converts"):
         torch2jax.convert_hf(str(tmp_path), task="text-generation", max_cache_len=16, max_batch=1)

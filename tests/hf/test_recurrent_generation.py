@@ -4,16 +4,13 @@ donated cache; left padding never enters the state."""
 
 from __future__ import annotations
 
-import json
-
-import jax.numpy as jnp
-import numpy as np
 import pytest
 import torch
 
 import torch2jax
 from torch2jax.generate.generator import GenerationSpec
-from torch2jax.hf.verify import check_generation, verify_generation
+
+from .recurrent_checks import check_left_padding, check_round_trip, check_two_chunks, widened
 
 
 def _configs() -> dict:
@@ -33,19 +30,11 @@ def _configs() -> dict:
 
 
 def tiny_lm(kind: str) -> torch.nn.Module:
-    """A random tiny model whose greedy tokens vary: transformers' init leaves the residual stream near each token's
-    embedding, so every step would repeat the last token; projections and embeddings are drawn wider."""
+    """A random tiny model whose greedy tokens vary (recurrent_checks.widened)."""
     import transformers
 
     torch.manual_seed(0)
-    lm = transformers.AutoModelForCausalLM.from_config(_configs()[kind]).eval()
-    with torch.no_grad():
-        for module in lm.modules():
-            if isinstance(module, torch.nn.Linear):
-                module.weight.normal_(0, module.weight.shape[-1] ** -0.5)
-            elif isinstance(module, torch.nn.Embedding):
-                module.weight.normal_(0, 1)
-    return lm
+    return widened(transformers.AutoModelForCausalLM.from_config(_configs()[kind]))
 
 
 KINDS = ("mamba", "mamba2", "bamba")
@@ -60,55 +49,18 @@ def converted(request):
 def test_greedy_tokens_equal_transformers_before_and_after_save_and_load(converted, tmp_path):
     kind, lm, g = converted
     expected_kinds = {"mamba": ("state",) * 4, "mamba2": ("state",) * 4, "bamba": ("state", "state", "kv", "kv")}[kind]
-    assert g.spec.cache_kinds == expected_kinds
-    check_generation(verify_generation(lm, g, tokens=12))
-    loaded = torch2jax.load(torch2jax.save(g, tmp_path / kind))
-    cache = json.loads((tmp_path / kind / "manifest.json").read_text())["generation"]["cache"]
-    assert cache["kinds"] == list(expected_kinds) and cache["dtypes"][1] == "float32"  # the SSM state: float32
-    assert loaded.spec.cache_kinds == expected_kinds and loaded.spec.cache_shapes == g.spec.cache_shapes
-    check_generation(verify_generation(lm, loaded, tokens=12))
+    check_round_trip(lm, g, tmp_path / kind, expected_kinds)
+    assert g.spec.cache_dtypes[1] == "float32"  # the SSM state: float32
 
 
-def _prefill(g, ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
-    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
-    logits, cache = g.prefill(g.new_cache(ids.shape[0]), jnp.asarray(ids), jnp.asarray(positions),
-                              jnp.arange(ids.shape[1]), jnp.asarray(mask))
-    return np.asarray(logits), [np.asarray(c) for c in cache]
 
 
 def test_left_padding_does_not_enter_the_state(converted):
-    """A row padded on the left with arbitrary (non-pad) tokens ends its prompt with the state, and logits, of the row
-    alone; the other row of the batch is the longer prompt."""
-    kind, _, g = converted
-    rng = np.random.default_rng(1)
-    short, long = rng.integers(3, 96, 5), rng.integers(3, 96, 9)
-    ids = np.stack([np.concatenate([rng.integers(3, 96, 4), short]), long])
-    mask = np.ones_like(ids, dtype=bool)
-    mask[0, :4] = False
-    logits, cache = _prefill(g, ids, mask)
-    alone_logits, alone_cache = _prefill(g, short[None], np.ones((1, 5), bool))
-    np.testing.assert_allclose(logits[0], alone_logits[0], atol=1e-5)
-    for kind_of, padded, alone in zip(g.spec.cache_kinds, cache, alone_cache):
-        if kind_of == "state":  # a key/value cache keeps the pads' slots (masked); a state has no slots
-            np.testing.assert_allclose(padded[0], alone[0], atol=1e-5)
-    # and the padded row generates what the row alone does
-    together = g.generate(ids, attention_mask=mask, max_new_tokens=8, eos_token_id=[])[0, 9:]
-    assert together.tolist() == g.generate(short[None], max_new_tokens=8, eos_token_id=[])[0, 5:].tolist()
+    check_left_padding(converted[2], 96)
 
 
 def test_a_prompt_in_two_chunks_leaves_the_state_of_the_whole_prompt(converted):
-    """Prefill continues from the cache it is given (as the server's chunked prefill needs), so a prompt run as two
-    calls ends with the cache and logits of one call."""
-    _, _, g = converted
-    ids = np.random.default_rng(2).integers(3, 96, (1, 10))
-    whole_logits, whole_cache = _prefill(g, ids, np.ones((1, 10), bool))
-    valid = jnp.ones((1, 10), bool)
-    positions = jnp.arange(10)[None]
-    _, cache = g.prefill(g.new_cache(1), jnp.asarray(ids[:, :6]), positions[:, :6], jnp.arange(6), valid[:, :6])
-    logits, cache = g.prefill(cache, jnp.asarray(ids[:, 6:]), positions[:, 6:], jnp.arange(6, 10), valid)
-    np.testing.assert_allclose(np.asarray(logits), whole_logits, atol=1e-5)
-    for chunked, whole in zip(cache, whole_cache):
-        np.testing.assert_allclose(np.asarray(chunked), whole, atol=1e-5)
+    check_two_chunks(converted[2], 96)
 
 
 def test_generation_spec_without_kinds_reads_as_a_kv_cache_and_kinds_round_trip():

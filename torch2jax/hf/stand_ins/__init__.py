@@ -3,7 +3,22 @@ written (capture/trace_forwards.py): expert loops (experts.py), the Qwen2-VL fam
 (rope_index.py), the vision helpers over fixed image grids (vision_grids.py), the gated delta rule's triangular
 solve (delta_rule.py), GPT-Neo's causal table read by cache slot (local_attention.py), BLOOM's ALiBi positions
 from the step's mask (alibi.py) and the positions of BART-like decoders, which count from the cache's length, given
-by the step (positions.py), and recurrent mixers over the step's explicit state: their registry (mixers.py), Mamba and Mamba2
-(state_space.py)."""
+by the step (positions.py), and recurrent mixers over the step's explicit state: their registry (mixers.py) and
+each family's (state_space.py, mamba_kin.py, mamba2_kin.py, rg_lru.py, gated_delta.py, short_conv.py)."""
 
-from . import alibi, delta_rule, experts, local_attention, mixers, positions, rope_index, state_space, vision_grids  # noqa: F401 - registered on import
+from . import (  # noqa: F401 - registered on import
+    alibi,
+    delta_rule,
+    experts,
+    gated_delta,
+    local_attention,
+    mamba2_kin,
+    mamba_kin,
+    mixers,
+    positions,
+    rg_lru,
+    rope_index,
+    short_conv,
+    state_space,
+    vision_grids,
+)

@@ -9,7 +9,9 @@ prompt chunk and decode token are the same graph), leaves the states unchanged a
 padding), and sets the new states on the entry (`entry.states = [...]`) for the step to return. Outside the step
 (no such entry) the stand-in runs the mixer's own forward.
 
-Each family's stand-ins live in their own module and register here: state_space.py (Mamba, Mamba2 and their kin).
+Each family's stand-ins live in their own module and register here: state_space.py (Mamba, Mamba2, Bamba),
+mamba_kin.py (FalconMamba, Jamba, Zamba, Zamba2), mamba2_kin.py (Granite 4, Nemotron-H, Falcon-H1), rg_lru.py
+(RecurrentGemma), gated_delta.py (Qwen3.5, Qwen3-Next, OLMo-hybrid, Kimi-Linear) and short_conv.py (LFM2).
 """
 
 from __future__ import annotations

@@ -108,8 +108,9 @@ def ssd_mixer(mixer: Any, hidden_states: torch.Tensor, layer: Any, conv: torch.n
     x, B, C = torch.split(xbc, [mixer.intermediate_size, groups_state, groups_state], dim=-1)
     dt = F.softplus(dt + mixer.dt_bias.to(dt.dtype))
     lo, hi = limit
-    if lo > 0.0 or hi != float("inf"):
-        dt = torch.clamp(dt, min=lo, max=hi)
+    if lo > 0.0 or hi != float("inf"):  # transformers limits a prompt's time steps, not a one-token update's
+        several = torch.ones_like(keep[0], dtype=torch.int32).sum() > 1  # a tensor: the decode graph keeps it
+        dt = torch.where(several, torch.clamp(dt, min=lo, max=hi), dt)
     dt = dt.float() * keep[:, :, None]  # [B, T, H]; a pad's step is the identity
     heads, head_dim, state = mixer.num_heads, mixer.head_dim, mixer.ssm_state_size
     per_group = heads // mixer.n_groups

@@ -34,10 +34,11 @@ from ...generate.generator import GenerationSpec, Generator
 from ...runtime.model import Model
 from ...runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_model
 from ..stand_ins import mixers
-from .causal_lm import DecoderStep, example_step_inputs
+from .causal_lm import FULL, DecoderStep, example_step_inputs
 from .kv_cache import check_limits, generation_fields
 
 ATTENTION, STATE = "kv", "state"
+LINEAR = "linear_attention"  # the mask name transformers' hybrids give their recurrent mixers
 
 
 @dataclass(frozen=True)
@@ -75,11 +76,22 @@ def state_mixers(lm: torch.nn.Module) -> dict[int, torch.nn.Module]:
     """The recurrent mixers of `lm` this module converts (stand_ins/mixers.py), by the index of the layer whose cache
     entry they own."""
     found = {}
-    for module in lm.modules():
+    for name, module in lm.named_modules():
         mixer = mixers.mixer_of(module)
         if mixer is not None:
+            if not hasattr(module, "layer_idx"):  # RecurrentGemma's blocks keep no index: their decoder layer's
+                module.layer_idx = decoder_layer_index(lm, name)
             found[mixer.layer_index(module)] = module
     return found
+
+
+def decoder_layer_index(lm: torch.nn.Module, name: str) -> int:
+    """The index of the decoder layer holding the submodule `name` (`model.layers.3.temporal_block` -> 3)."""
+    parts = name.split(".")
+    for at in range(len(parts) - 1, 0, -1):
+        if parts[at].isdigit() and parts[at - 1] == "layers":
+            return int(parts[at])
+    raise ExportError(f"{type(lm).__name__}'s recurrent mixer {name} is not inside a decoder layer (`layers.N`)")
 
 
 def keeps_recurrent_state(lm: torch.nn.Module) -> bool:
@@ -113,9 +125,6 @@ def state_layout(lm: torch.nn.Module, max_cache_len: int) -> StateLayout:
                 shapes.append(tuple(int(d) for d in shape))
                 dtypes.append(state_dtype or dtype)
         if getattr(layer, "keys", None) is not None:
-            if getattr(layer, "is_sliding", False):
-                raise ExportError(f"{type(lm).__name__}'s layer {i} is a sliding-window attention layer next to state "
-                                  "layers; such hybrids cannot generate yet")
             kinds += [ATTENTION, ATTENTION]
             shapes += [(layer.keys.shape[1], max_cache_len + 1, layer.keys.shape[3]),
                        (layer.values.shape[1], max_cache_len + 1, layer.values.shape[3])]
@@ -171,6 +180,13 @@ class RecurrentStep(DecoderStep):
         self._state_layer, self._hybrid_layer = state_layer_classes()
         self._keyword = cache_keyword(lm)
         self._attends = ATTENTION in layout.tensor_kinds()
+        if self._attends and self.layer_types and FULL not in self.layer_types:
+            # Zamba's layer types call its attention layers "hybrid"; the model reads the "full_attention" mask
+            self.layer_types = sorted({*self.layer_types, FULL})
+        if self._attends and self.layer_types and LINEAR not in self.layer_types:
+            # Falcon-H1 (layer type "hybrid") reads a "linear_attention" mask for its mixers too; their stand-ins
+            # read which tokens are real from the step's state entry, not from it
+            self.layer_types = sorted({*self.layer_types, LINEAR})
 
     def step(self, tokens: dict, position_ids, write_at, kv_valid, cache, also=None):
         from transformers.cache_utils import Cache, DummyLayer
