@@ -53,6 +53,10 @@ def _config(kind: str):
                                           num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                                           num_dense_layers=1, num_experts=4, num_experts_per_tok=2, conv_L_cache=3,
                                           layer_types=["conv", "full_attention"], **_SPECIAL)
+    if kind == "lfm3":  # LFM2's short convolution, line for line
+        return transformers.Lfm3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                       num_key_value_heads=1, conv_L_cache=3, layer_types=["conv", "full_attention"],
+                                       **_SPECIAL)
     raise KeyError(kind)
 
 
@@ -67,9 +71,9 @@ def tiny_lm(kind: str) -> torch.nn.Module:
 _SLOW = pytest.mark.slow
 KINDS = ("qwen3_5", "lfm2", pytest.param("qwen3_next", marks=_SLOW), pytest.param("qwen3_5_moe", marks=_SLOW),
          pytest.param("olmo_hybrid", marks=_SLOW), pytest.param("kimi_linear", marks=_SLOW),
-         pytest.param("lfm2_moe", marks=_SLOW))
+         pytest.param("lfm2_moe", marks=_SLOW), pytest.param("lfm3", marks=_SLOW))
 # per layer: a delta layer's conv and recurrent states, a short convolution's window; then the attention layer's
-_KINDS = {"lfm2": ("state", "kv", "kv"), "lfm2_moe": ("state", "kv", "kv")}
+_KINDS = {"lfm2": ("state", "kv", "kv"), "lfm2_moe": ("state", "kv", "kv"), "lfm3": ("state", "kv", "kv")}
 _DELTA_KINDS = ("state", "state", "kv", "kv")
 
 

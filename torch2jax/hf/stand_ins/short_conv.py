@@ -1,4 +1,4 @@
-"""LFM2's gated short convolution (Lfm2ShortConv, and LFM2-MoE's) over the converted step's explicit state.
+"""LFM2's gated short convolution (Lfm2ShortConv, and LFM2-MoE's and LFM3's) over the converted step's explicit state.
 
 The mixer projects each token to B, C and x, convolves B * x with a short depthwise causal kernel and gates the
 result with C. Its cache is the convolution's window only: under the converted step (hf/steps/recurrent.py) the
@@ -47,3 +47,4 @@ def short_conv_forward(self: Any, hidden_states: torch.Tensor, cache: Any = None
 
 mixers.register(f"{_MODELS}.lfm2.modeling_lfm2.Lfm2ShortConv", SHORT_CONV, short_conv_forward)
 mixers.register(f"{_MODELS}.lfm2_moe.modeling_lfm2_moe.Lfm2MoeShortConv", SHORT_CONV, short_conv_forward)
+mixers.register(f"{_MODELS}.lfm3.modeling_lfm3.Lfm3ShortConv", SHORT_CONV, short_conv_forward)  # LFM2's, line for line
