@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-slow test-ops-full test-ops-eager test-ops-compile test-models-full test-models-hf models-doc demo runtime-check lint docs bench bench-calls bench-eager bench-compile bench-large bench-serve bench-vlm bench-finetune clean
+.PHONY: install test test-slow test-ops-full test-ops-eager test-ops-compile test-models-full test-models-hf test-generation-hf models-doc demo runtime-check lint docs bench bench-calls bench-eager bench-compile bench-large bench-serve bench-vlm bench-finetune clean
 
 install: $(STAMP)
 
@@ -121,6 +121,12 @@ bench-serve: install
 HF_SWEEP_ARGS ?=
 test-models-hf: $(BENCH_STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.hf_sweep.run $(HF_SWEEP_ARGS)
+	$(PY) -m benchmarks.hf_sweep.report
+
+# Every generating class (causal LM, encoder-decoder, image-text-to-text): greedy tokens against transformers' generate,
+# before and after save + load (resumable; hours on 2 cores); docs/models.md's generation section from its results.
+test-generation-hf: $(BENCH_STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.hf_sweep.generation $(HF_SWEEP_ARGS)
 	$(PY) -m benchmarks.hf_sweep.report
 
 # docs/models.md from the committed sweep results.

@@ -8,7 +8,7 @@ from benchmarks.hf_sweep import report
 
 
 def test_models_doc_is_what_the_results_give():
-    text = report.render(json.loads(report.RESULTS.read_text()), json.loads(report.CONFIGS.read_text()))
+    text = report.render(json.loads(report.RESULTS.read_text()), json.loads(report.CONFIGS.read_text()), report.load_generation())
     assert report.DOC.read_text() == text, "docs/models.md is out of date: run python -m benchmarks.hf_sweep.report"
 
 

@@ -1,4 +1,5 @@
-"""Write docs/models.md from benchmarks/hf_sweep/results.json (never kept by hand).
+"""Write docs/models.md from benchmarks/hf_sweep/results.json and, for its generation section,
+benchmarks/hf_sweep/generation_results.json (never kept by hand).
 
     python -m benchmarks.hf_sweep.report [--check]
 
@@ -21,6 +22,7 @@ from .run import TIMING, row_key, rows_of
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 RESULTS = HERE / "results.json"
+GENERATION_RESULTS = HERE / "generation_results.json"
 CONFIGS = HERE / "configs.json"
 DOC = ROOT / "docs" / "models.md"
 
@@ -58,8 +60,8 @@ def _cell(text: str | None, width: int = 110) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def render(results: dict[str, Any], configs: dict[str, Any]) -> str:
-    """The page, from the results and the configs they were run on."""
+def render(results: dict[str, Any], configs: dict[str, Any], generation: dict[str, Any] | None = None) -> str:
+    """The page, from the results and the configs they were run on (and the generation sweep's results)."""
     rows = sorted(results.get("rows", {}).values(), key=lambda r: (r["model_type"], r.get("role") != "base", r["class"]))
     registered = configs.get("configs", {})
     sources = Counter(e["source"] for e in registered.values())
@@ -211,12 +213,65 @@ def render(results: dict[str, Any], configs: dict[str, Any]) -> str:
             f"{'—' if worst is None else f'{worst:.2g}'} | {_fmt_s(r.get('seconds', {}).get('total'))} | "
             f"{onnx.get('status', '—')} | {_fmt_s(onnx.get('seconds'))} |")
     lines += ["", f"## Not run yet ({len(not_run)})", "", ", ".join(not_run) if not_run else "None."]
+    if generation is not None:
+        lines += render_generation(generation, registered)
     lines += ["", f"## Parts of other models ({len(parts)})", "",
               "Model types for which transformers exports no model class: no auto mapping lists one and no exported "
               "`PreTrainedModel` takes their config. Most are sub-configs (a vision tower's, a mask decoder's, a "
               "codec's), whose modules are converted inside the model that holds them, in its row above; a few name "
               "another architecture's checkpoints (nougat, layoutxlm).", "", ", ".join(parts) or "None."]
     return "\n".join(lines) + "\n"
+
+
+def render_generation(generation: dict[str, Any], registered: dict[str, Any]) -> list[str]:
+    """The generation section: every generating class's greedy tokens against transformers' generate."""
+    from .generation import NOT_RUN as GENERATION_NOT_RUN
+    from .generation import TOKENS, generation_rows
+
+    rows = sorted(generation.get("rows", {}).values(), key=lambda r: (r["task"], r["model_type"], r["class"]))
+    planned = generation_rows(registered)
+    done = {row_key(r["model_type"], r["class"]) for r in rows}
+    waiting = sorted(f"{t} ({c})" for t, c, _ in planned if row_key(t, c) not in done)
+    tasks = sorted({task for _, _, task in planned})
+    lines = [
+        "",
+        "## Generation",
+        "",
+        f"Generated from `benchmarks/hf_sweep/generation_results.json`, which `make test-generation-hf` "
+        f"(benchmarks/hf_sweep/generation.py) writes, on transformers {generation.get('transformers', '?')}. Every class "
+        "a generating auto mapping lists (causal LM, encoder-decoder, image-text-to-text) whose model type has a config "
+        "above, built the same way; `torch2jax.convert_hf(model, max_cache_len=48, max_batch=2)`; two prompts, one "
+        f"padded (a causal LM's on the left, an encoder-decoder's sources on the right, a vision-language model's with "
+        f"an image each), {TOKENS} greedy tokens each with no end token, compared token for token with transformers' "
+        "own `generate` (hf/verify.py), then the artifact saved, loaded and compared again. A row passes when every "
+        "token is equal both times. Rates are over the rows whose model builds and whose transformers `generate` runs.",
+        "",
+        "| task | rows | run | identical before and after save + load |",
+        "|---|---|---|---|",
+    ]
+    for task in tasks + [None]:
+        selected = [r for r in rows if task is None or r["task"] == task]
+        ran = [r for r in selected if r["status"] not in GENERATION_NOT_RUN]
+        listed = sum(1 for _, _, t in planned if task is None or t == task)
+        lines.append(f"| {task or 'all'} | {listed} | {len(selected)} | {_rate(sum(r['status'] == OK for r in ran), len(ran))} |")
+    failures = Counter(cause(r) for r in rows if r["status"] != OK)
+    examples: dict[str, set[str]] = {}
+    for r in rows:
+        if r["status"] != OK:
+            examples.setdefault(cause(r), set()).add(r["model_type"])
+    lines += ["", "Failure causes, largest first:", "", "| count | cause | examples |", "|---|---|---|"]
+    for text, count in sorted(failures.items(), key=lambda kv: (-kv[1], kv[0])):
+        lines.append(f"| {count} | {_cell(text, 160)} | {', '.join(sorted(examples[text])[:5])} |")
+    lines += ["", "| model type | class | task | generation | error | distinct tokens |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model_type']} | {r['class']} | {r['task']} | {r['status']} | {_cell(r.get('error'))} | "
+                     f"{r.get('distinct', '—')} |")
+    lines += ["", f"Not run yet ({len(waiting)}): " + (", ".join(waiting) if waiting else "none.")]
+    return lines
+
+
+def load_generation() -> dict[str, Any] | None:
+    return json.loads(GENERATION_RESULTS.read_text()) if GENERATION_RESULTS.exists() else None
 
 
 def _where(row: dict) -> str:
@@ -235,7 +290,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true", help="fail if docs/models.md is not what the results give")
     ns = parser.parse_args()
-    text = render(json.loads(RESULTS.read_text()), json.loads(CONFIGS.read_text()))
+    text = render(json.loads(RESULTS.read_text()), json.loads(CONFIGS.read_text()), load_generation())
     if ns.check:
         if DOC.read_text() != text:
             sys.exit("docs/models.md is out of date: run python -m benchmarks.hf_sweep.report")
