@@ -55,9 +55,12 @@ def _pack(values: np.ndarray, bits: int, axis: int, order: tuple[int, ...] | Non
     return np.ascontiguousarray(np.moveaxis(words, -1, axis)).view(np.int32)
 
 
-def write_quantized(out: Path, method: str, bits: int = 4, group: int = 32, fmt: str = "gptq") -> tuple[Path, dict]:
+def write_quantized(out: Path, method: str, bits: int = 4, group: int = 32, fmt: str = "gptq",
+                    act_order: bool = False) -> tuple[Path, dict]:
     """A random Llama's projections quantized and packed as `method` stores them; returns the directory and the float
-    weights (q - zero) * scale the integers stand for."""
+    weights (q - zero) * scale the integers stand for. `act_order` (GPTQ's desc_act): each group is a random set of
+    columns (as GPTQ takes them in order of their activations), g_idx says each column's, the values stay in column
+    order (as AutoGPTQ's QuantLinear.pack stores them)."""
     from safetensors.numpy import save_file
 
     llama = _random_llama()
@@ -70,14 +73,17 @@ def write_quantized(out: Path, method: str, bits: int = 4, group: int = 32, fmt:
             continue
         module = name.removesuffix(".weight")
         size = group if group > 0 else w.shape[1]
-        q, zeros, scales = _quantize(w, bits, size)
-        dequantized[name] = (q.reshape(w.shape[0], -1, size) - zeros[:, :, None]) * scales.astype(np.float32)[:, :, None]
-        dequantized[name] = dequantized[name].reshape(w.shape).astype(np.float32)
+        order = np.random.default_rng(len(tensors)).permutation(w.shape[1]) if act_order else np.arange(w.shape[1])
+        back = np.argsort(order)  # column j is the back[j]-th of the groups' order
+        q, zeros, scales = _quantize(w[:, order], bits, size)
+        weight = (q.reshape(w.shape[0], -1, size) - zeros[:, :, None]) * scales.astype(np.float32)[:, :, None]
+        dequantized[name] = weight.reshape(w.shape)[:, back].astype(np.float32)
+        q = q[:, back]
         if method == "gptq":
             stored_zeros = zeros - (1 if fmt == "gptq" else 0)
             tensors[f"{module}.qweight"] = _pack(q.T, bits, axis=0)
             tensors[f"{module}.qzeros"] = _pack(stored_zeros.T & ((1 << bits) - 1), bits, axis=1)
-            tensors[f"{module}.g_idx"] = (np.arange(w.shape[1]) // size).astype(np.int32)
+            tensors[f"{module}.g_idx"] = (back // size).astype(np.int32)
         else:
             tensors[f"{module}.qweight"] = _pack(q.T, bits, axis=1, order=AWQ_ORDER)
             tensors[f"{module}.qzeros"] = _pack(zeros.T, bits, axis=1, order=AWQ_ORDER)
@@ -85,7 +91,7 @@ def write_quantized(out: Path, method: str, bits: int = 4, group: int = 32, fmt:
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((out / "config.json").read_text())
     if method == "gptq":
-        config["quantization_config"] = {"quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": False,
+        config["quantization_config"] = {"quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": act_order,
                                          "sym": False, "checkpoint_format": fmt}
     else:
         config["quantization_config"] = {"quant_method": "awq", "bits": bits, "group_size": group, "zero_point": True,
@@ -133,11 +139,13 @@ CASES = {
     "gptq-int4-group": dict(method="gptq", bits=4, group=32, fmt="gptq"),
     "gptq_v2-int8-channel": dict(method="gptq", bits=8, group=-1, fmt="gptq_v2"),
     "awq-int4-group": dict(method="awq", bits=4, group=32),
+    "gptq-int4-act-order": dict(method="gptq", bits=4, group=32, fmt="gptq", act_order=True),
 }
 
 
-# GPTQ's default path runs by default through the CLI test below (verified against the dequantized weights)
-@pytest.mark.parametrize("case", [pytest.param(case, marks=[pytest.mark.slow] if case.startswith("gptq") else [])
+# GPTQ's plain path runs by default through the CLI test below (verified against the dequantized weights)
+DEFAULT_CASES = ("awq-int4-group", "gptq-int4-act-order")
+@pytest.mark.parametrize("case", [pytest.param(case, marks=[] if case in DEFAULT_CASES else [pytest.mark.slow])
                                   for case in CASES])
 def test_gptq_and_awq_convert_in_their_stored_form_and_compute_the_checkpoint(case, tmp_path):
     settings = dict(CASES[case])
@@ -148,6 +156,7 @@ def test_gptq_and_awq_convert_in_their_stored_form_and_compute_the_checkpoint(ca
     q = "model.layers.0.self_attn.q_proj.weight"
     bits = settings["bits"]
     assert (str(g.params[q].dtype), g.params[q].shape) == ("int32", (256, 256 * bits // 32))
+    assert (f"{q}_columns" in g.params) == settings.get("act_order", False)
     loaded = torch2jax.load(torch2jax.save(g, tmp_path / "out"))
     reference = _float_reference(dequantized)
     got, want = _logits(loaded, reference)
@@ -174,15 +183,17 @@ def test_the_cli_converts_a_gptq_checkpoint_verified_against_its_dequantized_wei
     assert "GPTQ int4 per group with zero points" in cli("inspect", str(out)).stdout
 
 
-def test_activation_order_and_unsupported_widths_are_refused_by_name(tmp_path):
+def test_groups_of_unequal_size_and_unsupported_widths_are_refused_by_name(tmp_path):
+    """Activation order converts (above); a g_idx whose groups are not group_size columns each is no layout GPTQ
+    writes, and is refused naming the tensor."""
     from safetensors.numpy import load_file, save_file
 
-    directory, _ = write_quantized(tmp_path / "act-order", "gptq")
+    directory, _ = write_quantized(tmp_path / "uneven", "gptq")
     tensors = load_file(directory / "model.safetensors")
     name = "model.layers.0.mlp.down_proj.g_idx"
-    tensors[name] = np.random.default_rng(0).permutation(tensors[name])
+    tensors[name] = np.sort(np.random.default_rng(0).integers(0, tensors[name].max() + 1, tensors[name].shape)).astype(np.int32)
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(torch2jax.InputSpecError, match="down_proj is quantized in activation order .* desc_act=False"):
+    with pytest.raises(torch2jax.InputSpecError, match="down_proj.g_idx: its groups are not 32 columns each"):
         torch2jax.convert_hf(directory, max_cache_len=32, max_batch=2, stream_weights=True)
     config = json.loads((directory / "config.json").read_text())
     config["quantization_config"]["bits"] = 3
@@ -198,8 +209,10 @@ def test_stored_zero_points_and_values_read_as_the_packers_wrote_them(tmp_path):
     from torch2jax.capture.checkpoint_files import Checkpoint
     from torch2jax.hf.prequantized import checkpoint_format
 
-    for method, bits, fmt in (("gptq", 2, "gptq"), ("gptq", 4, "gptq_v2"), ("gptq", 8, "gptq"), ("awq", 4, "gemm")):
-        directory, dequantized = write_quantized(tmp_path / f"{method}{bits}{fmt}", method, bits=bits, group=64, fmt=fmt)
+    for method, bits, fmt, act_order in (("gptq", 2, "gptq", False), ("gptq", 4, "gptq_v2", False),
+                                         ("gptq", 8, "gptq", True), ("awq", 4, "gemm", False)):
+        directory, dequantized = write_quantized(tmp_path / f"{method}{bits}{fmt}", method, bits=bits, group=64, fmt=fmt,
+                                                 act_order=act_order)
         config = transformers.AutoConfig.from_pretrained(directory)
         stored, taken = checkpoint_format(config).stored_weights(Checkpoint.open(directory))
         assert len(stored) == PROJECTIONS and all(name.endswith((".qweight", ".qzeros", ".scales", ".g_idx")) for name in taken)

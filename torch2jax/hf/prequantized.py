@@ -15,12 +15,13 @@ to the product that reads the weight (ops/quantized.py), as it does its own int8
     GPTQ (gptq, the v1 and v2 formats): `W.qweight` int32 [in * bits / 32, out], values packed down the input dim,
         the lowest bits first; `W.qzeros` int32 [groups, out * bits / 32] packed along the output dim (v1 stores each
         zero point minus one); `W.scales` [groups, out]; `W.g_idx` [in]: w = (q - zero) * scale of the column's group
+        (in activation order, desc_act, a column's group is not its position's: the columns are stored sorted by group,
+        and the product reads x's columns in that order: runtime/quantize's packed-int-permuted)
     AWQ (awq, the gemm layout AutoAWQ writes): `W.qweight` int32 [in, out * bits / 32] packed along the output dim in
         the order 0 2 4 6 1 3 5 7 within a word; `W.qzeros` [groups, out * bits / 32] alike; `W.scales` [groups, out]
 
 GPTQ and AWQ weights become the pack-quantized layout as they are read (the same bits in another order: no value
-changes, nothing gets larger). Other methods (bitsandbytes, HQQ, GPTQ in activation order, ...) are refused, naming
-the formats that convert.
+changes, nothing gets larger). Other methods (bitsandbytes, HQQ, ...) are refused, naming the formats that convert.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from ..runtime.quantize import StoredWeight
 CONVERTED = ("fp8 (block-scaled float8, transformers' FineGrainedFP8Config)",
              "compressed-tensors pack-quantized (2, 4 or 8 bits, symmetric or with zero points, per group or channel)",
              "compressed-tensors float-quantized (float8 per channel, tensor, group or block)",
-             "GPTQ (2, 4 or 8 bits, per group or channel, the gptq and gptq_v2 formats, without activation order)",
+             "GPTQ (2, 4 or 8 bits, per group or channel, the gptq and gptq_v2 formats, in activation order or not)",
              "AWQ (4 bits, the gemm layout)")
 PACKED_BITS = (2, 4, 8)  # values that tile an int32 word (other widths straddle words)
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the output column each 4-bit field of an AWQ word holds, lowest bits first
@@ -147,19 +148,23 @@ class CheckpointFormat:
             raise InputSpecError(f"{module}: the {method.upper()} tensors' shapes (qweight {list(qweight.shape)}, scales "
                                  f"{list(scales.shape)}, qzeros {list(entries[names['qzeros']].shape)}) do not fit "
                                  f"{bits}-bit values in groups of {group}")
+        columns = None  # activation order (desc_act): the stored columns' order that makes each group contiguous
         if names["g_idx"] in entries:
             order = checkpoint.read(names["g_idx"]).astype(np.int64)
+            if order.shape != (cols,):
+                raise InputSpecError(f"{names['g_idx']} holds {list(order.shape)} group indices for {cols} columns")
             if not np.array_equal(order, np.arange(cols) // group):
-                raise InputSpecError(f"{module} is quantized in activation order (its g_idx is not the columns' groups in "
-                                     "order: desc_act), which does not convert yet; a checkpoint quantized with "
-                                     "desc_act=False does")
+                columns = np.argsort(order, kind="stable").astype(np.int32)
+                if not np.array_equal(order[columns], np.arange(cols) // group):
+                    raise InputSpecError(f"{names['g_idx']}: its groups are not {group} columns each, which GPTQ's "
+                                         "activation order gives; this checkpoint's layout is not one torch2jax reads")
         read = checkpoint.read
         offset = self.args.zero_offset
 
         def values() -> np.ndarray:  # [out, in / per_word]: the input dim packed, as pack-quantized has it
             q = read(names["qweight"])
             unsigned = _unpack_rows(q.T, bits) if method == "gptq" else _unpack_rows(q, bits, AWQ_ORDER).T
-            return _pack_rows(unsigned, bits)
+            return _pack_rows(unsigned if columns is None else unsigned[:, columns], bits)
 
         def zero_points() -> np.ndarray:  # [out / per_word, groups]: packed down the output dim
             zeros = _unpack_rows(read(names["qzeros"]), bits, AWQ_ORDER if method == "awq" else None) + offset
@@ -173,12 +178,14 @@ class CheckpointFormat:
             return read(names["scales"]).T.copy()
 
         stored = StoredWeight(
-            "packed-int", (rows, cols),
+            "packed-int" if columns is None else "packed-int-permuted", (rows, cols),
             DeferredArray((rows, cols // per_word), np.int32, values, f"{names['qweight']} repacked"),
             DeferredArray((rows, groups), scales.dtype, scale, f"{names['scales']} transposed"),
             (bits, group, cols),
             DeferredArray((rows // per_word, groups), np.int32, zero_points, f"{names['qzeros']} repacked"),
-            f"{method.upper()} int{bits} per {'group' if group < cols else 'channel'} with zero points")
+            f"{method.upper()} int{bits} per {'group' if group < cols else 'channel'} with zero points"
+            + ("" if columns is None else " in activation order"),
+            columns=None if columns is None else DeferredArray((cols,), np.int32, lambda: columns, f"{names['g_idx']} order"))
         return stored, set(names.values()) & set(entries)
 
     def _fp8_blocks(self, checkpoint: Checkpoint, weight: str, scale: str) -> StoredWeight:

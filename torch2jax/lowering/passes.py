@@ -50,7 +50,8 @@ _QUANTIZED_LINEAR = {DYNAMIC_INT8_WEIGHT: DYNAMIC_INT8_LINEAR, DEQUANTIZE_INT8: 
                      DEQUANTIZE_INT4_HALVES: "torch2jax.int4_halves_linear.default",
                      # weights a checkpoint stores quantized (runtime/quantize.adopt_stored)
                      "torch2jax.dequantize_blocks.default": "torch2jax.blocks_linear.default",
-                     "torch2jax.dequantize_packed_int.default": "torch2jax.packed_int_linear.default"}
+                     "torch2jax.dequantize_packed_int.default": "torch2jax.packed_int_linear.default",
+                     "torch2jax.dequantize_packed_int_permuted.default": "torch2jax.packed_int_permuted_linear.default"}
 _BINARY = frozenset({"aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.div.Tensor", "aten.where.self",
                      "aten.maximum.default", "aten.minimum.default"})
 

@@ -259,3 +259,18 @@ def packed_int_linear(x, packed, scale, bits, group_size, cols, dtype, zero_poin
                                      bits, group_size, cols, dtype, zero)
 
     return _dequantized_linear(x, block, rows, dtype, bias)
+
+
+@lowers("torch2jax.dequantize_packed_int_permuted.default")
+def dequantize_packed_int_permuted(packed, scale, bits, group_size, cols, dtype, zero_point, columns):
+    """dequantize_packed_int of a weight stored with its columns in another order (GPTQ's activation order): stored
+    column j is the weight's column columns[j]; the weight comes back in its own order."""
+    stored = dequantize_packed_int(packed, scale, bits, group_size, cols, dtype, zero_point)
+    return jnp.take(stored, jnp.argsort(columns), axis=1)
+
+
+@lowers("torch2jax.packed_int_permuted_linear.default")
+def packed_int_permuted_linear(x, packed, scale, bits, group_size, cols, dtype, zero_point, columns, bias=None):
+    """linear(x, dequantize_packed_int_permuted(...), bias) without unpermuting the weight: x's columns are read in the
+    stored order instead (x @ W.T == x[..., columns] @ W_stored.T)."""
+    return packed_int_linear(jnp.take(x, columns, axis=-1), packed, scale, bits, group_size, cols, dtype, zero_point, bias)

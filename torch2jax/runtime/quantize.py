@@ -270,8 +270,10 @@ def _nbytes(params: dict) -> int:
 
 # -- weights a checkpoint stores quantized (hf/prequantized.py reads them) ---------------------------------------------
 # Their stored tensors become the artifact's params as they are; a node of one of these ops makes the weight from them.
-STORED_LAYOUTS = {"blocks": "torch2jax.dequantize_blocks.default", "packed-int": "torch2jax.dequantize_packed_int.default"}
+STORED_LAYOUTS = {"blocks": "torch2jax.dequantize_blocks.default", "packed-int": "torch2jax.dequantize_packed_int.default",
+                  "packed-int-permuted": "torch2jax.dequantize_packed_int_permuted.default"}
 ZERO_POINT_SUFFIX = "_zero_point"
+COLUMNS_SUFFIX = "_columns"
 
 
 @dataclasses.dataclass
@@ -283,7 +285,9 @@ class StoredWeight:
                     as wide as the weight is a scale per row, one as large as it a scale per tensor
         packed-int  32 / bits unsigned values per int32 word (the lowest bits first), offset by 2^(bits - 1), `args` =
                     (bits, group_size, columns): w = (q - zero_point) * scale per group of columns; the zero points
-                    packed alike down the rows"""
+                    packed alike down the rows
+        packed-int-permuted  packed-int whose stored column j is the weight's column `columns[j]` (GPTQ's activation
+                    order: columns quantized in their groups' order); the product reads x's columns in that order"""
 
     layout: str
     shape: tuple[int, int]  # the weight's [out, in]
@@ -292,23 +296,30 @@ class StoredWeight:
     args: tuple[int, ...]
     zero_point: DeferredArray | None = None
     description: str = ""  # the format, for the manifest (e.g. "fp8 blocks of 128x128")
+    columns: DeferredArray | None = None  # packed-int-permuted: the weight's column each stored column is
 
     def parts(self) -> dict[str, DeferredArray]:
         """The stored params by suffix of the weight's name ("" is the values)."""
         found = {"": self.values, SCALE_SUFFIX: self.scale}
         if self.zero_point is not None:
             found[ZERO_POINT_SUFFIX] = self.zero_point
+        if self.columns is not None:
+            found[COLUMNS_SUFFIX] = self.columns
         return found
 
     def dequantize(self) -> np.ndarray:
         """The float32 weight, read and dequantized in NumPy (the same arithmetic as the function's)."""
         zero = self.zero_point.read() if self.zero_point is not None else None
-        return dequantize_stored(self.layout, self.values.read(), self.scale.read(), self.args, self.shape, zero)
+        columns = self.columns.read() if self.columns is not None else None
+        return dequantize_stored(self.layout, self.values.read(), self.scale.read(), self.args, self.shape, zero, columns)
 
 
 def dequantize_stored(layout: str, values: np.ndarray, scale: np.ndarray, args: tuple, shape: tuple[int, int],
-                      zero_point: np.ndarray | None = None) -> np.ndarray:
+                      zero_point: np.ndarray | None = None, columns: np.ndarray | None = None) -> np.ndarray:
     """A stored weight's float32 values (see StoredWeight), in NumPy."""
+    if layout == "packed-int-permuted":
+        stored = dequantize_stored("packed-int", values, scale, args, shape, zero_point)
+        return stored[:, np.argsort(columns)]
     rows, cols = shape
     if layout == "blocks":
         block_rows, block_cols = args
@@ -349,17 +360,18 @@ def adopt_stored(model: Model) -> Model:
             inputs.append(inp)
             continue
         weight = stored[inp.target]
-        refs = []
+        refs = {}
         for suffix, part in weight.parts().items():
             placeholder = GraphInput(f"{inp.name}{suffix or '_q'}", "parameter", TensorMeta(dtypes.name_of(part.dtype), list(part.shape)),
                                      inp.target + suffix)
             inputs.append(placeholder)
-            refs.append({"ref": placeholder.name})
-        values, scale, *zero = refs
-        # packed-int always has the zero-point slot (None: symmetric), so a fused Linear's bias comes after it
-        zero_slot = [zero[0] if zero else None] if weight.layout == "packed-int" else []
-        nodes.append(Node(inp.name, STORED_LAYOUTS[weight.layout], [values, scale, *weight.args, {"dtype": inp.meta.dtype}, *zero_slot],
-                          {}, inp.meta))
+            refs[suffix] = {"ref": placeholder.name}
+        # packed-int always has the zero-point slot (None: symmetric), and the permuted form its columns after it, so
+        # a fused Linear's bias comes last
+        tail = {"blocks": [], "packed-int": [refs.get(ZERO_POINT_SUFFIX)],
+                "packed-int-permuted": [refs.get(ZERO_POINT_SUFFIX), refs.get(COLUMNS_SUFFIX)]}[weight.layout]
+        nodes.append(Node(inp.name, STORED_LAYOUTS[weight.layout],
+                          [refs[""], refs[SCALE_SUFFIX], *weight.args, {"dtype": inp.meta.dtype}, *tail], {}, inp.meta))
     params = {}
     for name, value in model.params.items():
         if name in stored and any(inp.target == name for inp in chosen):
