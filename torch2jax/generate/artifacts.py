@@ -12,7 +12,7 @@ from typing import Any
 
 from jax.sharding import Mesh
 
-from ..errors import ArtifactError, ShardingError
+from ..errors import ArtifactError
 from ..runtime import artifact, stablehlo
 from ..runtime.model import Model
 from .generator import Generator
@@ -38,7 +38,7 @@ def load(path: str | os.PathLike, *, from_graph: bool = False, verify_hashes: bo
          sharding: str | Mapping[str, Any] = "auto") -> Model | TokenLoop:
     """The model or generator an artifact holds, its params sharded on `mesh` when given (see torch2jax.load)."""
     contents = artifact.read(path, from_graph=from_graph, verify_hashes=verify_hashes, mesh=mesh, sharding=sharding,
-                             check=_loadable(on_mesh=mesh is not None, generation_only=False))
+                             check=_loadable(generation_only=False))
     kind = GENERATORS.get(contents.manifest.get("task"))
     return contents.model if kind is None else kind.from_artifact(contents)
 
@@ -58,13 +58,13 @@ def load_generator(path: str | os.PathLike, *, from_graph: bool = False, verify_
     """The generator of a text-generation, text2text-generation or image-text-to-text artifact (any other artifact is
     refused before its params are restored)."""
     contents = artifact.read(path, from_graph=from_graph, verify_hashes=verify_hashes,
-                             check=_loadable(on_mesh=False, generation_only=True))
+                             check=_loadable(generation_only=True))
     return GENERATORS[contents.manifest["task"]].from_artifact(contents)
 
 
-def _loadable(on_mesh: bool, generation_only: bool) -> Callable[[Path, dict], None]:
+def _loadable(generation_only: bool) -> Callable[[Path, dict], None]:
     """What refuses an artifact from its manifest alone, before its params are restored: a generator kind without
-    its entry points or one that cannot load on a mesh; anything else than a generator where one is asked for."""
+    its entry points; anything else than a generator where one is asked for. (Every generator kind loads on a mesh.)"""
 
     def check(root: Path, manifest: dict) -> None:
         task = manifest.get("task")
@@ -78,7 +78,5 @@ def _loadable(on_mesh: bool, generation_only: bool) -> Callable[[Path, dict], No
         missing = [name for name in kind.ENTRY_POINTS if not isinstance(entries, dict) or name not in entries]
         if missing:
             raise ArtifactError(f"{root}: a {task} artifact needs entry points {list(kind.ENTRY_POINTS)}; missing {missing}")
-        if on_mesh and not kind.SHARDABLE:
-            raise ShardingError(f"loading a {task} artifact on a mesh is not supported yet: load it without mesh=")
 
     return check

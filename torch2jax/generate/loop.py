@@ -69,7 +69,6 @@ class TokenLoop:
 
     TASK: str  # the manifest's task of this kind of generator
     ENTRY_POINTS: tuple[str, ...]  # the artifact's entry points it is built from
-    SHARDABLE = True  # whether it loads on a mesh
     spec: Any
     sharding: Any = None
     REPR_LIMITS: tuple[str, ...] = ("max_cache_len", "max_batch")  # the spec's limits __repr__ shows

@@ -106,12 +106,12 @@ class Seq2SeqGenerator(TokenLoop):
 
     TASK = "text2text-generation"
     ENTRY_POINTS = ("encode", "decode")
-    SHARDABLE = False
     REPR_LIMITS = ("max_source_len", "max_cache_len", "max_batch")
 
     def __init__(self, encode: Model, decode: Model, spec: Seq2SeqSpec, manifest: dict | None = None,
-                 tokenizer_files: dict[str, Path] | None = None):
+                 tokenizer_files: dict[str, Path] | None = None, sharding: Any = None):
         self.encode_model, self.decode_model = encode, decode
+        self.sharding = sharding  # on a mesh: params as placed there, the caches split by rows and heads
         self.spec = spec
         self.manifest = manifest
         self.tokenizer_files = dict(tokenizer_files or {})
@@ -126,7 +126,7 @@ class Seq2SeqGenerator(TokenLoop):
     def from_artifact(cls, contents: ArtifactContents) -> Seq2SeqGenerator:
         models = contents.models
         return cls(models["encode"], models["decode"], Seq2SeqSpec.from_json(contents.manifest.get("generation")),
-                   contents.manifest, contents.tokenizer_files)
+                   contents.manifest, contents.tokenizer_files, sharding=contents.sharding)
 
     def entries(self) -> dict[str, Model]:
         """The entry points as the artifact stores them, by name."""
