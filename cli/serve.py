@@ -12,6 +12,8 @@ import time
 
 import click
 
+from torch2jax.errors import Torch2JaxError
+
 from .common import handles_errors, needs_extra
 
 
@@ -29,9 +31,10 @@ from .common import handles_errors, needs_extra
 @click.option("--drain-timeout", default=30.0, show_default=True,
               help="On SIGTERM/SIGINT: seconds to let requests in flight finish before exiting.")
 @click.option("--warm-up", type=click.Choice(["all", "short"]), default="all", show_default=True,
-              help="Before listening, compile the steps at every shape a request can need (all: no client waits on a "
-              "compilation, which on a busy server would stall every running request; takes longer to start), or for "
-              "a short prompt only (short).")
+              help="Compile the steps at every shape a request can need before serving (all: no client waits on a "
+              "compilation, which on a busy server would stall every running request; takes longer), or for a short "
+              "prompt only (short). The server listens meanwhile: /health answers 503 until the steps are ready, and "
+              "requests wait in the queue.")
 @click.option("--decode-block", default=16, show_default=True, type=click.IntRange(min=1),
               help="Decode steps per device call while no request waits (ended early on the device when a row finishes): "
               "fewer dispatches and token reads, which on a GPU is most of a small model's step; 1 = a step per call.")
@@ -76,9 +79,18 @@ def serve(artifact_dir, host, port, max_batch, max_queue, chunk, model_name, cha
 
     service = build_service(artifact_dir, max_batch=max_batch, max_queue=max_queue, chunk=chunk, model_name=model_name,
                             chat_template=chat_template, warm_up=warm_up, progress=progress,
-                            decode_block=decode_block, lora=lora)
-    click.echo(f"[serve] loaded and warmed up in {time.perf_counter() - started:.1f}s", err=True)
+                            decode_block=decode_block, lora=lora, defer_warm_up=True)
+    click.echo(f"[serve] loaded in {time.perf_counter() - started:.1f}s; compiling the steps while listening "
+               "(/health: 503 until they are ready)", err=True)
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    failed: list[BaseException] = []
+
+    def ready() -> None:
+        click.echo(f"[serve] warmed up in {time.perf_counter() - started:.1f}s: ready", err=True)
+
+    def failure(err: BaseException) -> None:  # a server that cannot compile its steps must not linger unready
+        failed.append(err)
+        server.should_exit = True
 
     class Server(uvicorn.Server):
         """uvicorn's server, except that a drained shutdown on SIGTERM exits 0 rather than re-raising the signal."""
@@ -89,12 +101,16 @@ def serve(artifact_dir, host, port, max_batch, max_queue, chunk, model_name, cha
             super().handle_exit(sig, frame)
             self._captured_signals.clear()
 
-    config = uvicorn.Config(create_app(service), host=host, port=port, log_level=log_level, access_log=log_level == "debug",
-                            timeout_graceful_shutdown=drain_timeout, lifespan="on")
+    config = uvicorn.Config(create_app(service, on_ready=ready, on_failure=failure), host=host, port=port,
+                            log_level=log_level, access_log=log_level == "debug", timeout_graceful_shutdown=drain_timeout,
+                            lifespan="on")
     adapters = f", adapters {', '.join(service.adapters)}" if service.adapters else ""
     click.echo(f"[serve] {service.model_name} on http://{host}:{port} ({service.scheduler.engine.rows} rows, "
                f"max_cache_len {service.max_cache_len}{adapters})", err=True)
-    Server(config).run()
+    server = Server(config)
+    server.run()
+    if failed:
+        raise Torch2JaxError(f"the warm-up failed, so the server stopped: {type(failed[0]).__name__}: {failed[0]}")
     click.echo("[serve] stopped", err=True)
 
 

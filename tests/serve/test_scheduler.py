@@ -84,14 +84,26 @@ def test_each_request_gets_what_it_gets_alone(name, engines):
     assert not scheduler.engine.running.any() and scheduler.rows_held == 0
 
 
+class AnyToken:
+    """A structured-output constraint that allows every token and never completes (serve/structured.py's interface)."""
+
+    def fill(self, row: np.ndarray) -> None:
+        row[:] = -1
+
+    def advance(self, token: int) -> bool:
+        return False
+
+
 def test_after_compile_steps_a_mixed_load_compiles_nothing(engines, tmp_path):
     """The server's warm-up: after compile_steps, requests of every group size, prompts of one to three chunks, greedy,
-    sampled and with log-probabilities and penalties, with rebases, run without a compilation. The artifact is saved and
-    loaded, as `serve` does (params on the device), and the engine is new, so nothing a test before compiled counts."""
+    sampled, with log-probabilities and penalties and with an allowed-token mask, with rebases, run without a
+    compilation. The artifact is saved and loaded, as `serve` does (params on the device), and the engine is new, so
+    nothing a test before compiled counts."""
     g = torch2jax.load(torch2jax.save(engines("llama").g, tmp_path / "llm"))
     engine = BatchEngine(g, ROWS, chunk=CHUNK)
     assert engine.step_shapes() == {"groups": [1, 2, 4], "chunks": [(16, 16), (16, 64)], "spans": [64]}
-    assert engine.compile_steps(workers=2) == 3 + 3 + 4 + 1 + 1  # decode: greedy or sampled, with extras or not; count_from
+    # decode: greedy or sampled, with extras or not, and with an allowed-token mask (structured output); count_from
+    assert engine.compile_steps(workers=2) == 3 + 3 + 4 + 2 + 1 + 1
     steps = [g._prefill, engine._pick_jit, engine._join, engine._decode, engine._roll, engine._count_from]
     compiled = [f._cache_size() for f in steps]
     rng = np.random.default_rng(3)
@@ -99,6 +111,7 @@ def test_after_compile_steps_a_mixed_load_compiles_nothing(engines, tmp_path):
              lambda i: Sampling(0.8, seed=i, logprobs=0, presence_penalty=-1.0)]
     load = [Request(rng.integers(3, 128, int(rng.integers(1, 40))).tolist(), int(rng.integers(1, 17)), lambda e: None,
                     kinds[i % 4](i), end_tokens=()) for i in range(14)]
+    load[3].constraint = load[12].constraint = AnyToken()  # masked first-token picks and decode steps
     scheduler = Scheduler(engine)
     run(scheduler, {0: load[:4], 1: load[4:5], 6: load[5:7], 9: load[7:11], 20: load[11:]})
     assert engine.rebases > 0 and scheduler.max_rows_held == ROWS

@@ -36,12 +36,14 @@ def free_port() -> int:
 
 
 class Server:
-    """A `torch2jax serve` process on a free loopback port, ready once /health answers."""
+    """A `torch2jax serve` process on a free loopback port, ready once /health answers 200 (it answers 503 while its
+    steps compile: those answers are kept in `warming`)."""
 
     def __init__(self, command: list[str], artifact: Path, log: Path, *options: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
+        self.warming: list[dict] = []
         # a cache of compiled steps of its own: one shared with other runs would make a test's timing depend on them
         env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(log.parent / "cache"))
         self.process = subprocess.Popen([*command, "serve", str(artifact), "--port", str(self.port), *options], cwd=ROOT,
@@ -50,10 +52,13 @@ class Server:
         while time.monotonic() < deadline:
             assert self.process.poll() is None, f"the server exited: {log.read_text()[-3000:]}"
             try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                answer = httpx.get(f"{self.url}/health", timeout=2)
+                if answer.status_code == 200:
                     return
+                self.warming.append(answer.json())
             except httpx.HTTPError:
-                time.sleep(0.3)
+                pass
+            time.sleep(0.3)
         self.stop()
         raise AssertionError(f"the server did not answer within {START_S}s: {log.read_text()[-3000:]}")
 
@@ -122,6 +127,16 @@ def words(ids: list[int]) -> str:
 
 def text_of(g, ids: list[int]) -> str:
     return g.tokenizer.decode([t for t in ids if t != EOS], skip_special_tokens=True)
+
+
+def test_the_server_listens_while_it_warms_up(server):
+    """`torch2jax serve` listens before its steps are compiled (a fresh compilation cache: the warm-up takes seconds):
+    /health answered 503 with the warm-up's progress, then 200 with every call done."""
+    assert server.warming, "the server answered only once warmed up"
+    assert {w["status"] for w in server.warming} == {"warming up"} and all(w["model"] == "llm" for w in server.warming)
+    assert [w["compiled"] for w in server.warming] == sorted(w["compiled"] for w in server.warming)
+    health = server.health()
+    assert health["status"] == "ok" and health["compiled"] == health["total"] > max(w["compiled"] for w in server.warming)
 
 
 def test_completion_and_chat_at_temperature_0_equal_generate(client, reference):

@@ -36,13 +36,16 @@ if TYPE_CHECKING:
     from ..finetune.side_path import RowAdapters
 
 
-def create_app(service: Service, on_shutdown: Callable[[], None] | None = None) -> Starlette:
+def create_app(service: Service, on_shutdown: Callable[[], None] | None = None, on_ready: Callable[[], None] | None = None,
+               on_failure: Callable[[BaseException], None] | None = None) -> Starlette:
     """The Starlette application: routes.py's endpoints over `service`; the scheduler's loop runs from startup to
-    shutdown (then `on_shutdown`)."""
+    shutdown (then `on_shutdown`). A service built with `defer_warm_up` compiles its steps on a thread from startup on,
+    so the server listens (and /health answers 503) meanwhile; its loop starts after them (then `on_ready`, or
+    `on_failure(error)` if the warm-up failed: Service.start)."""
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        service.scheduler.start()
+        service.start(on_ready, on_failure)
         try:
             yield
         finally:
@@ -79,13 +82,14 @@ def use_compilation_cache(directory: str | os.PathLike) -> None:
 def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = None, max_queue: int = 64, chunk: int = 256,
                   model_name: str | None = None, chat_template: str | os.PathLike | None = None, warm_up: str = "all",
                   progress: Callable[[int, int], None] | None = None, decode_block: int = 16,
-                  lora: Sequence[tuple[str, str | os.PathLike]] = ()) -> Service:
+                  lora: Sequence[tuple[str, str | os.PathLike]] = (), defer_warm_up: bool = False) -> Service:
     """What `torch2jax serve` serves: the artifact loaded, what the server cannot serve refused (with the reason), its
     scheduler over `max_batch` rows (default: the artifact's), and its steps compiled before the first client: at
     every shape a request can need (`warm_up="all"`, reporting `progress(done, total)`), or a short prompt's only
     (`"short"`: a quicker start, and compilations later while clients wait). `decode_block`: decode steps per call
     while no request waits (serve/engine.py). `lora`: (name, PEFT adapter directory) pairs, each served as a model of
-    its own name beside the base model, rows of any of them sharing the batch (load_adapters)."""
+    its own name beside the base model, rows of any of them sharing the batch (load_adapters). `defer_warm_up`: return
+    before compiling, leaving the warm-up to Service.start (create_app's startup), so a server listens while it runs."""
     if warm_up not in ("all", "short"):
         raise InputSpecError(f"warm_up must be 'all' or 'short', got {warm_up!r}")
     g = load(artifact_dir)
@@ -110,13 +114,26 @@ def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = No
     scheduler = Scheduler(engine, max_queue=max_queue)
     template = ChatTemplate.from_files(g.tokenizer_files.get("tokenizer_config.json"),
                                        Path(chat_template) if chat_template else None)
-    if warm_up == "all":
-        engine.compile_steps(progress)
-    else:
-        warm_up_short(scheduler)
-    scheduler.metrics = metrics  # counted from the first client on
-    return Service(name, scheduler, g.tokenizer, template, metrics, created=int(time.time()), adapters=names,
-                   adapter_dirs=dirs)
+
+    def warm(report: Callable[[int, int], None]) -> None:
+        def both(done: int, total: int) -> None:
+            report(done, total)
+            if progress is not None:
+                progress(done, total)
+
+        if warm_up == "all":
+            engine.compile_steps(both)
+        else:
+            both(0, 1)
+            warm_up_short(scheduler)
+            both(1, 1)
+        scheduler.metrics = metrics  # counted from the first client on
+
+    service = Service(name, scheduler, g.tokenizer, template, metrics, created=int(time.time()), adapters=names,
+                      adapter_dirs=dirs, warm_up=warm)
+    if not defer_warm_up:
+        service.warm_up_now()
+    return service
 
 
 def load_adapters(g: Generator, model_name: str, lora: Sequence[tuple[str, str | os.PathLike]]

@@ -30,6 +30,13 @@ Requests that ask for log-probabilities or OpenAI's presence / frequency penalti
 batch's steps run a variant that computes them on the device: the raw distribution's log_softmax and its TOP_LOGPROBS
 most likely tokens (each request keeps the first k on the host), and the penalties from a [rows, vocab] count of each
 row's generated tokens, carried from step to step (`seen`). A batch without such a request runs the steps without them.
+
+Requests with structured output (OpenAI's `response_format`, serve/structured.py) have each of their tokens chosen among
+the ones their grammar allows: the step takes an allowed-token bitmask [rows, ceil(vocab / 32)] int32 (bit j % 32 of word
+j // 32 set: token j allowed; every bit set for the other rows), applied to the logits after the penalties and before
+the choice. The host advances each grammar with the chosen token before the next mask exists, so a batch with such a row
+decodes one step per call, in the extras variant with the mask (the log-probabilities stay those of the raw
+distribution); batches without one run exactly the steps they ran before.
 """
 
 from __future__ import annotations
@@ -115,6 +122,19 @@ class Logprobs:
 # (log-probabilities and penalties)
 VARIANTS = (Sampling(), Sampling(1.0), Sampling(logprobs=0, presence_penalty=0.5),
             Sampling(1.0, logprobs=0, presence_penalty=0.5))
+# and of the variant with an allowed-token mask (structured output), which is the extras variant with the mask
+MASKED_VARIANTS = (Sampling(), Sampling(1.0))
+
+
+def mask_words(vocab_size: int) -> int:
+    """The int32 words of one row's allowed-token bitmask: one bit per token."""
+    return (vocab_size + 31) // 32
+
+
+def allowed_bits(mask: jax.Array, vocab_size: int) -> jax.Array:
+    """[rows, words] int32 bitmask -> [rows, vocab] bool: token j is allowed when bit j % 32 of word j // 32 is set."""
+    j = jnp.arange(vocab_size, dtype=jnp.int32)
+    return (jnp.right_shift(mask[:, j // 32], j % 32) & 1).astype(bool)
 
 
 @dataclass
@@ -168,6 +188,7 @@ class BatchEngine:
                                compiler_options=DECODE_LOOP_OPTIONS)
         self._eos = jnp.asarray(spec.eos_token_ids or (-1,), self._ids)
         self._pick_jit = jax.jit(self._pick, static_argnames=("any_sample", "extras"))
+        self.mask_words = mask_words(spec.vocab_size)  # int32 words of a row's allowed-token mask (structured output)
         self._count_from = jax.jit(lambda seen, restart, first: jnp.where(
             restart[:, None], jax.nn.one_hot(first, seen.shape[1], dtype=seen.dtype), seen), donate_argnums=(0,))
         # a recurrent state (a state-space layer's) has no slots: it is copied whole, never rolled with the KV slots
@@ -221,11 +242,14 @@ class BatchEngine:
         group.chunk += 1
         return logits if group.done else None
 
-    def first_tokens(self, logits: jax.Array, settings: list[Sampling]) -> tuple[np.ndarray, Logprobs | None]:
+    def first_tokens(self, logits: jax.Array, settings: list[Sampling],
+                     allowed: np.ndarray | None = None) -> tuple[np.ndarray, Logprobs | None]:
         """Each member's first new token from its prompt's logits (pad rows of the group get greedy picks), and the
-        log-probabilities when a member asked for them (else None). No penalty applies yet: nothing was generated."""
-        k, extras = logits.shape[0], any(s.extras for s in settings)
+        log-probabilities when a member asked for them (else None). No penalty applies yet: nothing was generated.
+        `allowed`: None, or the [group rows, mask_words] allowed-token bitmask (structured output; the extras variant)."""
+        k, extras = logits.shape[0], allowed is not None or any(s.extras for s in settings)
         out = self._pick_jit(logits, *self._sampling_arrays(settings, k), np.zeros(k, np.int32), None,
+                             None if allowed is None else jnp.asarray(allowed, jnp.int32),
                              any_sample=any(s.temperature > 0 for s in settings), extras=extras)
         if not extras:
             return np.asarray(out), None
@@ -267,26 +291,29 @@ class BatchEngine:
 
     # -- decode ---------------------------------------------------------------------------------
     def decode(self, tokens: np.ndarray, settings: list[Sampling | None], counts: np.ndarray, left: np.ndarray | None = None,
-               watch_eos: np.ndarray | None = None, block: int = 1) -> tuple[np.ndarray, Logprobs | None]:
+               watch_eos: np.ndarray | None = None, block: int = 1,
+               allowed: np.ndarray | None = None) -> tuple[np.ndarray, Logprobs | None]:
         """Up to `block` steps for every row: [steps, rows] tokens (free rows' entries are garbage), and their
         log-probabilities ([steps, rows] Logprobs) when a running row's request has extras (log-probabilities or
         penalties; else None). `counts`: each row's tokens so far; `left`: how many more each running row may take (the
         block ends once one has none left); `watch_eos`: rows whose end at one of the artifact's end tokens ends the
         block. The block also stays within the cache and one attended span, so each step attends to what a step alone
         would. Only a batch with extras runs the step variant that computes them, so other batches do not pay for
-        them."""
+        them. `allowed`: None, or the [rows, mask_words] allowed-token bitmask of this step (structured output): one step
+        then, in the extras variant (the host must advance the grammars before the next mask)."""
         self.make_room()
         positions = np.where(self.running, self.pointer - self.starts, 0)
         starts = np.where(self.running, self.starts, self.pointer)  # a free row attends to its own slots only
         span = attended_span(self.pointer + 1, self.max_len)
-        count = max(1, min(block, self.decode_block, self.max_len - self.pointer, span - self.pointer))
+        count = 1 if allowed is not None else max(1, min(block, self.decode_block, self.max_len - self.pointer,
+                                                         span - self.pointer))
         left = np.full(self.rows, count, np.int32) if left is None else np.where(self.running, left, count)
         watch = np.zeros(self.rows, bool) if watch_eos is None else watch_eos & self.running
         side = None
         if self.adapters is not None:
             self.most_models = max(self.most_models, len(set(self.adapter_ids[self.running].tolist())))
             side = self._side(np.where(self.running, self.adapter_ids, BASE))
-        extras = any(s is not None and s.extras for s in settings)
+        extras = allowed is not None or any(s is not None and s.extras for s in settings)
         seen, penalties = None, None
         if extras:
             if self.seen is None:
@@ -297,8 +324,8 @@ class BatchEngine:
             self.g.params, self.cache, seen, jnp.asarray(tokens, self._ids), jnp.asarray(positions, self._ids),
             jnp.asarray(self.pointer, self._ids), jnp.asarray(starts, self._ids), *self._sampling_arrays(settings, self.rows),
             jnp.asarray(counts, jnp.int32), jnp.asarray(left, jnp.int32), jnp.asarray(watch), self._eos,
-            jnp.asarray(count, jnp.int32), side, penalties, span=span,
-            any_sample=any(s is not None and s.temperature > 0 for s in settings), size=self.decode_block)
+            jnp.asarray(count, jnp.int32), side, penalties, None if allowed is None else jnp.asarray(allowed, jnp.int32),
+            span=span, any_sample=any(s is not None and s.temperature > 0 for s in settings), size=self.decode_block)
         self.seen = seen if extras else self.seen
         ran = int(ran)
         self.pointer += ran
@@ -352,10 +379,10 @@ class BatchEngine:
 
     def compile_steps(self, progress: Callable[[int, int], None] | None = None, workers: int | None = None) -> int:
         """Call each jitted step once at every shape of `step_shapes`, in each of its VARIANTS (greedy or sampled, without
-        or with extras: log-probabilities and penalties), so that no client waits on a compilation: which shapes a busy server
-        meets depends on how requests happen to arrive together. The calls run on `workers` threads (XLA compiles without
-        the GIL), each on caches of its own; the batch is left as it was. Returns how many calls it made
-        (`progress(done, total)` after each)."""
+        or with extras: log-probabilities and penalties; and MASKED_VARIANTS, with an allowed-token mask), so that no
+        client waits on a compilation: which shapes a busy server meets depends on how requests happen to arrive together.
+        The calls run on `workers` threads (XLA compiles without the GIL), each on caches of its own; the batch is left as
+        it was. Returns how many calls it made (`progress(done, total)` after each)."""
         shapes, ids, g, rows = self.step_shapes(), self._ids, self.g, self.rows
 
         def prefill(k: int, width: int, span: int) -> tuple[jax.Array, list[jax.Array]]:
@@ -367,17 +394,21 @@ class BatchEngine:
             logits, scratch = prefill(k, MIN_BUCKET, MIN_BUCKET)
             for settings in VARIANTS:
                 self.first_tokens(logits, [settings] * k)
+            for settings in MASKED_VARIANTS:
+                self.first_tokens(logits, [settings] * k, np.full((k, self.mask_words), -1, np.int32))
             jax.block_until_ready(self._join(g.new_cache(rows), scratch, jnp.full((k,), rows, jnp.int32),
                                              jnp.asarray(0, jnp.int32)))
 
-        def decode(span: int, settings: Sampling) -> None:
+        def decode(span: int, settings: Sampling, masked: bool = False) -> None:
             one = jnp.ones((rows,), jnp.int32)
-            seen = self._new_seen() if settings.extras else None
+            extras = settings.extras or masked
+            seen = self._new_seen() if extras else None
             tokens, *_ = self._decode(g.params, g.new_cache(rows), seen, jnp.zeros((rows,), ids), jnp.zeros((rows,), ids),
                                       jnp.asarray(span - 1, ids), jnp.zeros((rows,), ids),
                                       *self._sampling_arrays([settings] * rows, rows), one, one, jnp.zeros((rows,), bool),
                                       self._eos, jnp.asarray(1, jnp.int32), self._side(np.full(rows, BASE, np.int32)),
-                                      self._penalty_arrays([settings] * rows) if settings.extras else None, span=span,
+                                      self._penalty_arrays([settings] * rows) if extras else None,
+                                      jnp.full((rows, self.mask_words), -1, jnp.int32) if masked else None, span=span,
                                       any_sample=settings.temperature > 0, size=self.decode_block)
             jax.block_until_ready(tokens)
 
@@ -388,6 +419,7 @@ class BatchEngine:
         calls += [lambda k=k, w=w, s=s: prefill(k, w, s) for k in shapes["groups"] for w, s in shapes["chunks"]
                   if (w, s) != (MIN_BUCKET, MIN_BUCKET)]
         calls += [lambda s=s, v=v: decode(s, v) for s in shapes["spans"] for v in VARIANTS]
+        calls += [lambda s=s, v=v: decode(s, v, True) for s in shapes["spans"] for v in MASKED_VARIANTS]
         calls.append(lambda: jax.block_until_ready(self._roll(g.new_cache(rows), jnp.asarray(1, jnp.int32))))
         calls.append(count_from)
         with ThreadPoolExecutor(workers or min(4, os.cpu_count() or 1)) as pool:
@@ -432,12 +464,15 @@ class BatchEngine:
         return (jnp.asarray([s.presence_penalty for s in full], jnp.float32),
                 jnp.asarray([s.frequency_penalty for s in full], jnp.float32))
 
-    def _pick(self, logits, temperature, top_k, top_p, greedy, seeds, counts, penalties, *, any_sample, extras=False):
+    def _pick(self, logits, temperature, top_k, top_p, greedy, seeds, counts, penalties, allowed=None, *, any_sample,
+              extras=False):
         """Per row: greedy, or a draw with the row's own key folded with its token count, exactly as
         Generator.generate(rng=jax.random.key(seed)) draws for that row alone. `penalties`: None, or (seen [rows, V]
         token counts, presence [rows], frequency [rows]) subtracted from the logits first, as OpenAI defines them. With
         `extras`, also (the chosen tokens' log-probabilities [rows], the TOP_LOGPROBS most likely tokens [rows, K] and
-        theirs [rows, K]), of the raw distribution: log_softmax of the model's logits, before penalties and sampling."""
+        theirs [rows, K]), of the raw distribution: log_softmax of the model's logits, before penalties and sampling.
+        `allowed`: None, or [rows, mask_words] bitmasks of the tokens each row may take (structured output), applied after
+        the penalties: the other tokens' logits become -inf."""
         if extras:
             logits = logits.astype(jnp.float32)
             raw = jax.nn.log_softmax(logits, axis=-1)
@@ -445,6 +480,8 @@ class BatchEngine:
             seen, presence, frequency = penalties
             logits = logits.astype(jnp.float32) - (seen.astype(jnp.float32) * frequency[:, None]
                                                    + (seen > 0).astype(jnp.float32) * presence[:, None])
+        if allowed is not None:
+            logits = jnp.where(allowed_bits(allowed, logits.shape[-1]), logits, -jnp.inf)
         keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counts) if any_sample else None
         token = sampling.pick(logits, keys, temperature, top_k, top_p, do_sample=any_sample, key_per_row=True,
                               greedy_rows=greedy)
@@ -465,14 +502,15 @@ class BatchEngine:
         return logits, list(cache)
 
     def _decode_steps(self, params, cache, seen, tokens, positions, slot, starts, temperature, top_k, top_p, greedy, seeds,
-                      counts, left, watch, eos, count, side, penalties, *, span, any_sample, size):
+                      counts, left, watch, eos, count, side, penalties, allowed, *, span, any_sample, size):
         """Up to `count` (<= `size`) decode steps in generate's compiled loop (loop.decode_block): ([size, rows] tokens,
         how many steps ran, cache, seen, logprobs). Step i is the step `decode` would run alone i steps later; the loop
         ends after the step where a row has no tokens left or a watched row emits an end token (a row's end frees it for
         a new request, where generate's rows wait for every row to end). `side`: None, or the adapters and each row's
         adapter id (_side). `seen`: None (the plain variant: seen and logprobs come back None), or each row's
         generated-token counts [rows, V], which `penalties` (presence, frequency: [rows] each) scale; each step adds its
-        token, and reports the log-probabilities _pick computes ([size, rows] and [size, rows, K] buffers)."""
+        token, and reports the log-probabilities _pick computes ([size, rows] and [size, rows, K] buffers). `allowed`:
+        None, or the [rows, mask_words] allowed-token bitmask (structured output, with extras; `count` is then 1)."""
         extras = seen is not None
         rows = tokens.shape[0]
         every = jnp.arange(rows)
@@ -481,7 +519,8 @@ class BatchEngine:
             cache, seen, found = state
             logits, cache = self._step_logits(params, cache, token, positions + i, slot + i, starts, side, span=span)
             picked = self._pick(logits, temperature, top_k, top_p, greedy, seeds, counts + i,
-                                None if seen is None else (seen, *penalties), any_sample=any_sample, extras=extras)
+                                None if seen is None else (seen, *penalties), allowed, any_sample=any_sample,
+                                extras=extras)
             if extras:
                 token, now = picked
                 seen = seen.at[every, token].add(1)

@@ -21,7 +21,8 @@ from .scheduler import Event, TokenLogprob
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 MAX_LEGACY_LOGPROBS = 5  # /v1/completions' `logprobs`: at most 5 most likely tokens, as OpenAI allows
-UNSUPPORTED = ("suffix", "tools", "functions", "response_format")  # refused unless off
+UNSUPPORTED = ("suffix", "tools", "functions")  # refused unless off
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 LOGPROB_FLOOR = -9999.0  # what OpenAI reports for a token of probability 0 (JSON has no -inf)
 
 
@@ -53,7 +54,7 @@ class GenerationRequest(BaseModel):
     suffix: Any = None
     tools: Any = None
     functions: Any = None
-    response_format: Any = None
+    response_format: Any = None  # structured output: {"type": "json_object"} or {"type": "json_schema", "json_schema": ...}
     best_of: int | None = _rule("an integer")
     stop: str | list[str] | None = _rule(f"a string or a list of at most {MAX_STOP} strings")
     stream: bool | None = _rule("true or false")
@@ -82,6 +83,31 @@ class GenerationRequest(BaseModel):
         if value not in (None, False, {"type": "text"}):
             raise ValueError(f"'{info.field_name}' is not supported by this server")
         return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _response_format(cls, value: Any) -> Any:
+        """OpenAI's shapes: {"type": "text"} (no constraint), {"type": "json_object"}, or {"type": "json_schema",
+        "json_schema": {"name", "schema", "strict", "description"}}; the schema itself is checked when it is compiled."""
+        if value is None:
+            return None
+        kind = value.get("type") if isinstance(value, dict) else None
+        if kind not in RESPONSE_FORMATS:
+            raise ValueError("'response_format' must be an object whose 'type' is 'text', 'json_object' or 'json_schema', "
+                             f"got {json.dumps(value, default=str)[:80]}")
+        if kind == "json_schema":
+            spec = value.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not isinstance(spec.get("schema"), dict):
+                raise ValueError("'response_format' of type 'json_schema' needs 'json_schema': {\"name\": a string, "
+                                 "\"schema\": a JSON schema object, \"strict\": true or false (optional)}")
+            if spec.get("strict") not in (None, True, False):
+                raise ValueError("'response_format': 'json_schema.strict' must be true or false")
+        return value
+
+    @property
+    def structured(self) -> dict | None:
+        """The response_format that constrains the reply (json_object or json_schema), None for plain text."""
+        return None if self.response_format is None or self.response_format["type"] == "text" else self.response_format
 
     @field_validator("stop")
     @classmethod

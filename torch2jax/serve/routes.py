@@ -5,13 +5,16 @@
     GET  /v1/models, /health, /metrics
 
 and the routing errors (404, 405, 500), all in OpenAI's error shape. A client that goes away mid-reply frees its row.
+/health answers 503 while the steps compile (the server listens during its warm-up) and 200 once they are ready.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -40,8 +43,10 @@ from .protocol import (
     validate,
 )
 from .scheduler import Event, QueueFull, Request, Scheduler
+from .structured import Constraint, Grammars, StructuredOutputError
 
 RETRY_AFTER_S = 1
+log = logging.getLogger("torch2jax.serve")
 
 
 @dataclass
@@ -57,6 +62,61 @@ class Service:
     created: int = 0
     adapters: list[str] = field(default_factory=list)
     adapter_dirs: list[str] = field(default_factory=list)
+    # the warm-up still to run when the server starts (build_service(..., defer_warm_up=True)): called with a
+    # progress(done, total) callback; /health answers 503 with the progress until it has run
+    warm_up: Callable[[Callable[[int, int], None]], None] | None = None
+    compiled: int = 0
+    total: int = 0
+    warm_up_error: str | None = None
+    _grammars: Grammars | None = field(default=None, repr=False)
+
+    @property
+    def ready(self) -> bool:
+        """Whether the compiled steps are ready (the warm-up, if any, has run)."""
+        return self.warm_up is None
+
+    def start(self, on_ready: Callable[[], None] | None = None,
+              on_failure: Callable[[BaseException], None] | None = None) -> None:
+        """Start serving: the scheduler's loop at once, or, with a warm-up still to run, a thread that runs it and then
+        starts the loop (requests that arrive meanwhile wait in the queue); then `on_ready()`, or `on_failure(error)`
+        when the warm-up failed (the loop is not started: /health keeps answering 503 with the error)."""
+        if self.warm_up is None:
+            self.scheduler.start()
+            if on_ready is not None:
+                on_ready()
+            return
+
+        def run() -> None:
+            try:
+                self.warm_up(self._progress)
+            except BaseException as err:  # noqa: BLE001 - reported, and the server told to stop
+                log.exception("the warm-up failed")
+                self.warm_up_error = f"{type(err).__name__}: {err}"
+                if on_failure is not None:
+                    on_failure(err)
+                return
+            self.warm_up = None
+            self.scheduler.start()
+            if on_ready is not None:
+                on_ready()
+
+        threading.Thread(target=run, name="torch2jax-warm-up", daemon=True).start()
+
+    def warm_up_now(self) -> None:
+        """Run the pending warm-up on this thread (build_service without defer_warm_up)."""
+        if self.warm_up is not None:
+            self.warm_up(self._progress)
+            self.warm_up = None
+
+    def _progress(self, done: int, total: int) -> None:
+        self.compiled, self.total = done, total
+
+    def grammars(self) -> Grammars:
+        """The grammar engine over this model's tokenizer (structured output), made on first use."""
+        if self._grammars is None:
+            spec = self.scheduler.engine.g.spec
+            self._grammars = Grammars(self.tokenizer, spec.vocab_size, spec.eos_token_ids)
+        return self._grammars
 
     @property
     def max_cache_len(self) -> int:
@@ -97,8 +157,15 @@ async def models(http: HttpRequest) -> Response:
 
 
 async def health(http: HttpRequest) -> Response:
+    """200 and the batch's counters once the compiled steps are ready; 503 while they compile ("warming up", with how
+    many of the warm-up's calls are done) or when the warm-up failed."""
     service: Service = http.app.state.service
-    return JSONResponse({"status": "ok", "model": service.model_name, **service.scheduler.stats(),
+    progress = {"compiled": service.compiled, "total": service.total}
+    if not service.ready:
+        status = "warming up" if service.warm_up_error is None else "warm-up failed"
+        extra = {} if service.warm_up_error is None else {"error": service.warm_up_error}
+        return JSONResponse({"status": status, "model": service.model_name, **progress, **extra}, status_code=503)
+    return JSONResponse({"status": "ok", "model": service.model_name, **progress, **service.scheduler.stats(),
                          "torch_imported": "torch" in sys.modules})
 
 
@@ -152,7 +219,8 @@ async def _complete(http: HttpRequest, endpoint: str, kind: type[GenerationReque
         _check_choices(body.choices, service)
         prompt = _chat_prompt(body, service) if chat else _completion_prompt(body, service)
         max_tokens = body.max_new_tokens(max(service.max_cache_len - len(prompt), 1) if chat else 16)
-        requests, events = _submit(service, prompt, body, max_tokens, adapter)
+        constraints = await _constraints(service, body)
+        requests, events = _submit(service, prompt, body, max_tokens, adapter, constraints)
     except ApiError as err:
         return _error_response(err, endpoint, service)
     ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
@@ -192,6 +260,18 @@ async def _complete(http: HttpRequest, endpoint: str, kind: type[GenerationReque
     return JSONResponse(shape.whole(choices))
 
 
+async def _constraints(service: Service, body: GenerationRequest) -> list[Constraint] | None:
+    """One grammar constraint per choice for a request with structured output (None without): built off the event loop
+    (the first one reads the tokenizer, a schema may take a while to compile); a 400 naming `response_format` when the
+    schema or the model's tokenizer cannot be used."""
+    if body.structured is None:
+        return None
+    try:
+        return await asyncio.to_thread(lambda: service.grammars().constraints(body.structured, body.choices))
+    except StructuredOutputError as err:
+        raise ApiError(400, str(err), "response_format") from None
+
+
 def _check_choices(n: int, service: Service) -> None:
     """Refuse `n` choices the batch cannot hold at once (each choice is a row of its own, queued together)."""
     rows, queue = service.scheduler.engine.rows, service.scheduler.max_queue
@@ -222,10 +302,11 @@ def _chat_prompt(body: ChatCompletionRequest, service: Service) -> list[int]:
     return service.tokenizer.encode(text, add_special_tokens=False).ids
 
 
-def _submit(service: Service, prompt: list[int], body: GenerationRequest, max_tokens: int,
-            adapter: int = BASE) -> tuple[list[Request], asyncio.Queue]:
+def _submit(service: Service, prompt: list[int], body: GenerationRequest, max_tokens: int, adapter: int = BASE,
+            constraints: list[Constraint] | None = None) -> tuple[list[Request], asyncio.Queue]:
     """Queue the request's choices on the scheduler, each a request of its own over the same prompt (on the engine's
-    adapter `adapter`), all together or none; their events come back on this event loop's queue as (choice, event)."""
+    adapter `adapter`, with its grammar constraint when given), all together or none; their events come back on this
+    event loop's queue as (choice, event)."""
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
     def listener(index: int) -> Callable[[Event], None]:
@@ -233,7 +314,8 @@ def _submit(service: Service, prompt: list[int], body: GenerationRequest, max_to
 
     settings = [body.sampling(i) for i in range(body.choices)]
     requests = [Request(prompt, max_tokens, listener(i), s, TextStream(service.tokenizer, body.stop_strings),
-                        end_tokens=() if body.ignore_eos else None, adapter=adapter) for i, s in enumerate(settings)]
+                        end_tokens=() if body.ignore_eos else None, adapter=adapter,
+                        constraint=None if constraints is None else constraints[i]) for i, s in enumerate(settings)]
     try:
         service.scheduler.submit(requests)
     except QueueFull as err:

@@ -16,6 +16,10 @@ Each iteration of the loop (one thread owns the device state, serve/engine.py):
      cancellation.
 So a long prompt is prefilled one chunk per step while the running rows keep decoding, and `submit`
 refuses (QueueFull) rather than queueing without bound.
+
+A request with structured output carries a Constraint (serve/structured.py): before each of its tokens (the first one
+included) the loop writes its row's allowed-token mask, and after it feeds the token to the constraint, so while such a
+row runs every decode call is one step. Its reply ends ("stop") when its grammar is complete.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from ..errors import InputSpecError, Torch2JaxError
 from ..generate.prompts import CLIENT, check_prompt
 from ..generate.text import TextStream
 from .engine import BASE, BatchEngine, Group, Logprobs, Sampling
+from .structured import StructuredOutputError
 
 log = logging.getLogger("torch2jax.serve")
 _ids = itertools.count()
@@ -82,6 +87,7 @@ class Request:
     text: TextStream | None = None  # detokenizes and applies stop strings
     end_tokens: tuple[int, ...] | None = None  # None: the artifact's end tokens
     adapter: int = BASE  # the engine's adapter this request runs with (its index; BASE: the base model)
+    constraint: Any = None  # structured output: a serve/structured.py Constraint choosing which tokens may come next
     id: int = field(default_factory=lambda: next(_ids))
     tokens: list[int] = field(default_factory=list)
     cancelled: bool = False
@@ -193,7 +199,9 @@ class Scheduler:
             left = np.array([s.max_tokens - len(s.tokens) if s is not None else 0 for s in self.slots], np.int32)
             watch = np.array([s is not None and s.end_tokens is None for s in self.slots])
             block = self.engine.decode_block if self.group is None and not self.waiting else 1
-            steps, logprobs = self.engine.decode(self.last, settings, counts, left, watch, block)
+            constrained = [self.slots[r] if self.engine.running[r] else None for r in range(self.engine.rows)]
+            allowed = self._allowed(constrained)
+            steps, logprobs = self.engine.decode(self.last, settings, counts, left, watch, block, allowed)
             for step, tokens in enumerate(steps):
                 for row in running:
                     if self.slots[row] is not None and self.engine.running[row]:
@@ -230,7 +238,8 @@ class Scheduler:
         logits = self.engine.prefill_chunk(group)
         if logits is None:
             return
-        first, logprobs = self.engine.first_tokens(logits, [r.sampling for r in members])
+        allowed = self._allowed(members + [None] * (logits.shape[0] - len(members)))
+        first, logprobs = self.engine.first_tokens(logits, [r.sampling for r in members], allowed)
         self.group, self.group_members = None, []
         joining = []
         for m, (row, request) in enumerate(zip(group.rows, members)):
@@ -242,6 +251,17 @@ class Scheduler:
         self.engine.join(group, joining)
         penalized = [m for m in joining if members[m].sampling.penalized]  # their counts start at their first token
         self.engine.count_from([group.rows[m] for m in penalized], [int(first[m]) for m in penalized])
+
+    def _allowed(self, requests: list[Request | None]) -> np.ndarray | None:
+        """The allowed-token bitmask of each of these rows' next token ([len(requests), mask_words] int32: the grammar's
+        for a request with a constraint, every token for the others), or None when none has a constraint."""
+        if not any(r is not None and r.constraint is not None for r in requests):
+            return None
+        masks = np.full((len(requests), self.engine.mask_words), -1, np.int32)
+        for i, request in enumerate(requests):
+            if request is not None and request.constraint is not None:
+                request.constraint.fill(masks[i])
+        return masks
 
     def _emit(self, request: Request, token: int, row: int, running: bool = True, logprobs: Logprobs | None = None,
               at: tuple[int, ...] = ()) -> bool:
@@ -258,13 +278,21 @@ class Scheduler:
             offset = len(request.text.decoded) if request.text is not None else 0
             found = [TokenLogprob(token, *logprobs.at(*at, k=request.sampling.logprobs), offset)]
         ends = self.engine.g.spec.eos_token_ids if request.end_tokens is None else request.end_tokens
-        reason, text = None, ""
+        if request.constraint is not None:  # the grammar allows the end token only where the reply may end
+            ends = (*ends, *self.engine.g.spec.eos_token_ids)
+        reason, text, error = None, "", None
         if token in ends:
             reason = "stop"
         else:
             if request.text is not None:
                 text, stopped = request.text.push(token)
                 reason = "stop" if stopped else None
+            if request.constraint is not None:
+                try:
+                    if request.constraint.advance(token):
+                        reason = reason or "stop"  # the grammar is complete: only the end token could follow
+                except StructuredOutputError as err:
+                    reason, error = "error", str(err)
             if reason is None and len(request.tokens) >= request.max_tokens:
                 reason = "length"
         if reason is not None and request.text is not None:
@@ -272,7 +300,8 @@ class Scheduler:
         if reason is None:
             self._deliver(request, Event([token], text, logprobs=found))
             return False
-        self._deliver(request, Event([token], text, reason, len(request.prompt), len(request.tokens), logprobs=found))
+        self._deliver(request, Event([token], text, reason, len(request.prompt), len(request.tokens), error=error,
+                                     logprobs=found))
         if running:
             self._release(row)
         else:
