@@ -4,7 +4,8 @@ written (capture/trace_forwards.py): expert loops (experts.py), the Qwen2-VL fam
 solve (delta_rule.py), GPT-Neo's causal table read by cache slot (local_attention.py), BLOOM's ALiBi positions
 from the step's mask (alibi.py) and the positions of BART-like decoders, which count from the cache's length, given
 by the step (positions.py), and recurrent mixers over the step's explicit state: their registry (mixers.py) and
-each family's (state_space.py, mamba_kin.py, mamba2_kin.py, rg_lru.py, gated_delta.py, short_conv.py)."""
+each family's (state_space.py, mamba_kin.py, mamba2_kin.py, rg_lru.py, gated_delta.py, short_conv.py, rwkv.py, xlstm.py, zaya.py,
+minimax.py)."""
 
 from . import (  # noqa: F401 - registered on import
     alibi,
@@ -14,11 +15,15 @@ from . import (  # noqa: F401 - registered on import
     local_attention,
     mamba2_kin,
     mamba_kin,
+    minimax,
     mixers,
     positions,
     rg_lru,
     rope_index,
+    rwkv,
     short_conv,
     state_space,
     vision_grids,
+    xlstm,
+    zaya,
 )

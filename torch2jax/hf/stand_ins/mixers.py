@@ -11,7 +11,8 @@ padding), and sets the new states on the entry (`entry.states = [...]`) for the 
 
 Each family's stand-ins live in their own module and register here: state_space.py (Mamba, Mamba2, Bamba),
 mamba_kin.py (FalconMamba, Jamba, Zamba, Zamba2), mamba2_kin.py (Granite 4, Nemotron-H, Falcon-H1), rg_lru.py
-(RecurrentGemma), gated_delta.py (Qwen3.5, Qwen3-Next, OLMo-hybrid, Kimi-Linear) and short_conv.py (LFM2).
+(RecurrentGemma), gated_delta.py (Qwen3.5, Qwen3-Next, OLMo-hybrid, Kimi-Linear), short_conv.py (LFM2), rwkv.py (RWKV),
+xlstm.py (xLSTM), zaya.py (ZAYA) and minimax.py (MiniMax).
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ class Mixer:
     states: Callable[[torch.nn.Module], tuple[tuple[Shape, torch.dtype | None], ...]]
     # mixer module -> the index of the decoder layer whose cache entry it owns
     layer_index: Callable[[torch.nn.Module], int] = lambda mixer: int(mixer.layer_idx)
+    # None: the LM takes a transformers Cache whose layers hold the step's entries. Else the keyword the LM's forward
+    # takes its own recurrent state by (RWKV's `state`): the step passes its Cache of entries there, and every layer's
+    # cache is this mixer's states
+    state_keyword: str | None = None
+    # the Cache subclass the LM's forward insists on ("module.QualName", MiniMax's MiniMaxCache), or None for any
+    cache_class: str | None = None
 
 
 MIXERS: dict[str, Mixer] = {}  # qualified class name -> Mixer

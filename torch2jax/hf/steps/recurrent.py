@@ -16,7 +16,9 @@ A state layer's size does not grow with the context: a decode step costs the sam
 from: token t of row b is real when `kv_valid[b, write_at[t]]`, so left padding (and a length bucket's extra padding)
 never enters the state (hf/stand_ins/state_space.py). The prompt runs as one scan over its tokens, starting from the
 given state: a prompt filled in chunks equals it filled at once. The generation spec marks each cache tensor's kind
-(`"kv"` or `"state"`) and dtype.
+(`"kv"` or `"state"`) and dtype. A model that keeps its state outside a transformers Cache (RWKV's `state`, xLSTM's
+`cache`) or insists on its own Cache subclass (MiniMax) is given the step's entries by the keyword or in the class its
+mixers' registry entries name.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from ...generate.generator import GenerationSpec, Generator
 from ...runtime.model import Model
 from ...runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_model
 from ..stand_ins import mixers
-from .causal_lm import FULL, DecoderStep, example_step_inputs
+from .causal_lm import FULL, SLIDING, DecoderStep, example_step_inputs
 from .kv_cache import check_limits, generation_fields
 
 ATTENTION, STATE = "kv", "state"
@@ -79,19 +81,22 @@ def state_mixers(lm: torch.nn.Module) -> dict[int, torch.nn.Module]:
     for name, module in lm.named_modules():
         mixer = mixers.mixer_of(module)
         if mixer is not None:
-            if not hasattr(module, "layer_idx"):  # RecurrentGemma's blocks keep no index: their decoder layer's
-                module.layer_idx = decoder_layer_index(lm, name)
-            found[mixer.layer_index(module)] = module
+            try:
+                index = mixer.layer_index(module)
+            except AttributeError:  # RecurrentGemma's blocks keep no index: their decoder layer's
+                module.layer_idx = index = decoder_layer_index(lm, name)
+            found[index] = module
     return found
 
 
 def decoder_layer_index(lm: torch.nn.Module, name: str) -> int:
-    """The index of the decoder layer holding the submodule `name` (`model.layers.3.temporal_block` -> 3)."""
+    """The index of the decoder layer holding the submodule `name` (`model.layers.3.temporal_block` -> 3, xLSTM's
+    `backbone.blocks.1` -> 1)."""
     parts = name.split(".")
     for at in range(len(parts) - 1, 0, -1):
-        if parts[at].isdigit() and parts[at - 1] == "layers":
+        if parts[at].isdigit() and parts[at - 1] in ("layers", "blocks"):
             return int(parts[at])
-    raise ExportError(f"{type(lm).__name__}'s recurrent mixer {name} is not inside a decoder layer (`layers.N`)")
+    raise ExportError(f"{type(lm).__name__}'s recurrent mixer {name} is not inside a decoder layer (`layers.N`, `blocks.N`)")
 
 
 def keeps_recurrent_state(lm: torch.nn.Module) -> bool:
@@ -105,15 +110,20 @@ def state_layout(lm: torch.nn.Module, max_cache_len: int) -> StateLayout:
     from transformers import DynamicCache
     from transformers.cache_utils import DummyLayer, LinearAttentionCacheLayerMixin
 
-    cache = DynamicCache(config=lm.config)
-    with torch.no_grad():
-        lm(input_ids=torch.zeros((1, 1), dtype=torch.long), use_cache=True, **{cache_keyword(lm): cache})
     found = state_mixers(lm)
     dtype = next(p.dtype for p in lm.parameters() if p.is_floating_point())
+    if own_state_keyword(lm) is not None:
+        return own_state_layout(lm, found, dtype, max_cache_len)
+    own_class = required_cache_class(lm)
+    cache = own_class() if own_class is not None else DynamicCache(config=lm.config)
+    with torch.no_grad():
+        lm(input_ids=torch.zeros((1, 1), dtype=torch.long), use_cache=True, **{cache_keyword(lm): cache})
     layer_kinds, shapes, dtypes = [], [], []
-    for i, layer in enumerate(cache.layers):
+    # MiniMax's own cache makes no layer for a trailing linear-attention layer and keeps its state beside the layers
+    layers = [*cache.layers, *[DummyLayer()] * (max(found, default=-1) + 1 - len(cache.layers))]
+    for i, layer in enumerate(layers):
         kinds: list[str] = []
-        if isinstance(layer, LinearAttentionCacheLayerMixin):
+        if isinstance(layer, LinearAttentionCacheLayerMixin) or i in found:
             if i not in found:
                 raise ExportError(
                     f"{type(lm).__name__}'s layer {i} keeps a recurrent state ({type(layer).__name__}) of a kind "
@@ -135,8 +145,51 @@ def state_layout(lm: torch.nn.Module, max_cache_len: int) -> StateLayout:
     return StateLayout(tuple(layer_kinds), tuple(shapes), tuple(dtypes), dtype, max_cache_len)
 
 
+def own_state_layout(lm: torch.nn.Module, found: dict[int, torch.nn.Module], dtype: torch.dtype,
+                     max_cache_len: int) -> StateLayout:
+    """The layout of an LM that keeps its recurrent state in a structure of its own, not a transformers Cache (RWKV's
+    `state` list): every layer's cache is its mixer's states (no forward runs: RWKV's first forward in eval mode
+    would rescale its weights in place)."""
+    if sorted(found) != list(range(len(found))):
+        raise ExportError(f"{type(lm).__name__} keeps its own recurrent state but only layers {sorted(found)} have a "
+                          "registered mixer; text-generation artifacts need one per layer")
+    layer_kinds, shapes, dtypes = [], [], []
+    for i in range(len(found)):
+        states = mixers.mixer_of(found[i]).states(found[i])
+        layer_kinds.append((STATE,) * len(states))
+        shapes += [tuple(int(d) for d in shape) for shape, _ in states]
+        dtypes += [state_dtype or dtype for _, state_dtype in states]
+    return StateLayout(tuple(layer_kinds), tuple(shapes), tuple(dtypes), dtype, max_cache_len)
+
+
+def required_cache_class(lm: torch.nn.Module) -> type | None:
+    """The Cache subclass the LM's forward insists on (its mixers' registry entries name it), or None for any."""
+    import importlib
+
+    for module in state_mixers(lm).values():
+        name = mixers.mixer_of(module).cache_class
+        if name is not None:
+            path, _, qualname = name.rpartition(".")
+            return getattr(importlib.import_module(path), qualname)
+    return None
+
+
+def own_state_keyword(lm: torch.nn.Module) -> str | None:
+    """The keyword an LM that keeps its recurrent state in a structure of its own takes it by (its mixers' registry
+    entries say), or None for one whose cache is a transformers Cache."""
+    for module in state_mixers(lm).values():
+        keyword = mixers.mixer_of(module).state_keyword
+        if keyword is not None:
+            return keyword
+    return None
+
+
 def cache_keyword(lm: torch.nn.Module) -> str:
-    """The name the LM's forward takes its cache by: `cache` (Mamba, Mamba2), else `past_key_values`."""
+    """The name the LM's forward takes its cache by: its mixers' own keyword (RWKV's `state`), `cache` (Mamba,
+    Mamba2), else `past_key_values`."""
+    own = own_state_keyword(lm)
+    if own is not None:
+        return own
     parameters = inspect.signature(lm.forward).parameters
     return "cache" if "cache" in parameters and "past_key_values" not in parameters else "past_key_values"
 
@@ -179,6 +232,7 @@ class RecurrentStep(DecoderStep):
         super().__init__(lm, layout)
         self._state_layer, self._hybrid_layer = state_layer_classes()
         self._keyword = cache_keyword(lm)
+        self._cache_class = required_cache_class(lm)
         self._attends = ATTENTION in layout.tensor_kinds()
         if self._attends and self.layer_types and FULL not in self.layer_types:
             # Zamba's layer types call its attention layers "hybrid"; the model reads the "full_attention" mask
@@ -187,6 +241,16 @@ class RecurrentStep(DecoderStep):
             # Falcon-H1 (layer type "hybrid") reads a "linear_attention" mask for its mixers too; their stand-ins
             # read which tokens are real from the step's state entry, not from it
             self.layer_types = sorted({*self.layer_types, LINEAR})
+        # ZAYA's windowed layers are "hybrid_sliding": they read the sliding-window mask under their own name
+        self._sliding_names = [kind for kind in self.layer_types or () if kind != SLIDING and "sliding" in kind]
+        if self._sliding_names and self.window:
+            self.layer_types = sorted({*self.layer_types, SLIDING})
+
+    def _masks(self, write_at: torch.Tensor, kv_valid: torch.Tensor, also: torch.Tensor | None = None) -> Any:
+        masks = super()._masks(write_at, kv_valid, also)
+        if isinstance(masks, dict) and self._sliding_names and self.window:
+            masks.update({kind: masks[SLIDING] for kind in self._sliding_names})
+        return masks
 
     def step(self, tokens: dict, position_ids, write_at, kv_valid, cache, also=None):
         from transformers.cache_utils import Cache, DummyLayer
@@ -207,7 +271,12 @@ class RecurrentStep(DecoderStep):
                 layers.append(self._hybrid_layer(states, keep, *tensors[len(states):], write_at, span))
         extra = dict(position_ids=position_ids, attention_mask=self._masks(write_at, kv_valid, also),
                      cache_position=write_at) if self._attends else {}
-        out = self.lm(**tokens, **extra, **{self._keyword: Cache(layers=layers)}, use_cache=True, logits_to_keep=1)
+        if self._cache_class is None:
+            cache_given = Cache(layers=layers)
+        else:  # the LM's own Cache subclass (MiniMax), holding the step's layers
+            cache_given = self._cache_class()
+            cache_given.layers = layers
+        out = self.lm(**tokens, **extra, **{self._keyword: cache_given}, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1].float()
         new = []
         for layer, kinds in zip(layers, self.layout.layer_kinds):
