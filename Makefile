@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-slow test-ops-full test-ops-eager test-ops-compile test-models-full test-models-hf test-generation-hf models-doc demo runtime-check lint docs bench bench-calls bench-eager bench-compile bench-large bench-serve bench-vlm bench-finetune clean
+.PHONY: install test test-slow test-ops-full test-ops-eager test-ops-compile test-models-full test-models-hf test-generation-hf models-doc demo runtime-check lint docs bench bench-calls bench-eager bench-compile bench-large bench-serve bench-vlm bench-finetune bench-recurrent clean
 
 install: $(STAMP)
 
@@ -85,6 +85,11 @@ bench: $(BENCH_STAMP)
 bench-finetune: $(BENCH_STAMP)
 	$(PY) -m pip install -q -e '.[finetune]' peft
 	$(PY) -m benchmarks.finetune
+
+# Recurrent and hybrid causal LMs (13 families: Mamba, Mamba2, Jamba, Qwen3.5, ...) against transformers' generate, and
+# Mamba2's decode step at 64 and 1,024 tokens of context (~15 min on 2 cores): rewrites its section of docs/benchmarks.md.
+bench-recurrent: $(BENCH_STAMP)
+	$(PY) -m benchmarks.recurrent
 
 # Per-call overhead alone (~2 min): rewrites its section of docs/benchmarks.md.
 bench-calls: $(BENCH_STAMP)
