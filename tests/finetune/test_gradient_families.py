@@ -86,7 +86,8 @@ def jax_loss(c: Converted, params: dict) -> jax.Array:
     return causal_lm_loss(c.model.apply(params, ids, **inputs)["logits"], c.labels)
 
 
-@pytest.mark.parametrize("name", sorted(LORA_TARGETS))
+# LLaVA with the slow tests: its language part trains against PEFT by default in test_finetune_cli.py
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if n == "llava" else []) for n in sorted(LORA_TARGETS)])
 def test_lora_gradients_equal_peft(name):
     c = converted(name)
     config = LoraConfig(rank=4, alpha=8.0, targets=LORA_TARGETS[name])

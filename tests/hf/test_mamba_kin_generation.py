@@ -84,7 +84,7 @@ EXPECTED_KINDS = {
 }
 KINDS = [
     "falcon_mamba",
-    "zamba",
+    pytest.param("zamba", marks=pytest.mark.slow),  # hybrid layers run by default with Falcon-H1 (mamba2_kin)
     pytest.param("jamba", marks=pytest.mark.slow),
     pytest.param("zamba2", marks=pytest.mark.slow),
 ]

@@ -15,7 +15,8 @@ from ..generate.seq2seqs import load_seq2seq, write_seq2seq
 from ..helpers import cli
 
 
-@pytest.mark.parametrize("name", ["bart", pytest.param("t5", marks=pytest.mark.slow),
+# streamed BART runs by default through the CLI test below (its slice verified against transformers)
+@pytest.mark.parametrize("name", [pytest.param("bart", marks=pytest.mark.slow), pytest.param("t5", marks=pytest.mark.slow),
                                   pytest.param("whisper", marks=pytest.mark.slow)])
 def test_a_streamed_encoder_decoder_generates_what_transformers_does(name, tmp_path):
     """BART's `final_logits_bias` is a buffer of the model itself, not of a child module (write_seq2seq draws it

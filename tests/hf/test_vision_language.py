@@ -459,6 +459,7 @@ def test_later_qwen_vl_features_and_greedy_equal_transformers(qwen_family):
     check_qwen_batch(model, g, grids, pixels)
 
 
+@pytest.mark.slow(reason="a further VLM family end to end: LLaVA, LLaVA-NeXT and Qwen2-VL cover the paths by default")
 def test_internvl_greedy_prompt_and_tiles_equal_transformers(tmp_path):
     """InternVL (its vision tower, pixel shuffle and projector through get_image_features; each tile an image of the
     model): greedy tokens for two prompts, one left-padded, equal transformers' generate with the same pixel values;
@@ -589,6 +590,7 @@ def test_anyres_grid_and_packing_equal_transformers(size):
     assert anyres.tokens_per_image(size, pins, 336, side) == len(index)
 
 
+@pytest.mark.slow(reason="a further VLM family end to end: LLaVA, LLaVA-NeXT and Qwen2-VL cover the paths by default")
 def test_llava_onevision_shrunk_maps_multi_image_turns_and_greedy_equal_transformers(tmp_path):
     """LLaVA-OneVision: LLaVA-NeXT's packing with its grid maps shrunk bilinearly over anyres_max_N tiles (N = 1 here,
     so every grid is shrunk) and, in a turn of several images, each image its whole view alone. Packed features equal

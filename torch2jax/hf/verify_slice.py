@@ -51,7 +51,7 @@ def verify_streamed(source: HFSource, artifact_dir: Path, options: GenerationOpt
     if depth is None or depth <= layers:
         if progress:
             progress("verify", f"greedy-generate {tokens} tokens with the saved artifact and with transformers (whole model)")
-        reference = quantize_like(_cast(_reference(source.directory, source.task), options.dtype), quantization)
+        reference = quantize_like(_cast(_reference(source.directory, source.task, kind=config), options.dtype), quantization)
         result = compare(reference, load_generator(artifact_dir), tokens=tokens, seed=seed)
         check_generation(result)
         how = f", its {quantization['scheme']} weights dequantized" if quantization else ""
@@ -88,5 +88,7 @@ def _cast(lm: torch.nn.Module, dtype: str | None) -> torch.nn.Module:
     return cast_module(lm, dtype) if dtype else lm
 
 
-def _reference(directory: Path, task: str, config: Any = None) -> torch.nn.Module:
-    return load_quietly(auto_class(task), directory, config)
+def _reference(directory: Path, task: str, config: Any = None, kind: Any = None) -> torch.nn.Module:
+    """transformers' load of the directory (of the sliced `config`'s layers when given); `kind`: the config that picks
+    the auto class (Whisper's is a speech encoder-decoder's)."""
+    return load_quietly(auto_class(task, config or kind), directory, config)
