@@ -24,6 +24,8 @@ from torch2jax.serve.api import build_service, create_app
 from torch2jax.serve.routes import Service
 from torch2jax.serve.structured import Grammars, StructuredOutputError
 
+from .test_openai_features import post
+
 CACHE, ROWS, VOCAB = 128, 4, 384
 PAD, BOS, EOS = 0, 1, 2
 TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
@@ -85,17 +87,6 @@ def service(artifact):
     service.scheduler.start()
     yield service
     service.scheduler.stop()
-
-
-def post(service, path: str, *bodies: dict) -> list[httpx.Response]:
-    """Post the bodies at once (they share the batch) and wait for every answer."""
-
-    async def run():
-        app = create_app(service)  # no lifespan under ASGITransport: the module's scheduler loop serves it
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://served", timeout=120) as c:
-            return await asyncio.gather(*(c.post(path, json=body) for body in bodies))
-
-    return asyncio.run(run())
 
 
 def streamed(answer: httpx.Response, chat: bool) -> tuple[str, str]:
