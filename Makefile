@@ -91,6 +91,12 @@ bench-finetune: $(BENCH_STAMP)
 bench-recurrent: $(BENCH_STAMP)
 	$(PY) -m benchmarks.recurrent
 
+# Prompt lookup against plain greedy decoding, batch 1, on a copying workload (~10 min on 2 cores the first time: it
+# trains a small copying Llama in torch, cached under TORCH2JAX_BENCH_CACHE): rewrites its section of docs/benchmarks.md.
+.PHONY: bench-prompt-lookup
+bench-prompt-lookup: $(BENCH_STAMP)
+	$(PY) -m benchmarks.prompt_lookup
+
 # Per-call overhead alone (~2 min): rewrites its section of docs/benchmarks.md.
 bench-calls: $(BENCH_STAMP)
 	$(PY) -m benchmarks.call_overhead
@@ -118,6 +124,7 @@ bench-compile: $(BENCH_STAMP)
 bench-serve: install
 	$(PY) -m pip install -q fastapi && $(PY) -m pip install -q --no-deps accelerate  # transformers serve: its server, device_map
 	$(PY) -m benchmarks.serve
+	$(PY) -m benchmarks.serve_workloads  # a shared prefix (prefix caching) and long prompts among decoding rows
 
 # The architecture sweep (hours on 2 cores; resumable: rows already in benchmarks/hf_sweep/results.json are
 # skipped): every transformers model type, base model and main task head, each in its own process with a time

@@ -207,15 +207,16 @@ def naive_server(artifact: str, port: int) -> None:
     uvicorn.run(create_app(service), host="127.0.0.1", port=port, log_level="warning")
 
 
-def make_model(root: Path) -> tuple[Path, Path, float]:
-    """The HF directory (weights, word-level tokenizer) and its converted artifact; conversion seconds."""
+def make_model(root: Path, cache: int = CACHE) -> tuple[Path, Path, float]:
+    """The HF directory (weights, word-level tokenizer) and its artifact converted for `cache` slots; conversion
+    seconds."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     import torch2jax
     from benchmarks.generation import llama
 
     source = root / "hf"
-    llama(source)
+    llama(source, max(cache, 1024))
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -225,9 +226,9 @@ def make_model(root: Path) -> tuple[Path, Path, float]:
     tokenizer.save(str(source / "tokenizer.json"))
     (source / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-        "model_max_length": CACHE, "chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}"}))
+        "model_max_length": cache, "chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}"}))
     start = time.perf_counter()
-    g = torch2jax.convert_hf(f"hf:{source}", max_cache_len=CACHE, max_batch=ROWS)
+    g = torch2jax.convert_hf(f"hf:{source}", max_cache_len=cache, max_batch=ROWS)
     seconds = time.perf_counter() - start
     return source, torch2jax.save(g, root / "llm"), seconds
 
@@ -242,9 +243,9 @@ class Contender:
     error: str | None = None
 
 
-def measure(contenders: list[Contender], work, concurrency: int, rounds: int) -> None:
+def measure(contenders: list[Contender], work, concurrency: int, rounds: int, run=None) -> None:
     """Warm every server with the whole load, then time `rounds` rounds, the servers taking turns in each (so a
-    change in the machine's other load hits them alike)."""
+    change in the machine's other load hits them alike). `run`: the load's coroutine (default: `load`)."""
     for turn in range(rounds + 1):
         for c in contenders:
             if c.error is None and c.server.error:
@@ -252,7 +253,7 @@ def measure(contenders: list[Contender], work, concurrency: int, rounds: int) ->
             if c.error:
                 continue
             try:
-                stats = asyncio.run(load(c.server.url, c.model, work, concurrency, c.extra))
+                stats = asyncio.run((run or load)(c.server.url, c.model, work, concurrency, c.extra))
             except Exception as err:  # a server that fails under load is reported, not fatal
                 c.error = f"{type(err).__name__}: {err}"[:300]
                 continue
@@ -313,21 +314,29 @@ def serve_and_measure(artifact: Path, source: Path, root: Path, args, device: st
     return contenders
 
 
-def report(contenders: list[Contender], args, convert_s: float, machine: str) -> str:
+def table(contenders: list[Contender], base_name: str, columns: list[tuple[str, callable]]) -> tuple[list[str], str]:
+    """Markdown rows of each contender's summary (`columns`: header, cell of (summary, the baseline's summary)), and the
+    footnotes of those that did not run."""
     results = {c.name: {"error": c.error} if c.error or not c.rounds else summary(c.rounds) for c in contenders}
-    static = results.get(STATIC, {}).get("tok_s")
-    lines = ["| server | output tok/s | vs static | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | ITL p99 (ms) | tok/s per round |",
-             "|---|---|---|---|---|---|---|---|"]
+    base = results.get(base_name, {})
+    lines = ["| server | " + " | ".join(h for h, _ in columns) + " |", "|---|" + "---|" * len(columns)]
     notes = []
     for name, r in results.items():
         if "error" in r:
             notes.append(f"{name} did not run: {r['error']}")
-            lines.append(f"| {name} | did not run [{len(notes)}] | | | | | | |")
+            lines.append(f"| {name} | did not run [{len(notes)}] |" + " |" * (len(columns) - 1))
             continue
-        versus = f"{r['tok_s'] / static:.2f}x" if static else "—"
-        lines.append(f"| {name} | {r['tok_s']:.1f} | {versus} | {r['ttft_p50']:.0f} | {r['ttft_p99']:.0f} | {r['itl_p50']:.1f} | "
-                     f"{r['itl_p99']:.1f} | {', '.join(map(str, r['rounds']))} |")
-    footnotes = "\n".join(f"[{i}] {n}".replace("\n", " ") for i, n in enumerate(notes, 1))
+        lines.append(f"| {name} | " + " | ".join(cell(r, base) for _, cell in columns) + " |")
+    return lines, "\n".join(f"[{i}] {n}".replace("\n", " ") for i, n in enumerate(notes, 1))
+
+
+def report(contenders: list[Contender], args, convert_s: float, machine: str) -> str:
+    lines, footnotes = table(contenders, STATIC, [
+        ("output tok/s", lambda r, b: f"{r['tok_s']:.1f}"),
+        ("vs static", lambda r, b: f"{r['tok_s'] / b['tok_s']:.2f}x" if "tok_s" in b else "—"),
+        ("TTFT p50 (ms)", lambda r, b: f"{r['ttft_p50']:.0f}"), ("TTFT p99 (ms)", lambda r, b: f"{r['ttft_p99']:.0f}"),
+        ("ITL p50 (ms)", lambda r, b: f"{r['itl_p50']:.1f}"), ("ITL p99 (ms)", lambda r, b: f"{r['itl_p99']:.1f}"),
+        ("tok/s per round", lambda r, b: ", ".join(map(str, r["rounds"])))])
     return f"""{BEGIN}
 ## Serving (`torch2jax serve`)
 

@@ -101,7 +101,8 @@ def test_after_compile_steps_a_mixed_load_compiles_nothing(engines, tmp_path):
     nothing a test before compiled counts."""
     g = torch2jax.load(torch2jax.save(engines("llama").g, tmp_path / "llm"))
     engine = BatchEngine(g, ROWS, chunk=CHUNK)
-    assert engine.step_shapes() == {"groups": [1, 2, 4], "chunks": [(16, 16), (16, 64)], "spans": [64]}
+    assert engine.step_shapes() == {"groups": [1, 2, 4], "chunks": {k: [(16, 16), (16, 64)] for k in (1, 2, 4)},
+                                    "spans": [64]}
     # decode: greedy or sampled, with extras or not, and with an allowed-token mask (structured output); count_from
     assert engine.compile_steps(workers=2) == 3 + 3 + 4 + 2 + 1 + 1
     steps = [g._prefill, engine._pick_jit, engine._join, engine._decode, engine._roll, engine._count_from]
@@ -212,3 +213,27 @@ def test_chat_template_renders_as_transformers_does():
         render_jinja_template([[{"role": "tool", "content": "x"}]], chat_template=source)
     with pytest.raises(InputSpecError, match="unknown role tool"):
         template.render([{"role": "tool", "content": "x"}])
+
+
+def test_a_prefill_budget_narrows_the_chunks_of_big_groups(engines):
+    """With 64-token chunks and a budget of 32 prompt tokens per step, a lone request is prefilled 32 tokens at a time and
+    a group of four 16 at a time (the narrowest chunk); every reply still equals the request generated alone."""
+    g = engines("llama").g
+    engine = BatchEngine(g, ROWS, chunk=64, prefill_tokens=32)
+    assert [engine.chunk_for(k) for k in (1, 2, 4)] == [32, 16, 16]
+    shapes, prefill = [], engine._prefill
+
+    def spy(cache, ids, *rest):
+        shapes.append(ids.shape)
+        return prefill(cache, ids, *rest)
+
+    engine._prefill = spy
+    scheduler = Scheduler(engine, max_queue=16)
+    batch = requests(6, seed=5)
+    run(scheduler, {0: batch[:1], 1: batch[1:5], 40: batch[5:]})
+    for r in batch:
+        assert r.tokens == alone(g, r), (len(r.prompt), r.max_tokens)
+    assert shapes and all(rows * width <= max(32, 16 * rows) for rows, width in shapes), shapes
+    assert any(rows == 4 for rows, _ in shapes), shapes
+    with pytest.raises(InputSpecError, match="prefill budget"):
+        BatchEngine(g, ROWS, prefill_tokens=8)

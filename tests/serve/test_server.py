@@ -203,6 +203,23 @@ def test_16_concurrent_requests_each_equal_generate_alone(client, server, refere
     assert f"torch2jax_batch_rows_held_max {float(ROWS)}" in metrics and "torch2jax_time_to_first_token_seconds_count" in metrics
 
 
+def test_a_shared_prefix_is_served_from_the_prefix_cache_with_the_same_reply(client, server, reference):
+    """Two prompts starting with the same 48 tokens (three 16-token blocks): the second copies what the first computed
+    (padded to 64 slots from slot 11, it runs the last 16-token chunk only: 48 - 11 = 37 tokens not computed) and replies
+    what the artifact generates for it alone; the counters say so."""
+    rng = np.random.default_rng(48)
+    shared = rng.integers(3, 128, 48).tolist()
+    prompts = [shared + rng.integers(3, 128, 4).tolist(), shared + rng.integers(3, 128, 5).tolist()]
+    replies = [client.completions.create(model="llm", prompt=words(p), max_tokens=8, temperature=0) for p in prompts]
+    assert [r.usage.prompt_tokens_details.cached_tokens for r in replies] == [0, 37]
+    for prompt, reply in zip(prompts, replies):
+        assert reply.choices[0].text == text_of(reference.g, reference(prompt, 8))
+    counters = server.health()["prefix_cache"]
+    assert counters["hit_tokens"] >= 37 and counters["blocks_used"] >= 3
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert "torch2jax_prefix_cache_hits_total" in metrics and "torch2jax_prefix_cache_queries_total" in metrics
+
+
 def test_a_request_arriving_mid_reply_gets_its_first_token_before_the_long_one_ends(client, reference):
     assert EOS not in reference([5, 6], 90), "the long reply must not end early"
     times: dict[str, float] = {}

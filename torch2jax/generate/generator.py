@@ -36,7 +36,7 @@ from ..ir import dtypes
 from ..runtime.artifact import ArtifactContents
 from ..runtime.model import Model
 from ..runtime.sharding import ShardingPlan
-from . import beam, processors, sampling
+from . import beam, processors, prompt_lookup, sampling
 from .loop import (
     DECODE_LOOP_OPTIONS,
     MIN_BUCKET,
@@ -189,6 +189,8 @@ class Generator(TokenLoop):
         length_penalty: float | None = None,
         early_stopping: bool | str | None = None,
         num_return_sequences: int | None = None,
+        prompt_lookup_num_tokens: int | None = None,
+        max_matching_ngram_size: int | None = None,
     ) -> np.ndarray | Iterator[np.ndarray]:
         """[B, L] prompt ids (left-padded when `attention_mask` marks pads with 0) -> [B, L + new] ids, as
         transformers' generate returns them: a row that emits an end token is padded with `pad_token_id`
@@ -198,7 +200,10 @@ class Generator(TokenLoop):
         ones, repetition_penalty, min_p, typical_p and min_new_tokens may be per-row sequences. `num_beams` > 1 runs
         transformers' beam search (with length_penalty, early_stopping True / False / "never", num_return_sequences:
         then [B * num_return_sequences, L + new], each prompt's best sequences in turn); it needs
-        B * num_beams <= max_batch and takes neither do_sample=True nor stream=True."""
+        B * num_beams <= max_batch and takes neither do_sample=True nor stream=True. `prompt_lookup_num_tokens` (with
+        `max_matching_ngram_size`, default 2) decodes greedily with drafts copied from the sequence itself, verified
+        several tokens per step: the same tokens as plain greedy generate, sooner where the output repeats the prompt
+        (generate/prompt_lookup.py; batch 1, no logits processors)."""
         ids, mask = check_prompt(input_ids, attention_mask, self.spec, max_new_tokens)
         given = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                      typical_p=typical_p, repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
@@ -208,10 +213,41 @@ class Generator(TokenLoop):
                                         num_return_sequences=num_return_sequences), self.spec.settings,
                                    do_sample=bool(do_sample if do_sample is not None else self.spec.settings.do_sample),
                                    stream=stream)
+        if prompt_lookup_num_tokens is not None or max_matching_ngram_size is not None:
+            return self._prompt_lookup(ids, mask, max_new_tokens, given, rng, eos_token_id, pad_token_id, stream,
+                                       num_beams if num_beams is not None else self.spec.settings.num_beams,
+                                       prompt_lookup_num_tokens, max_matching_ngram_size)
         if beams is not None:
             return self._beam_search(ids, mask, max_new_tokens, given, beams, eos_token_id, pad_token_id)
         request = self._request(given, rng, eos_token_id, pad_token_id, prompt=ids, counted_from=np.argmax(mask, axis=1))
         return finish(ids, self._steps(ids, mask, max_new_tokens, request), stream)
+
+    # -- prompt lookup (generate/prompt_lookup.py) ---------------------------------------------------------------------
+    @property
+    def prompt_lookup_stats(self) -> prompt_lookup.LookupStats:
+        """The last prompt-lookup generate call's verify steps, proposed and accepted draft tokens."""
+        counts = self.__dict__.get("_lookup_counts")
+        return prompt_lookup.LookupStats(*(int(c) for c in np.asarray(counts))) if counts is not None else prompt_lookup.LookupStats()
+
+    def _prompt_lookup(self, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, given: dict, rng: Any,
+                       eos_token_id: Any, pad_token_id: Any, stream: bool, num_beams: Any, num_tokens: Any,
+                       max_ngram: Any) -> np.ndarray | Iterator[np.ndarray]:
+        settings = dict(do_sample=bool(given["do_sample"] if given["do_sample"] is not None else self.spec.settings.do_sample),
+                        num_beams=num_beams, batch=ids.shape[0], cache_kinds=self.spec.cache_kinds,
+                        forced_eos=getattr(self.spec.settings, "forced_eos_token_id", None))
+        prompt_lookup.lookup_settings(num_tokens, max_ngram, **settings)  # refused before the request is resolved
+        request = self._request(given, rng, eos_token_id, pad_token_id, prompt=ids, counted_from=np.argmax(mask, axis=1))
+        k, n = prompt_lookup.lookup_settings(num_tokens, max_ngram, request=request, **settings)
+        loops = self.__dict__.setdefault("_lookup_loops", {})
+        if (k, n) not in loops:
+            loops[k, n] = prompt_lookup.PromptLookup(self, k, n)
+        self.__dict__["_lookup_counts"] = None
+        steps = loops[k, n].steps(ids, mask, max_new_tokens, request, lambda c: self.__dict__.__setitem__("_lookup_counts", c))
+        return finish(ids, steps, stream)
+
+    def padded_prompt(self, ids: np.ndarray, mask: np.ndarray, width: int, pad_id: int) -> tuple:
+        """The prompt padded to `width` as the loop prefills it (pad_prompt)."""
+        return pad_prompt(ids, mask, width, pad_id, self.spec.max_cache_len)
 
     # -- the loop ---------------------------------------------------------------------------
     def _steps(self, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, request: Request,

@@ -99,6 +99,7 @@ class ChatTemplate:
 
     def __init__(self, source: str, special_tokens: dict[str, str]):
         try:
+            from jinja2 import meta
             from jinja2.exceptions import TemplateError
             from jinja2.ext import loopcontrols
             from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -117,16 +118,21 @@ class ChatTemplate:
         env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
         try:
             self.template = env.from_string(source)
+            variables = meta.find_undeclared_variables(env.parse(source))
         except TemplateError as err:
             raise Torch2JaxError(f"the chat template does not parse: {err}") from None
-        self.special_tokens = special_tokens
+        self.source, self.special_tokens = source, special_tokens
+        self.renders_tools = "tools" in variables  # whether the template reads a request's tool definitions
         self._error = TemplateError
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True, **extra: Any) -> str:
-        """The prompt text for these messages; a template's raise_exception (or any template error) is the request's fault."""
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
+               **extra: Any) -> str:
+        """The prompt text for these messages (and tool definitions: OpenAI's [{"type": "function", "function":
+        {...}}] list, as transformers passes `tools`; None without, as transformers passes it too, so that `tools is
+        none` reads the same); a template's raise_exception (or any template error) is the request's fault."""
         try:
-            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                        **self.special_tokens, **extra)
+            return self.template.render({"documents": None, **self.special_tokens, **extra}, messages=messages, tools=tools,
+                                        add_generation_prompt=add_generation_prompt)
         except self._error as err:
             raise InputSpecError(f"the chat template refused these messages: {err}") from None
 

@@ -66,7 +66,8 @@ def export_forward(target: str, out: Path, *, options: GenerationOptions, source
             progress("save", f"write {out}")
         start = time.perf_counter()
         try:
-            artifact.save(model, out, force=force, source=target, exported=exported, check=check_artifact, on_bytes=on_bytes)
+            artifact.save(model, out, force=force, source=target, exported=exported, check=check_artifact, on_bytes=on_bytes,
+                          **_encoder_files(source))
         finally:
             # verification runs inside the save (before the rename); count it once, under its own name
             timer.timings["save"] = time.perf_counter() - start - timer.timings.get("verify", 0.0)
@@ -78,6 +79,18 @@ def export_forward(target: str, out: Path, *, options: GenerationOptions, source
         checks.append(f"verified against PyTorch{how}{quantized}:\n{data.verification.summary()}")
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     return Conversion(out, size, str(model.signature), streamed, checks)
+
+
+def _encoder_files(source: HFSource | None) -> dict:
+    """What a feature-extraction model's artifact keeps besides its function, so that `torch2jax serve` can embed text
+    without torch or the source directory: its tokenizer files, `task`, and the `embedding` section (its
+    sentence-transformers pooling and normalization, its position limit: hf/pooling.py)."""
+    if source is None or source.task != "feature-extraction":
+        return {}
+    from ..hf.pooling import embedding_section
+
+    extra = {"task": source.task, "embedding": embedding_section(source.directory, source.config)}
+    return {"tokenizer_files": dict(source.tokenizer_files), "extra": extra}
 
 
 def _add_repro(err: Exception, graph: Graph | None, resolved: Target, repro_dir: str | os.PathLike | None) -> None:

@@ -67,14 +67,21 @@ def save(
     exported: Any = None,
     check: Callable[[Path], None] | None = None,
     on_bytes: Callable[[int, int], None] | None = None,
+    tokenizer_files: dict[str, Path] | None = None,
+    extra: dict | None = None,
 ) -> Path:
     """Write `model` as an artifact directory at `path`, atomically.
 
     Refuses to replace an existing path unless `force=True`. Everything is written to a
     temporary sibling first and renamed into place only once complete and checked;
     `check(tmp_dir)` may inspect the finished artifact first (e.g. verify it) and raise to abort.
-    `on_bytes(written, total)` is called after each batch of streamed weights.
+    `on_bytes(written, total)` is called after each batch of streamed weights. `tokenizer_files` and
+    `extra` as for save_entries (an encoder's tokenizer and its `task` / `embedding` sections).
     """
+    tokenizer_files = dict(tokenizer_files or {})
+    for name in tokenizer_files:
+        if not _plain_file_name(name):
+            raise ArtifactError(f"tokenizer file {name!r} is not a plain file name")
 
     def write(tmp: Path) -> dict:
         nonlocal exported
@@ -84,7 +91,12 @@ def save(
             serialized, order = _serialize(exported, vjp_order)
             (tmp / EXPORTED).write_bytes(serialized)
             (tmp / GRAPH).write_text(model.graph.dumps())
-        return _manifest(model, exported, order, source)
+            if tokenizer_files:
+                (tmp / TOKENIZER).mkdir()
+            for name, src in tokenizer_files.items():
+                shutil.copyfile(src, tmp / TOKENIZER / name)
+        manifest = {**_manifest(model, exported, order, source), **(extra or {})}
+        return {**manifest, TOKENIZER: sorted(tokenizer_files)} if tokenizer_files else manifest
 
     return write_atomically(path, write, force=force, check=check)
 

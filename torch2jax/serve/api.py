@@ -2,12 +2,14 @@
 
     POST /v1/completions, /v1/chat/completions   (stream=true: server-sent events, `data: {json}` then `data: [DONE]`)
     GET  /v1/models, /health, /metrics            (/metrics: Prometheus text)
+    POST /v1/embeddings                           an encoder artifact's (serve/embeddings.py); 400 on an LM server
 
 A request is checked before it queues and refused with OpenAI's error body ({"error": {"message", "type",
 "param", "code"}}): 400 for a malformed body or bad values, 404 for an unknown model, 429 (Retry-After)
 when every row is busy and the queue is full. The web layer only translates: the wire format is protocol.py, the
 endpoints routes.py; tokens, stop strings and rows are the scheduler's (serve/scheduler.py). Here the service is
-built from an artifact (and the LoRA adapters served beside it, `--lora NAME=DIR`) and the app assembled over it.
+built from an artifact (and the LoRA adapters served beside it, `--lora NAME=DIR`) and the app assembled over it: a
+text-generation artifact's over the scheduler, a feature-extraction (encoder) artifact's over serve/embeddings.py.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from ..generate.generator import Generator
 from ..generate.seq2seq import Seq2SeqGenerator
 from ..generate.text import ChatTemplate
 from ..generate.vision_language import VisionLanguageGenerator
+from ..runtime.artifact import read_manifest
+from . import embeddings
+from .embeddings import EmbeddingService, build_embedding_service
 from .engine import BatchEngine
 from .metrics import Metrics
 from .routes import EXCEPTION_HANDLERS, ROUTES, Service
@@ -36,12 +41,15 @@ if TYPE_CHECKING:
     from ..finetune.side_path import RowAdapters
 
 
-def create_app(service: Service, on_shutdown: Callable[[], None] | None = None, on_ready: Callable[[], None] | None = None,
+def create_app(service: Service | EmbeddingService, on_shutdown: Callable[[], None] | None = None,
+               on_ready: Callable[[], None] | None = None,
                on_failure: Callable[[BaseException], None] | None = None) -> Starlette:
     """The Starlette application: routes.py's endpoints over `service`; the scheduler's loop runs from startup to
     shutdown (then `on_shutdown`). A service built with `defer_warm_up` compiles its steps on a thread from startup on,
     so the server listens (and /health answers 503) meanwhile; its loop starts after them (then `on_ready`, or
-    `on_failure(error)` if the warm-up failed: Service.start)."""
+    `on_failure(error)` if the warm-up failed: Service.start). An EmbeddingService gets serve/embeddings.py's
+    endpoints instead (an LM's /v1/embeddings answers 400, saying which artifact serves it)."""
+    encoder = isinstance(service, EmbeddingService)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -49,11 +57,15 @@ def create_app(service: Service, on_shutdown: Callable[[], None] | None = None, 
         try:
             yield
         finally:
-            service.scheduler.stop()
+            if encoder:
+                service.stop()
+            else:
+                service.scheduler.stop()
             if on_shutdown is not None:
                 on_shutdown()
 
-    app = Starlette(routes=ROUTES, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
+    routes = embeddings.ROUTES if encoder else [*ROUTES, *embeddings.LM_ROUTES]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
     app.state.service = service
     return app
 
@@ -82,16 +94,32 @@ def use_compilation_cache(directory: str | os.PathLike) -> None:
 def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = None, max_queue: int = 64, chunk: int = 256,
                   model_name: str | None = None, chat_template: str | os.PathLike | None = None, warm_up: str = "all",
                   progress: Callable[[int, int], None] | None = None, decode_block: int = 16,
-                  lora: Sequence[tuple[str, str | os.PathLike]] = (), defer_warm_up: bool = False) -> Service:
+                  lora: Sequence[tuple[str, str | os.PathLike]] = (), defer_warm_up: bool = False,
+                  pooling: str | None = None, normalize: bool | None = None, max_prefill_tokens: int | None = None,
+                  prefix_cache_tokens: int | None = None) -> Service | EmbeddingService:
     """What `torch2jax serve` serves: the artifact loaded, what the server cannot serve refused (with the reason), its
     scheduler over `max_batch` rows (default: the artifact's), and its steps compiled before the first client: at
     every shape a request can need (`warm_up="all"`, reporting `progress(done, total)`), or a short prompt's only
     (`"short"`: a quicker start, and compilations later while clients wait). `decode_block`: decode steps per call
     while no request waits (serve/engine.py). `lora`: (name, PEFT adapter directory) pairs, each served as a model of
     its own name beside the base model, rows of any of them sharing the batch (load_adapters). `defer_warm_up`: return
-    before compiling, leaving the warm-up to Service.start (create_app's startup), so a server listens while it runs."""
+    before compiling, leaving the warm-up to Service.start (create_app's startup), so a server listens while it runs.
+    A feature-extraction (encoder) artifact makes an EmbeddingService instead (serve/embeddings.py: `max_batch` inputs
+    per device call, `pooling` / `normalize` over the model's own sentence-transformers config); `pooling` and
+    `normalize` are refused for any other artifact, `lora` and `chat_template` for an encoder.
+    `max_prefill_tokens`: prompt tokens prefilled per step over a group's rows (default: `chunk`); `prefix_cache_tokens`:
+    what the prefix cache holds (None: half the batch cache, rows x max cache length / 2; 0: no prefix caching)."""
     if warm_up not in ("all", "short"):
         raise InputSpecError(f"warm_up must be 'all' or 'short', got {warm_up!r}")
+    if read_manifest(Path(artifact_dir)).get("task") == embeddings.ENCODER_TASK:
+        if lora or chat_template:
+            raise InputSpecError(f"{artifact_dir} is an encoder (feature-extraction): it serves /v1/embeddings, so "
+                                 f"{'--lora' if lora else '--chat-template'} does not apply")
+        return build_embedding_service(artifact_dir, rows=max_batch, model_name=model_name, pooling=pooling,
+                                       normalize=normalize, warm_up=warm_up, progress=progress, defer_warm_up=defer_warm_up)
+    if pooling is not None or normalize is not None:
+        raise InputSpecError(f"--pooling and --normalize apply to encoder artifacts (feature-extraction, served at "
+                             f"/v1/embeddings); {artifact_dir} is not one")
     g = load(artifact_dir)
     if isinstance(g, Seq2SeqGenerator):
         raise InputSpecError(f"{artifact_dir} is an encoder-decoder (text2text-generation): `torch2jax serve` batches causal "
@@ -102,14 +130,18 @@ def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = No
                              "take images yet (see docs/limitations.md); use `torch2jax generate --image` or "
                              "VisionLanguageGenerator.generate in Python")
     if not isinstance(g, Generator):
-        raise InputSpecError(f"{artifact_dir} is not a text-generation artifact (convert hf:DIR --task text-generation)")
+        raise InputSpecError(f"{artifact_dir} is neither a text-generation artifact (convert hf:DIR --task text-generation) "
+                             "nor an encoder one for /v1/embeddings (convert hf:DIR --task feature-extraction)")
     if "tokenizer.json" not in g.tokenizer_files:
         raise InputSpecError(f"{artifact_dir} has no tokenizer (its model directory had no tokenizer.json): the server "
                              "reads and writes text, so it needs one")
     name = model_name or Path(artifact_dir).resolve().name
     names, dirs, adapters = load_adapters(g, name, lora) if lora else ([], [], None)
     rows = max_batch or g.spec.max_batch
-    engine = BatchEngine(g, rows, chunk, decode_block, adapters=adapters)
+    if prefix_cache_tokens is None:
+        prefix_cache_tokens = rows * g.spec.max_cache_len // 2
+    engine = BatchEngine(g, rows, chunk, decode_block, adapters=adapters, prefix_cache_tokens=prefix_cache_tokens,
+                         prefill_tokens=max_prefill_tokens)
     metrics = Metrics(rows)
     scheduler = Scheduler(engine, max_queue=max_queue)
     template = ChatTemplate.from_files(g.tokenizer_files.get("tokenizer_config.json"),

@@ -14,6 +14,14 @@ by all rows), while positions and `kv_valid` are per row. So the batch shares on
   changes nothing a row attends to: causality is slot order, and a sliding window (slot > w - window) is
   the same window in positions, because slot distance equals position distance within a row.
 
+A group's rows are prefilled in chunks of `chunk` tokens each, halved while the group's chunk would exceed the per-step
+budget of prompt tokens (`prefill_tokens`, at least MIN_BUCKET per row): one prefill chunk runs between two decode steps
+of the running rows, so the budget bounds how much a prompt arriving delays their next token.
+
+With a prefix cache (serve/prefix_cache.py), the leading chunks whose tokens every member of a group finds cached are
+not run: those members' cached blocks are copied into the scratch cache instead, and after the group's last chunk the
+full blocks of its prompts that the cache lacks are kept for later requests.
+
 A row that runs alone never needs more than prompt + max_tokens - 1 slots, so the span from the oldest
 running row to w always fits the cache: every rebase succeeds, whatever the mix of requests.
 
@@ -45,7 +53,7 @@ import functools
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -56,6 +64,7 @@ from ..errors import InputSpecError
 from ..generate import sampling
 from ..generate.generator import Generator, causal_lm_step
 from ..generate.loop import DECODE_LOOP_OPTIONS, MIN_BUCKET, attended_span, bucket, decode_block
+from .prefix_cache import BLOCK_SIZE, PrefixCache
 
 SEED_LIMIT = 2**31  # seeds are taken modulo this (jax.random.key of a non-negative int32)
 TOP_LOGPROBS = 20  # the most likely tokens a step reports (OpenAI's largest top_logprobs); a request takes its first k
@@ -147,8 +156,10 @@ class Group:
     mask: np.ndarray  # [k, P] bool
     bounds: list[int]  # chunk edges 0 = b0 < b1 < ... = P
     scratch: list[jax.Array]
-    chunk: int = 0  # chunks done
+    chunk: int = 0  # chunks done (with a prefix cache, chunks whose tokens every member found cached count as done)
     adapter_ids: np.ndarray | None = None  # [k] int32, each member's adapter (pad rows: BASE)
+    prompts: list[list[int]] = field(default_factory=list)
+    cached: list[int] = field(default_factory=list)  # each member's prompt tokens copied from the prefix cache, not computed
 
     @property
     def done(self) -> bool:
@@ -158,13 +169,19 @@ class Group:
 class BatchEngine:
     """The batch cache and its jitted steps (decode, prefill chunk, join, rebase); host bookkeeping of the slots."""
 
-    def __init__(self, generator: Generator, rows: int, chunk: int = 256, decode_block: int = 16, adapters: Any = None):
+    def __init__(self, generator: Generator, rows: int, chunk: int = 256, decode_block: int = 16, adapters: Any = None,
+                 prefix_cache_tokens: int = 0, prefill_tokens: int | None = None):
         spec = generator.spec
         if not 1 <= rows <= spec.max_batch:
             raise InputSpecError(f"--max-batch {rows}: this artifact was converted for batches of 1 to {spec.max_batch} "
                                  "(convert again with a larger --max-batch)")
         if chunk < MIN_BUCKET or chunk & (chunk - 1):
             raise InputSpecError(f"the prefill chunk must be a power of two >= {MIN_BUCKET}, got {chunk}")
+        prefill_tokens = chunk if prefill_tokens is None else prefill_tokens
+        if not isinstance(prefill_tokens, int) or prefill_tokens < MIN_BUCKET:
+            raise InputSpecError(f"the prefill budget must be an integer >= {MIN_BUCKET} (prompt tokens per step, over a "
+                                 f"group's rows), got {prefill_tokens!r}")
+        self.prefill_tokens = prefill_tokens
         if not isinstance(decode_block, int) or decode_block < 1:
             raise InputSpecError(f"the decode block must be an integer >= 1 (decode steps per call), got {decode_block!r}")
         self.g, self.rows, self.chunk, self.decode_block = generator, rows, chunk, decode_block
@@ -198,6 +215,12 @@ class BatchEngine:
                                                    for c, slots in zip(cache, slotted)], donate_argnums=(0,))
         if adapters is not None:
             self._prefill_rows = jax.jit(self._prefill_with_adapters, donate_argnums=(2,))
+        # automatic prefix caching (serve/prefix_cache.py): attention caches on one device only
+        self.prefix: PrefixCache | None = None
+        if prefix_cache_tokens < 0:
+            raise InputSpecError(f"the prefix cache holds a number of tokens >= 0 (0: none), got {prefix_cache_tokens}")
+        if prefix_cache_tokens >= BLOCK_SIZE and PrefixCache.supports(generator) and generator.sharding is None:
+            self.prefix = PrefixCache(generator, prefix_cache_tokens // BLOCK_SIZE)
 
     # -- prefill --------------------------------------------------------------------------------
     def start_group(self, rows: list[int], prompts: list[list[int]], max_tokens: list[int],
@@ -207,7 +230,7 @@ class BatchEngine:
         each request's adapter (default: the base model's)."""
         k = min(1 << (len(rows) - 1).bit_length(), self.g.spec.max_batch)
         # the limit is what generate would allow the padded prompt (the same widths)
-        bounds = self._chunk_bounds(max(len(p) for p in prompts), self.max_len - max(max_tokens))
+        bounds = self._chunk_bounds(max(len(p) for p in prompts), self.max_len - max(max_tokens), self.chunk_for(k))
         width = bounds[-1]
         ids = np.full((k, width), self.g.spec.pad_token_id, np.int64)
         mask = np.zeros((k, width), bool)
@@ -215,14 +238,46 @@ class BatchEngine:
             ids[r, width - len(prompt):], mask[r, width - len(prompt):] = prompt, True
         chosen = np.full(k, BASE, np.int32)
         chosen[: len(prompts)] = BASE if adapter_ids is None else adapter_ids
-        return Group(rows, [len(p) for p in prompts], ids, mask, bounds, self.g.new_cache(k), adapter_ids=chosen)
+        group = Group(rows, [len(p) for p in prompts], ids, mask, bounds, self.g.new_cache(k), adapter_ids=chosen,
+                      prompts=[list(p) for p in prompts], cached=[0] * len(prompts))
+        if self.prefix is not None:
+            self._reuse_prefixes(group)
+        return group
 
-    def _chunk_bounds(self, longest: int, limit: int) -> list[int]:
+    def _reuse_prefixes(self, group: Group) -> None:
+        """Skip the leading chunks whose tokens every member finds in the prefix cache: copy those members' cached
+        blocks into the scratch cache instead (the chunks left keep the shapes step_shapes compiles)."""
+        width, size = group.ids.shape[1], self.prefix.block_size
+        found = [self.prefix.lookup(p, int(a)) for p, a in zip(group.prompts, group.adapter_ids)]
+        firsts = [width - n for n in group.lengths]  # each member's token 0
+        covered = min(first + len(blocks) * size for first, blocks in zip(firsts, found))
+        skip = max(i for i, bound in enumerate(group.bounds[:-1]) if bound <= covered)
+        start = group.bounds[skip]
+        for m, (first, blocks) in enumerate(zip(firsts, found)):
+            group.cached[m] = max(0, start - first)
+            needed = -(-group.cached[m] // size)  # blocks before the first chunk that runs (its tokens are recomputed)
+            if needed:
+                group.scratch = self.prefix.copy_in(group.scratch, m, blocks[:needed], first)
+        group.chunk = skip
+        self.prefix.stats.queried += sum(group.lengths)
+        self.prefix.stats.hits += sum(group.cached)
+
+    def chunk_for(self, k: int) -> int:
+        """Each row's chunk in a group of `k` rows: the prefill chunk, halved while the group's chunk would exceed the
+        per-step budget of prompt tokens (but at least MIN_BUCKET), so a big group's prefill does not stall the running
+        rows' next token for longer than a one-row chunk would."""
+        chunk = self.chunk
+        while chunk > MIN_BUCKET and chunk * k > self.prefill_tokens:
+            chunk //= 2
+        return chunk
+
+    @staticmethod
+    def _chunk_bounds(longest: int, limit: int, chunk: int) -> list[int]:
         """Chunk edges of a prompt of `longest` tokens padded to fit `limit`: a power-of-two first chunk where it fits,
         then whole chunks."""
-        full = (longest - 1) // self.chunk  # whole chunks after the first
-        first = bucket(longest - full * self.chunk, max(limit - full * self.chunk, 1), MIN_BUCKET)
-        return [0, *range(first, first + full * self.chunk + 1, self.chunk)]
+        full = (longest - 1) // chunk  # whole chunks after the first
+        first = bucket(longest - full * chunk, max(limit - full * chunk, 1), MIN_BUCKET)
+        return [0, *range(first, first + full * chunk + 1, chunk)]
 
     def _chunk_shape(self, lo: int, hi: int) -> tuple[int, int]:
         """(tokens, attended span) of the chunk [lo, hi): the first attends to itself, as generate's prefill does;
@@ -240,7 +295,13 @@ class BatchEngine:
             group.scratch, jnp.asarray(group.ids[:, lo:hi], self._ids), jnp.asarray(positions[:, lo:hi], self._ids),
             jnp.arange(lo, hi, dtype=self._ids), jnp.asarray(valid), group.adapter_ids)
         group.chunk += 1
-        return logits if group.done else None
+        if not group.done:
+            return None
+        if self.prefix is not None:  # keep the blocks of these prompts for the requests that share them
+            width = group.ids.shape[1]
+            for m, (prompt, adapter) in enumerate(zip(group.prompts, group.adapter_ids)):
+                self.prefix.store(group.scratch, m, prompt, int(adapter), width - len(prompt))
+        return logits
 
     def first_tokens(self, logits: jax.Array, settings: list[Sampling],
                      allowed: np.ndarray | None = None) -> tuple[np.ndarray, Logprobs | None]:
@@ -367,15 +428,19 @@ class BatchEngine:
     # -- compiling ahead ------------------------------------------------------------------------
     def step_shapes(self) -> dict[str, list]:
         """Every shape the scheduler can call a step with, apart from prompts so close to the cache's end that their
-        first chunk is not a power of two: group sizes, prefill chunks as (tokens, attended span), decode spans."""
+        first chunk is not a power of two: group sizes, each group size's prefill chunks as (tokens, attended span),
+        decode spans."""
         groups = sorted({min(1 << (n - 1).bit_length(), self.g.spec.max_batch) for n in range(1, self.rows + 1)})
-        chunks = set()
-        for longest in range(1, self.max_len):  # the most room a prompt can have: one new token
-            bounds = self._chunk_bounds(longest, self.max_len - 1)
-            if bounds[1] >= MIN_BUCKET and bounds[1] & (bounds[1] - 1) == 0:  # else cut short by the cache's end
-                chunks.update(self._chunk_shape(lo, hi) for lo, hi in zip(bounds, bounds[1:]))
+        chunks = {}
+        for k in groups:
+            shapes = set()
+            for longest in range(1, self.max_len):  # the most room a prompt can have: one new token
+                bounds = self._chunk_bounds(longest, self.max_len - 1, self.chunk_for(k))
+                if bounds[1] >= MIN_BUCKET and bounds[1] & (bounds[1] - 1) == 0:  # else cut short by the cache's end
+                    shapes.update(self._chunk_shape(lo, hi) for lo, hi in zip(bounds, bounds[1:]))
+            chunks[k] = sorted(shapes)
         spans = sorted({attended_span(filled, self.max_len) for filled in range(1, self.max_len + 1)})
-        return {"groups": groups, "chunks": sorted(chunks), "spans": spans}
+        return {"groups": groups, "chunks": chunks, "spans": spans}
 
     def compile_steps(self, progress: Callable[[int, int], None] | None = None, workers: int | None = None) -> int:
         """Call each jitted step once at every shape of `step_shapes`, in each of its VARIANTS (greedy or sampled, without
@@ -416,12 +481,14 @@ class BatchEngine:
             jax.block_until_ready(self._count_from(self._new_seen(), jnp.zeros(rows, bool), jnp.zeros(rows, jnp.int32)))
 
         calls = [lambda k=k: first_and_join(k) for k in shapes["groups"]]
-        calls += [lambda k=k, w=w, s=s: prefill(k, w, s) for k in shapes["groups"] for w, s in shapes["chunks"]
+        calls += [lambda k=k, w=w, s=s: prefill(k, w, s) for k in shapes["groups"] for w, s in shapes["chunks"][k]
                   if (w, s) != (MIN_BUCKET, MIN_BUCKET)]
         calls += [lambda s=s, v=v: decode(s, v) for s in shapes["spans"] for v in VARIANTS]
         calls += [lambda s=s, v=v: decode(s, v, True) for s in shapes["spans"] for v in MASKED_VARIANTS]
         calls.append(lambda: jax.block_until_ready(self._roll(g.new_cache(rows), jnp.asarray(1, jnp.int32))))
         calls.append(count_from)
+        if self.prefix is not None:  # its copies, for each group size, one after the other (they replace the pool)
+            calls.append(lambda: [jax.block_until_ready(self.prefix.warm_up(g.new_cache(k))) for k in shapes["groups"]])
         with ThreadPoolExecutor(workers or min(4, os.cpu_count() or 1)) as pool:
             for done, future in enumerate(as_completed([pool.submit(call) for call in calls]), 1):
                 future.result()

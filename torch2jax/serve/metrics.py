@@ -7,19 +7,38 @@ from typing import Any
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
-class Metrics:
-    """Requests, tokens in and out, time to first token, inter-token latency, batch occupancy and queue depth."""
+class ServerMetrics:
+    """What every server counts: HTTP requests by endpoint and status code, in a registry of its own."""
 
-    def __init__(self, rows: int):
+    def __init__(self):
         try:
-            from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+            from prometheus_client import CollectorRegistry, Counter
         except ImportError:
             from ..errors import Torch2JaxError
 
             raise Torch2JaxError("the server's metrics need prometheus_client: pip install 'torch2jax-aot[serve]'") from None
-        self.registry = registry = CollectorRegistry()
+        self.registry = CollectorRegistry()
         self.requests = Counter("torch2jax_requests", "HTTP requests by endpoint and status code", ["endpoint", "code"],
-                                registry=registry)
+                                registry=self.registry)
+
+    def request(self, endpoint: str, code: int) -> Any:
+        self.requests.labels(endpoint, str(code)).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        """(the exposition text, its content type)."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class Metrics(ServerMetrics):
+    """Requests, tokens in and out, time to first token, inter-token latency, batch occupancy and queue depth."""
+
+    def __init__(self, rows: int):
+        super().__init__()
+        from prometheus_client import Counter, Gauge, Histogram
+
+        registry = self.registry
         self.model_requests = Counter("torch2jax_model_requests", "Requests accepted, by the model they chose (the base "
                                       "model's name or a LoRA adapter's)", ["model"], registry=registry)
         self.finished = Counter("torch2jax_generations", "Generations that ended, by finish reason", ["finish_reason"],
@@ -36,11 +55,19 @@ class Metrics:
         self.rows_max = Gauge("torch2jax_batch_rows", "Rows in the batch (--max-batch)", registry=registry)
         self.rows_held_max = Gauge("torch2jax_batch_rows_held_max", "The most rows ever held at once (prefilling or running)",
                                    registry=registry)
+        self.prefix_queries = Counter("torch2jax_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                      registry=registry)
+        self.prefix_hits = Counter("torch2jax_prefix_cache_hits", "Prompt tokens served from the prefix cache (not "
+                                   "computed); the hit rate is hits / queries", registry=registry)
         self.queue = Gauge("torch2jax_queue_depth", "Requests waiting for a row", registry=registry)
         self.rows_max.set(rows)
 
     def observe_admitted(self, prompt_tokens: int) -> None:
         self.prompt_tokens.inc(prompt_tokens)
+
+    def observe_prefix(self, queried: int, hits: int) -> None:
+        self.prefix_queries.inc(queried)
+        self.prefix_hits.inc(hits)
 
     def observe_token(self, seconds: float, first: bool) -> None:
         self.completion_tokens.inc()
@@ -56,15 +83,6 @@ class Metrics:
         self.queue.set(queued)
         if rows_held_max is not None:
             self.rows_held_max.set(rows_held_max)
-
-    def render(self) -> tuple[bytes, str]:
-        """(the exposition text, its content type)."""
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
-
-    def request(self, endpoint: str, code: int) -> Any:
-        self.requests.labels(endpoint, str(code)).inc()
 
     def model_request(self, model: str) -> None:
         self.model_requests.labels(model).inc()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
@@ -18,10 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from ..errors import Torch2JaxError
 from .engine import TOP_LOGPROBS, Sampling
 from .scheduler import Event, TokenLogprob
+from .tools import NAME as FUNCTION_NAME
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 MAX_LEGACY_LOGPROBS = 5  # /v1/completions' `logprobs`: at most 5 most likely tokens, as OpenAI allows
-UNSUPPORTED = ("suffix", "tools", "functions")  # refused unless off
+UNSUPPORTED = ("suffix", "functions")  # refused unless off (`functions`: OpenAI's old form of `tools`)
+TOOL_CHOICES = ("none", "auto", "required")
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 LOGPROB_FLOOR = -9999.0  # what OpenAI reports for a token of probability 0 (JSON has no -inf)
 
@@ -52,7 +54,6 @@ class GenerationRequest(BaseModel):
     model: str | None = _rule("a string")
     n: int | None = _rule("an integer >= 1", ge=1)
     suffix: Any = None
-    tools: Any = None
     functions: Any = None
     response_format: Any = None  # structured output: {"type": "json_object"} or {"type": "json_schema", "json_schema": ...}
     best_of: int | None = _rule("an integer")
@@ -160,6 +161,16 @@ class CompletionRequest(GenerationRequest):
     logprobs: int | None = _rule(f"an integer in [0, {MAX_LEGACY_LOGPROBS}]", ge=0, le=MAX_LEGACY_LOGPROBS)
     top_logprobs: int | None = _rule("an integer")
 
+    tools: Any = None  # a /v1/chat/completions field: refused here
+    tool_choice: Any = None
+
+    @field_validator("tools", "tool_choice")
+    @classmethod
+    def _chat_only(cls, value: Any, info: Any) -> Any:
+        if value is not None:
+            raise ValueError(f"'{info.field_name}' is a /v1/chat/completions field (/v1/completions does not call tools)")
+        return value
+
     @field_validator("logprobs")
     @classmethod
     def _not_with_echo(cls, value: int | None, info: ValidationInfo) -> int | None:
@@ -203,6 +214,86 @@ class ChatCompletionRequest(GenerationRequest):
     logprobs: bool | None = _rule("true or false")
     top_logprobs: int | None = _rule(f"an integer in [0, {TOP_LOGPROBS}]", ge=0, le=TOP_LOGPROBS)
 
+    tools: list[dict] | None = _rule('a non-empty list of {"type": "function", "function": {"name", "description", '
+                                     '"parameters"}} objects', min_length=1)
+    tool_choice: str | dict | None = _rule('"none", "auto", "required" or {"type": "function", "function": {"name": ...}}')
+    parallel_tool_calls: bool | None = _rule("true or false")
+
+    @field_validator("tools")
+    @classmethod
+    def _functions(cls, value: list[dict] | None) -> list[dict] | None:
+        """OpenAI's tools: functions only, each with a name OpenAI allows (unique), a string description and an object
+        of parameters (a JSON schema, checked when a forced call compiles it)."""
+        if value is None:
+            return None
+        seen = set()
+        for i, tool in enumerate(value):
+            if tool.get("type") != "function":
+                raise ValueError(f"'tools[{i}].type' must be 'function' (this server calls functions only), got "
+                                 f"{json.dumps(tool.get('type'), default=str)[:40]}")
+            function = tool.get("function")
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str) or \
+                    not FUNCTION_NAME.match(function["name"]):
+                raise ValueError(f"'tools[{i}].function' must be an object whose 'name' is 1 to 64 letters, digits, '_' "
+                                 "or '-'")
+            if function.get("description") is not None and not isinstance(function["description"], str):
+                raise ValueError(f"'tools[{i}].function.description' must be a string")
+            if function.get("parameters") is not None and not isinstance(function["parameters"], dict):
+                raise ValueError(f"'tools[{i}].function.parameters' must be a JSON schema object")
+            if function["name"] in seen:
+                raise ValueError(f"'tools' names the function '{function['name']}' twice")
+            seen.add(function["name"])
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _known_choice(cls, value: str | dict | None, info: ValidationInfo) -> str | dict | None:
+        if value is None:
+            return None
+        offered = [t["function"]["name"] for t in info.data.get("tools") or []]
+        if not offered:
+            raise ValueError("'tool_choice' is only allowed when 'tools' are given")
+        if isinstance(value, str):
+            if value not in TOOL_CHOICES:
+                raise ValueError(f"'tool_choice' must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", "
+                                 f"\"function\": {{\"name\": ...}}}}, got {json.dumps(value)[:40]}")
+            return value
+        function = value.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if value.get("type") != "function" or not isinstance(name, str):
+            raise ValueError("'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                             "\"function\": {\"name\": ...}}")
+        if name not in offered:
+            raise ValueError(f"'tool_choice' names the function '{name}', which is not in 'tools' (they are "
+                             f"{', '.join(repr(n) for n in offered)})")
+        return value
+
+    @property
+    def tool_mode(self) -> str:
+        """"off" (no tools), "none", "auto" (OpenAI's default with tools), "required" or "named"."""
+        if not self.tools:
+            return "off"
+        return self.tool_choice if isinstance(self.tool_choice, str) else "named" if self.tool_choice else "auto"
+
+    @property
+    def forced_functions(self) -> list[dict] | None:
+        """The functions a forced reply calls one of (the named one, or any offered with "required"); None when the
+        reply is not forced to be a call."""
+        if self.tool_mode == "named":
+            return [t["function"] for t in self.tools if t["function"]["name"] == self.tool_choice["function"]["name"]]
+        return [t["function"] for t in self.tools] if self.tool_mode == "required" else None
+
+    @property
+    def reads_tool_calls(self) -> bool:
+        """Whether the reply is read for calls: tools offered and allowed, and no response_format shaping the reply
+        instead ("auto" with a response_format: the reply is that format's JSON, as content)."""
+        mode = self.tool_mode
+        return mode in ("required", "named") or (mode == "auto" and self.structured is None)
+
+    @property
+    def function_names(self) -> list[str]:
+        return [t["function"]["name"] for t in self.tools or []]
+
     @field_validator("echo")
     @classmethod
     def _no_echo(cls, value: Any) -> Any:
@@ -224,10 +315,23 @@ class ChatCompletionRequest(GenerationRequest):
     @field_validator("messages", mode="before")
     @classmethod
     def _text_messages(cls, value: Any) -> list[dict]:
+        """Each message as transformers' apply_chat_template hands it to a template: keys sent as null dropped (an
+        assistant message with `tool_calls` and `content: null` has no content), text parts joined."""
         if not value or not isinstance(value, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
                                                                 for m in value):
             raise ValueError("'messages' must be a non-empty list of objects with a 'role'")
-        return [dict(m, content=flat_content(m.get("content"))) for m in value]
+        out = []
+        for m in value:
+            m = {key: item for key, item in m.items() if item is not None}
+            if "content" in m:
+                m["content"] = flat_content(m["content"])
+            if "tool_calls" in m and not (isinstance(m["tool_calls"], list) and all(
+                    isinstance(c, dict) and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)
+                    for c in m["tool_calls"])):
+                raise ValueError("a message's 'tool_calls' must be a list of {\"id\", \"type\": \"function\", "
+                                 "\"function\": {\"name\", \"arguments\"}} objects")
+            out.append(m)
+        return out
 
 
 def json_object(body: bytes) -> dict:
@@ -279,9 +383,12 @@ def _or(value: Any, default: Any) -> Any:
 
 # -- responses ---------------------------------------------------------------------------------------
 def usage(events: list[Event]) -> dict:
-    """The usage of a request's choices, from each one's last event: the prompt counted once, every choice's tokens."""
+    """The usage of a request's choices, from each one's last event: the prompt counted once, every choice's tokens, and
+    OpenAI's `prompt_tokens_details.cached_tokens`: the prompt tokens the prefix cache served (the fewest over the
+    choices, each of which ran the prompt in a row of its own)."""
     prompt, completion = events[0].prompt_tokens, sum(e.completion_tokens for e in events)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": min(e.cached_tokens for e in events)}}
 
 
 @dataclass
@@ -332,6 +439,7 @@ class Choice:
     text: list[str]
     entries: list[Entry]
     last: Event | None = None
+    calls: list[dict] = field(default_factory=list)  # the tool calls read from the reply (OpenAI's form); text: the rest
 
 
 @dataclass
@@ -394,14 +502,31 @@ class ChatShape(CompletionShape):
         return {"content": [dict(one(e.token, e.logprob), top_logprobs=[one(t, v) for t, v in e.top]) for e in entries],
                 "refusal": None}
 
-    def chunk(self, index: int, text: str, finish_reason: str | None, entries: list[Entry]) -> dict:
-        delta = {"content": text} if text else {}
+    def chunk(self, index: int, text: str, finish_reason: str | None, entries: list[Entry],
+              calls: list[dict] | None = None) -> dict:
+        """A delta of content, and of whole tool calls (each with its `index` among the choice's calls)."""
+        delta: dict[str, Any] = {"content": text} if text else {}
+        if calls:
+            delta["tool_calls"] = calls
         return {**self.head("chat.completion.chunk"), "choices": [{"index": index, "delta": delta,
                                                                     "logprobs": self.logprobs(entries),
                                                                     "finish_reason": finish_reason}]}
 
     def whole(self, choices: list[Choice]) -> dict:
         return {**self.head("chat.completion"),
-                "choices": [{"index": c.index, "message": {"role": "assistant", "content": "".join(c.text)},
-                             "logprobs": self.logprobs(c.entries), "finish_reason": c.last.finish_reason} for c in choices],
+                "choices": [{"index": c.index, "message": message(c), "logprobs": self.logprobs(c.entries),
+                             "finish_reason": finish_reason(c.last.finish_reason, bool(c.calls))} for c in choices],
                 "usage": usage([c.last for c in choices])}
+
+
+def message(choice: Choice) -> dict:
+    """A whole chat choice's message: its text as content; with tool calls, the text outside them (null when none)."""
+    text = "".join(choice.text)
+    if not choice.calls:
+        return {"role": "assistant", "content": text}
+    return {"role": "assistant", "content": text or None, "tool_calls": choice.calls}
+
+
+def finish_reason(reason: str, called: bool) -> str:
+    """"tool_calls" for a reply that ended by itself having called tools (one cut at max_tokens stays "length")."""
+    return "tool_calls" if called and reason == "stop" else reason

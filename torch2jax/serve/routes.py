@@ -14,7 +14,6 @@ import asyncio
 import json
 import logging
 import sys
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -38,19 +37,22 @@ from .protocol import (
     CompletionShape,
     GenerationRequest,
     TokenTexts,
+    finish_reason,
     json_object,
     usage,
     validate,
 )
 from .scheduler import Event, QueueFull, Request, Scheduler
 from .structured import Constraint, Grammars, StructuredOutputError
+from .tools import ToolCall, ToolParser, grammar, parser, resolve, template_messages
+from .warm_up import WarmingUp
 
 RETRY_AFTER_S = 1
 log = logging.getLogger("torch2jax.serve")
 
 
 @dataclass
-class Service:
+class Service(WarmingUp):
     """What the endpoints serve: one model's scheduler, tokenizer and chat template; with LoRA adapters, their names
     (clients choose one as the `model`) and directories, in the order of the engine's adapter ids."""
 
@@ -62,54 +64,11 @@ class Service:
     created: int = 0
     adapters: list[str] = field(default_factory=list)
     adapter_dirs: list[str] = field(default_factory=list)
-    # the warm-up still to run when the server starts (build_service(..., defer_warm_up=True)): called with a
-    # progress(done, total) callback; /health answers 503 with the progress until it has run
-    warm_up: Callable[[Callable[[int, int], None]], None] | None = None
-    compiled: int = 0
-    total: int = 0
-    warm_up_error: str | None = None
+    tool_parser: str = "auto"  # the format tool calls are read in (serve/tools.py): "auto" reads the chat template
     _grammars: Grammars | None = field(default=None, repr=False)
 
-    @property
-    def ready(self) -> bool:
-        """Whether the compiled steps are ready (the warm-up, if any, has run)."""
-        return self.warm_up is None
-
-    def start(self, on_ready: Callable[[], None] | None = None,
-              on_failure: Callable[[BaseException], None] | None = None) -> None:
-        """Start serving: the scheduler's loop at once, or, with a warm-up still to run, a thread that runs it and then
-        starts the loop (requests that arrive meanwhile wait in the queue); then `on_ready()`, or `on_failure(error)`
-        when the warm-up failed (the loop is not started: /health keeps answering 503 with the error)."""
-        if self.warm_up is None:
-            self.scheduler.start()
-            if on_ready is not None:
-                on_ready()
-            return
-
-        def run() -> None:
-            try:
-                self.warm_up(self._progress)
-            except BaseException as err:  # noqa: BLE001 - reported, and the server told to stop
-                log.exception("the warm-up failed")
-                self.warm_up_error = f"{type(err).__name__}: {err}"
-                if on_failure is not None:
-                    on_failure(err)
-                return
-            self.warm_up = None
-            self.scheduler.start()
-            if on_ready is not None:
-                on_ready()
-
-        threading.Thread(target=run, name="torch2jax-warm-up", daemon=True).start()
-
-    def warm_up_now(self) -> None:
-        """Run the pending warm-up on this thread (build_service without defer_warm_up)."""
-        if self.warm_up is not None:
-            self.warm_up(self._progress)
-            self.warm_up = None
-
-    def _progress(self, done: int, total: int) -> None:
-        self.compiled, self.total = done, total
+    def serve(self) -> None:
+        self.scheduler.start()
 
     def grammars(self) -> Grammars:
         """The grammar engine over this model's tokenizer (structured output), made on first use."""
@@ -117,6 +76,10 @@ class Service:
             spec = self.scheduler.engine.g.spec
             self._grammars = Grammars(self.tokenizer, spec.vocab_size, spec.eos_token_ids)
         return self._grammars
+
+    def tool_format(self) -> str:
+        """The format this model writes tool calls in: `tool_parser`, or detected from the chat template."""
+        return resolve(self.tool_parser, self.chat_template.source if self.chat_template is not None else None)
 
     @property
     def max_cache_len(self) -> int:
@@ -234,8 +197,10 @@ async def _complete(http: HttpRequest, endpoint: str, kind: type[GenerationReque
         for request in requests:
             request.cancel()
 
+    readers = _tool_readers(body, service) if chat else None
     if body.stream:
-        return EventStream(_sse(events, shape, len(requests), echo, service.tokenizer, body.include_usage), cancel)
+        return EventStream(_sse(events, shape, len(requests), echo, service.tokenizer, body.include_usage, readers),
+                           cancel)
     choices = [Choice(i, TokenTexts(service.tokenizer), [echo], []) for i in range(len(requests))]
     ended = 0
     try:
@@ -257,6 +222,12 @@ async def _complete(http: HttpRequest, endpoint: str, kind: type[GenerationReque
                 choice.last, ended = event, ended + 1
     finally:
         cancel()  # a no-op once they have ended; frees the rows when the client left (or a choice failed)
+    if readers is not None:
+        for choice in choices:
+            reader = readers()
+            pieces = reader.feed("".join(choice.text)) + reader.finish()
+            choice.text = [p for p in pieces if isinstance(p, str)]
+            choice.calls = [p.openai() for p in pieces if isinstance(p, ToolCall)]
     return JSONResponse(shape.whole(choices))
 
 
@@ -264,12 +235,20 @@ async def _constraints(service: Service, body: GenerationRequest) -> list[Constr
     """One grammar constraint per choice for a request with structured output (None without): built off the event loop
     (the first one reads the tokenizer, a schema may take a while to compile); a 400 naming `response_format` when the
     schema or the model's tokenizer cannot be used."""
-    if body.structured is None:
+    forced = body.forced_functions if isinstance(body, ChatCompletionRequest) else None
+    if forced is not None:  # tool_choice "required" or a named function: the reply is a call, in the model's format
+        # "required" may call several functions unless parallel_tool_calls is false; a named function is called once
+        lark = grammar(service.tool_format(), forced, body.tool_mode == "required" and body.parallel_tool_calls is not False)
+        names = ", ".join(f"'{f['name']}'" for f in forced)
+        build = lambda: service.grammars().lark_constraints(lark, body.choices, f"'tools' (the call of {names})")  # noqa: E731
+    elif body.structured is not None:
+        build = lambda: service.grammars().constraints(body.structured, body.choices)  # noqa: E731
+    else:
         return None
     try:
-        return await asyncio.to_thread(lambda: service.grammars().constraints(body.structured, body.choices))
+        return await asyncio.to_thread(build)
     except StructuredOutputError as err:
-        raise ApiError(400, str(err), "response_format") from None
+        raise ApiError(400, str(err), err.param) from None
 
 
 def _check_choices(n: int, service: Service) -> None:
@@ -292,14 +271,32 @@ def _completion_prompt(body: CompletionRequest, service: Service) -> list[int]:
 
 
 def _chat_prompt(body: ChatCompletionRequest, service: Service) -> list[int]:
-    if service.chat_template is None:
+    return service.tokenizer.encode(chat_text(body, service), add_special_tokens=False).ids
+
+
+def chat_text(body: ChatCompletionRequest, service: Service) -> str:
+    """The prompt text of a chat request: its messages (tool call arguments as objects) and tools, rendered with the
+    chat template as transformers' apply_chat_template renders them. Tools need a template that reads them."""
+    template = service.chat_template
+    if template is None:
         raise ApiError(400, f"'{service.model_name}' has no chat template (tokenizer_config.json has no chat_template; "
                             "start the server with --chat-template FILE), use /v1/completions", "messages")
+    if body.tools and not template.renders_tools:
+        raise ApiError(400, f"'tools' cannot be used with '{service.model_name}': its chat template does not render tools "
+                            "(it never reads `tools`), so the model would not see them; start the server with "
+                            "--chat-template FILE, a template that writes the tools into the prompt", "tools")
     try:
-        text = service.chat_template.render(body.messages, add_generation_prompt=True)
+        return template.render(template_messages(body.messages), add_generation_prompt=True, tools=body.tools)
     except InputSpecError as err:
         raise ApiError(400, str(err), "messages") from None
-    return service.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def _tool_readers(body: ChatCompletionRequest, service: Service) -> Callable[[], ToolParser] | None:
+    """A maker of one choice's tool call reader, for a request whose reply is read for calls (None otherwise)."""
+    if not body.reads_tool_calls:
+        return None
+    kind, names = service.tool_format(), body.function_names
+    return lambda: parser(kind, names)
 
 
 def _submit(service: Service, prompt: list[int], body: GenerationRequest, max_tokens: int, adapter: int = BASE,
@@ -334,12 +331,17 @@ def _error_response(err: ApiError, endpoint: str, service: Service) -> JSONRespo
 
 
 async def _sse(events: asyncio.Queue, shape: CompletionShape, n: int, echo: str, tokenizer: Any,
-               include_usage: bool) -> AsyncIterator[str]:
+               include_usage: bool, readers: Callable[[], ToolParser] | None = None) -> AsyncIterator[str]:
     """Each choice's opening chunks, then `data: {chunk}` per event (of whichever choice), then the usage chunk when
-    asked for, then `data: [DONE]`."""
+    asked for, then `data: [DONE]`. With tool call `readers`, each choice's text goes through its reader: content as it
+    is safe to send, each call whole in one delta once it closes."""
     for index in range(n):
         for chunk in shape.opening(index, echo):
             yield f"data: {json.dumps(chunk)}\n\n"
+    if readers is not None:
+        async for line in _sse_tools(events, shape, n, tokenizer, include_usage, [readers() for _ in range(n)]):
+            yield line
+        return
     texts = [TokenTexts(tokenizer) for _ in range(n)]
     last: list[Event] = []
     while len(last) < n:
@@ -350,6 +352,34 @@ async def _sse(events: asyncio.Queue, shape: CompletionShape, n: int, echo: str,
         entries = texts[index].entries(event.logprobs) if shape.top is not None else []
         if event.text or event.finish_reason or entries:
             yield f"data: {json.dumps(shape.chunk(index, event.text, event.finish_reason, entries))}\n\n"
+        if event.finish_reason:
+            last.append(event)
+    if include_usage and len(last) == n:
+        yield f"data: {json.dumps(dict(shape.chunk(0, '', None, []), choices=[], usage=usage(last)))}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+async def _sse_tools(events: asyncio.Queue, shape: ChatShape, n: int, tokenizer: Any, include_usage: bool,
+                     readers: list[ToolParser]) -> AsyncIterator[str]:
+    """_sse's events for a reply read for tool calls: a chunk per event with the content and calls its text completed
+    (an event whose text the reader holds back still carries its log-probabilities), finish_reason "tool_calls" when
+    the choice called any."""
+    texts = [TokenTexts(tokenizer) for _ in range(n)]
+    last: list[Event] = []
+    while len(last) < n:
+        index, event = await events.get()
+        if event.finish_reason == "error":
+            yield f"data: {json.dumps(ApiError(500, f'generation failed: {event.error}', kind='server_error').body())}\n\n"
+            break
+        reader = readers[index]
+        entries = texts[index].entries(event.logprobs) if shape.top is not None else []
+        pieces = reader.feed(event.text) + (reader.finish() if event.finish_reason else [])
+        text = "".join(p for p in pieces if isinstance(p, str))
+        first = reader.calls - sum(isinstance(p, ToolCall) for p in pieces)
+        calls = [p.openai(first + k) for k, p in enumerate(p for p in pieces if isinstance(p, ToolCall))]
+        reason = finish_reason(event.finish_reason, reader.calls > 0) if event.finish_reason else None
+        if text or calls or reason or entries:
+            yield f"data: {json.dumps(shape.chunk(index, text, reason, entries, calls))}\n\n"
         if event.finish_reason:
             last.append(event)
     if include_usage and len(last) == n:

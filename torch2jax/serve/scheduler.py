@@ -73,6 +73,7 @@ class Event:
     completion_tokens: int = 0
     error: str | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (serve/prefix_cache.py), on the last event
 
 
 @dataclass(eq=False)
@@ -93,6 +94,7 @@ class Request:
     cancelled: bool = False
     submitted: float = field(default_factory=time.perf_counter)
     last_token_at: float | None = None
+    cached_tokens: int = 0  # prompt tokens copied from the prefix cache instead of computed
 
     def cancel(self) -> None:
         """Give up on this request (its client left): its row is freed at the loop's next iteration."""
@@ -164,6 +166,11 @@ class Scheduler:
                  "rebases": self.engine.rebases}
         if self.engine.adapters is not None:  # how many models (adapters and the base) have shared one decode step
             stats["max_models_per_step"] = self.engine.most_models
+        prefix = self.engine.prefix
+        if prefix is not None:
+            stats["prefix_cache"] = {"blocks": prefix.blocks, "blocks_used": len(prefix.table),
+                                     "block_size": prefix.block_size, "queried_tokens": prefix.stats.queried,
+                                     "hit_tokens": prefix.stats.hits}
         return stats
 
     # -- the loop -------------------------------------------------------------------------------
@@ -230,8 +237,12 @@ class Scheduler:
         self.group_members = members
         self.group = self.engine.start_group(rows, [r.prompt for r in members], [r.max_tokens for r in members],
                                              [r.adapter for r in members])
+        for request, cached in zip(members, self.group.cached):
+            request.cached_tokens = cached
         if self.metrics is not None:
             self.metrics.observe_admitted(sum(len(r.prompt) for r in members))
+            if self.engine.prefix is not None:
+                self.metrics.observe_prefix(sum(len(r.prompt) for r in members), sum(self.group.cached))
 
     def _prefill(self) -> None:
         group, members = self.group, self.group_members
@@ -301,7 +312,7 @@ class Scheduler:
             self._deliver(request, Event([token], text, logprobs=found))
             return False
         self._deliver(request, Event([token], text, reason, len(request.prompt), len(request.tokens), error=error,
-                                     logprobs=found))
+                                     logprobs=found, cached_tokens=request.cached_tokens))
         if running:
             self._release(row)
         else:

@@ -23,8 +23,12 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 
 
 class StructuredOutputError(InputSpecError):
-    """A `response_format` this server cannot honour: a bad schema, or a model whose tokenizer the grammar engine cannot
-    read."""
+    """A `response_format` (or a forced tool call's `tools`) this server cannot honour: a bad schema, or a model whose
+    tokenizer the grammar engine cannot read. `param`: the request field to name in the refusal."""
+
+    def __init__(self, message: str, param: str = "response_format"):
+        super().__init__(message)
+        self.param = param
 
 
 class Constraint:
@@ -98,11 +102,29 @@ class Grammars:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(self.schema_of(response_format), defaults=JSON_OPTIONS)
         except (ValueError, TypeError) as err:
             raise StructuredOutputError(f"'response_format': the schema is not valid JSON ({err})") from None
+        return self._matchers(tokenizer, grammar, n, "'response_format': the JSON schema", "response_format")
+
+    def lark_constraints(self, lark: str, n: int = 1, what: str = "'tools'", param: str = "tools") -> list[Constraint]:
+        """`n` fresh constraints for a Lark grammar in llguidance's dialect (a forced tool call: serve/tools.py writes
+        it, with `%json` schemas inside); StructuredOutputError naming `what` (and the field `param`) when the grammar
+        or a schema in it cannot be used."""
+        import llguidance
+
+        try:
+            tokenizer = self.tokenizer()
+        except StructuredOutputError as err:
+            raise StructuredOutputError(f"{what}: {err}", param) from None
+        return self._matchers(tokenizer, llguidance.LLMatcher.grammar_from_lark(lark), n, what, param)
+
+    @staticmethod
+    def _matchers(tokenizer: Any, grammar: str, n: int, what: str, param: str) -> list[Constraint]:
+        import llguidance
+
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
         if failed:
-            raise StructuredOutputError(f"'response_format': the JSON schema cannot be used: {messages[0]}")
+            raise StructuredOutputError(f"{what} cannot be used: {messages[0]}", param)
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise StructuredOutputError(f"'response_format': the JSON schema cannot be used: {matcher.get_error()}")
+            raise StructuredOutputError(f"{what} cannot be used: {matcher.get_error()}", param)
         first = Constraint(matcher)
         return [first] + [first.copy() for _ in range(n - 1)]
