@@ -70,14 +70,29 @@ async def one(client, url: str, model: str, prompt: str, max_tokens: int, stats:
                 stamps.append(time.perf_counter())
     stats["ttft"].append(stamps[0] - start)
     stats["itl"] += [b - a for a, b in zip(stamps, stamps[1:])]
+    stats["itl_spread"] += spread_gaps(stamps)
     stats["tokens"] += len(stamps)
+
+
+def spread_gaps(stamps: list[float], together: float = 1e-3) -> list[float]:
+    """Per-token gaps where tokens arriving within `together` s of each other (a decode block's, sent at once) form one
+    burst whose gap from the previous burst is shared by its tokens: what a reader waits per token, which raw gaps
+    (near 0 inside a burst, a whole block between bursts) do not show."""
+    bursts = []  # (arrival of the burst's first token, tokens in it)
+    for stamp in stamps:
+        if bursts and stamp - bursts[-1][2] < together:
+            bursts[-1][1] += 1
+            bursts[-1][2] = stamp
+        else:
+            bursts.append([stamp, 1, stamp])
+    return [(b[0] - a[0]) / b[1] for a, b in zip(bursts, bursts[1:]) for _ in range(b[1])]
 
 
 async def load(url: str, model: str, work: list[tuple[str, int]], concurrency: int, extra: dict) -> dict:
     """Run the load with `concurrency` clients, each taking the next request when its last one ended."""
     import httpx
 
-    queue, stats = deque(work), {"ttft": [], "itl": [], "tokens": 0}
+    queue, stats = deque(work), {"ttft": [], "itl": [], "itl_spread": [], "tokens": 0}
 
     async def client_loop(client) -> None:
         while queue:
@@ -95,13 +110,16 @@ def summary(rounds: list[dict]) -> dict:
     """Throughput over the timed rounds together; latency percentiles over every request and gap of them."""
     ttft = [t for r in rounds for t in r["ttft"]]
     itl = [t for r in rounds for t in r["itl"]]
+    spread = [t for r in rounds for t in r["itl_spread"]]
     tokens, wall = sum(r["tokens"] for r in rounds), sum(r["wall"] for r in rounds)
 
     def pct(values: list[float], q: float) -> float:
         return 1e3 * float(np.percentile(values, q))
 
     return {"tok_s": tokens / wall, "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99), "itl_p50": pct(itl, 50),
-            "itl_p99": pct(itl, 99), "wall": wall, "tokens": tokens, "rounds": [round(r["tokens"] / r["wall"], 1) for r in rounds]}
+            "itl_p99": pct(itl, 99),
+            "itl_spread_p50": pct(spread, 50), "itl_spread_p99": pct(spread, 99), "wall": wall, "tokens": tokens,
+            "rounds": [round(r["tokens"] / r["wall"], 1) for r in rounds]}
 
 
 # -- the servers ----------------------------------------------------------------------------------

@@ -64,6 +64,7 @@ from ..errors import InputSpecError
 from ..generate import sampling
 from ..generate.generator import Generator, causal_lm_step
 from ..generate.loop import DECODE_LOOP_OPTIONS, MIN_BUCKET, attended_span, bucket, decode_block
+from ..runtime.collector import return_freed_memory
 from .prefix_cache import BLOCK_SIZE, PrefixCache
 
 SEED_LIMIT = 2**31  # seeds are taken modulo this (jax.random.key of a non-negative int32)
@@ -492,6 +493,7 @@ class BatchEngine:
         with ThreadPoolExecutor(workers or min(4, os.cpu_count() or 1)) as pool:
             for done, future in enumerate(as_completed([pool.submit(call) for call in calls]), 1):
                 future.result()
+                return_freed_memory()  # each compilation's freed scratch, else kept by the C heap (runtime/collector.py)
                 if progress is not None:
                     progress(done, len(calls))
         return len(calls)
