@@ -34,7 +34,11 @@ CACHE = 2048
 PREFIX_BEGIN, PREFIX_END = "<!-- serve-prefix:begin -->", "<!-- serve-prefix:end -->"
 MIXED_BEGIN, MIXED_END = "<!-- serve-mixed:begin -->", "<!-- serve-mixed:end -->"
 CACHED, UNCACHED = "torch2jax serve (prefix caching)", "torch2jax serve --no-prefix-caching"
-BUDGET, UNBUDGETED = "torch2jax serve (prefill budget 256 tokens per step)", "torch2jax serve --max-prefill-tokens 2048"
+DEFAULT_BUDGET = 256  # --max-prefill-tokens' default: --chunk
+
+
+def budget_name(budget: int) -> str:
+    return f"torch2jax serve --max-prefill-tokens {budget}" + (" (the default)" if budget == DEFAULT_BUDGET else "")
 CHAT_CLIENTS, DOCUMENT_CLIENTS = 6, 2
 
 
@@ -85,6 +89,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--prefix", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--budgets", type=lambda text: [int(b) for b in text.split(",")], default=[DEFAULT_BUDGET, 2048, 64],
+                        help="the mixed load's servers: one per --max-prefill-tokens value (comma-separated)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--no-write", action="store_true")
@@ -102,7 +108,8 @@ def main() -> None:
                     c.server.stop()
             sections.append((prefix_report(contenders, args, convert_s), PREFIX_BEGIN, PREFIX_END))
         if args.workload in ("mixed", "all"):
-            contenders = serve(artifact, root, args.requests, [(BUDGET, []), (UNBUDGETED, ["--max-prefill-tokens", "2048"])])
+            contenders = serve(artifact, root, args.requests,
+                               [(budget_name(b), ["--max-prefill-tokens", str(b)]) for b in args.budgets])
             try:
                 measure(contenders, mixed_workload(args.requests, args.seed), args.concurrency, args.rounds, run=mixed_load)
             finally:
@@ -145,7 +152,7 @@ Written by `make bench-serve` (`python -m benchmarks.serve_workloads`).
 
 
 def mixed_report(contenders: list[Contender], args, convert_s: float) -> str:
-    lines, footnotes = table(contenders, UNBUDGETED, [
+    lines, footnotes = table(contenders, "", [
         ("output tok/s", lambda r, b: f"{r['tok_s']:.1f}"),
         ("ITL p50 (ms)", lambda r, b: f"{r['itl_spread_p50']:.1f}"),
         ("ITL p99 (ms)", lambda r, b: f"{r['itl_spread_p99']:.1f}"),
@@ -163,9 +170,10 @@ requests in all, three chats for each document (seed {args.seed}), greedy, `igno
 the wait per token between consecutive streamed tokens of one request, over all requests, where tokens that arrive
 together (a decode block of up to 16, sent at once) share the gap before them (`benchmarks/serve.py` spread_gaps; the
 raw gaps are near 0 inside a block); "raw gap p99" is the largest such wait unshared. The model and artifact are the shared
-prefix section's. One server prefills at most 256 prompt tokens per step (the default: a group's rows share the
-budget), the other 2048 (each row of a group takes a whole 256-token chunk per step, as before the budget existed). Each
-gets the load once untimed, then {args.rounds} timed rounds, taking turns. {CPU_NOTE.format(load=os.getloadavg()[1])}
+prefix section's. The servers differ in `--max-prefill-tokens`, the prompt tokens prefilled per step over a group's rows
+({", ".join(map(str, args.budgets))}; each row's chunk is 256 tokens, halved until the group fits, 16 at least: 2048
+is the behaviour before the budget existed, 256 the default). Each gets the load once untimed, then {args.rounds} timed
+rounds, taking turns. {CPU_NOTE.format(load=os.getloadavg()[1])}
 Written by `make bench-serve` (`python -m benchmarks.serve_workloads`).
 
 {chr(10).join(lines)}

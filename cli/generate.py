@@ -38,12 +38,17 @@ from .common import handles_errors, needs_extra
               "(> 1 favors longer ones, < 1 shorter).")
 @click.option("--num-return-sequences", type=int, help="Beam search: print each prompt's best this many sequences "
               "(at most --num-beams).")
+@click.option("--prompt-lookup-num-tokens", type=int, help="Prompt-lookup decoding (causal LMs, greedy, one prompt): "
+              "draft up to this many tokens by copying what followed an earlier occurrence of the last tokens, and verify "
+              "them in one step; the output is plain greedy decoding's, sooner when the reply repeats the prompt.")
+@click.option("--max-matching-ngram-size", type=int, help="Prompt lookup: the longest n-gram matched (default 2).")
 @click.option("--seed", default=0, show_default=True, help="PRNG seed for sampling.")
 @click.option("--from-graph", is_flag=True, help="Rebuild the functions from their graphs instead of the StableHLO.")
 @handles_errors
 def generate(artifact_dir, prompts, id_lists, images, max_new_tokens, temperature, top_k, top_p, min_p, typical_p, greedy,
              repetition_penalty, no_repeat_ngram_size, min_new_tokens, min_length, suppress_tokens, begin_suppress_tokens,
-             bad_words, num_beams, length_penalty, num_return_sequences, seed, from_graph):
+             bad_words, num_beams, length_penalty, num_return_sequences, prompt_lookup_num_tokens, max_matching_ngram_size, seed,
+             from_graph):
     """Generate text (or token ids) with a text-generation or text2text-generation artifact; needs no torch.
 
     A causal LM continues each prompt (printed with it); an encoder-decoder reads each prompt as its source
@@ -112,7 +117,8 @@ def generate(artifact_dir, prompts, id_lists, images, max_new_tokens, temperatur
              "begin_suppress_tokens": None if begin_suppress_tokens is None else
              token_ids("--begin-suppress-tokens", begin_suppress_tokens),
              "bad_words_ids": [token_ids("--bad-words-ids", word) for word in bad_words] or None,
-             "num_beams": num_beams, "length_penalty": length_penalty, "num_return_sequences": num_return_sequences}
+             "num_beams": num_beams, "length_penalty": length_penalty, "num_return_sequences": num_return_sequences,
+             "prompt_lookup_num_tokens": prompt_lookup_num_tokens, "max_matching_ngram_size": max_matching_ngram_size}
     samples = any(given[k] is not None for k in ("temperature", "top_k", "top_p", "min_p", "typical_p"))
     if greedy and samples:
         raise InputSpecError("--greedy takes no sampling option (--temperature, --top-k, --top-p, --min-p, --typical-p)")

@@ -143,3 +143,21 @@ def test_ngram_search_equals_the_python_reference_on_random_histories(num_tokens
         want = reference_draft(tokens, num_tokens, max_ngram)
         assert int(count) == len(want), (trial, tokens, num_tokens, max_ngram)
         assert np.asarray(draft)[: len(want)].tolist() == want, (trial, tokens, num_tokens, max_ngram)
+
+
+def test_the_generate_command_takes_prompt_lookup_and_prints_plain_greedy_output(generators, tmp_path):
+    """`torch2jax generate --prompt-lookup-num-tokens` (and `complete`, which it calls) print what plain greedy decoding
+    prints, from the saved artifact (its prefill and decode run from StableHLO, the verify step from its graph); a
+    sampling request's refusal names the setting."""
+    from click.testing import CliRunner
+    from torch2jax.cli.main import main
+
+    artifact = torch2jax.save(generators["llama"], tmp_path / "llm")
+    ids = ",".join(map(str, repeating_prompt(3)[0]))
+    runs = [CliRunner().invoke(main, ["generate", str(artifact), "--ids", ids, "--max-new-tokens", "20", *flags])
+            for flags in ([], ["--prompt-lookup-num-tokens", "4", "--max-matching-ngram-size", "3"])]
+    assert [r.exit_code for r in runs] == [0, 0], [r.output for r in runs]
+    assert runs[0].stdout.splitlines()[0] == runs[1].stdout.splitlines()[0]
+    sampled = CliRunner().invoke(main, ["generate", str(artifact), "--ids", ids, "--temperature", "0.7",
+                                        "--prompt-lookup-num-tokens", "4"])
+    assert sampled.exit_code != 0 and "prompt_lookup_num_tokens" in sampled.output

@@ -114,6 +114,7 @@ class Generator(TokenLoop):
 
     TASK = "text-generation"
     ENTRY_POINTS = ("prefill", "decode")
+    OWN_SETTINGS = ("prompt_lookup_num_tokens", "max_matching_ngram_size")  # prompt-lookup decoding (prompt_lookup.py)
 
     def __init__(self, prefill: Model, decode: Model, spec: GenerationSpec, manifest: dict | None = None,
                  tokenizer_files: dict[str, Path] | None = None, sharding: ShardingPlan | None = None):

@@ -72,6 +72,7 @@ class TokenLoop:
     spec: Any
     sharding: Any = None
     REPR_LIMITS: tuple[str, ...] = ("max_cache_len", "max_batch")  # the spec's limits __repr__ shows
+    OWN_SETTINGS: tuple[str, ...] = ()  # generate's settings of this kind of generator only, which `complete` passes on
     tokenizer_files: dict[str, Path]
     _id_dtype: Any  # token ids' dtype (int64, or int32 without x64), set by the subclass
 
@@ -129,7 +130,8 @@ class TokenLoop:
         one prompt) the reply alone. `settings`: generate's generation settings (do_sample, temperature, top_k, top_p,
         min_p, typical_p, repetition_penalty, no_repeat_ngram_size, min_length, min_new_tokens, suppress_tokens,
         begin_suppress_tokens, bad_words_ids; num_beams, length_penalty, early_stopping, num_return_sequences for beam
-        search), the artifact's defaults where not given."""
+        search; a causal LM's prompt_lookup_num_tokens and max_matching_ngram_size), the artifact's defaults where not
+        given."""
         return [c.text for c in self.complete(prompts, images=images, max_new_tokens=max_new_tokens, rng=rng, **settings)]
 
     def complete(self, prompts: Sequence[str] | Sequence[Sequence[int]], *, images: Sequence[Any] = (),
@@ -137,7 +139,7 @@ class TokenLoop:
         """`generate_text` for texts or token id lists (`torch2jax generate --ids`), one Completion per prompt (with
         num_return_sequences, that many per prompt, in turn): its ids (and text, for a text prompt) as printed, and how
         many tokens it generated."""
-        known = processors.SETTING_NAMES + beam.BEAM_NAMES
+        known = processors.SETTING_NAMES + beam.BEAM_NAMES + self.OWN_SETTINGS
         unknown = set(settings) - set(known)
         if unknown:
             raise InputSpecError(f"unknown generation settings {sorted(unknown)}; known: {', '.join(known)}")
