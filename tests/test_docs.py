@@ -17,6 +17,9 @@ def python_blocks(markdown: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", markdown, flags=re.S)
 
 
+# the fine-tuning page trains, saves and reloads for ~45 s: with the slow tests (make test-slow); tests/finetune checks each
+# of its calls on its own in the default run
+@pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES)
 def test_page_code_runs(page, tmp_path):
     blocks = python_blocks((ROOT / page).read_text())

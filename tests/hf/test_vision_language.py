@@ -503,6 +503,7 @@ def test_internvl_greedy_prompt_and_tiles_equal_transformers(tmp_path):
     assert shown.stdout.strip() == parts.tokenizer.decode(want[0, ids.shape[1]:], skip_special_tokens=True)
 
 
+@pytest.mark.slow  # ~40 s end to end; the anyres grid and packing are checked against transformers below, by default
 def test_llava_next_packing_prompt_and_greedy_equal_transformers(tmp_path):
     """LLaVA-NeXT ("anyres"): an image is its whole view and a grid of tiles, packed per image (the grid's map
     unpadded, a newline per row) by a torch-free row index. Packed features equal transformers' get_image_features for
