@@ -442,13 +442,11 @@ async def models(http: HttpRequest) -> Response:
 async def health(http: HttpRequest) -> Response:
     """200 once the shapes are compiled (503 while they compile, or when that failed)."""
     service: EmbeddingService = http.app.state.service
-    progress = {"compiled": service.compiled, "total": service.total}
-    if not service.ready:
-        status = "warming up" if service.warm_up_error is None else "warm-up failed"
-        extra = {} if service.warm_up_error is None else {"error": service.warm_up_error}
-        return JSONResponse({"status": status, "model": service.model_name, **progress, **extra}, status_code=503)
+    warming = service.warming(service.model_name)
+    if warming is not None:
+        return JSONResponse(warming, status_code=503)
     encoder = service.encoder
-    return JSONResponse({"status": "ok", "model": service.model_name, "kind": "embedding", **progress,
+    return JSONResponse({"status": "ok", "model": service.model_name, "kind": "embedding", **service.progress(),
                          "shapes_compiled": len(encoder.compiled), "rows": encoder.rows, "max_input_tokens": encoder.limit,
                          "pooling": list(encoder.pooling.modes), "normalize": encoder.pooling.normalize,
                          "torch_imported": "torch" in sys.modules})

@@ -123,12 +123,10 @@ async def health(http: HttpRequest) -> Response:
     """200 and the batch's counters once the compiled steps are ready; 503 while they compile ("warming up", with how
     many of the warm-up's calls are done) or when the warm-up failed."""
     service: Service = http.app.state.service
-    progress = {"compiled": service.compiled, "total": service.total}
-    if not service.ready:
-        status = "warming up" if service.warm_up_error is None else "warm-up failed"
-        extra = {} if service.warm_up_error is None else {"error": service.warm_up_error}
-        return JSONResponse({"status": status, "model": service.model_name, **progress, **extra}, status_code=503)
-    return JSONResponse({"status": "ok", "model": service.model_name, **progress, **service.scheduler.stats(),
+    warming = service.warming(service.model_name)
+    if warming is not None:
+        return JSONResponse(warming, status_code=503)
+    return JSONResponse({"status": "ok", "model": service.model_name, **service.progress(), **service.scheduler.stats(),
                          "torch_imported": "torch" in sys.modules})
 
 
@@ -334,15 +332,12 @@ async def _sse(events: asyncio.Queue, shape: CompletionShape, n: int, echo: str,
                include_usage: bool, readers: Callable[[], ToolParser] | None = None) -> AsyncIterator[str]:
     """Each choice's opening chunks, then `data: {chunk}` per event (of whichever choice), then the usage chunk when
     asked for, then `data: [DONE]`. With tool call `readers`, each choice's text goes through its reader: content as it
-    is safe to send, each call whole in one delta once it closes."""
+    is safe to send, each call whole in one delta once it closes, finish_reason "tool_calls" when the choice called any."""
     for index in range(n):
         for chunk in shape.opening(index, echo):
             yield f"data: {json.dumps(chunk)}\n\n"
-    if readers is not None:
-        async for line in _sse_tools(events, shape, n, tokenizer, include_usage, [readers() for _ in range(n)]):
-            yield line
-        return
     texts = [TokenTexts(tokenizer) for _ in range(n)]
+    reading = [readers() for _ in range(n)] if readers is not None else None
     last: list[Event] = []
     while len(last) < n:
         index, event = await events.get()
@@ -350,8 +345,9 @@ async def _sse(events: asyncio.Queue, shape: CompletionShape, n: int, echo: str,
             yield f"data: {json.dumps(ApiError(500, f'generation failed: {event.error}', kind='server_error').body())}\n\n"
             break
         entries = texts[index].entries(event.logprobs) if shape.top is not None else []
-        if event.text or event.finish_reason or entries:
-            yield f"data: {json.dumps(shape.chunk(index, event.text, event.finish_reason, entries))}\n\n"
+        text, reason, calls = (event.text, event.finish_reason, None) if reading is None else _read_calls(reading[index], event)
+        if text or calls or reason or entries:  # an event whose text a reader holds back still carries its log-probabilities
+            yield f"data: {json.dumps(shape.chunk(index, text, reason, entries, *([] if calls is None else [calls])))}\n\n"
         if event.finish_reason:
             last.append(event)
     if include_usage and len(last) == n:
@@ -359,29 +355,11 @@ async def _sse(events: asyncio.Queue, shape: CompletionShape, n: int, echo: str,
     yield "data: [DONE]\n\n"
 
 
-async def _sse_tools(events: asyncio.Queue, shape: ChatShape, n: int, tokenizer: Any, include_usage: bool,
-                     readers: list[ToolParser]) -> AsyncIterator[str]:
-    """_sse's events for a reply read for tool calls: a chunk per event with the content and calls its text completed
-    (an event whose text the reader holds back still carries its log-probabilities), finish_reason "tool_calls" when
-    the choice called any."""
-    texts = [TokenTexts(tokenizer) for _ in range(n)]
-    last: list[Event] = []
-    while len(last) < n:
-        index, event = await events.get()
-        if event.finish_reason == "error":
-            yield f"data: {json.dumps(ApiError(500, f'generation failed: {event.error}', kind='server_error').body())}\n\n"
-            break
-        reader = readers[index]
-        entries = texts[index].entries(event.logprobs) if shape.top is not None else []
-        pieces = reader.feed(event.text) + (reader.finish() if event.finish_reason else [])
-        text = "".join(p for p in pieces if isinstance(p, str))
-        first = reader.calls - sum(isinstance(p, ToolCall) for p in pieces)
-        calls = [p.openai(first + k) for k, p in enumerate(p for p in pieces if isinstance(p, ToolCall))]
-        reason = finish_reason(event.finish_reason, reader.calls > 0) if event.finish_reason else None
-        if text or calls or reason or entries:
-            yield f"data: {json.dumps(shape.chunk(index, text, reason, entries, calls))}\n\n"
-        if event.finish_reason:
-            last.append(event)
-    if include_usage and len(last) == n:
-        yield f"data: {json.dumps(dict(shape.chunk(0, '', None, []), choices=[], usage=usage(last)))}\n\n"
-    yield "data: [DONE]\n\n"
+def _read_calls(reader: ToolParser, event: Event) -> tuple[str, str | None, list[dict]]:
+    """(the content, the finish reason, the whole tool calls) that one event's text completes through a choice's
+    tool call reader."""
+    pieces = reader.feed(event.text) + (reader.finish() if event.finish_reason else [])
+    text = "".join(p for p in pieces if isinstance(p, str))
+    first = reader.calls - sum(isinstance(p, ToolCall) for p in pieces)
+    calls = [p.openai(first + k) for k, p in enumerate(p for p in pieces if isinstance(p, ToolCall))]
+    return text, finish_reason(event.finish_reason, reader.calls > 0) if event.finish_reason else None, calls

@@ -26,6 +26,18 @@ class WarmingUp:
         """Whether the compiled steps are ready (the warm-up, if any, has run)."""
         return self.warm_up is None
 
+    def progress(self) -> dict:
+        """What /health says of the warm-up: its calls done and in all."""
+        return {"compiled": self.compiled, "total": self.total}
+
+    def warming(self, model_name: str) -> dict | None:
+        """/health's 503 body while the warm-up runs or after it failed (with the error); None once ready."""
+        if self.ready:
+            return None
+        failed = {} if self.warm_up_error is None else {"error": self.warm_up_error}
+        status = "warming up" if self.warm_up_error is None else "warm-up failed"
+        return {"status": status, "model": model_name, **self.progress(), **failed}
+
     def serve(self) -> None:
         """Start serving (the scheduler's loop, for a service that has one)."""
 
