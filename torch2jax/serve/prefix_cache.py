@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..ir import dtypes
+
 BLOCK_SIZE = 16  # tokens per block, as vLLM's default
 
 
@@ -44,7 +46,7 @@ class PrefixCache:
         self.block_size, self.blocks, self.max_len = block_size, blocks, spec.max_cache_len
         types = spec.tensor_dtypes()
         # each cache tensor [batch, heads, slots, dim] -> a pool [heads, blocks * block_size, dim]
-        self.pool = [jnp.zeros((shape[0], blocks * block_size, *shape[2:]), jnp.dtype(dtype))
+        self.pool = [jnp.zeros((shape[0], blocks * block_size, *shape[2:]), dtypes.jax_dtype(dtype))
                      for shape, dtype in zip(spec.cache_shapes, types)]
         self.table: OrderedDict[bytes, int] = OrderedDict()  # name -> pool block, least recently used first
         self.free = list(range(blocks - 1, -1, -1))
@@ -55,8 +57,7 @@ class PrefixCache:
     @staticmethod
     def supports(generator) -> bool:
         """Whether an artifact's cache can be cached by prefix: attention caches only ([batch, heads, slots, dim])."""
-        kinds = getattr(generator.spec, "cache_kinds", ()) or ()
-        return "state" not in kinds and all(len(shape) == 3 for shape in generator.spec.cache_shapes)
+        return "state" not in generator.spec.cache_kinds and all(len(shape) == 3 for shape in generator.spec.cache_shapes)
 
     def names(self, prompt: list[int], adapter: int, limit: int) -> list[bytes]:
         """The names of the prompt's full blocks among its first `limit` tokens."""
