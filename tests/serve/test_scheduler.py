@@ -72,14 +72,14 @@ def test_each_request_gets_what_it_gets_alone(name, engines):
     """8 requests (prompts 1-39 tokens, chunked by 16; replies up to the whole cache) arriving two per step
     into 4 rows: greedy ones equal generate's tokens, sampled ones (llama) equal generate's draws with the same key.
     Steps run one decode step while requests wait, then blocks of up to 16 once none does (ending when a row
-    reaches its length). The pointer wraps (rebases), and never more than 4 rows are held."""
+    reaches its length). Every row holds its own tokens from slot 0, and never more than 4 rows are held."""
     scheduler = Scheduler(engines(name), max_queue=16)
     g = scheduler.engine.g
     batch = requests(8, seed=1, sampled=name == "llama")
     run(scheduler, {i: batch[2 * i: 2 * i + 2] for i in range(4)})
     for r in batch:
         assert r.tokens == alone(g, r), (len(r.prompt), r.max_tokens, r.sampling)
-    assert scheduler.max_rows_held == ROWS and scheduler.engine.rebases > 0 and scheduler.engine.pointer == 0
+    assert scheduler.max_rows_held == ROWS and not scheduler.engine.lengths.any()
     assert scheduler.engine.decode_steps > scheduler.steps, scheduler.stats()  # blocks ran
     assert not scheduler.engine.running.any() and scheduler.rows_held == 0
 
@@ -96,7 +96,7 @@ class AnyToken:
 
 def test_after_compile_steps_a_mixed_load_compiles_nothing(engines, tmp_path):
     """The server's warm-up: after compile_steps, requests of every group size, prompts of one to three chunks, greedy,
-    sampled, with log-probabilities and penalties and with an allowed-token mask, with rebases, run without a
+    sampled, with log-probabilities and penalties and with an allowed-token mask, run without a
     compilation. The artifact is saved and loaded, as `serve` does (params on the device), and the engine is new, so
     nothing a test before compiled counts."""
     g = torch2jax.load(torch2jax.save(engines("llama").g, tmp_path / "llm"))
@@ -104,8 +104,8 @@ def test_after_compile_steps_a_mixed_load_compiles_nothing(engines, tmp_path):
     assert engine.step_shapes() == {"groups": [1, 2, 4], "chunks": {k: [(16, 16), (16, 64)] for k in (1, 2, 4)},
                                     "spans": [64]}
     # decode: greedy or sampled, with extras or not, and with an allowed-token mask (structured output); count_from
-    assert engine.compile_steps(workers=2) == 3 + 3 + 4 + 2 + 1 + 1
-    steps = [g._prefill, engine._pick_jit, engine._join, engine._decode, engine._roll, engine._count_from]
+    assert engine.compile_steps(workers=2) == 3 + 3 + 4 + 2 + 1
+    steps = [g._prefill, engine._pick_jit, engine._join, engine._decode, engine._count_from]
     compiled = [f._cache_size() for f in steps]
     rng = np.random.default_rng(3)
     kinds = [lambda i: Sampling(0.8, seed=i), lambda i: Sampling(), lambda i: Sampling(logprobs=2, frequency_penalty=0.5),
@@ -115,7 +115,7 @@ def test_after_compile_steps_a_mixed_load_compiles_nothing(engines, tmp_path):
     load[3].constraint = load[12].constraint = AnyToken()  # masked first-token picks and decode steps
     scheduler = Scheduler(engine)
     run(scheduler, {0: load[:4], 1: load[4:5], 6: load[5:7], 9: load[7:11], 20: load[11:]})
-    assert engine.rebases > 0 and scheduler.max_rows_held == ROWS
+    assert scheduler.max_rows_held == ROWS
     assert [f._cache_size() for f in steps] == compiled
 
 
@@ -237,3 +237,81 @@ def test_a_prefill_budget_narrows_the_chunks_of_big_groups(engines):
     assert any(rows == 4 for rows, _ in shapes), shapes
     with pytest.raises(InputSpecError, match="prefill budget"):
         BatchEngine(g, ROWS, prefill_tokens=8)
+
+
+def test_each_row_holds_its_own_tokens_from_slot_0(engines):
+    """A short request joining a running long one is written at its own slots: its row of the batch cache holds, at
+    slots 0 .. n - 1, what a prefill of its tokens alone writes there (nothing rolled, nothing shifted by the long
+    row), and a row that ends holds nothing."""
+    engine = engines("llama")
+    scheduler = Scheduler(engine, max_queue=4)
+    g = engine.g
+    long = Request(list(range(3, 40)), 20, lambda e: None, end_tokens=())
+    short = Request([5, 6, 7, 8, 9], 12, lambda e: None, end_tokens=())
+    engine.decode_block = 1
+    try:
+        scheduler.submit(long)
+        for _ in range(4):
+            scheduler.step()
+        scheduler.submit(short)
+        while len(short.tokens) < 3:
+            scheduler.step()
+        row, other = scheduler.slots.index(short), scheduler.slots.index(long)
+        held = len(short.prompt) + len(short.tokens) - 1  # the last token is the next step's input
+        assert engine.lengths[row] == held and engine.lengths[other] == len(long.prompt) + len(long.tokens) - 1
+        tokens = np.array([short.prompt + short.tokens[:-1]])
+        slots = np.arange(held)
+        _, own = g.prefill(g.new_cache(1), tokens, slots[None], slots, np.ones((1, held), bool))
+        for batch_tensor, alone_tensor in zip(engine.cache, own):
+            np.testing.assert_allclose(np.asarray(batch_tensor[row, :, :held]), np.asarray(alone_tensor[0, :, :held]),
+                                       rtol=1e-5, atol=1e-5)
+        run(scheduler, {})
+    finally:
+        engine.decode_block = 16
+    assert short.tokens == alone(g, short) and long.tokens == alone(g, long)
+    assert not engine.lengths.any() and not engine.running.any()
+
+
+def test_an_artifact_whose_rows_share_their_slots_generates_but_is_not_served(tmp_path, monkeypatch):
+    """A step traced as older torch2jax traced it (one `write_at` [T] for every row) still generates what transformers
+    does, and the server's engine refuses it, saying to convert it again."""
+    from functools import partial
+
+    import torch
+
+    from torch2jax.hf.steps import causal_lm
+
+    from ..generate.lms import hf_greedy, load_lm
+
+    monkeypatch.setattr(causal_lm, "example_step_inputs", partial(causal_lm.example_step_inputs, rows_apart=False))
+    monkeypatch.setattr(causal_lm, "step_dynamic_shapes", partial(causal_lm.step_dynamic_shapes, rows_apart=False))
+    path = write_lm("llama", tmp_path)
+    g = torch2jax.convert_hf(f"hf:{path}", max_cache_len=CACHE, max_batch=2)
+    assert len(g.prefill_model.graph.user_inputs[2].meta.shape) == 1  # [tokens]: one write_at for every row
+    ids = np.array([[5, 6, 7, 8], [0, 9, 10, 11]])
+    mask = np.array([[1, 1, 1, 1], [0, 1, 1, 1]], bool)
+    want = hf_greedy(load_lm(path), torch.from_numpy(ids), 6, torch.from_numpy(mask).long())
+    np.testing.assert_array_equal(g.generate(ids, attention_mask=mask, max_new_tokens=6, eos_token_id=[]), want)
+    with pytest.raises(InputSpecError, match="converted by an older torch2jax.*Convert it again"):
+        BatchEngine(g, 2)
+
+
+def test_a_chunk_writes_real_tokens_at_their_positions_and_pads_past_them():
+    """Columns of a left-padded group (lengths 8, 3 and a pad row): each real token goes to its position, each pad
+    column to a slot of its own past the row's real tokens and within the chunk's span, and a row attends to its real
+    tokens only (a pad column's own slot comes from the step's own-slot rule)."""
+    from torch2jax.serve.engine import chunk_slots
+
+    mask = np.zeros((3, 8), bool)
+    mask[0], mask[1, 5:] = True, True
+    for lo, hi in ((0, 4), (4, 8)):
+        positions, write_at, valid = chunk_slots(mask, lo, hi, hi)
+        for row in range(3):
+            real = mask[row, lo:hi]
+            first = 8 - int(mask[row].sum())
+            assert (write_at[row, real] == np.arange(lo, hi)[real] - first).all()
+            assert (positions[row, real] == write_at[row, real]).all() and (positions[row, ~real] == 0).all()
+            filled = max(hi - first, 0)
+            assert (write_at[row, ~real] >= filled).all() and (write_at[row] < hi).all()
+            assert len(set(write_at[row].tolist())) == hi - lo
+            assert (valid[row] == (np.arange(hi) < filled)).all()

@@ -49,6 +49,7 @@ from .loop import (
     decode_block,
     finish,
     prompt_bucket,
+    rows_apart,
     run_blocks,
 )
 from .prompts import check_prompt
@@ -454,7 +455,13 @@ def left_pad(rows: list, pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
 def causal_lm_step(model: Model, params: dict, ids: jax.Array, positions: jax.Array, write_at: jax.Array, valid: jax.Array,
                    cache: list[jax.Array], *extra: Any) -> tuple[jax.Array, list[jax.Array]]:
     """One call of a causal LM's step (prefill or decode) inside a jitted function: (last-position logits, new cache);
-    on a mesh the new cache stays where the old one was placed, so donating it reuses its buffers."""
+    on a mesh the new cache stays where the old one was placed, so donating it reuses its buffers. `write_at` is [T]
+    (every row writes the same slots) or [B, T] (each row its own: only for a step whose rows write apart)."""
+    if rows_apart(model):
+        write_at = jnp.broadcast_to(write_at, ids.shape)
+    elif write_at.ndim == 2:
+        raise Torch2JaxError("this artifact's step writes every row at the same cache slots (it was converted before "
+                             "rows could write apart): convert it again to run rows at their own slots")
     logits, new_cache = call_entry(model, params, ids, positions, write_at, valid, list(cache), *extra)
     if model.sharding is not None:  # the cache stays where it was placed, so donation reuses its buffers
         new_cache = [jax.lax.with_sharding_constraint(c, model.sharding.cache_sharding(c.shape)) for c in new_cache]

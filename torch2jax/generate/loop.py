@@ -321,6 +321,14 @@ def call_entry(model: Model, params: dict, *args: Any) -> Any:
     return structure.unflatten(model.graph.out_spec, outputs)
 
 
+def rows_apart(model: Model) -> bool:
+    """Whether a causal LM's step takes each row's own cache slots (`write_at` [B, T], hf/steps/causal_lm.py), so rows
+    of a batch may hold their tokens at different slots (the server's per-row cache); older artifacts' steps take one
+    [T] for every row."""
+    inputs = model.graph.user_inputs
+    return len(inputs) > 2 and inputs[2].meta is not None and len(inputs[2].meta.shape) == 2
+
+
 def bucket(length: int, limit: int, smallest: int) -> int:
     """The length a step is compiled for: the next power of two (at least `smallest`) that fits `limit`, else `length`."""
     size = max(smallest, 1 << (length - 1).bit_length())

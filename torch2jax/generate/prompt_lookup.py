@@ -33,7 +33,7 @@ from ..ir.graph import Graph, GraphOutput, Node, TensorMeta, iter_refs
 from ..lowering import interpreter, passes
 from ..runtime.model import Model
 from . import processors, sampling
-from .loop import DECODE_LOOP_OPTIONS, MIN_BUCKET, Request, attended_span, call_entry, prompt_bucket, run_blocks
+from .loop import DECODE_LOOP_OPTIONS, MIN_BUCKET, Request, attended_span, call_entry, prompt_bucket, rows_apart, run_blocks
 
 SLICE, CAT, UNSQUEEZE = "aten.slice.Tensor", "aten.cat.default", "aten.unsqueeze.default"
 TOKENS_PER_CALL = 64  # new tokens one host call may emit at most (the while loop's verify steps stop there)
@@ -281,6 +281,8 @@ class PromptLookup:
     def _verify_step(self, params, ids, positions, write_at, valid, cache):
         """The verify model's call inside the loop: ([B, width, V] logits, the cache), the cache kept where it was
         placed on a mesh (as the generator's steps keep it)."""
+        if rows_apart(self.verify):
+            write_at = jnp.broadcast_to(write_at, ids.shape)
         logits, new_cache = call_entry(self.verify, params, ids, positions, write_at, valid, list(cache))
         if self.verify.sharding is not None:
             new_cache = [jax.lax.with_sharding_constraint(c, self.verify.sharding.cache_sharding(c.shape)) for c in new_cache]

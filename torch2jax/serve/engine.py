@@ -1,18 +1,19 @@
 """The device side of continuous batching: one KV cache of `rows` rows that requests join and leave.
 
-The artifact's step writes the T new tokens of every row at the same cache slots (`write_at [T]`, shared
-by all rows), while positions and `kv_valid` are per row. So the batch shares one write pointer `w`:
+The artifact's step writes each row's new tokens at that row's own cache slots (`write_at [B, T]`), so every row holds
+its request's tokens from slot 0, token p at slot p (its position), whatever the other rows hold:
 
-* a running row r holds its tokens in the contiguous slots [start_r, w), position p of the row at slot
-  start_r + p, and every decode step writes each row's next token at slot w, then advances w;
-* a new request is prefilled (in chunks, left-padded with the others that start with it) into a scratch
-  cache of its own, then its row is copied into the batch cache rolled so that its prompt ends at w;
-  it joins the next decode step with its own positions, which start at 0;
-* when w reaches the end of the cache (or the oldest running row has ended and the attended span can
-  shrink), the whole cache is rolled left so that the oldest running row starts at slot 0 ("rebase").
-  Keys are stored after RoPE with their own positions and a row's slots stay contiguous, so moving slots
-  changes nothing a row attends to: causality is slot order, and a sliding window (slot > w - window) is
-  the same window in positions, because slot distance equals position distance within a row.
+* a decode step writes each running row's next token at the slot after its own last one, and attends, for each row,
+  to that row's own tokens only (`kv_valid`); nothing is ever moved, and a row that ends is free at once;
+* a new request is prefilled (in chunks, left-padded with the others that start with it) into a scratch cache of its
+  own, its real tokens written from slot 0 (a pad column writes at a slot past the row's real tokens, which later
+  tokens overwrite), then its row is copied into the batch cache as it is;
+* the step's attended span is the longest running row's length rounded up to a power of two (a dense step computes
+  every row over one span: rows of any lengths share a batch, but a short row beside a long one pays the long one's
+  span until it ends).
+
+Artifacts converted before rows could write apart (their step takes one `write_at [T]` for every row) are refused with
+the reason: convert them again.
 
 A group's rows are prefilled in chunks of `chunk` tokens each, halved while the group's chunk would exceed the per-step
 budget of prompt tokens (`prefill_tokens`, at least MIN_BUCKET per row): one prefill chunk runs between two decode steps
@@ -22,8 +23,8 @@ With a prefix cache (serve/prefix_cache.py), the leading chunks whose tokens eve
 not run: those members' cached blocks are copied into the scratch cache instead, and after the group's last chunk the
 full blocks of its prompts that the cache lacks are kept for later requests.
 
-A row that runs alone never needs more than prompt + max_tokens - 1 slots, so the span from the oldest
-running row to w always fits the cache: every rebase succeeds, whatever the mix of requests.
+A row never holds more than prompt + max_tokens - 1 tokens, which the scheduler's admission check keeps within the
+cache.
 
 While no request waits and none is being prefilled, decode steps run up to `decode_block` at a time in one
 compiled loop, which ends on the device as soon as a row reaches its length or an end token (its row can then be
@@ -49,7 +50,6 @@ distribution); batches without one run exactly the steps they ran before.
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -63,7 +63,7 @@ import numpy as np
 from ..errors import InputSpecError
 from ..generate import sampling
 from ..generate.generator import Generator, causal_lm_step
-from ..generate.loop import DECODE_LOOP_OPTIONS, MIN_BUCKET, attended_span, bucket, decode_block
+from ..generate.loop import DECODE_LOOP_OPTIONS, MIN_BUCKET, attended_span, bucket, decode_block, rows_apart
 from ..runtime.collector import return_freed_memory
 from .prefix_cache import BLOCK_SIZE, PrefixCache
 
@@ -168,11 +168,15 @@ class Group:
 
 
 class BatchEngine:
-    """The batch cache and its jitted steps (decode, prefill chunk, join, rebase); host bookkeeping of the slots."""
+    """The batch cache and its jitted steps (decode, prefill chunk, join); host bookkeeping of each row's length."""
 
     def __init__(self, generator: Generator, rows: int, chunk: int = 256, decode_block: int = 16, adapters: Any = None,
                  prefix_cache_tokens: int = 0, prefill_tokens: int | None = None):
         spec = generator.spec
+        if not rows_apart(generator.decode_model):
+            raise InputSpecError("this artifact's step writes every row of a batch at the same cache slots: it was "
+                                 "converted by an older torch2jax, before the server kept each row's cache apart. "
+                                 "Convert it again to serve it (Generator.generate runs it as it is)")
         if not 1 <= rows <= spec.max_batch:
             raise InputSpecError(f"--max-batch {rows}: this artifact was converted for batches of 1 to {spec.max_batch} "
                                  "(convert again with a larger --max-batch)")
@@ -188,10 +192,8 @@ class BatchEngine:
         self.g, self.rows, self.chunk, self.decode_block = generator, rows, chunk, decode_block
         self.max_len = spec.max_cache_len
         self.cache = generator.new_cache(rows)
-        self.pointer = 0  # the slot the next decode step writes
-        self.starts = np.zeros(rows, np.int64)  # each running row's first slot
+        self.lengths = np.zeros(rows, np.int64)  # the tokens each running row holds (slots 0 .. length - 1)
         self.running = np.zeros(rows, bool)
-        self.rebases = 0
         self.decode_steps = 0  # device decode steps (a block counts its steps)
         # finetune.side_path.RowAdapters (lora, steps, count) or None: the steps then are the generator's own
         self.adapters = adapters
@@ -209,11 +211,7 @@ class BatchEngine:
         self.mask_words = mask_words(spec.vocab_size)  # int32 words of a row's allowed-token mask (structured output)
         self._count_from = jax.jit(lambda seen, restart, first: jnp.where(
             restart[:, None], jax.nn.one_hot(first, seen.shape[1], dtype=seen.dtype), seen), donate_argnums=(0,))
-        # a recurrent state (a state-space layer's) has no slots: it is copied whole, never rolled with the KV slots
-        slotted = tuple(kind != "state" for kind in getattr(spec, "cache_kinds", ()) or ("kv",) * len(spec.cache_shapes))
-        self._join = jax.jit(functools.partial(self._join_rows, slotted=slotted), donate_argnums=(0,))
-        self._roll = jax.jit(lambda cache, shift: [jnp.roll(c, shift, axis=2) if slots else c
-                                                   for c, slots in zip(cache, slotted)], donate_argnums=(0,))
+        self._join = jax.jit(self._join_rows, donate_argnums=(0,))
         if adapters is not None:
             self._prefill_rows = jax.jit(self._prefill_with_adapters, donate_argnums=(2,))
         # automatic prefix caching (serve/prefix_cache.py): attention caches on one device only
@@ -257,8 +255,8 @@ class BatchEngine:
         for m, (first, blocks) in enumerate(zip(firsts, found)):
             group.cached[m] = max(0, start - first)
             needed = -(-group.cached[m] // size)  # blocks before the first chunk that runs (its tokens are recomputed)
-            if needed:
-                group.scratch = self.prefix.copy_in(group.scratch, m, blocks[:needed], first)
+            if needed:  # the member's token 0 is at slot 0
+                group.scratch = self.prefix.copy_in(group.scratch, m, blocks[:needed], 0)
         group.chunk = skip
         self.prefix.stats.queried += sum(group.lengths)
         self.prefix.stats.hits += sum(group.cached)
@@ -288,20 +286,17 @@ class BatchEngine:
     def prefill_chunk(self, group: Group) -> jax.Array | None:
         """Run the group's next chunk; after the last one, the logits of each row's last prompt token."""
         lo, hi = group.bounds[group.chunk], group.bounds[group.chunk + 1]
-        positions = np.maximum(np.cumsum(group.mask, axis=1) - 1, 0)
         _, span = self._chunk_shape(lo, hi)
-        valid = np.zeros((group.mask.shape[0], span), bool)
-        valid[:, :hi] = group.mask[:, :hi]
+        positions, write_at, valid = chunk_slots(group.mask, lo, hi, span)
         logits, group.scratch = self._prefill(
-            group.scratch, jnp.asarray(group.ids[:, lo:hi], self._ids), jnp.asarray(positions[:, lo:hi], self._ids),
-            jnp.arange(lo, hi, dtype=self._ids), jnp.asarray(valid), group.adapter_ids)
+            group.scratch, jnp.asarray(group.ids[:, lo:hi], self._ids), jnp.asarray(positions, self._ids),
+            jnp.asarray(write_at, self._ids), jnp.asarray(valid), group.adapter_ids)
         group.chunk += 1
         if not group.done:
             return None
         if self.prefix is not None:  # keep the blocks of these prompts for the requests that share them
-            width = group.ids.shape[1]
             for m, (prompt, adapter) in enumerate(zip(group.prompts, group.adapter_ids)):
-                self.prefix.store(group.scratch, m, prompt, int(adapter), width - len(prompt))
+                self.prefix.store(group.scratch, m, prompt, int(adapter), 0)
         return logits
 
     def first_tokens(self, logits: jax.Array, settings: list[Sampling],
@@ -334,20 +329,14 @@ class BatchEngine:
         self.seen = self._count_from(self.seen, jnp.asarray(restart), jnp.asarray(tokens))
 
     def join(self, group: Group, members: list[int]) -> None:
-        """Copy these members' rows of the scratch cache into the batch cache, each prompt ending at the pointer."""
+        """Copy these members' rows of the scratch cache into the batch cache, as they are (their tokens from slot 0)."""
         if not members:
             return
-        longest = max(group.lengths[m] for m in members)
-        if not self.running.any():
-            self.pointer = longest
-        elif self.pointer < longest:  # too close to slot 0 for this prompt: move everyone right
-            self.rebase(longest)
-        width = group.ids.shape[1]
         rows = np.full(group.ids.shape[0], self.rows, np.int32)  # pad rows land out of range and are dropped
         rows[members] = [group.rows[m] for m in members]
-        self.cache = self._join(self.cache, group.scratch, jnp.asarray(rows), jnp.asarray(self.pointer - width, jnp.int32))
+        self.cache = self._join(self.cache, group.scratch, jnp.asarray(rows))
         for m in members:
-            self.starts[group.rows[m]], self.running[group.rows[m]] = self.pointer - group.lengths[m], True
+            self.lengths[group.rows[m]], self.running[group.rows[m]] = group.lengths[m], True
             if group.adapter_ids is not None:
                 self.adapter_ids[group.rows[m]] = group.adapter_ids[m]
 
@@ -363,12 +352,11 @@ class BatchEngine:
         would. Only a batch with extras runs the step variant that computes them, so other batches do not pay for
         them. `allowed`: None, or the [rows, mask_words] allowed-token bitmask of this step (structured output): one step
         then, in the extras variant (the host must advance the grammars before the next mask)."""
-        self.make_room()
-        positions = np.where(self.running, self.pointer - self.starts, 0)
-        starts = np.where(self.running, self.starts, self.pointer)  # a free row attends to its own slots only
-        span = attended_span(self.pointer + 1, self.max_len)
-        count = 1 if allowed is not None else max(1, min(block, self.decode_block, self.max_len - self.pointer,
-                                                         span - self.pointer))
+        lengths = np.where(self.running, self.lengths, 0)  # a free row writes (and attends to) its slot 0
+        longest = int(lengths.max())
+        span = attended_span(longest + 1, self.max_len)
+        count = 1 if allowed is not None else max(1, min(block, self.decode_block, self.max_len - longest,
+                                                         span - longest))
         left = np.full(self.rows, count, np.int32) if left is None else np.where(self.running, left, count)
         watch = np.zeros(self.rows, bool) if watch_eos is None else watch_eos & self.running
         side = None
@@ -383,14 +371,14 @@ class BatchEngine:
             seen, self.seen = self.seen, None  # donated: a failed call must not leave a deleted array behind
             penalties = self._penalty_arrays(settings)
         out, ran, self.cache, seen, found = self._decode(
-            self.g.params, self.cache, seen, jnp.asarray(tokens, self._ids), jnp.asarray(positions, self._ids),
-            jnp.asarray(self.pointer, self._ids), jnp.asarray(starts, self._ids), *self._sampling_arrays(settings, self.rows),
+            self.g.params, self.cache, seen, jnp.asarray(tokens, self._ids), jnp.asarray(lengths, self._ids),
+            *self._sampling_arrays(settings, self.rows),
             jnp.asarray(counts, jnp.int32), jnp.asarray(left, jnp.int32), jnp.asarray(watch), self._eos,
             jnp.asarray(count, jnp.int32), side, penalties, None if allowed is None else jnp.asarray(allowed, jnp.int32),
             span=span, any_sample=any(s is not None and s.temperature > 0 for s in settings), size=self.decode_block)
         self.seen = seen if extras else self.seen
         ran = int(ran)
-        self.pointer += ran
+        self.lengths[self.running] += ran
         self.decode_steps += ran
         logprobs = None if found is None else Logprobs(*(np.asarray(a)[:ran] for a in found))
         return np.asarray(out)[:ran], logprobs
@@ -398,33 +386,11 @@ class BatchEngine:
     def reset(self) -> None:
         """Start over with an empty batch (after a failed step, whose cache may have been donated)."""
         self.cache = self.g.new_cache(self.rows)
-        self.pointer, self.running[:], self.adapter_ids[:] = 0, False, BASE
+        self.lengths[:], self.running[:], self.adapter_ids[:] = 0, False, BASE
         self.seen = None
 
     def free(self, row: int) -> None:
-        self.running[row], self.adapter_ids[row] = False, BASE
-        if not self.running.any():
-            self.pointer = 0
-
-    def window(self) -> int:
-        """Slots from the oldest running row's first slot to the pointer."""
-        return int(self.pointer - self.starts[self.running].min()) if self.running.any() else 0
-
-    def make_room(self) -> None:
-        """Rebase before a decode step when the pointer is at the end of the cache, or when moving the oldest
-        running row to slot 0 would let the step attend to a smaller span."""
-        window = self.window()
-        if self.pointer >= self.max_len or attended_span(window + 1, self.max_len) < attended_span(self.pointer + 1, self.max_len):
-            self.rebase(window)
-
-    def rebase(self, pointer: int) -> None:
-        """Roll every row's slots so that the pointer becomes `pointer`; running rows keep their tokens in order."""
-        shift = pointer - self.pointer
-        if shift:
-            self.cache = self._roll(self.cache, jnp.asarray(shift, jnp.int32))
-            self.starts += shift
-            self.pointer = pointer
-            self.rebases += 1
+        self.lengths[row], self.running[row], self.adapter_ids[row] = 0, False, BASE
 
     # -- compiling ahead ------------------------------------------------------------------------
     def step_shapes(self) -> dict[str, list]:
@@ -452,9 +418,9 @@ class BatchEngine:
         shapes, ids, g, rows = self.step_shapes(), self._ids, self.g, self.rows
 
         def prefill(k: int, width: int, span: int) -> tuple[jax.Array, list[jax.Array]]:
-            return jax.block_until_ready(self._prefill(g.new_cache(k), jnp.zeros((k, width), ids), jnp.zeros((k, width), ids),
-                                                       jnp.arange(width, dtype=ids), jnp.zeros((k, span), bool),
-                                                       np.full(k, BASE, np.int32)))
+            slots = jnp.broadcast_to(jnp.arange(width, dtype=ids), (k, width))
+            return jax.block_until_ready(self._prefill(g.new_cache(k), jnp.zeros((k, width), ids), slots, slots,
+                                                       jnp.zeros((k, span), bool), np.full(k, BASE, np.int32)))
 
         def first_and_join(k: int) -> None:  # a group's last chunk, its first tokens, its rows copied into the batch
             logits, scratch = prefill(k, MIN_BUCKET, MIN_BUCKET)
@@ -462,15 +428,14 @@ class BatchEngine:
                 self.first_tokens(logits, [settings] * k)
             for settings in MASKED_VARIANTS:
                 self.first_tokens(logits, [settings] * k, np.full((k, self.mask_words), -1, np.int32))
-            jax.block_until_ready(self._join(g.new_cache(rows), scratch, jnp.full((k,), rows, jnp.int32),
-                                             jnp.asarray(0, jnp.int32)))
+            jax.block_until_ready(self._join(g.new_cache(rows), scratch, jnp.full((k,), rows, jnp.int32)))
 
         def decode(span: int, settings: Sampling, masked: bool = False) -> None:
             one = jnp.ones((rows,), jnp.int32)
             extras = settings.extras or masked
             seen = self._new_seen() if extras else None
-            tokens, *_ = self._decode(g.params, g.new_cache(rows), seen, jnp.zeros((rows,), ids), jnp.zeros((rows,), ids),
-                                      jnp.asarray(span - 1, ids), jnp.zeros((rows,), ids),
+            tokens, *_ = self._decode(g.params, g.new_cache(rows), seen, jnp.zeros((rows,), ids),
+                                      jnp.full((rows,), span - 1, ids),
                                       *self._sampling_arrays([settings] * rows, rows), one, one, jnp.zeros((rows,), bool),
                                       self._eos, jnp.asarray(1, jnp.int32), self._side(np.full(rows, BASE, np.int32)),
                                       self._penalty_arrays([settings] * rows) if extras else None,
@@ -486,7 +451,6 @@ class BatchEngine:
                   if (w, s) != (MIN_BUCKET, MIN_BUCKET)]
         calls += [lambda s=s, v=v: decode(s, v) for s in shapes["spans"] for v in VARIANTS]
         calls += [lambda s=s, v=v: decode(s, v, True) for s in shapes["spans"] for v in MASKED_VARIANTS]
-        calls.append(lambda: jax.block_until_ready(self._roll(g.new_cache(rows), jnp.asarray(1, jnp.int32))))
         calls.append(count_from)
         if self.prefix is not None:  # its copies, for each group size, one after the other (they replace the pool)
             calls.append(lambda: [jax.block_until_ready(self.prefix.warm_up(g.new_cache(k))) for k in shapes["groups"]])
@@ -559,18 +523,19 @@ class BatchEngine:
         top, ids = jax.lax.top_k(raw, self._top)
         return token, (jnp.take_along_axis(raw, token[:, None], axis=1)[:, 0], ids.astype(jnp.int32), top)
 
-    def _step_logits(self, params, cache, tokens, positions, slot, starts, side, *, span):
-        """One decode step of the model for every row: (logits [rows, V], cache)."""
-        slots = jnp.arange(span)
-        valid = (slots[None, :] >= starts[:, None]) & (slots[None, :] <= slot)
+    def _step_logits(self, params, cache, tokens, lengths, side, *, span):
+        """One decode step of the model for every row, each row's token written at slot `lengths` (its position) and
+        attending to the row's slots up to it: (logits [rows, V], cache)."""
+        valid = jnp.arange(span)[None, :] <= lengths[:, None]
+        at = lengths[:, None]
         if side is None:
-            return causal_lm_step(self.g.decode_model, params, tokens[:, None], positions[:, None], slot[None], valid, cache)
+            return causal_lm_step(self.g.decode_model, params, tokens[:, None], at, at, valid, cache)
         lora, adapter_ids = side
-        logits, cache = self.adapters.steps["decode"](params, lora, tokens[:, None], positions[:, None], slot[None], valid,
-                                                      list(cache), adapter_ids=adapter_ids)
+        logits, cache = self.adapters.steps["decode"](params, lora, tokens[:, None], at, at, valid, list(cache),
+                                                      adapter_ids=adapter_ids)
         return logits, list(cache)
 
-    def _decode_steps(self, params, cache, seen, tokens, positions, slot, starts, temperature, top_k, top_p, greedy, seeds,
+    def _decode_steps(self, params, cache, seen, tokens, lengths, temperature, top_k, top_p, greedy, seeds,
                       counts, left, watch, eos, count, side, penalties, allowed, *, span, any_sample, size):
         """Up to `count` (<= `size`) decode steps in generate's compiled loop (loop.decode_block): ([size, rows] tokens,
         how many steps ran, cache, seen, logprobs). Step i is the step `decode` would run alone i steps later; the loop
@@ -586,7 +551,7 @@ class BatchEngine:
 
         def step(i, token, state, ended):
             cache, seen, found = state
-            logits, cache = self._step_logits(params, cache, token, positions + i, slot + i, starts, side, span=span)
+            logits, cache = self._step_logits(params, cache, token, lengths + i, side, span=span)
             picked = self._pick(logits, temperature, top_k, top_p, greedy, seeds, counts + i,
                                 None if seen is None else (seen, *penalties), allowed, any_sample=any_sample,
                                 extras=extras)
@@ -607,6 +572,20 @@ class BatchEngine:
         return out, ran, cache, seen, found
 
     @staticmethod
-    def _join_rows(cache, scratch, rows, shift, slotted):
-        return [c.at[rows].set((jnp.roll(s, shift, axis=2) if slots else s).astype(c.dtype), mode="drop")
-                for c, s, slots in zip(cache, scratch, slotted)]
+    def _join_rows(cache, scratch, rows):
+        return [c.at[rows].set(s.astype(c.dtype), mode="drop") for c, s in zip(cache, scratch)]
+
+
+def chunk_slots(mask: np.ndarray, lo: int, hi: int, span: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Columns [lo, hi) of a group's left-padded prompts [k, width] (`mask`: the real tokens) as the step takes them:
+    (positions [k, T], write_at [k, T], kv_valid [k, span]). A real token is written at its position (the row's token 0
+    at slot 0); a pad column at a slot past the row's real tokens so far, each its own, all below the chunk's width (so
+    within `span`): it attends to its own slot (never to nothing: no NaN), and the row's later tokens overwrite it."""
+    offsets = mask.shape[1] - mask.sum(axis=1)  # each row's first real column (pad rows: width)
+    columns = np.arange(lo, hi)
+    real = columns[None, :] >= offsets[:, None]
+    filled = np.maximum(hi - offsets, 0)  # the row's real tokens once this chunk is written
+    own = columns[None, :] - offsets[:, None]
+    write_at = np.where(real, own, filled[:, None] + columns[None, :] - lo)
+    valid = np.arange(span)[None, :] < filled[:, None]
+    return np.where(real, own, 0), write_at, valid

@@ -162,8 +162,7 @@ class Scheduler:
 
     def stats(self) -> dict:
         stats = {"rows": self.engine.rows, "rows_held": self.rows_held, "max_rows_held": self.max_rows_held,
-                 "queue_depth": self.queue_depth, "steps": self.steps, "decode_steps": self.engine.decode_steps,
-                 "rebases": self.engine.rebases}
+                 "queue_depth": self.queue_depth, "steps": self.steps, "decode_steps": self.engine.decode_steps}
         if self.engine.adapters is not None:  # how many models (adapters and the base) have shared one decode step
             stats["max_models_per_step"] = self.engine.most_models
         prefix = self.engine.prefix

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ...capture import trace_forwards
-from ..steps.kv_cache import step_slots
+from ..steps.kv_cache import query_slots, step_slots
 
 _ATTENTION = "transformers.models.gpt_neo.modeling_gpt_neo.GPTNeoSelfAttention"
 
@@ -30,9 +30,10 @@ def attention_by_slot(self: Any, hidden_states: torch.Tensor, attention_mask: to
                          for proj in (self.q_proj, self.k_proj, self.v_proj))
     key, value = layer_past.update(key, value, self.layer_id)
     slot = torch.arange(key.shape[-2], device=key.device)
-    allowed = slot[None, :] <= write_at[:, None]  # [queries, keys]: the causal table's row of each query's slot
+    at = query_slots(write_at)[:, None, :, None]  # [B or 1, 1, queries, 1]: each query's slot
+    allowed = slot <= at  # [B or 1, 1, queries, keys]: the causal table's row of each query's slot
     if self.attention_type == "local":
-        allowed = allowed & (slot[None, :] > write_at[:, None] - self.config.window_size)
+        allowed = allowed & (slot > at - self.config.window_size)
     scores = torch.matmul(query.to(torch.float32), key.to(torch.float32).transpose(-1, -2))
     scores = torch.where(allowed, scores, torch.tensor(torch.finfo(scores.dtype).min, dtype=scores.dtype))
     if attention_mask is not None:

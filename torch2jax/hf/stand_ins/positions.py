@@ -58,7 +58,9 @@ def counted_from_cache(lm: torch.nn.Module) -> list[torch.nn.Module]:
 
 def batch_columns(position_ids: torch.Tensor, write_at: torch.Tensor) -> torch.Tensor:
     """[T] each written slot's column in transformers' batch (the batch left-padded to its longest row): the slot
-    less the bucket's extra padding, which is the last slot minus the largest position any row has there."""
+    less the bucket's extra padding, which is the last slot minus the largest position any row has there. A step
+    whose rows write apart ([B, T] slots) is read at row 0's slots, which `generate` gives every row."""
+    write_at = write_at if write_at.dim() == 1 else write_at[0]
     return write_at - (write_at[-1] - position_ids[:, -1].max())
 
 

@@ -7,7 +7,9 @@ built here from two things the caller tracks, so left-padded batches are right b
 
     input_ids     [B, T]    tokens to run (T symbolic for prefill, 1 for decode)
     position_ids  [B, T]    each row's own positions (a left-padded row starts later)
-    write_at      [T]       the cache slots the T tokens are written to (shared by all rows)
+    write_at      [B, T]    the cache slots each row's T tokens are written to (rows apart: a server's rows each
+                            hold their own tokens from slot 0); artifacts converted before this took [T], shared by
+                            all rows, and a vision-language model's step still does
     kv_valid      [B, L]    which of the first L cache slots hold real tokens, the T new ones included
     cache         2 x layers tensors [B, kv_heads, S + 1, head_dim]: keys, values of layer 0, 1, ...
 
@@ -44,6 +46,7 @@ from .kv_cache import (
     cut_layout,
     explicit_layer_class,
     generation_fields,
+    query_slots,
 )
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -86,13 +89,16 @@ class DecoderStep(torch.nn.Module):
         span = kv_valid.shape[1]
         layers = [self._layer(cache[2 * i], cache[2 * i + 1], write_at, span) for i in range(self.layout.layers)]
         columns = self._positions.batch_columns(position_ids, write_at) if self._counted_from_cache else None
+        # transformers' cache_position is [T]: a row-apart step gives row 0's slots (the masks and positions, given
+        # here, are what models read it for)
+        shared = write_at if write_at.dim() == 1 else write_at[0]
         with self._positions.columns_given(self._counted_from_cache, columns):
             out = self.lm(
                 **tokens,
                 position_ids=position_ids,
                 attention_mask=self._masks(write_at, kv_valid, also),
                 **cache_argument(self.lm, Cache(layers=layers)),
-                cache_position=write_at,
+                cache_position=shared,
                 use_cache=True,
                 logits_to_keep=1,
             )
@@ -101,14 +107,15 @@ class DecoderStep(torch.nn.Module):
 
     def _masks(self, write_at: torch.Tensor, kv_valid: torch.Tensor, also: torch.Tensor | None = None) -> Any:
         slot = torch.arange(kv_valid.shape[1], device=kv_valid.device)
-        causal = (slot[None, :] <= write_at[:, None])[None]  # [1, T, S]
+        at = query_slots(write_at)[:, :, None]  # [B or 1, T, 1]: each query's slot
+        causal = slot <= at  # [B or 1, T, S]
         if also is not None:
             causal = causal | also  # [B, T, S]
-        own = slot[None, :] == write_at[:, None]
+        own = slot == at
 
         def mask(window: int | None) -> torch.Tensor:
-            allowed = causal if window is None else causal & (slot[None, :] > write_at[:, None] - window)[None]
-            keep = ((kv_valid[:, None, :] & allowed) | own[None])[:, None]  # [B, 1, T, S]
+            allowed = causal if window is None else causal & (slot > at - window)
+            keep = ((kv_valid[:, None, :] & allowed) | own)[:, None]  # [B, 1, T, S]
             if self.additive_mask:  # eager attention adds the mask to the scores
                 zero = torch.zeros((), dtype=self.layout.dtype)
                 return torch.where(keep, zero, torch.finfo(self.layout.dtype).min)
@@ -119,21 +126,24 @@ class DecoderStep(torch.nn.Module):
         return mask(self.window)
 
 
-def example_step_inputs(layout: CacheLayout, batch: int, tokens: int) -> tuple:
+def example_step_inputs(layout: CacheLayout, batch: int, tokens: int, rows_apart: bool = True) -> tuple:
     """Inputs of the step's shapes (what torch.export traces with): a prompt written from slot 0, attending to
-    a span of the cache that is neither 1 nor the whole cache (torch.export would specialize either)."""
+    a span of the cache that is neither 1 nor the whole cache (torch.export would specialize either). `rows_apart`:
+    `write_at` [B, T], each row's own slots, else [T] shared by every row."""
     span = max(tokens + 1, layout.max_cache_len // 2)
+    positions = torch.arange(tokens).expand(batch, tokens).clone()
     return (
         torch.zeros((batch, tokens), dtype=torch.long),
-        torch.arange(tokens).expand(batch, tokens).clone(),
-        torch.arange(tokens),
+        positions,
+        positions.clone() if rows_apart else torch.arange(tokens),
         torch.ones((batch, span), dtype=torch.bool),
         layout.zeros(batch),
     )
 
 
-def step_dynamic_shapes(layout: CacheLayout, max_batch: int) -> tuple:
-    """batch symbolic (1..max_batch) everywhere; the token count symbolic (1..max_cache_len)."""
+def step_dynamic_shapes(layout: CacheLayout, max_batch: int, rows_apart: bool = True) -> tuple:
+    """batch symbolic (1..max_batch) everywhere; the token count symbolic (1..max_cache_len). `rows_apart` as in
+    example_step_inputs."""
     batch = {"name": "batch", "min": 1, "max": max_batch} if max_batch > 1 else None  # max_batch 1: batch is static 1
     tokens = {"name": "tokens", "min": 1, "max": layout.max_cache_len}
 
@@ -142,7 +152,7 @@ def step_dynamic_shapes(layout: CacheLayout, max_batch: int) -> tuple:
 
     span = {"name": "span", "min": 1, "max": layout.max_cache_len}  # the attended prefix of the cache
     row = dims(batch, tokens)
-    return (row, row, dims(tokens), dims(batch, span), [dims(batch)] * (2 * layout.layers))
+    return (row, row, row if rows_apart else dims(tokens), dims(batch, span), [dims(batch)] * (2 * layout.layers))
 
 
 def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch: int = 8, dtype: Any = None, progress: Any = None,

@@ -116,20 +116,34 @@ def explicit_layer_class():
 
         def update(self, key_states, value_states, *args, **kwargs):
             """Write the new keys/values into the whole cache; attention gets the first `span` slots."""
-            self.keys = self.keys.index_copy(2, self.write_at, key_states.to(self.keys.dtype))
-            self.values = self.values.index_copy(2, self.write_at, value_states.to(self.values.dtype))
+            self.keys = write_slots(self.keys, self.write_at, key_states)
+            self.values = write_slots(self.values, self.write_at, value_states)
             return self.keys[:, :, : self.span], self.values[:, :, : self.span]
 
         def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
             return self.span, 0
 
         def get_seq_length(self):
-            return self.write_at[0]
+            return self.write_at[0] if self.write_at.dim() == 1 else self.write_at[:, 0].min()
 
         def get_max_length(self) -> int:
             return self.max_cache_len
 
     return ExplicitLayer
+
+
+def write_slots(cache: torch.Tensor, write_at: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """`cache` [B, heads, slots, dim] with the T new entries `new` [B, heads, T, dim] written out of place at `write_at`:
+    [T] slots shared by every row, or [B, T] each row's own."""
+    new = new.to(cache.dtype)
+    if write_at.dim() == 1:
+        return cache.index_copy(2, write_at, new)
+    return cache.scatter(2, write_at[:, None, :, None].expand(-1, new.shape[1], -1, new.shape[3]), new)
+
+
+def query_slots(write_at: torch.Tensor) -> torch.Tensor:
+    """Each query's slot as [B, T] (B = 1 where `write_at` is one [T] shared by every row)."""
+    return write_at[None] if write_at.dim() == 1 else write_at
 
 
 def step_slots(cache: Any, layer: int) -> Any:

@@ -256,7 +256,7 @@ class RecurrentStep(DecoderStep):
         from transformers.cache_utils import Cache, DummyLayer
 
         span = kv_valid.shape[1]
-        keep = kv_valid.gather(1, write_at[None, :].expand(kv_valid.shape[0], -1))  # [B, T]: the real tokens
+        keep = kv_valid.gather(1, write_at.expand(kv_valid.shape[0], -1))  # [B, T]: the real tokens
         layers, at = [], 0
         for kinds in self.layout.layer_kinds:
             tensors, at = cache[at:at + len(kinds)], at + len(kinds)
@@ -270,7 +270,7 @@ class RecurrentStep(DecoderStep):
             else:
                 layers.append(self._hybrid_layer(states, keep, *tensors[len(states):], write_at, span))
         extra = dict(position_ids=position_ids, attention_mask=self._masks(write_at, kv_valid, also),
-                     cache_position=write_at) if self._attends else {}
+                     cache_position=write_at if write_at.dim() == 1 else write_at[0]) if self._attends else {}
         if self._cache_class is None:
             cache_given = Cache(layers=layers)
         else:  # the LM's own Cache subclass (MiniMax), holding the step's layers
@@ -297,7 +297,7 @@ def dynamic_shapes(layout: StateLayout, max_batch: int) -> tuple:
         return {axis: d for axis, d in enumerate(axes) if d is not None} or None
 
     row = dims(batch, tokens)
-    return (row, row, dims(tokens), dims(batch, span), [dims(batch)] * len(layout.tensor_shapes))
+    return (row, row, row, dims(batch, span), [dims(batch)] * len(layout.tensor_shapes))
 
 
 def convert_recurrent_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch: int = 8, dtype: Any = None,

@@ -284,12 +284,12 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
     encode = model_from(encode_captured, timer, weights)
 
     batch = min(max_batch, 2)
-    step_args = example_step_inputs(layout, batch, 3)
+    step_args = example_step_inputs(layout, batch, 3, rows_apart=False)
     rows = 7
     index = torch.tensor([[0, 1, -1], [2, -1, 3]])[:batch]
     features = torch.zeros((rows, feature_size), dtype=probe.dtype)
     feature_rows = {"name": "image_rows", "min": 1, "max": max_images * tokens_per_image}
-    shapes = step_dynamic_shapes(layout, max_batch)
+    shapes = step_dynamic_shapes(layout, max_batch, rows_apart=False)
     blocks = tokens_per_image if type(vlm).__name__ in BIDIRECTIONAL_IMAGES else None
     kind = type(vlm).__name__
     step = MultimodalStep(vlm, layout, blocks, prefix_lm=kind in PREFIX_LM, position_offset=POSITION_OFFSET.get(kind, 0))
@@ -365,11 +365,11 @@ def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max
     encode = model_from(encode_captured, timer, weights)
 
     batch = min(max_batch, 2)
-    step_args = example_step_inputs(layout, batch, 3)
+    step_args = example_step_inputs(layout, batch, 3, rows_apart=False)
     index = torch.tensor([[0, 1, -1], [2, -1, 3]])[:batch]
     features = torch.zeros((7, feature_size), dtype=dtype)
     offsets = torch.zeros((3, batch, 3), dtype=torch.long)
-    shapes = step_dynamic_shapes(layout, max_batch)
+    shapes = step_dynamic_shapes(layout, max_batch, rows_apart=False)
     offset_dims = {axis + 1: d for axis, d in shapes[0].items()}
     step = MultimodalStep(vlm, layout, deepstack=deepstack)
     captured, _ = trace(step.eval(), (*step_args, features, index, offsets), None,
