@@ -125,6 +125,7 @@ bench-serve: install
 	$(PY) -m pip install -q fastapi && $(PY) -m pip install -q --no-deps accelerate  # transformers serve: its server, device_map
 	$(PY) -m benchmarks.serve
 	$(PY) -m benchmarks.serve_workloads  # a shared prefix (prefix caching) and long prompts among decoding rows
+	$(PY) -m benchmarks.structured_output  # what a JSON schema costs per output token
 
 # The architecture sweep (hours on 2 cores; resumable: rows already in benchmarks/hf_sweep/results.json are
 # skipped): every transformers model type, base model and main task head, each in its own process with a time

@@ -162,26 +162,8 @@ class VisionLanguageGenerator(Generator):
                                  "image_sizes are for LLaVA-NeXT's and OneVision's images; this model takes none")
         ids, mask = check_prompt(input_ids, attention_mask, self.spec, max_new_tokens)
         index = image_index(np.where(mask, ids, -1), self.vision.image_token_id)
-        tokens = int((index >= 0).sum())
-        dtype = dtypes.jax_dtype(self.vision.feature_dtype)
-        if pixel_values is None:
-            if tokens:
-                raise InputSpecError(f"the prompts hold {tokens} image tokens but no pixel_values were given")
-            features = jnp.zeros((1, self.vision.feature_size), dtype)  # one unused row: the step's input is never empty
-        elif merge or grids:
-            features = (self.encode_patches(pixel_values, image_grid_thw) if merge else
-                        self.encode_grids(pixel_values, image_sizes, batch_num_images))
-            if features.shape[0] != tokens:
-                raise InputSpecError(f"image features and image tokens do not match: the images make {features.shape[0]} "
-                                     f"features, the prompts hold {tokens} image tokens (id {self.vision.image_token_id})")
-        else:
-            encoded = self.encode_images(pixel_values)
-            if encoded.shape[0] * encoded.shape[1] != tokens:
-                raise InputSpecError(f"image features and image tokens do not match: {encoded.shape[0]} images make "
-                                     f"{encoded.shape[0] * encoded.shape[1]} features, the prompts hold {tokens} image tokens "
-                                     f"(id {self.vision.image_token_id}); expand each image's token to "
-                                     f"{self.vision.tokens_per_image} as the processor does")
-            features = encoded.reshape(-1, encoded.shape[-1])
+        features = self.image_features(int((index >= 0).sum()), pixel_values, image_grid_thw, image_sizes,
+                                       batch_num_images)
         given = dict(settings, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
         request = self._request(given, rng, eos_token_id, pad_token_id, prompt=ids, counted_from=np.argmax(mask, axis=1))
 
@@ -205,6 +187,31 @@ class VisionLanguageGenerator(Generator):
         # where their count varies with the image's size (Qwen2-VL, LLaVA-NeXT), the bucket covers them (fewer prefills)
         unbucketed = 0 if merge or grids else int((index >= 0).sum(axis=1).min())
         return finish(ids, self._steps(ids, mask, max_new_tokens, request, prefill_inputs, delta, unbucketed), stream)
+
+    def image_features(self, tokens: int, pixel_values: Any = None, image_grid_thw: Any = None, image_sizes: Any = None,
+                       batch_num_images: Any = None) -> jax.Array:
+        """The feature rows [tokens, feature_size] of prompts holding `tokens` image tokens, from their images as the
+        processor makes them (generate's arguments), in the order the image tokens take them; one unused row when there
+        are no images (the step's input is never empty). InputSpecError when the images make another number of rows."""
+        merge, grids = self.vision.spatial_merge_size, self.vision.grid_pinpoints
+        if pixel_values is None:
+            if tokens:
+                raise InputSpecError(f"the prompts hold {tokens} image tokens but no pixel_values were given")
+            return jnp.zeros((1, self.vision.feature_size), dtypes.jax_dtype(self.vision.feature_dtype))
+        if merge or grids:
+            features = (self.encode_patches(pixel_values, image_grid_thw) if merge else
+                        self.encode_grids(pixel_values, image_sizes, batch_num_images))
+            if features.shape[0] != tokens:
+                raise InputSpecError(f"image features and image tokens do not match: the images make {features.shape[0]} "
+                                     f"features, the prompts hold {tokens} image tokens (id {self.vision.image_token_id})")
+            return features
+        encoded = self.encode_images(pixel_values)
+        if encoded.shape[0] * encoded.shape[1] != tokens:
+            raise InputSpecError(f"image features and image tokens do not match: {encoded.shape[0]} images make "
+                                 f"{encoded.shape[0] * encoded.shape[1]} features, the prompts hold {tokens} image tokens "
+                                 f"(id {self.vision.image_token_id}); expand each image's token to "
+                                 f"{self.vision.tokens_per_image} as the processor does")
+        return encoded.reshape(-1, encoded.shape[-1])
 
     def _decode_inputs(self, batch: int) -> tuple:
         """One unused feature row and no image token: decode is the prefill step with one token."""

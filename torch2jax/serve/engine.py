@@ -63,7 +63,9 @@ import numpy as np
 from ..errors import InputSpecError
 from ..generate import sampling
 from ..generate.generator import Generator, causal_lm_step
+from ..generate.image_positions import image_index
 from ..generate.loop import DECODE_LOOP_OPTIONS, MIN_BUCKET, attended_span, bucket, decode_block, rows_apart
+from ..ir import dtypes
 from ..runtime.collector import return_freed_memory
 from .prefix_cache import BLOCK_SIZE, PrefixCache
 
@@ -161,6 +163,8 @@ class Group:
     adapter_ids: np.ndarray | None = None  # [k] int32, each member's adapter (pad rows: BASE)
     prompts: list[list[int]] = field(default_factory=list)
     cached: list[int] = field(default_factory=list)  # each member's prompt tokens copied from the prefix cache, not computed
+    features: Any = None  # a vision-language artifact: the members' image feature rows (BatchEngine._image_inputs)
+    image_index: np.ndarray | None = None  # [k, width]: the feature row each token takes (-1: a text token)
 
     @property
     def done(self) -> bool:
@@ -200,6 +204,13 @@ class BatchEngine:
         self.adapter_ids = np.full(rows, BASE, np.int32)  # each running row's adapter
         self.most_models = 0  # the most models (adapters and the base) among the rows of one decode step
         self._ids = generator.id_dtype
+        self.vision = getattr(generator, "vision", None)  # a vision-language artifact's VisionSpec (image inputs)
+        if self.vision is not None and self.vision.spatial_merge_size:
+            raise InputSpecError("this artifact is a variable-resolution vision-language model (the Qwen2-VL family), "
+                                 "whose 3-D positions the server does not track yet: use `torch2jax generate --image` or "
+                                 "VisionLanguageGenerator.generate")
+        if self.vision is not None and adapters is not None:
+            raise InputSpecError("LoRA adapters are served over text-generation artifacts only, not a vision-language one")
         # with extras (a request asks for log-probabilities or penalties): how often each row generated each token so far,
         # allocated at the first such request; rows restart it when such a request joins them (count_from)
         self.seen: jax.Array | None = None
@@ -218,18 +229,25 @@ class BatchEngine:
         self.prefix: PrefixCache | None = None
         if prefix_cache_tokens < 0:
             raise InputSpecError(f"the prefix cache holds a number of tokens >= 0 (0: none), got {prefix_cache_tokens}")
-        if prefix_cache_tokens >= BLOCK_SIZE and PrefixCache.supports(generator) and generator.sharding is None:
+        if prefix_cache_tokens >= BLOCK_SIZE and PrefixCache.supports(generator) and generator.sharding is None \
+                and self.vision is None:  # an image token's keys depend on its image, which the block names do not hold
             self.prefix = PrefixCache(generator, prefix_cache_tokens // BLOCK_SIZE)
 
     # -- prefill --------------------------------------------------------------------------------
     def start_group(self, rows: list[int], prompts: list[list[int]], max_tokens: list[int],
-                    adapter_ids: list[int] | None = None) -> Group:
+                    adapter_ids: list[int] | None = None, images: list[Any] | None = None) -> Group:
         """Lay out the prompts of the requests that start together: left-padded to a common width made of
         chunks of at most `chunk` tokens, the first one a power of two (so few widths are compiled). `adapter_ids`:
-        each request's adapter (default: the base model's)."""
+        each request's adapter (default: the base model's). `images`: with a vision-language artifact, each request's image
+        feature rows (None: none; scheduler.Request.image_features)."""
         k = min(1 << (len(rows) - 1).bit_length(), self.g.spec.max_batch)
+        images = list(images or [None] * len(prompts))
         # the limit is what generate would allow the padded prompt (the same widths)
-        bounds = self._chunk_bounds(max(len(p) for p in prompts), self.max_len - max(max_tokens), self.chunk_for(k))
+        longest, limit = max(len(p) for p in prompts), self.max_len - max(max_tokens)
+        if self._whole_prompts(any(f is not None for f in images)):
+            bounds = [0, bucket(longest, limit, MIN_BUCKET)]
+        else:
+            bounds = self._chunk_bounds(longest, limit, self.chunk_for(k))
         width = bounds[-1]
         ids = np.full((k, width), self.g.spec.pad_token_id, np.int64)
         mask = np.zeros((k, width), bool)
@@ -239,9 +257,39 @@ class BatchEngine:
         chosen[: len(prompts)] = BASE if adapter_ids is None else adapter_ids
         group = Group(rows, [len(p) for p in prompts], ids, mask, bounds, self.g.new_cache(k), adapter_ids=chosen,
                       prompts=[list(p) for p in prompts], cached=[0] * len(prompts))
+        if self.vision is not None:
+            group.features, group.image_index = self._image_inputs(ids, mask, images)
         if self.prefix is not None:
             self._reuse_prefixes(group)
         return group
+
+    def _whole_prompts(self, with_images: bool) -> bool:
+        """Whether a group's prompts are prefilled in one chunk: where a prompt's tokens attend to later ones (PaliGemma's
+        prefix, Gemma 3's image blocks), a chunk could not see the next."""
+        return self.vision is not None and (self.vision.prefix_lm or (self.vision.bidirectional_images and with_images))
+
+    def _image_inputs(self, ids: np.ndarray, mask: np.ndarray, images: list[Any]) -> tuple[jax.Array, np.ndarray]:
+        """(the group's image feature rows, each member's in turn, padded to a power of two so few prefills compile; the
+        feature row each [k, width] column's token takes, -1 for the text), as generate gives its prefill."""
+        index = image_index(np.where(mask, ids, -1), self.vision.image_token_id)
+        given = [f for f in images if f is not None]
+        dtype = dtypes.jax_dtype(self.vision.feature_dtype)
+        rows = jnp.concatenate([jnp.asarray(f, dtype) for f in given]) if given else \
+            jnp.zeros((1, self.vision.feature_size), dtype)
+        padded = 1 << (rows.shape[0] - 1).bit_length()
+        return jnp.pad(rows, ((0, padded - rows.shape[0]), (0, 0))), index
+
+    def check_images(self, prompt: list[int], features: Any) -> None:
+        """Refuse a request whose image tokens and image feature rows differ in number (before it queues)."""
+        if self.vision is None:
+            if features is not None:
+                raise InputSpecError("this artifact takes no images: it is not a vision-language model")
+            return
+        tokens, given = prompt.count(self.vision.image_token_id), 0 if features is None else int(features.shape[0])
+        if tokens != given:
+            raise InputSpecError(f"the prompt holds {tokens} image tokens (id {self.vision.image_token_id}) and its images "
+                                 f"make {given} feature rows: each image's token must be expanded as the model's processor "
+                                 "expands it")
 
     def _reuse_prefixes(self, group: Group) -> None:
         """Skip the leading chunks whose tokens every member finds in the prefix cache: copy those members' cached
@@ -288,9 +336,10 @@ class BatchEngine:
         lo, hi = group.bounds[group.chunk], group.bounds[group.chunk + 1]
         _, span = self._chunk_shape(lo, hi)
         positions, write_at, valid = chunk_slots(group.mask, lo, hi, span)
+        images = () if self.vision is None else (group.features, jnp.asarray(group.image_index[:, lo:hi], self._ids))
         logits, group.scratch = self._prefill(
             group.scratch, jnp.asarray(group.ids[:, lo:hi], self._ids), jnp.asarray(positions, self._ids),
-            jnp.asarray(write_at, self._ids), jnp.asarray(valid), group.adapter_ids)
+            jnp.asarray(write_at, self._ids), jnp.asarray(valid), group.adapter_ids, images)
         group.chunk += 1
         if not group.done:
             return None
@@ -402,7 +451,8 @@ class BatchEngine:
         for k in groups:
             shapes = set()
             for longest in range(1, self.max_len):  # the most room a prompt can have: one new token
-                bounds = self._chunk_bounds(longest, self.max_len - 1, self.chunk_for(k))
+                bounds = [0, bucket(longest, self.max_len - 1, MIN_BUCKET)] if self._whole_prompts(False) else \
+                    self._chunk_bounds(longest, self.max_len - 1, self.chunk_for(k))
                 if bounds[1] >= MIN_BUCKET and bounds[1] & (bounds[1] - 1) == 0:  # else cut short by the cache's end
                     shapes.update(self._chunk_shape(lo, hi) for lo, hi in zip(bounds, bounds[1:]))
             chunks[k] = sorted(shapes)
@@ -419,8 +469,11 @@ class BatchEngine:
 
         def prefill(k: int, width: int, span: int) -> tuple[jax.Array, list[jax.Array]]:
             slots = jnp.broadcast_to(jnp.arange(width, dtype=ids), (k, width))
+            images = () if self.vision is None else self._image_inputs(np.zeros((k, width), np.int64),
+                                                                        np.ones((k, width), bool), [])
+            images = tuple(jnp.asarray(a, ids) if isinstance(a, np.ndarray) else a for a in images)
             return jax.block_until_ready(self._prefill(g.new_cache(k), jnp.zeros((k, width), ids), slots, slots,
-                                                       jnp.zeros((k, span), bool), np.full(k, BASE, np.int32)))
+                                                       jnp.zeros((k, span), bool), np.full(k, BASE, np.int32), images))
 
         def first_and_join(k: int) -> None:  # a group's last chunk, its first tokens, its rows copied into the batch
             logits, scratch = prefill(k, MIN_BUCKET, MIN_BUCKET)
@@ -464,11 +517,11 @@ class BatchEngine:
 
     # -- adapters ---------------------------------------------------------------------------------
     def _prefill(self, cache: list[jax.Array], ids: jax.Array, positions: jax.Array, write_at: jax.Array, valid: jax.Array,
-                 adapter_ids: np.ndarray | None) -> tuple[jax.Array, list[jax.Array]]:
+                 adapter_ids: np.ndarray | None, images: tuple = ()) -> tuple[jax.Array, list[jax.Array]]:
         """One compiled prefill step: the generator's own without adapters, else the entries' graph with each row's
-        adapter beside the weights."""
+        adapter beside the weights. `images`: a vision-language step's (feature rows, image index)."""
         if self.adapters is None:
-            return self.g.prefill(cache, ids, positions, write_at, valid)
+            return self.g.prefill(cache, ids, positions, write_at, valid, *images)
         return self._prefill_rows(self.g.params, self.adapters.lora, cache, ids, positions, write_at, valid,
                                   jnp.asarray(adapter_ids, jnp.int32))
 
@@ -529,7 +582,8 @@ class BatchEngine:
         valid = jnp.arange(span)[None, :] <= lengths[:, None]
         at = lengths[:, None]
         if side is None:
-            return causal_lm_step(self.g.decode_model, params, tokens[:, None], at, at, valid, cache)
+            return causal_lm_step(self.g.decode_model, params, tokens[:, None], at, at, valid, cache,
+                                  *self.g._decode_inputs(tokens.shape[0]))
         lora, adapter_ids = side
         logits, cache = self.adapters.steps["decode"](params, lora, tokens[:, None], at, at, valid, list(cache),
                                                       adapter_ids=adapter_ids)

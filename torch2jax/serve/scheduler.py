@@ -89,6 +89,9 @@ class Request:
     end_tokens: tuple[int, ...] | None = None  # None: the artifact's end tokens
     adapter: int = BASE  # the engine's adapter this request runs with (its index; BASE: the base model)
     constraint: Any = None  # structured output: a serve/structured.py Constraint choosing which tokens may come next
+    # a vision-language artifact: the feature rows [image tokens, feature_size] the prompt's image tokens take, in order
+    # (VisionLanguageGenerator.image_features of its images); None: a prompt without images
+    image_features: Any = None
     id: int = field(default_factory=lambda: next(_ids))
     tokens: list[int] = field(default_factory=list)
     cancelled: bool = False
@@ -125,6 +128,7 @@ class Scheduler:
         if request.adapter != BASE and not 0 <= request.adapter < count:
             raise InputSpecError(f"adapter {request.adapter}: this engine holds {count} adapters (0 to {count - 1}, or "
                                  f"{BASE} for the base model)")
+        self.engine.check_images(request.prompt, request.image_features)
 
     def submit(self, request: Request | list[Request]) -> None:
         """Queue a request, or several together (the choices of one client request: all of them or none; raises
@@ -235,7 +239,7 @@ class Scheduler:
         self.max_rows_held = max(self.max_rows_held, self.rows_held)
         self.group_members = members
         self.group = self.engine.start_group(rows, [r.prompt for r in members], [r.max_tokens for r in members],
-                                             [r.adapter for r in members])
+                                             [r.adapter for r in members], [r.image_features for r in members])
         for request, cached in zip(members, self.group.cached):
             request.cached_tokens = cached
         if self.metrics is not None:

@@ -9,7 +9,7 @@ built here from two things the caller tracks, so left-padded batches are right b
     position_ids  [B, T]    each row's own positions (a left-padded row starts later)
     write_at      [B, T]    the cache slots each row's T tokens are written to (rows apart: a server's rows each
                             hold their own tokens from slot 0); artifacts converted before this took [T], shared by
-                            all rows, and a vision-language model's step still does
+                            all rows, and the step still runs either (example_step_inputs' `rows_apart`)
     kv_valid      [B, L]    which of the first L cache slots hold real tokens, the T new ones included
     cache         2 x layers tensors [B, kv_heads, S + 1, head_dim]: keys, values of layer 0, 1, ...
 

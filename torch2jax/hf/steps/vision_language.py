@@ -198,16 +198,22 @@ class MultimodalStep(DecoderStep):
         also = None
         if self.image_blocks:
             block = torch.where(is_image, torch.div(image_index, self.image_blocks, rounding_mode="floor"), -1)  # [B, T]
-            keys = torch.full((input_ids.shape[0], kv_valid.shape[1]), -1, dtype=block.dtype).index_copy(1, write_at, block)
+            keys = write_columns(torch.full((input_ids.shape[0], kv_valid.shape[1]), -1, dtype=block.dtype), write_at, block)
             also = (block[:, :, None] >= 0) & (block[:, :, None] == keys[:, None, :])  # [B, T, L]
         if self.prefix_lm:  # every token of the prompt (this step's tokens) sees every other one; decode sees its own
-            written = torch.zeros(kv_valid.shape, dtype=torch.bool).index_copy(
-                1, write_at, torch.ones(input_ids.shape, dtype=torch.bool))
+            written = write_columns(torch.zeros(kv_valid.shape, dtype=torch.bool), write_at,
+                                    torch.ones(input_ids.shape, dtype=torch.bool))
             also = written[:, None, :].expand(-1, input_ids.shape[1], -1)
         positions = position_ids + self.position_offset if self.position_offset else position_ids
         if rope_offsets is not None:  # Qwen2-VL's 3-D (temporal, height, width) positions: the text position + offsets
             positions = positions[None] + rope_offsets
         return self.step({"inputs_embeds": embeds}, positions, write_at, kv_valid, cache, also)
+
+
+def write_columns(table: torch.Tensor, write_at: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """`table` [B, L] with each row's step values [B, T] written at the step's slots: `write_at` [B, T] (each row's
+    own) or [T] (shared by every row)."""
+    return table.index_copy(1, write_at, values) if write_at.dim() == 1 else table.scatter(1, write_at, values)
 
 
 @contextlib.contextmanager
@@ -284,12 +290,12 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
     encode = model_from(encode_captured, timer, weights)
 
     batch = min(max_batch, 2)
-    step_args = example_step_inputs(layout, batch, 3, rows_apart=False)
+    step_args = example_step_inputs(layout, batch, 3)
     rows = 7
     index = torch.tensor([[0, 1, -1], [2, -1, 3]])[:batch]
     features = torch.zeros((rows, feature_size), dtype=probe.dtype)
     feature_rows = {"name": "image_rows", "min": 1, "max": max_images * tokens_per_image}
-    shapes = step_dynamic_shapes(layout, max_batch, rows_apart=False)
+    shapes = step_dynamic_shapes(layout, max_batch)
     blocks = tokens_per_image if type(vlm).__name__ in BIDIRECTIONAL_IMAGES else None
     kind = type(vlm).__name__
     step = MultimodalStep(vlm, layout, blocks, prefix_lm=kind in PREFIX_LM, position_offset=POSITION_OFFSET.get(kind, 0))
@@ -365,11 +371,11 @@ def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max
     encode = model_from(encode_captured, timer, weights)
 
     batch = min(max_batch, 2)
-    step_args = example_step_inputs(layout, batch, 3, rows_apart=False)
+    step_args = example_step_inputs(layout, batch, 3)
     index = torch.tensor([[0, 1, -1], [2, -1, 3]])[:batch]
     features = torch.zeros((7, feature_size), dtype=dtype)
     offsets = torch.zeros((3, batch, 3), dtype=torch.long)
-    shapes = step_dynamic_shapes(layout, max_batch, rows_apart=False)
+    shapes = step_dynamic_shapes(layout, max_batch)
     offset_dims = {axis + 1: d for axis, d in shapes[0].items()}
     step = MultimodalStep(vlm, layout, deepstack=deepstack)
     captured, _ = trace(step.eval(), (*step_args, features, index, offsets), None,

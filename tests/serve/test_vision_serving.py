@@ -1,0 +1,68 @@
+"""Serving a vision-language artifact (serve/engine.py with image inputs): every request, with images or without,
+gets the tokens VisionLanguageGenerator.generate gives it alone, whatever joins its batch: LLaVA (image tokens
+cut across prefill chunks), Gemma 3 (an image's tokens attend both ways: prompts prefilled whole) and PaliGemma (the
+whole prompt attends both ways)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import torch2jax
+from torch2jax.errors import InputSpecError
+from torch2jax.serve.engine import BatchEngine
+from torch2jax.serve.scheduler import Request, Scheduler
+
+from ..hf import vlms
+from .test_scheduler import run
+
+CACHE, ROWS, NEW = 96, 4, 6
+
+
+@pytest.fixture(scope="module", params=["llava", "gemma3", pytest.param("paligemma", marks=pytest.mark.slow)])
+def vlm(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"serve-vlm-{request.param}")
+    source = vlms.write(request.param, root)
+    return torch2jax.load(torch2jax.save(torch2jax.convert_hf(f"hf:{source}", max_cache_len=CACHE, max_batch=ROWS),
+                                         root / "out"))
+
+
+def image_requests(g, count: int, seed: int) -> list[tuple[Request, np.ndarray | None]]:
+    """`count` requests, every third one text only, the others one image among 1-12 words of text; (request, pixels)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(count):
+        words = rng.integers(vlms.FIRST_WORD, vlms.VOCAB, int(rng.integers(1, 13))).tolist()
+        if i % 3 == 2:
+            out.append((Request(words, NEW, lambda e: None, end_tokens=()), None))
+            continue
+        prompt = words[:1] + [g.vision.image_token_id] * g.vision.tokens_per_image + words[1:]
+        pixels = rng.standard_normal((1, *g.vision.pixel_shape)).astype(np.float32)
+        features = g.image_features(g.vision.tokens_per_image, pixels)
+        out.append((Request(prompt, NEW, lambda e: None, end_tokens=(), image_features=features), pixels))
+    return out
+
+
+def test_requests_with_and_without_images_each_get_what_they_get_alone(vlm):
+    g = vlm
+    engine = BatchEngine(g, ROWS, chunk=16)
+    assert engine.prefix is None  # an image token's keys depend on its image, which block names do not hold
+    engine.compile_steps(workers=2)  # the text-only shapes, and decode with the step's image inputs
+    scheduler = Scheduler(engine, max_queue=16)
+    load = image_requests(g, 6, seed=0)
+    run(scheduler, {0: [r for r, _ in load[:4]], 3: [r for r, _ in load[4:]]})  # two join as the first ones run
+    for request, pixels in load:
+        alone = g.generate(np.asarray([request.prompt]), pixel_values=pixels, max_new_tokens=NEW, eos_token_id=[])
+        assert request.tokens == alone[0, len(request.prompt):].tolist(), (len(request.prompt), pixels is not None)
+    assert scheduler.max_rows_held == ROWS
+
+
+def test_image_tokens_and_features_must_agree(vlm):
+    g = vlm
+    scheduler = Scheduler(BatchEngine(g, 2), max_queue=4)
+    (request, _), = image_requests(g, 1, seed=1)
+    with pytest.raises(InputSpecError, match=f"holds {g.vision.tokens_per_image} image tokens .* make 0 feature rows"):
+        scheduler.submit(Request(request.prompt, 2, lambda e: None))
+    with pytest.raises(InputSpecError, match="holds 0 image tokens"):
+        scheduler.submit(Request([9, 10], 2, lambda e: None, image_features=request.image_features))
+    assert not scheduler.waiting
