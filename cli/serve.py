@@ -69,14 +69,19 @@ from .common import handles_errors, needs_extra
               help="Keep the compiled steps here between runs, so a restart reads them instead of compiling "
                    "[default: $XDG_CACHE_HOME/torch2jax/jax, i.e. ~/.cache/torch2jax/jax].")
 @click.option("--no-compilation-cache", is_flag=True, help="Compile every step at start-up, keeping nothing.")
+@click.option("--allowed-local-media-path", type=click.Path(file_okay=False, exists=True),
+              help="A vision-language artifact: chat image_url parts may name image files inside this directory "
+                   "(file:// or a path); without it only inline data: URIs are read.")
 @click.option("--log-level", default="warning", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 @handles_errors
 def serve(artifact_dir, host, port, max_batch, max_queue, chunk, max_prefill_tokens, prefix_caching, prefix_cache_tokens,
           model_name, chat_template, tool_parser, drain_timeout, warm_up,
-          decode_block, lora, compilation_cache, no_compilation_cache, log_level, pooling, normalize):
+          decode_block, lora, compilation_cache, no_compilation_cache, allowed_local_media_path, log_level, pooling,
+          normalize):
     """Serve a text-generation artifact over HTTP, OpenAI-style: /v1/completions, /v1/chat/completions
     (streaming with stream=true), /v1/models, /health and /metrics (Prometheus). Needs no torch. An encoder artifact
-    (convert hf:DIR --task feature-extraction) serves /v1/embeddings instead.
+    (convert hf:DIR --task feature-extraction) serves /v1/embeddings instead; a vision-language one (--task
+    image-text-to-text) takes images in chat messages (image_url parts with data: URIs).
 
     \b
     Example:
@@ -108,7 +113,8 @@ def serve(artifact_dir, host, port, max_batch, max_queue, chunk, max_prefill_tok
                             max_prefill_tokens=max_prefill_tokens,
                             prefix_cache_tokens=(prefix_cache_tokens if prefix_caching else 0), model_name=model_name,
                             chat_template=chat_template, warm_up=warm_up, progress=progress,
-                            decode_block=decode_block, lora=lora, defer_warm_up=True, pooling=pooling, normalize=normalize)
+                            decode_block=decode_block, lora=lora, defer_warm_up=True, pooling=pooling, normalize=normalize,
+                            allowed_local_media_path=allowed_local_media_path)
     service.tool_parser = tool_parser
     click.echo(f"[serve] loaded in {time.perf_counter() - started:.1f}s; compiling the steps while listening "
                "(/health: 503 until they are ready)", err=True)

@@ -248,6 +248,11 @@ def test_bad_values_of_the_new_fields_are_refused_naming_them(served):
         ("/v1/chat/completions", {"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "top_logprobs",
          "an integer in [0, 20]"),
         ("/v1/chat/completions", {"messages": MESSAGES, "echo": True}, "echo", "a /v1/completions field"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}]}]}, "messages",
+         "reads text only: image_url parts need a vision-language artifact"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}, "messages",
+         "a list of text and image_url parts"),
     ]
     answers = post(service, cases[0][0], *(body for path, body, _, _ in cases if path == "/v1/completions"))
     answers += post(service, "/v1/chat/completions", *(body for path, body, _, _ in cases if path != "/v1/completions"))

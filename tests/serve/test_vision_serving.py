@@ -66,3 +66,75 @@ def test_image_tokens_and_features_must_agree(vlm):
     with pytest.raises(InputSpecError, match="holds 0 image tokens"):
         scheduler.submit(Request([9, 10], 2, lambda e: None, image_features=request.image_features))
     assert not scheduler.waiting
+
+
+def data_uri(image) -> str:
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def llava_service(tmp_path_factory):
+    from torch2jax.serve.api import build_service
+
+    root = tmp_path_factory.mktemp("serve-vlm-http")
+    artifact = torch2jax.save(torch2jax.convert_hf(f"hf:{vlms.write('llava', root)}", max_cache_len=CACHE, max_batch=ROWS),
+                              root / "out")
+    service = build_service(artifact, warm_up="short", chunk=16, decode_block=4)
+    service.scheduler.start()
+    yield service, torch2jax.load(artifact)
+    service.scheduler.stop()
+
+
+def test_chat_with_an_image_equals_generate_with_it_alone(llava_service, tmp_path):
+    """Chat messages with image_url parts (a data URI; a file inside --allowed-local-media-path) reply what
+    generate_text gives the same text and image alone; a text-only chat shares the batch."""
+    from .test_openai_features import post
+
+    service, g = llava_service
+    wide, tall, _ = vlms.images()
+    (tmp_path / "tall.png").write_bytes(b"")
+    tall.save(tmp_path / "tall.png")
+    service.media_root = tmp_path
+    try:
+        bodies = [{"model": "out", "max_tokens": NEW, "temperature": 0, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "w20 w21 w22"}]}]}
+            for url in (data_uri(wide), "file://" + str(tmp_path / "tall.png"), "tall.png")]
+        text_only = {"model": "out", "max_tokens": NEW, "temperature": 0,
+                     "messages": [{"role": "user", "content": [{"type": "text", "text": "w30 w31"}]}]}
+        answers = post(service, "/v1/chat/completions", *bodies, text_only)
+        outside = dict(bodies[0], messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "../elsewhere.png"}}, {"type": "text", "text": "w20"}]}])
+        refused, = post(service, "/v1/chat/completions", outside)
+        assert refused.status_code == 400 and "outside the directory" in refused.json()["error"]["message"]
+    finally:
+        service.media_root = None
+    for answer, image in zip(answers, (wide, tall, tall)):
+        assert answer.status_code == 200, answer.text
+        want = g.complete(["w20 w21 w22"], images=[image], max_new_tokens=NEW)[0]
+        reply = answer.json()
+        assert reply["choices"][0]["message"]["content"] == want.text
+        assert reply["usage"]["completion_tokens"] == want.new_tokens
+    assert answers[3].status_code == 200, answers[3].text
+
+
+@pytest.mark.parametrize("url, says", [
+    ("https://example.com/cat.png", "does not fetch image URLs"),
+    ("data:image/png;base64,not base64!", "not valid base64"),
+    ("data:image/png,raw", "must be base64"),
+    ("data:image/png;base64,aGVsbG8=", "could not be read"),
+    ("cat.png", "--allowed-local-media-path"),
+])
+def test_an_image_the_server_cannot_read_is_a_400_naming_messages(llava_service, url, says):
+    from .test_openai_features import post
+
+    service, _ = llava_service
+    body = {"model": "out", "max_tokens": 2, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "w20"}]}]}
+    answer, = post(service, "/v1/chat/completions", body)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "messages", answer.text
+    assert says in answer.json()["error"]["message"]

@@ -58,13 +58,21 @@ def processor_inputs(vision: VisionSpec, tokenizer_files: dict[str, Path], token
     images = list(image) if isinstance(image, (list, tuple)) else [image]
     if not images:
         raise InputSpecError("processor_inputs needs at least one image")
-    image_token = tokenizer.id_to_token(vision.image_token_id)
-    placeholder = vision.image_placeholder or image_token
     if vision.prompt_format is not None:  # the processor's own format, no chat template (PaliGemma)
+        placeholder = vision.image_placeholder or tokenizer.id_to_token(vision.image_token_id)
         text = vision.prompt_format.replace(placeholder, placeholder * len(images)).replace("{prompt}", prompt)
     else:
         content = [{"type": "image"}] * len(images) + [{"type": "text", "text": prompt}]
         text = chat_template(tokenizer_files).render([{"role": "user", "content": content}], add_generation_prompt=True)
+    return expand_images(vision, tokenizer_files, tokenizer, text, images)
+
+
+def expand_images(vision: VisionSpec, tokenizer_files: dict[str, Path], tokenizer: Any, text: str,
+                  images: list[Any]) -> tuple[np.ndarray, ...]:
+    """processor_inputs' outputs for a prompt `text` already rendered, holding one image placeholder per image in order
+    (a chat template's rendering of messages with {"type": "image"} parts)."""
+    image_token = tokenizer.id_to_token(vision.image_token_id)
+    placeholder = vision.image_placeholder or image_token
     if placeholder is None or text.count(placeholder) != len(images):
         raise Torch2JaxError(f"the chat template did not place {len(images)} image placeholder(s) ({placeholder!r}) for "
                              f"the image(s)")

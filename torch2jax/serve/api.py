@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 
-from ..errors import InputSpecError
+from ..errors import InputSpecError, Torch2JaxError
 from ..generate.artifacts import load
 from ..generate.generator import Generator
 from ..generate.seq2seq import Seq2SeqGenerator
@@ -96,7 +96,8 @@ def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = No
                   progress: Callable[[int, int], None] | None = None, decode_block: int = 16,
                   lora: Sequence[tuple[str, str | os.PathLike]] = (), defer_warm_up: bool = False,
                   pooling: str | None = None, normalize: bool | None = None, max_prefill_tokens: int | None = None,
-                  prefix_cache_tokens: int | None = None) -> Service | EmbeddingService:
+                  prefix_cache_tokens: int | None = None,
+                  allowed_local_media_path: str | os.PathLike | None = None) -> Service | EmbeddingService:
     """What `torch2jax serve` serves: the artifact loaded, what the server cannot serve refused (with the reason), its
     scheduler over `max_batch` rows (default: the artifact's), and its steps compiled before the first client: at
     every shape a request can need (`warm_up="all"`, reporting `progress(done, total)`), or a short prompt's only
@@ -108,7 +109,9 @@ def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = No
     per device call, `pooling` / `normalize` over the model's own sentence-transformers config); `pooling` and
     `normalize` are refused for any other artifact, `lora` and `chat_template` for an encoder.
     `max_prefill_tokens`: prompt tokens prefilled per step over a group's rows (default: `chunk`); `prefix_cache_tokens`:
-    what the prefix cache holds (None: half the batch cache, rows x max cache length / 2; 0: no prefix caching)."""
+    what the prefix cache holds (None: half the batch cache, rows x max cache length / 2; 0: no prefix caching).
+    A vision-language artifact takes images in chat messages (data URIs; local paths only inside
+    `allowed_local_media_path`, serve/media.py), its chat template the processor's."""
     if warm_up not in ("all", "short"):
         raise InputSpecError(f"warm_up must be 'all' or 'short', got {warm_up!r}")
     if read_manifest(Path(artifact_dir)).get("task") == embeddings.ENCODER_TASK:
@@ -125,10 +128,6 @@ def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = No
         raise InputSpecError(f"{artifact_dir} is an encoder-decoder (text2text-generation): `torch2jax serve` batches causal "
                              "LMs only, whose steps share one KV cache layout (see docs/limitations.md); use "
                              "Seq2SeqGenerator.generate in Python")
-    if isinstance(g, VisionLanguageGenerator):
-        raise InputSpecError(f"{artifact_dir} is a vision-language model (image-text-to-text): `torch2jax serve` does not "
-                             "take images yet (see docs/limitations.md); use `torch2jax generate --image` or "
-                             "VisionLanguageGenerator.generate in Python")
     if not isinstance(g, Generator):
         raise InputSpecError(f"{artifact_dir} is neither a text-generation artifact (convert hf:DIR --task text-generation) "
                              "nor an encoder one for /v1/embeddings (convert hf:DIR --task feature-extraction)")
@@ -146,6 +145,13 @@ def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = No
     scheduler = Scheduler(engine, max_queue=max_queue)
     template = ChatTemplate.from_files(g.tokenizer_files.get("tokenizer_config.json"),
                                        Path(chat_template) if chat_template else None)
+    if isinstance(g, VisionLanguageGenerator) and not chat_template:
+        template = processor_template(g) or template
+    media_root = None
+    if allowed_local_media_path is not None:
+        media_root = Path(allowed_local_media_path)
+        if not media_root.is_dir():
+            raise InputSpecError(f"--allowed-local-media-path {media_root}: not a directory")
 
     def warm(report: Callable[[int, int], None]) -> None:
         def both(done: int, total: int) -> None:
@@ -162,10 +168,20 @@ def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = No
         scheduler.metrics = metrics  # counted from the first client on
 
     service = Service(name, scheduler, g.tokenizer, template, metrics, created=int(time.time()), adapters=names,
-                      adapter_dirs=dirs, warm_up=warm)
+                      adapter_dirs=dirs, warm_up=warm, media_root=media_root)
     if not defer_warm_up:
         service.warm_up_now()
     return service
+
+
+def processor_template(g: VisionLanguageGenerator) -> ChatTemplate | None:
+    """The processor's chat template (chat_template.jinja / .json, else the tokenizer's), None where there is none."""
+    from ..generate import vision_processor
+
+    try:
+        return vision_processor.chat_template(g.tokenizer_files)
+    except Torch2JaxError:
+        return None
 
 
 def load_adapters(g: Generator, model_name: str, lora: Sequence[tuple[str, str | os.PathLike]]

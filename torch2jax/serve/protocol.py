@@ -206,8 +206,9 @@ class CompletionRequest(GenerationRequest):
 
 
 class ChatCompletionRequest(GenerationRequest):
-    """/v1/chat/completions: `messages`, each content a string or text parts (flattened to text here); `logprobs: true`
-    reports each token's log-probability and the `top_logprobs` most likely."""
+    """/v1/chat/completions: `messages`, each content a string or text parts (flattened to text here), or text and image
+    parts (vision-language artifacts); `logprobs: true` reports each token's log-probability and the `top_logprobs`
+    most likely."""
 
     messages: list[dict] | None = Field(None, validate_default=True)
     echo: Any = None  # a /v1/completions field: refused here unless off
@@ -366,15 +367,36 @@ def refusal(err: ValidationError, data: dict, kind: type[GenerationRequest]) -> 
     return ApiError(400, f"'{name}' must be {rule}, got {json.dumps(data.get(name), default=str)[:80]}", name)
 
 
-def flat_content(content: Any) -> str:
-    """A message's content as text: a string, or OpenAI's list of {"type": "text", "text": ...} parts."""
+def flat_content(content: Any) -> str | list[dict]:
+    """A message's content as text: a string, or OpenAI's list of {"type": "text", "text": ...} parts joined; with
+    {"type": "image_url", "image_url": {"url": ...}} parts among them, the parts in order as {"type": "text", "text"}
+    and {"type": "image", "url"} (a vision-language model's template writes an image placeholder for each)."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        return "".join(str(p.get("text", "")) for p in content)
     if content is None:
         return ""
-    raise ValueError("a message's 'content' must be a string or a list of text parts (this model reads text only)")
+    if not isinstance(content, list) or not all(isinstance(p, dict) and p.get("type") in ("text", "image_url")
+                                                for p in content):
+        raise ValueError("a message's 'content' must be a string or a list of text and image_url parts")
+    if all(p["type"] == "text" for p in content):
+        return "".join(str(p.get("text", "")) for p in content)
+    parts = []
+    for p in content:
+        if p["type"] == "text":
+            parts.append({"type": "text", "text": str(p.get("text", ""))})
+            continue
+        image = p.get("image_url")
+        url = image.get("url") if isinstance(image, dict) else image
+        if not isinstance(url, str) or not url:
+            raise ValueError('an image_url part must be {"type": "image_url", "image_url": {"url": "data:image/png;'
+                             'base64,..."}}')
+        parts.append({"type": "image", "url": url})
+    return parts
+
+
+def image_urls(messages: list[dict]) -> list[str]:
+    """The URLs of the messages' image parts, in order (flat_content's {"type": "image"} parts)."""
+    return [p["url"] for m in messages if isinstance(m.get("content"), list) for p in m["content"] if p["type"] == "image"]
 
 
 def _or(value: Any, default: Any) -> Any:

@@ -18,15 +18,18 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..errors import InputSpecError
+from ..errors import InputSpecError, Torch2JaxError
 from ..generate.text import ChatTemplate, TextStream
+from ..generate.vision_processor import expand_images
 from .engine import BASE
+from .media import read_image
 from .metrics import Metrics
 from .protocol import (
     ApiError,
@@ -38,6 +41,7 @@ from .protocol import (
     GenerationRequest,
     TokenTexts,
     finish_reason,
+    image_urls,
     json_object,
     usage,
     validate,
@@ -65,6 +69,7 @@ class Service(WarmingUp):
     adapters: list[str] = field(default_factory=list)
     adapter_dirs: list[str] = field(default_factory=list)
     tool_parser: str = "auto"  # the format tool calls are read in (serve/tools.py): "auto" reads the chat template
+    media_root: Path | None = None  # the directory local image paths may name (--allowed-local-media-path; None: none)
     _grammars: Grammars | None = field(default=None, repr=False)
 
     def serve(self) -> None:
@@ -80,6 +85,11 @@ class Service(WarmingUp):
     def tool_format(self) -> str:
         """The format this model writes tool calls in: `tool_parser`, or detected from the chat template."""
         return resolve(self.tool_parser, self.chat_template.source if self.chat_template is not None else None)
+
+    @property
+    def vision(self) -> Any:
+        """A vision-language artifact's VisionSpec (chat messages may hold images), else None."""
+        return self.scheduler.engine.vision
 
     @property
     def max_cache_len(self) -> int:
@@ -178,10 +188,11 @@ async def _complete(http: HttpRequest, endpoint: str, kind: type[GenerationReque
         adapter = service.adapter_of(data.get("model"))  # before the fields: another model's request is not ours to judge
         body = validate(data, kind)
         _check_choices(body.choices, service)
-        prompt = _chat_prompt(body, service) if chat else _completion_prompt(body, service)
+        prompt, features = await asyncio.to_thread(_chat_prompt, body, service) if chat else \
+            (_completion_prompt(body, service), None)
         max_tokens = body.max_new_tokens(max(service.max_cache_len - len(prompt), 1) if chat else 16)
         constraints = await _constraints(service, body)
-        requests, events = _submit(service, prompt, body, max_tokens, adapter, constraints)
+        requests, events = _submit(service, prompt, body, max_tokens, adapter, constraints, features)
     except ApiError as err:
         return _error_response(err, endpoint, service)
     ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
@@ -268,8 +279,26 @@ def _completion_prompt(body: CompletionRequest, service: Service) -> list[int]:
     return service.tokenizer.encode(prompt).ids if isinstance(prompt, str) else list(prompt)
 
 
-def _chat_prompt(body: ChatCompletionRequest, service: Service) -> list[int]:
-    return service.tokenizer.encode(chat_text(body, service), add_special_tokens=False).ids
+def _chat_prompt(body: ChatCompletionRequest, service: Service) -> tuple[list[int], Any]:
+    """(the prompt ids of a chat request, the feature rows its images make or None): with images, the template's
+    placeholders expanded and the images encoded as the model's processor and generate do (off the event loop: the
+    caller runs this in a thread)."""
+    urls = image_urls(body.messages)
+    if not urls:
+        return service.tokenizer.encode(chat_text(body, service), add_special_tokens=False).ids, None
+    vision = service.vision
+    if vision is None:
+        raise ApiError(400, f"'{service.model_name}' reads text only: image_url parts need a vision-language artifact "
+                            "(converted with --task image-text-to-text)", "messages")
+    g = service.scheduler.engine.g
+    try:
+        images = [read_image(url, service.media_root) for url in urls]
+        ids, pixels, *grids = expand_images(vision, g.tokenizer_files, g.tokenizer, chat_text(body, service), images)
+        sizes = dict(image_sizes=grids[0], batch_num_images=grids[1] if len(grids) > 1 else None) if grids else {}
+        features = g.image_features(int((ids == vision.image_token_id).sum()), pixels, **sizes)
+    except Torch2JaxError as err:  # InputSpecError included
+        raise ApiError(400, str(err), "messages") from None
+    return ids[0].tolist(), features
 
 
 def chat_text(body: ChatCompletionRequest, service: Service) -> str:
@@ -283,10 +312,20 @@ def chat_text(body: ChatCompletionRequest, service: Service) -> str:
         raise ApiError(400, f"'tools' cannot be used with '{service.model_name}': its chat template does not render tools "
                             "(it never reads `tools`), so the model would not see them; start the server with "
                             "--chat-template FILE, a template that writes the tools into the prompt", "tools")
+    messages = template_messages(body.messages)
+    if service.vision is not None:  # a processor's template reads every content as parts, an image as {"type": "image"}
+        messages = [dict(m, content=image_parts(m["content"])) if "content" in m else m for m in messages]
     try:
-        return template.render(template_messages(body.messages), add_generation_prompt=True, tools=body.tools)
+        return template.render(messages, add_generation_prompt=True, tools=body.tools)
     except InputSpecError as err:
         raise ApiError(400, str(err), "messages") from None
+
+
+def image_parts(content: Any) -> list[dict]:
+    """A message's content as a processor's chat template reads it: parts, each image a {"type": "image"}."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return [{"type": "image"} if p["type"] == "image" else p for p in content]
 
 
 def _tool_readers(body: ChatCompletionRequest, service: Service) -> Callable[[], ToolParser] | None:
@@ -298,10 +337,10 @@ def _tool_readers(body: ChatCompletionRequest, service: Service) -> Callable[[],
 
 
 def _submit(service: Service, prompt: list[int], body: GenerationRequest, max_tokens: int, adapter: int = BASE,
-            constraints: list[Constraint] | None = None) -> tuple[list[Request], asyncio.Queue]:
+            constraints: list[Constraint] | None = None, image_features: Any = None) -> tuple[list[Request], asyncio.Queue]:
     """Queue the request's choices on the scheduler, each a request of its own over the same prompt (on the engine's
-    adapter `adapter`, with its grammar constraint when given), all together or none; their events come back on this
-    event loop's queue as (choice, event)."""
+    adapter `adapter`, with its grammar constraint when given, with its images' feature rows), all together or none;
+    their events come back on this event loop's queue as (choice, event)."""
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
     def listener(index: int) -> Callable[[Event], None]:
@@ -310,7 +349,8 @@ def _submit(service: Service, prompt: list[int], body: GenerationRequest, max_to
     settings = [body.sampling(i) for i in range(body.choices)]
     requests = [Request(prompt, max_tokens, listener(i), s, TextStream(service.tokenizer, body.stop_strings),
                         end_tokens=() if body.ignore_eos else None, adapter=adapter,
-                        constraint=None if constraints is None else constraints[i]) for i, s in enumerate(settings)]
+                        constraint=None if constraints is None else constraints[i], image_features=image_features)
+                for i, s in enumerate(settings)]
     try:
         service.scheduler.submit(requests)
     except QueueFull as err:
