@@ -325,10 +325,6 @@ def test_qwen2_vl_greedy_equals_transformers_and_a_batch_equals_each_alone(qwen)
         g.generate(ids, attention_mask=mask, pixel_values=pixels[:24], image_grid_thw=grids[:1])
     with pytest.raises(InputSpecError, match="video inputs are not supported"):
         g.generate(ids, pixel_values_videos=pixels)
-    from torch2jax.serve.engine import BatchEngine
-
-    with pytest.raises(InputSpecError, match="the Qwen2-VL family.*does not track yet"):
-        BatchEngine(g, 2)  # the server's batch: 3-D positions per row are not kept yet
 
 
 def test_qwen2_vl_prompt_and_patches_equal_the_processor(qwen):

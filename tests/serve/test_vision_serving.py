@@ -138,3 +138,23 @@ def test_an_image_the_server_cannot_read_is_a_400_naming_messages(llava_service,
     answer, = post(service, "/v1/chat/completions", body)
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "messages", answer.text
     assert says in answer.json()["error"]["message"]
+
+
+def test_qwen2_vl_requests_keep_their_own_3d_positions(tmp_path_factory):
+    """The Qwen2-VL family: each request's 3-D rotary positions come from its own images' grids, and its decode positions
+    continue from its own delta, whatever shares the batch: images of different sizes (grids) and a text-only request
+    each equal generate alone."""
+    root = tmp_path_factory.mktemp("serve-qwen2-vl")
+    g = torch2jax.convert_hf(f"hf:{vlms.write('qwen2_vl', root)}", max_cache_len=CACHE, max_batch=ROWS)
+    scheduler = Scheduler(BatchEngine(g, ROWS, chunk=16), max_queue=8)
+    load = []
+    for i, image in enumerate(vlms.images()):
+        ids, pixels, grids = g.processor_inputs(f"w{20 + i} w21", image)
+        features = g.image_features(int((ids == g.vision.image_token_id).sum()), pixels, image_grid_thw=grids)
+        request = Request(ids[0].tolist(), NEW, lambda e: None, end_tokens=(), image_features=features, image_grids=grids)
+        load.append((request, dict(pixel_values=pixels, image_grid_thw=grids)))
+    load.append((Request([9, 10, 11], NEW, lambda e: None, end_tokens=()), {}))
+    run(scheduler, {0: [r for r, _ in load[:2]], 2: [r for r, _ in load[2:]]})
+    for request, images in load:
+        alone = g.generate(np.asarray([request.prompt]), max_new_tokens=NEW, eos_token_id=[], **images)
+        assert request.tokens == alone[0, len(request.prompt):].tolist(), images.get("image_grid_thw")

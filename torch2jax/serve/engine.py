@@ -63,7 +63,7 @@ import numpy as np
 from ..errors import InputSpecError
 from ..generate import sampling
 from ..generate.generator import Generator, causal_lm_step
-from ..generate.image_positions import image_index
+from ..generate.image_positions import image_index, rope_index
 from ..generate.loop import DECODE_LOOP_OPTIONS, MIN_BUCKET, attended_span, bucket, decode_block, rows_apart
 from ..ir import dtypes
 from ..runtime.collector import return_freed_memory
@@ -165,6 +165,8 @@ class Group:
     cached: list[int] = field(default_factory=list)  # each member's prompt tokens copied from the prefix cache, not computed
     features: Any = None  # a vision-language artifact: the members' image feature rows (BatchEngine._image_inputs)
     image_index: np.ndarray | None = None  # [k, width]: the feature row each token takes (-1: a text token)
+    rope_offsets: np.ndarray | None = None  # Qwen2-VL: [3, k, width] 3-D positions less the text positions
+    deltas: np.ndarray | None = None  # Qwen2-VL: [k] each member's decode position delta (image_positions.rope_index)
 
     @property
     def done(self) -> bool:
@@ -197,6 +199,7 @@ class BatchEngine:
         self.max_len = spec.max_cache_len
         self.cache = generator.new_cache(rows)
         self.lengths = np.zeros(rows, np.int64)  # the tokens each running row holds (slots 0 .. length - 1)
+        self.deltas = np.zeros(rows, np.int64)  # added to each row's decode positions (Qwen2-VL's rope delta; else 0)
         self.running = np.zeros(rows, bool)
         self.decode_steps = 0  # device decode steps (a block counts its steps)
         # finetune.side_path.RowAdapters (lora, steps, count) or None: the steps then are the generator's own
@@ -205,10 +208,6 @@ class BatchEngine:
         self.most_models = 0  # the most models (adapters and the base) among the rows of one decode step
         self._ids = generator.id_dtype
         self.vision = getattr(generator, "vision", None)  # a vision-language artifact's VisionSpec (image inputs)
-        if self.vision is not None and self.vision.spatial_merge_size:
-            raise InputSpecError("this artifact is a variable-resolution vision-language model (the Qwen2-VL family), "
-                                 "whose 3-D positions the server does not track yet: use `torch2jax generate --image` or "
-                                 "VisionLanguageGenerator.generate")
         if self.vision is not None and adapters is not None:
             raise InputSpecError("LoRA adapters are served over text-generation artifacts only, not a vision-language one")
         # with extras (a request asks for log-probabilities or penalties): how often each row generated each token so far,
@@ -235,11 +234,13 @@ class BatchEngine:
 
     # -- prefill --------------------------------------------------------------------------------
     def start_group(self, rows: list[int], prompts: list[list[int]], max_tokens: list[int],
-                    adapter_ids: list[int] | None = None, images: list[Any] | None = None) -> Group:
+                    adapter_ids: list[int] | None = None, images: list[Any] | None = None,
+                    grids: list[Any] | None = None) -> Group:
         """Lay out the prompts of the requests that start together: left-padded to a common width made of
         chunks of at most `chunk` tokens, the first one a power of two (so few widths are compiled). `adapter_ids`:
         each request's adapter (default: the base model's). `images`: with a vision-language artifact, each request's image
-        feature rows (None: none; scheduler.Request.image_features)."""
+        feature rows (None: none; scheduler.Request.image_features), and for the Qwen2-VL family its images' grids
+        (`grids`: Request.image_grids)."""
         k = min(1 << (len(rows) - 1).bit_length(), self.g.spec.max_batch)
         images = list(images or [None] * len(prompts))
         # the limit is what generate would allow the padded prompt (the same widths)
@@ -259,6 +260,8 @@ class BatchEngine:
                       prompts=[list(p) for p in prompts], cached=[0] * len(prompts))
         if self.vision is not None:
             group.features, group.image_index = self._image_inputs(ids, mask, images)
+            if self.vision.spatial_merge_size:
+                group.rope_offsets, group.deltas = self._rope_offsets(ids, mask, list(grids or [None] * len(prompts)))
         if self.prefix is not None:
             self._reuse_prefixes(group)
         return group
@@ -278,6 +281,28 @@ class BatchEngine:
             jnp.zeros((1, self.vision.feature_size), dtype)
         padded = 1 << (rows.shape[0] - 1).bit_length()
         return jnp.pad(rows, ((0, padded - rows.shape[0]), (0, 0))), index
+
+    def _rope_offsets(self, ids: np.ndarray, mask: np.ndarray, grids: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """Qwen2-VL's 3-D positions of each member's prompt (its own images' grids) less its text positions, [3, k,
+        width], and each member's decode delta [k], as generate computes them for a prompt alone."""
+        offsets, deltas = np.zeros((3, *ids.shape), np.int64), np.zeros(ids.shape[0], np.int64)
+        text = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+        for m, grid in enumerate(grids):
+            rope, delta = rope_index(ids[m:m + 1], mask[m:m + 1], grid, self.vision.image_token_id,
+                                     self.vision.spatial_merge_size)
+            offsets[:, m] = np.where(mask[m], rope[:, 0] - text[m], 0)
+            deltas[m] = delta[0]
+        return offsets, deltas
+
+    def _prefill_images(self, group: Group, lo: int, hi: int) -> tuple:
+        """The step's image inputs for columns [lo, hi) of the group: none without a vision-language artifact, else
+        (feature rows, image index), and the 3-D position offsets for the Qwen2-VL family."""
+        if self.vision is None:
+            return ()
+        images = (group.features, jnp.asarray(group.image_index[:, lo:hi], self._ids))
+        if group.rope_offsets is not None:
+            images += (jnp.asarray(group.rope_offsets[:, :, lo:hi], self._ids),)
+        return images
 
     def check_images(self, prompt: list[int], features: Any) -> None:
         """Refuse a request whose image tokens and image feature rows differ in number (before it queues)."""
@@ -336,7 +361,7 @@ class BatchEngine:
         lo, hi = group.bounds[group.chunk], group.bounds[group.chunk + 1]
         _, span = self._chunk_shape(lo, hi)
         positions, write_at, valid = chunk_slots(group.mask, lo, hi, span)
-        images = () if self.vision is None else (group.features, jnp.asarray(group.image_index[:, lo:hi], self._ids))
+        images = self._prefill_images(group, lo, hi)
         logits, group.scratch = self._prefill(
             group.scratch, jnp.asarray(group.ids[:, lo:hi], self._ids), jnp.asarray(positions, self._ids),
             jnp.asarray(write_at, self._ids), jnp.asarray(valid), group.adapter_ids, images)
@@ -386,6 +411,7 @@ class BatchEngine:
         self.cache = self._join(self.cache, group.scratch, jnp.asarray(rows))
         for m in members:
             self.lengths[group.rows[m]], self.running[group.rows[m]] = group.lengths[m], True
+            self.deltas[group.rows[m]] = 0 if group.deltas is None else group.deltas[m]
             if group.adapter_ids is not None:
                 self.adapter_ids[group.rows[m]] = group.adapter_ids[m]
 
@@ -421,6 +447,7 @@ class BatchEngine:
             penalties = self._penalty_arrays(settings)
         out, ran, self.cache, seen, found = self._decode(
             self.g.params, self.cache, seen, jnp.asarray(tokens, self._ids), jnp.asarray(lengths, self._ids),
+            jnp.asarray(np.where(self.running, self.deltas, 0), self._ids),
             *self._sampling_arrays(settings, self.rows),
             jnp.asarray(counts, jnp.int32), jnp.asarray(left, jnp.int32), jnp.asarray(watch), self._eos,
             jnp.asarray(count, jnp.int32), side, penalties, None if allowed is None else jnp.asarray(allowed, jnp.int32),
@@ -435,11 +462,11 @@ class BatchEngine:
     def reset(self) -> None:
         """Start over with an empty batch (after a failed step, whose cache may have been donated)."""
         self.cache = self.g.new_cache(self.rows)
-        self.lengths[:], self.running[:], self.adapter_ids[:] = 0, False, BASE
+        self.lengths[:], self.deltas[:], self.running[:], self.adapter_ids[:] = 0, 0, False, BASE
         self.seen = None
 
     def free(self, row: int) -> None:
-        self.lengths[row], self.running[row], self.adapter_ids[row] = 0, False, BASE
+        self.lengths[row], self.deltas[row], self.running[row], self.adapter_ids[row] = 0, 0, False, BASE
 
     # -- compiling ahead ------------------------------------------------------------------------
     def step_shapes(self) -> dict[str, list]:
@@ -469,9 +496,12 @@ class BatchEngine:
 
         def prefill(k: int, width: int, span: int) -> tuple[jax.Array, list[jax.Array]]:
             slots = jnp.broadcast_to(jnp.arange(width, dtype=ids), (k, width))
-            images = () if self.vision is None else self._image_inputs(np.zeros((k, width), np.int64),
-                                                                        np.ones((k, width), bool), [])
-            images = tuple(jnp.asarray(a, ids) if isinstance(a, np.ndarray) else a for a in images)
+            group = Group([], [], np.zeros((k, width), np.int64), np.ones((k, width), bool), [0, width], [])
+            if self.vision is not None:
+                group.features, group.image_index = self._image_inputs(group.ids, group.mask, [])
+                if self.vision.spatial_merge_size:
+                    group.rope_offsets = np.zeros((3, k, width), np.int64)
+            images = self._prefill_images(group, 0, width)
             return jax.block_until_ready(self._prefill(g.new_cache(k), jnp.zeros((k, width), ids), slots, slots,
                                                        jnp.zeros((k, span), bool), np.full(k, BASE, np.int32), images))
 
@@ -488,7 +518,7 @@ class BatchEngine:
             extras = settings.extras or masked
             seen = self._new_seen() if extras else None
             tokens, *_ = self._decode(g.params, g.new_cache(rows), seen, jnp.zeros((rows,), ids),
-                                      jnp.full((rows,), span - 1, ids),
+                                      jnp.full((rows,), span - 1, ids), jnp.zeros((rows,), ids),
                                       *self._sampling_arrays([settings] * rows, rows), one, one, jnp.zeros((rows,), bool),
                                       self._eos, jnp.asarray(1, jnp.int32), self._side(np.full(rows, BASE, np.int32)),
                                       self._penalty_arrays([settings] * rows) if extras else None,
@@ -576,20 +606,20 @@ class BatchEngine:
         top, ids = jax.lax.top_k(raw, self._top)
         return token, (jnp.take_along_axis(raw, token[:, None], axis=1)[:, 0], ids.astype(jnp.int32), top)
 
-    def _step_logits(self, params, cache, tokens, lengths, side, *, span):
-        """One decode step of the model for every row, each row's token written at slot `lengths` (its position) and
-        attending to the row's slots up to it: (logits [rows, V], cache)."""
+    def _step_logits(self, params, cache, tokens, lengths, deltas, side, *, span):
+        """One decode step of the model for every row, each row's token written at slot `lengths` (its position, plus
+        the row's delta) and attending to the row's slots up to it: (logits [rows, V], cache)."""
         valid = jnp.arange(span)[None, :] <= lengths[:, None]
-        at = lengths[:, None]
+        at, positions = lengths[:, None], (lengths + deltas)[:, None]
         if side is None:
-            return causal_lm_step(self.g.decode_model, params, tokens[:, None], at, at, valid, cache,
+            return causal_lm_step(self.g.decode_model, params, tokens[:, None], positions, at, valid, cache,
                                   *self.g._decode_inputs(tokens.shape[0]))
         lora, adapter_ids = side
-        logits, cache = self.adapters.steps["decode"](params, lora, tokens[:, None], at, at, valid, list(cache),
+        logits, cache = self.adapters.steps["decode"](params, lora, tokens[:, None], positions, at, valid, list(cache),
                                                       adapter_ids=adapter_ids)
         return logits, list(cache)
 
-    def _decode_steps(self, params, cache, seen, tokens, lengths, temperature, top_k, top_p, greedy, seeds,
+    def _decode_steps(self, params, cache, seen, tokens, lengths, deltas, temperature, top_k, top_p, greedy, seeds,
                       counts, left, watch, eos, count, side, penalties, allowed, *, span, any_sample, size):
         """Up to `count` (<= `size`) decode steps in generate's compiled loop (loop.decode_block): ([size, rows] tokens,
         how many steps ran, cache, seen, logprobs). Step i is the step `decode` would run alone i steps later; the loop
@@ -605,7 +635,7 @@ class BatchEngine:
 
         def step(i, token, state, ended):
             cache, seen, found = state
-            logits, cache = self._step_logits(params, cache, token, lengths + i, side, span=span)
+            logits, cache = self._step_logits(params, cache, token, lengths + i, deltas, side, span=span)
             picked = self._pick(logits, temperature, top_k, top_p, greedy, seeds, counts + i,
                                 None if seen is None else (seen, *penalties), allowed, any_sample=any_sample,
                                 extras=extras)

@@ -188,11 +188,11 @@ async def _complete(http: HttpRequest, endpoint: str, kind: type[GenerationReque
         adapter = service.adapter_of(data.get("model"))  # before the fields: another model's request is not ours to judge
         body = validate(data, kind)
         _check_choices(body.choices, service)
-        prompt, features = await asyncio.to_thread(_chat_prompt, body, service) if chat else \
+        prompt, images = await asyncio.to_thread(_chat_prompt, body, service) if chat else \
             (_completion_prompt(body, service), None)
         max_tokens = body.max_new_tokens(max(service.max_cache_len - len(prompt), 1) if chat else 16)
         constraints = await _constraints(service, body)
-        requests, events = _submit(service, prompt, body, max_tokens, adapter, constraints, features)
+        requests, events = _submit(service, prompt, body, max_tokens, adapter, constraints, images)
     except ApiError as err:
         return _error_response(err, endpoint, service)
     ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
@@ -279,8 +279,9 @@ def _completion_prompt(body: CompletionRequest, service: Service) -> list[int]:
     return service.tokenizer.encode(prompt).ids if isinstance(prompt, str) else list(prompt)
 
 
-def _chat_prompt(body: ChatCompletionRequest, service: Service) -> tuple[list[int], Any]:
-    """(the prompt ids of a chat request, the feature rows its images make or None): with images, the template's
+def _chat_prompt(body: ChatCompletionRequest, service: Service) -> tuple[list[int], tuple | None]:
+    """(the prompt ids of a chat request, its images as (the feature rows they make, the Qwen2-VL family's grids or
+    None), or None without images): with images, the template's
     placeholders expanded and the images encoded as the model's processor and generate do (off the event loop: the
     caller runs this in a thread)."""
     urls = image_urls(body.messages)
@@ -294,11 +295,14 @@ def _chat_prompt(body: ChatCompletionRequest, service: Service) -> tuple[list[in
     try:
         images = [read_image(url, service.media_root) for url in urls]
         ids, pixels, *grids = expand_images(vision, g.tokenizer_files, g.tokenizer, chat_text(body, service), images)
-        sizes = dict(image_sizes=grids[0], batch_num_images=grids[1] if len(grids) > 1 else None) if grids else {}
+        if vision.spatial_merge_size:  # the Qwen2-VL family: patches and their grids
+            sizes = dict(image_grid_thw=grids[0])
+        else:
+            sizes = dict(image_sizes=grids[0], batch_num_images=grids[1] if len(grids) > 1 else None) if grids else {}
         features = g.image_features(int((ids == vision.image_token_id).sum()), pixels, **sizes)
     except Torch2JaxError as err:  # InputSpecError included
         raise ApiError(400, str(err), "messages") from None
-    return ids[0].tolist(), features
+    return ids[0].tolist(), (features, sizes.get("image_grid_thw"))
 
 
 def chat_text(body: ChatCompletionRequest, service: Service) -> str:
@@ -337,9 +341,10 @@ def _tool_readers(body: ChatCompletionRequest, service: Service) -> Callable[[],
 
 
 def _submit(service: Service, prompt: list[int], body: GenerationRequest, max_tokens: int, adapter: int = BASE,
-            constraints: list[Constraint] | None = None, image_features: Any = None) -> tuple[list[Request], asyncio.Queue]:
+            constraints: list[Constraint] | None = None, images: tuple | None = None) -> tuple[list[Request], asyncio.Queue]:
     """Queue the request's choices on the scheduler, each a request of its own over the same prompt (on the engine's
-    adapter `adapter`, with its grammar constraint when given, with its images' feature rows), all together or none;
+    adapter `adapter`, with its grammar constraint when given, with its images: (feature rows, Qwen2-VL grids or None),
+    as _chat_prompt gives them), all together or none;
     their events come back on this event loop's queue as (choice, event)."""
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
@@ -349,7 +354,9 @@ def _submit(service: Service, prompt: list[int], body: GenerationRequest, max_to
     settings = [body.sampling(i) for i in range(body.choices)]
     requests = [Request(prompt, max_tokens, listener(i), s, TextStream(service.tokenizer, body.stop_strings),
                         end_tokens=() if body.ignore_eos else None, adapter=adapter,
-                        constraint=None if constraints is None else constraints[i], image_features=image_features)
+                        constraint=None if constraints is None else constraints[i],
+                        image_features=None if images is None else images[0],
+                        image_grids=None if images is None else images[1])
                 for i, s in enumerate(settings)]
     try:
         service.scheduler.submit(requests)

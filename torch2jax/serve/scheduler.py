@@ -92,6 +92,7 @@ class Request:
     # a vision-language artifact: the feature rows [image tokens, feature_size] the prompt's image tokens take, in order
     # (VisionLanguageGenerator.image_features of its images); None: a prompt without images
     image_features: Any = None
+    image_grids: Any = None  # the Qwen2-VL family: its images' [images, 3] grids (their 3-D positions), as the processor gives
     id: int = field(default_factory=lambda: next(_ids))
     tokens: list[int] = field(default_factory=list)
     cancelled: bool = False
@@ -239,7 +240,8 @@ class Scheduler:
         self.max_rows_held = max(self.max_rows_held, self.rows_held)
         self.group_members = members
         self.group = self.engine.start_group(rows, [r.prompt for r in members], [r.max_tokens for r in members],
-                                             [r.adapter for r in members], [r.image_features for r in members])
+                                             [r.adapter for r in members], [r.image_features for r in members],
+                                             [r.image_grids for r in members])
         for request, cached in zip(members, self.group.cached):
             request.cached_tokens = cached
         if self.metrics is not None:
