@@ -156,3 +156,23 @@ def test_mvp_encoder_decoder_counts_decoder_positions_from_its_slots():
         want = lm.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), max_new_tokens=NEW,
                            do_sample=False, pad_token_id=PAD, eos_token_id=None).numpy()
     np.testing.assert_array_equal(g.generate(ids, attention_mask=mask, max_new_tokens=NEW, eos_token_id=[]), want)
+
+
+@pytest.mark.parametrize("name", ["bart", "marian", "trocr_sinusoidal"])
+def test_served_rows_number_their_positions_as_each_request_alone(name, converted):
+    """In the server's batch every row writes its own slots from 0, so these decoders take each row's own positions:
+    requests of different lengths, joining while others run, each get generate's tokens for their prompt alone (the
+    server applies no forced end token: generate's tokens before its forced last one)."""
+    from torch2jax.serve.engine import BatchEngine
+    from torch2jax.serve.scheduler import Request, Scheduler
+
+    from ..serve.test_scheduler import run
+
+    _, g = converted(name)
+    scheduler = Scheduler(BatchEngine(g, 2, chunk=16), max_queue=4)
+    rng = np.random.default_rng(1)
+    load = [Request(rng.integers(3, VOCAB, n).tolist(), NEW, lambda e: None, end_tokens=()) for n in (9, 3, 14)]
+    run(scheduler, {0: load[:1], 2: load[1:2], 5: load[2:]})
+    for request in load:
+        alone = g.generate(np.asarray([request.prompt]), max_new_tokens=NEW + 1, eos_token_id=[])  # forced end: last
+        assert request.tokens == alone[0, len(request.prompt):-1].tolist(), len(request.prompt)

@@ -14,7 +14,9 @@ positional embedding, whose stand-in looks them up instead of the positions it i
 padding come before column 0; they are clamped to it (those slots are masked out of every row's attention). The
 encoder-decoder's decode step (hf/steps/seq2seq.py) gives its slots, which are the decoder's positions there (no
 padding before the start token); MVP's own count, an arange from a tensor length, does not trace at all.
-Without a step (plain conversion, the encoder) the embedding's own forward runs.
+Without a step (plain conversion, the encoder) the embedding's own forward runs. In the server's batch, whose rows
+write apart from slot 0 each (serve/engine.py), a row's own slots are its positions alone, which is what the server
+gives each request; `one_run` tells `generate`'s batch (every row the same run of slots) from it.
 """
 
 from __future__ import annotations
@@ -57,11 +59,21 @@ def counted_from_cache(lm: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def batch_columns(position_ids: torch.Tensor, write_at: torch.Tensor) -> torch.Tensor:
-    """[T] each written slot's column in transformers' batch (the batch left-padded to its longest row): the slot
-    less the bucket's extra padding, which is the last slot minus the largest position any row has there. A step
-    whose rows write apart ([B, T] slots) is read at row 0's slots, which `generate` gives every row."""
-    write_at = write_at if write_at.dim() == 1 else write_at[0]
-    return write_at - (write_at[-1] - position_ids[:, -1].max())
+    """Each written slot's column in transformers' batch (the batch left-padded to its longest row): the slot less the
+    bucket's extra padding, which is the last slot minus the largest position any row has there; [T] for a step whose
+    rows share their slots. A step whose rows write apart ([B, T] slots) gives [B, T]: the batch's columns where every
+    row writes the same slots (`generate`'s left-padded batch), else each row's own slots, which are its positions
+    (the server's rows, each a request alone from slot 0)."""
+    if write_at.dim() == 1:
+        return write_at - (write_at[-1] - position_ids[:, -1].max())
+    shared = write_at[0] - (write_at[0, -1] - position_ids[:, -1].max())
+    return torch.where(one_run(write_at), shared[None].expand_as(write_at), write_at)
+
+
+def one_run(slots: torch.Tensor) -> torch.Tensor:
+    """Whether [B, T] slots (or columns) are `generate`'s: every row the same consecutive run. The server's rows write
+    apart, and a row's pad columns write past its real tokens, so its slots are neither."""
+    return (slots == slots[:1]).all() & (slots[0, -1] - slots[0, 0] == slots.shape[1] - 1)
 
 
 @contextmanager
@@ -81,7 +93,8 @@ def table_at_columns(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
     if columns is None:
         return type(self).forward(self, *args, **kwargs)
     rows = columns.clamp(min=0) + getattr(self, "offset", 0)
-    return torch.nn.Embedding.forward(self, rows[None])  # [1, T, D]: added to the [B, T, D] token embeddings
+    # [1, T, D] or [B, T, D]: added to the [B, T, D] token embeddings
+    return torch.nn.Embedding.forward(self, rows if rows.dim() == 2 else rows[None])
 
 
 def trocr_sinusoidal_at_columns(self: Any, input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -89,7 +102,12 @@ def trocr_sinusoidal_at_columns(self: Any, input_ids: torch.Tensor, *args: Any, 
     if columns is None:
         return type(self).forward(self, input_ids, *args, **kwargs)
     # transformers' cache holds the batch's columns before this call's first one (none before the prompt)
-    rows = self.create_position_ids_from_input_ids(input_ids, self.padding_idx, columns[0].clamp(min=0))
+    if columns.dim() == 1:
+        first = columns[0]
+    else:  # the batch's first column where rows share their slots, else each row's tokens before its real ones here
+        own = columns[:, -1:] + 1 - input_ids.ne(self.padding_idx).sum(1, keepdim=True)
+        first = torch.where(one_run(columns), columns[:1, :1].expand_as(own), own)
+    rows = self.create_position_ids_from_input_ids(input_ids, self.padding_idx, first.clamp(min=0))
     table = self.weights.to(input_ids.device)
     return table.index_select(0, rows.reshape(-1)).view(*input_ids.shape, table.shape[-1])
 
