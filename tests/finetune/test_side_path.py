@@ -118,14 +118,14 @@ def generator(tmp_path_factory):
 def _prefill_inputs(g, ids: np.ndarray) -> tuple:
     batch, length = ids.shape
     positions = np.broadcast_to(np.arange(length), (batch, length))
-    return (jnp.asarray(ids, ID), jnp.asarray(positions, ID), jnp.arange(length, dtype=ID),
+    return (jnp.asarray(ids, ID), jnp.asarray(positions, ID), jnp.asarray(positions, ID),  # each row's own slots
             jnp.ones((batch, length), bool), g.new_cache(batch))
 
 
 def _decode_inputs(g, token: np.ndarray, length: int, cache) -> tuple:
     batch = token.shape[0]
     return (jnp.asarray(token[:, None], ID), jnp.full((batch, 1), length, ID),
-            jnp.asarray([length], ID), jnp.ones((batch, length + 1), bool), cache)
+            jnp.full((batch, 1), length, ID), jnp.ones((batch, length + 1), bool), cache)
 
 
 def test_per_row_adapters_on_prefill_and_decode_give_each_row_its_merged_model(generator):

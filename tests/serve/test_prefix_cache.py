@@ -29,9 +29,9 @@ def counted_prefills(engine: BatchEngine) -> list[tuple[int, int]]:
     """Record the (tokens, attended span) of every prefill chunk the engine runs."""
     shapes, prefill = [], engine._prefill
 
-    def spy(cache, ids, positions, write_at, valid, adapter_ids):
+    def spy(cache, ids, positions, write_at, valid, *rest):
         shapes.append((ids.shape[1], valid.shape[1]))
-        return prefill(cache, ids, positions, write_at, valid, adapter_ids)
+        return prefill(cache, ids, positions, write_at, valid, *rest)
 
     engine._prefill = spy
     return shapes

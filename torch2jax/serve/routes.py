@@ -88,8 +88,9 @@ class Service(WarmingUp):
 
     @property
     def vision(self) -> Any:
-        """A vision-language artifact's VisionSpec (chat messages may hold images), else None."""
-        return self.scheduler.engine.vision
+        """A vision-language artifact's VisionSpec (chat messages may hold images), else None (also for a service
+        without a scheduler: rendering alone)."""
+        return getattr(getattr(self.scheduler, "engine", None), "vision", None)
 
     @property
     def max_cache_len(self) -> int:
