@@ -35,6 +35,13 @@ adapter its request chose (`adapter_ids`, BASE for none), and the prefill and de
 the adapters beside the weights, each row through its own: rows of different adapters share a batch. Without adapters
 the steps are the generator's own, unchanged.
 
+With a vision-language artifact each request may bring the feature rows its prompt's image tokens take (its images,
+encoded before it queued): a group's members' rows are concatenated (padded to a power of two) and every chunk gives
+the step its columns' feature index; where a prompt's tokens attend to later ones (Gemma 3's image blocks, PaliGemma's
+prefix) the group is prefilled in one chunk, and for the Qwen2-VL family each member's 3-D position offsets come from its
+own images' grids and its decode positions continue from its own delta. Such artifacts have no prefix cache (an image
+token's keys depend on its image, which block names do not hold).
+
 Requests that ask for log-probabilities or OpenAI's presence / frequency penalties ("extras", Sampling.extras) make the
 batch's steps run a variant that computes them on the device: the raw distribution's log_softmax and its TOP_LOGPROBS
 most likely tokens (each request keeps the first k on the host), and the penalties from a [rows, vocab] count of each
