@@ -165,9 +165,10 @@ class StaticBatcher:
     """The naive server's loop, behind the same HTTP layer as ours: up to 8 queued requests at a time go through one
     `Generator.generate(stream=True)` call, which runs until its longest request is done; nothing joins meanwhile."""
 
-    def __init__(self, g, rows: int):
-        self.g, self.rows, self.waiting = g, rows, deque()
-        self.engine = SimpleNamespace(max_len=g.spec.max_cache_len)
+    def __init__(self, g, rows: int, max_queue: int = 64):
+        self.g, self.rows, self.waiting, self.max_queue = g, rows, deque(), max_queue
+        # what the HTTP layer reads of a scheduler's engine (the cache length, rows for `n`, no images)
+        self.engine = SimpleNamespace(max_len=g.spec.max_cache_len, rows=rows, g=g, vision=None)
         self._cond, self._stop = threading.Condition(), False
         self.batches = 0
 
