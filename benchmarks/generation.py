@@ -28,13 +28,15 @@ BEGIN, END = "<!-- generation:begin -->", "<!-- generation:end -->"
 PROMPT, NEW = 32, 128
 
 
-def llama(directory: Path, max_positions: int = 1024):
+def llama(directory: Path, max_positions: int = 1024, **config: int):
+    """The 56M Llama-shaped benchmark model (random weights, seeded), saved to `directory`; `config` overrides fields
+    (a vocabulary size, special token ids)."""
     import torch
     import transformers
 
-    config = transformers.LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
-                                      num_attention_heads=8, num_key_value_heads=4,
-                                      max_position_embeddings=max_positions)
+    config = transformers.LlamaConfig(**{**dict(vocab_size=32000, hidden_size=512, intermediate_size=1408,
+                                                num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+                                                max_position_embeddings=max_positions), **config})
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
     model.save_pretrained(directory)

@@ -65,11 +65,10 @@ def corpus(rng: np.random.Generator, documents: int) -> list[str]:
 
 def make_model(root: Path, vocab: int) -> tuple[Path, float]:
     """The artifact (56M Llama, a trained byte-level BPE tokenizer of `vocab` tokens) and its conversion seconds."""
-    import torch
-    import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     import torch2jax
+    from benchmarks.generation import llama
 
     source = root / "hf"
     source.mkdir()
@@ -81,11 +80,7 @@ def make_model(root: Path, vocab: int) -> tuple[Path, float]:
     tokenizer.train_from_iterator(corpus(np.random.default_rng(0), 20000), trainer)
     tokenizer.save(str(source / "tokenizer.json"))
     (source / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}))
-    config = transformers.LlamaConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=512, intermediate_size=1408,
-                                      num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
-                                      max_position_embeddings=1024, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).eval().save_pretrained(source)
+    llama(source, vocab_size=tokenizer.get_vocab_size(), bos_token_id=1, eos_token_id=2, pad_token_id=0)
     start = time.perf_counter()
     g = torch2jax.convert_hf(f"hf:{source}", max_cache_len=CACHE, max_batch=ROWS)
     seconds = time.perf_counter() - start
