@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.generation import matmul_flops_per_s
 from benchmarks.report import write_section
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,28 +61,6 @@ def step_flops(step, trainable, opt_state, data) -> float:
     return float(cost["flops"])
 
 
-def matmul_flops_per_s() -> float:
-    """The core's matrix-multiply throughput: the best of jax's and torch's float32 GEMM at this model's largest
-    product (tokens x hidden x vocabulary), medians of 5."""
-    import jax
-    import jax.numpy as jnp
-    import torch
-
-    a, b = jnp.ones((BATCH * LENGTH, 512), jnp.float32), jnp.ones((512, 32000), jnp.float32)
-    mm = jax.jit(jnp.matmul)
-    ta, tb = torch.ones(BATCH * LENGTH, 512), torch.ones(512, 32000)
-    best = 0.0
-    for run in (lambda: mm(a, b).block_until_ready(), lambda: ta @ tb):
-        run()
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-        best = max(best, 2 * BATCH * LENGTH * 512 * 32000 / statistics.median(times))
-    return best
-
-
 def rss() -> int:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
@@ -118,7 +97,7 @@ def main() -> None:
     full = model_parameters(model)
     full_step, full_state = full_train_step(model, opt), opt.init(full)
     memory = {"LoRA": memory_bytes(ours, lora, lora_state, data), "full": memory_bytes(full_step, full, full_state, data)}
-    flops, peak = step_flops(ours, lora, lora_state, data), matmul_flops_per_s()
+    flops, peak = step_flops(ours, lora, lora_state, data), matmul_flops_per_s(BATCH * LENGTH, 512, 32000)
     del full, full_state, full_step
 
     pm = peft.get_peft_model(lm, peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=list(TARGETS), lora_dropout=0.0))

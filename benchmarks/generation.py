@@ -43,6 +43,27 @@ def llama(directory: Path, max_positions: int = 1024, **config: int):
     return model
 
 
+def matmul_flops_per_s(m: int, k: int, n: int) -> float:
+    """Float32 GEMM throughput at [m, k] x [k, n]: the best of jax's and torch's, medians of 5 (a bound's compute side)."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    a, b = jnp.ones((m, k), jnp.float32), jnp.ones((k, n), jnp.float32)
+    mm = jax.jit(jnp.matmul)
+    ta, tb = torch.ones(m, k), torch.ones(k, n)
+    best = 0.0
+    for run in (lambda: mm(a, b).block_until_ready(), lambda: ta @ tb):
+        run()
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        best = max(best, 2 * m * k * n / statistics.median(times))
+    return best
+
+
 def bandwidth_bytes_per_s() -> float:
     """Read bandwidth: the median time of a jitted sum over a 512 MiB array (far beyond every cache)."""
     import jax

@@ -173,8 +173,9 @@ class StaticBatcher:
         self.batches = 0
 
     def submit(self, request) -> None:
+        """A request, or the list of a client request's choices (the HTTP layer's call, as to the scheduler)."""
         with self._cond:
-            self.waiting.append(request)
+            self.waiting.extend(request if isinstance(request, list) else [request])
             self._cond.notify()
 
     def start(self) -> None:
@@ -224,6 +225,33 @@ def naive_server(artifact: str, port: int) -> None:
     g = torch2jax.load(artifact)
     service = Service(Path(artifact).name, StaticBatcher(g, ROWS), g.tokenizer, None, Metrics(ROWS))
     uvicorn.run(create_app(service), host="127.0.0.1", port=port, log_level="warning")
+
+
+def workload_bound(source: Path, work: list[tuple[str, int]], rows: int = ROWS) -> dict:
+    """The fastest any server could run `work` on this machine, a roofline: every prompt token's matrix products at the
+    GEMM rate of a 256-token chunk (the LM head once per prompt), every output token's at the rate of a `rows`-row
+    decode step, and each decode step (`rows` tokens at best) reading every weight once at the measured bandwidth;
+    attention, sampling and the host counted as free. Output tokens per second at that bound, and its parts."""
+    from benchmarks.generation import bandwidth_bytes_per_s, matmul_flops_per_s
+
+    config = json.loads((source / "config.json").read_text())
+    hidden, inner = config["hidden_size"], config["intermediate_size"]
+    shapes = {}
+    for weights in source.glob("*.safetensors"):
+        with weights.open("rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        shapes.update({k: v["shape"] for k, v in header.items() if k != "__metadata__"})
+    count = {k: int(np.prod(v)) for k, v in shapes.items()}
+    head = count.get("lm_head.weight", count["model.embed_tokens.weight"])
+    body = sum(n for k, n in count.items() if k not in ("lm_head.weight", "model.embed_tokens.weight"))
+    prompt_tokens, output_tokens = sum(len(p.split()) for p, _ in work), sum(m for _, m in work)
+    chunk_rate, step_rate = matmul_flops_per_s(256, hidden, inner), matmul_flops_per_s(rows, hidden, inner)
+    bandwidth = bandwidth_bytes_per_s()
+    prefill_s = (2 * body * prompt_tokens + 2 * head * len(work)) / chunk_rate
+    decode_s = max(2 * (body + head) * output_tokens / step_rate, output_tokens / rows * 4 * (body + head) / bandwidth)
+    return {"tok_s": output_tokens / (prefill_s + decode_s), "prefill_s": prefill_s, "decode_s": decode_s,
+            "chunk_gflops": chunk_rate / 1e9, "step_gflops": step_rate / 1e9, "bandwidth_gbs": bandwidth / 1e9,
+            "prompt_tokens": prompt_tokens, "output_tokens": output_tokens}
 
 
 def make_model(root: Path, cache: int = CACHE) -> tuple[Path, Path, float]:
@@ -299,7 +327,8 @@ def main() -> None:
     try:
         source, artifact, convert_s = make_model(root)
         contenders = serve_and_measure(artifact, source, root, args, device="cpu")
-        text = report(contenders, args, convert_s, machine=CPU_NOTE.format(load=os.getloadavg()[1]))
+        bound = workload_bound(source, workload(args.requests, args.seed))  # the servers have stopped: a quiet machine
+        text = report(contenders, args, convert_s, machine=CPU_NOTE.format(load=os.getloadavg()[1]), bound=bound)
         print(text)
         if not args.no_write:
             write_section(args.out, text, BEGIN, END)
@@ -349,10 +378,11 @@ def table(contenders: list[Contender], base_name: str, columns: list[tuple[str, 
     return lines, "\n".join(f"[{i}] {n}".replace("\n", " ") for i, n in enumerate(notes, 1))
 
 
-def report(contenders: list[Contender], args, convert_s: float, machine: str) -> str:
+def report(contenders: list[Contender], args, convert_s: float, machine: str, bound: dict | None = None) -> str:
     lines, footnotes = table(contenders, STATIC, [
         ("output tok/s", lambda r, b: f"{r['tok_s']:.1f}"),
         ("vs static", lambda r, b: f"{r['tok_s'] / b['tok_s']:.2f}x" if "tok_s" in b else "—"),
+        ("of the bound", lambda r, b: f"{r['tok_s'] / bound['tok_s']:.0%}" if bound else "—"),
         ("TTFT p50 (ms)", lambda r, b: f"{r['ttft_p50']:.0f}"), ("TTFT p99 (ms)", lambda r, b: f"{r['ttft_p99']:.0f}"),
         ("ITL p50 (ms)", lambda r, b: f"{r['itl_p50']:.1f}"), ("ITL p99 (ms)", lambda r, b: f"{r['itl_p99']:.1f}"),
         ("tok/s per round", lambda r, b: ", ".join(map(str, r["rounds"])))])
@@ -369,12 +399,28 @@ take that field (its requests may end at the end token, one id in 32000). TTFT i
 first streamed token, ITL the gaps between a request's tokens. The static baseline is the same artifact behind
 the same HTTP layer, serving up to 8 queued requests per `Generator.generate(stream=True)` call, which runs until
 its longest request ends. {machine}
+{bound_text(bound, contenders) if bound else ""}
 Written by `make bench-serve` (`python -m benchmarks.serve`).
 
 {chr(10).join(lines)}
 
 {footnotes}
 {END}"""
+
+
+def bound_text(bound: dict, contenders: list[Contender]) -> str:
+    """What the workload's roofline (workload_bound) is made of, and where 3x transformers serve would sit against it."""
+    text = (f"The workload's bound is {bound['tok_s']:.0f} output tok/s on this machine: {bound['prompt_tokens']} prompt "
+            f"tokens at {bound['chunk_gflops']:.0f} GFLOP/s (float32 GEMM at a 256-token chunk's shape) take "
+            f"{bound['prefill_s']:.2f} s, {bound['output_tokens']} output tokens in steps of {ROWS} rows "
+            f"{bound['decode_s']:.2f} s (each step's products at {bound['step_gflops']:.0f} GFLOP/s or one read of the weights "
+            f"at {bound['bandwidth_gbs']:.1f} GB/s, whichever is slower); attention, sampling and the host count as free.")
+    rates = {c.name: summary(c.rounds)["tok_s"] for c in contenders if c.rounds and not c.error}
+    if TRANSFORMERS in rates:
+        triple = 3 * rates[TRANSFORMERS]
+        text += (f" Three times transformers serve's throughput would be {triple:.0f} tok/s, "
+                 f"{triple / bound['tok_s']:.0%} of that bound.")
+    return text
 
 
 if __name__ == "__main__":

@@ -139,6 +139,10 @@ def run_row(model_type: str, class_name: str, task: str, partial: Path | None = 
             generator = torch2jax.convert_hf(model, task=task, **options)
             break
         except (ExportError, InputSpecError) as err:
+            if "Build it with is_decoder=True" in str(err) and attempt < 2:  # a BERT-like LM head built as an encoder
+                model = _with_cache(run.build(entry, class_name, is_decoder=True))
+                row.setdefault("followed", []).append(run._first_line(err)[:120])
+                continue
             advice = _advice(str(err), task, options)
             if advice is None or attempt == 2:
                 return done(status=REFUSED, error=run._first_line(err))

@@ -136,13 +136,16 @@ def make_inputs(specs: list[dict[str, Any]], seed: int = 0) -> dict[str, Any]:
     return inputs
 
 
-def build(entry: dict[str, Any], class_name: str) -> Any:
-    """The model from the recorded config, random weights (seeded), eval mode, no KV cache returned."""
+def build(entry: dict[str, Any], class_name: str, **overrides: Any) -> Any:
+    """The model from the recorded config (`overrides` set on it), random weights (seeded), eval mode, no KV cache
+    returned."""
     import torch
     import transformers
     from transformers import CONFIG_MAPPING
 
     config = CONFIG_MAPPING[entry["model_type"]].from_dict(entry["config"])
+    for key, value in overrides.items():
+        setattr(config, key, value)
     for sub in [config] + [getattr(config, k) for k in ("text_config", "decoder", "language_config") if hasattr(config, k)]:
         if hasattr(sub, "use_cache"):
             sub.use_cache = False

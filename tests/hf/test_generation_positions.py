@@ -176,3 +176,25 @@ def test_served_rows_number_their_positions_as_each_request_alone(name, converte
     for request in load:
         alone = g.generate(np.asarray([request.prompt]), max_new_tokens=NEW + 1, eos_token_id=[])  # forced end: last
         assert request.tokens == alone[0, len(request.prompt):-1].tolist(), len(request.prompt)
+
+
+def test_a_bert_like_head_built_as_an_encoder_is_refused_and_generates_once_built_as_a_decoder():
+    """RobertaForCausalLM with is_decoder=False (transformers' default for its config) attends both ways and keeps no
+    cache: transformers' generate recomputes the whole text at each token, which a cached step cannot give, so the
+    conversion refuses it naming the fix; built with is_decoder=True it generates transformers' tokens."""
+    import transformers as tf
+
+    def roberta(is_decoder: bool) -> torch.nn.Module:
+        torch.manual_seed(0)
+        config = tf.RobertaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=64, max_position_embeddings=64, pad_token_id=PAD, bos_token_id=BOS,
+                                  eos_token_id=EOS, initializer_range=_STD, is_decoder=is_decoder)
+        return tf.RobertaForCausalLM(config).eval()
+
+    encoder, decoder = roberta(False), roberta(True)
+    ids, mask = padded_batch()
+    # the same weights answer otherwise as an encoder: a cached decoder's tokens would be silently wrong for it
+    assert (transformers_greedy(encoder, ids, NEW, PAD, mask) != transformers_greedy(decoder, ids, NEW, PAD, mask)).any()
+    with pytest.raises(torch2jax.ExportError, match="is_decoder=False.*Build it with is_decoder=True"):
+        torch2jax.convert_hf(encoder, task="text-generation", max_cache_len=CACHE, max_batch=2)
+    check(decoder, torch2jax.convert_hf(decoder, task="text-generation", max_cache_len=CACHE, max_batch=2).generate)

@@ -333,3 +333,38 @@ def test_serve_refuses_what_it_cannot_serve_at_startup(artifact, tmp_path):
     assert "docs/limitations.md" in refused.stderr and "Traceback" not in refused.stderr
     too_wide = cli("serve", str(artifact), "--max-batch", "9", "--port", str(free_port()))
     assert too_wide.returncode == 2 and "this artifact was converted for batches of 1 to 4" in too_wide.stderr
+
+
+def _within(seconds: float, call, *args, **kwargs):
+    """call(*args, **kwargs), failing after `seconds` instead of waiting on a loop thread that died."""
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.update(result=call(*args, **kwargs)), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert "result" in box, f"no answer within {seconds} s (the baseline's loop thread died?)"
+    return box["result"]
+
+
+def test_the_serving_benchmarks_static_baseline_answers_as_generate_does(artifact):
+    """benchmarks/serve.py's static baseline behind this HTTP layer takes what the layer hands a scheduler (a client
+    request's choices as one list) and answers as the artifact generates; the benchmark's table lost its baseline row
+    for a session when it did not (its loop thread died, every request waited)."""
+    from starlette.testclient import TestClient
+
+    from benchmarks.serve import StaticBatcher
+    from torch2jax.serve.api import Service, create_app
+    from torch2jax.serve.metrics import Metrics
+
+    g = torch2jax.load(artifact)
+    service = Service("llm", StaticBatcher(g, ROWS), g.tokenizer, None, Metrics(ROWS))
+    prompts = [[5, 9, 17, 33], [40, 41]]
+    client = TestClient(create_app(service))
+    client.__enter__()  # left open when an answer never comes: closing would wait on it
+    for prompt in prompts:
+        answer = _within(60, client.post, "/v1/completions", json={
+            "model": "llm", "prompt": words(prompt), "max_tokens": 6, "temperature": 0, "ignore_eos": True, "n": 2})
+        assert answer.status_code == 200, answer.text
+        want = g.generate(np.array([prompt]), max_new_tokens=6, eos_token_id=[])[0, len(prompt):].tolist()
+        texts = [choice["text"] for choice in answer.json()["choices"]]
+        assert texts == [g.tokenizer.decode(want)] * 2
+    client.__exit__(None, None, None)

@@ -56,9 +56,29 @@ def cache_argument(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
     return {"cache": cache} if takes else {"past_key_values": cache}
 
 
+def check_decoder(lm: torch.nn.Module) -> None:
+    """Refuse a model whose layers read `config.is_decoder` and were built with it False (BERT-like LM heads): they
+    attend both ways and keep no cache, so transformers' generate recomputes the whole text at every new token, which
+    a cached step cannot reproduce; converting them as a decoder would generate other tokens silently."""
+    config = lm.config.get_text_config()
+    if getattr(config, "is_decoder", None) is not False:
+        return
+    try:
+        text = lm.get_decoder()  # the language part: an audio or vision tower's encoder layers say False rightly
+    except (AttributeError, NotImplementedError, ValueError):
+        text = lm
+    if any(getattr(module, "is_decoder", None) is False for module in text.modules() if module is not lm):
+        raise ExportError(
+            f"{type(lm).__name__}'s config has is_decoder=False: its attention runs both ways and transformers "
+            "recomputes every token at each step instead of caching, so it is not a causal decoder as configured. "
+            "Build it with is_decoder=True (config.is_decoder = True before the model is made) to generate with it.")
+
+
 def cache_layout(lm: torch.nn.Module, max_cache_len: int) -> CacheLayout:
     """Measure the cache the model writes: one token through a dynamic cache, read back per layer."""
     from transformers import DynamicCache
+
+    check_decoder(lm)
 
     cache = DynamicCache(config=lm.config)
     with torch.no_grad():
