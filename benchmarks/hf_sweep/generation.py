@@ -6,10 +6,11 @@ transformers' own `generate`, before and after save + load.
     make test-generation-hf
 
 A row: the model from configs.json (seeded random weights, run.build), `torch2jax.convert_hf(model,
-max_cache_len=48, max_batch=2)` (max_source_len=16 for an encoder-decoder), then hf/verify's check of its task (two
-prompts, one padded: a causal LM's on the left, an encoder-decoder's sources on the right; a vision-language model's
-with an image each), 12 greedy tokens each, no end token; then the artifact saved, loaded and checked again. Each row
-runs in its own process with a time limit and is written to generation_results.json as it finishes (resumable).
+max_cache_len=48, max_batch=2)` (max_source_len=16 for an encoder-decoder; a vision-language model's cache grows to
+hold its check's image tokens), then hf/verify's check of its task (two prompts, one padded: a causal LM's on the
+left, an encoder-decoder's sources on the right; a vision-language model's with an image each), 12 greedy tokens
+each, no end token; then the artifact saved, loaded and checked again. Each row runs in its own process with a time
+limit and is written to generation_results.json as it finishes (resumable).
 docs/models.md's generation section is rendered from it (report.py).
 """
 
@@ -150,6 +151,15 @@ def run_row(model_type: str, class_name: str, task: str, partial: Path | None = 
             row.setdefault("followed", []).append(run._first_line(err)[:120])
         except Exception as err:  # noqa: BLE001 - the sweep records every failure
             return done(status=CONVERT, error=run._first_line(err), trace=traceback.format_exc()[-800:])
+    vision = getattr(generator, "vision", None)
+    if vision is not None:  # the cache holds the check's image tokens besides its text and new tokens
+        from torch2jax.hf.verify import IMAGE_CHECK_TEXT, image_tokens
+
+        needed = image_tokens(vision) + max(IMAGE_CHECK_TEXT) + TOKENS
+        if needed > options["max_cache_len"]:
+            options["max_cache_len"] = needed
+            row["max_cache_len"] = needed
+            generator = torch2jax.convert_hf(model, task=task, **options)
     row["task_run"] = task
     row["convert_seconds"] = round(time.perf_counter() - start, 1)
     for stage, subject in (("before", generator), ("after", None)):

@@ -109,11 +109,14 @@ def test_min_length_and_min_new_tokens_match_transformers():
 
 
 def test_suppress_and_begin_suppress_match_transformers():
+    """Ids past the vocabulary (Whisper's generation config on a model built with a smaller one) are ignored, as
+    transformers' processors ignore them."""
     rng = np.random.default_rng(5)
     logits = rng.standard_normal((2, V)).astype(np.float32)
-    resolved = processors.resolve({"suppress_tokens": [1, 5], "begin_suppress_tokens": [3, 8]}, GenerationSettings(), 2, V,
-                                  [], 6, np.zeros(2), 6)
-    chain = lp.LogitsProcessorList([lp.SuppressTokensLogitsProcessor([1, 5]), lp.SuppressTokensAtBeginLogitsProcessor([3, 8], 6)])
+    suppress, begin = [1, 5, V + 7], [3, 8, V, V + 100]
+    resolved = processors.resolve({"suppress_tokens": suppress, "begin_suppress_tokens": begin}, GenerationSettings(), 2,
+                                  V, [], 6, np.zeros(2), 6)
+    chain = lp.LogitsProcessorList([lp.SuppressTokensLogitsProcessor(suppress), lp.SuppressTokensAtBeginLogitsProcessor(begin, 6)])
     for length in (5, 6, 7):
         ours = np.asarray(processors.apply(jnp.asarray(logits), resolved.processing, resolved.arrays, None, jnp.asarray(length)))
         want = chain(torch.zeros((2, length), dtype=torch.long), torch_scores(logits)).numpy()
@@ -188,8 +191,9 @@ def test_draws_follow_the_filtered_distribution(setting):
     ({"no_repeat_ngram_size": 2.5}, r"no_repeat_ngram_size must be an integer >= 0"),
     ({"min_new_tokens": 1.5}, r"min_new_tokens must be an integer >= 0"),
     ({"min_length": -3}, r"min_length must be an integer >= 0"),
-    ({"suppress_tokens": [3, 40]}, r"suppress_tokens must be a list of token ids in \[0, 40\) \(got 40"),
+    ({"suppress_tokens": [3, -1]}, r"suppress_tokens must be a list of token ids >= 0 .* \(got -1"),
     ({"begin_suppress_tokens": 5}, r"begin_suppress_tokens must be a list of token ids"),
+    ({"bad_words_ids": [[3, 40]]}, r"bad_words_ids must be a list of token ids >= 0 and < 40 \(got 40"),
     ({"bad_words_ids": []}, r"bad_words_ids must be a non-empty list of token id lists"),
     ({"bad_words_ids": [[1], []]}, r"bad_words_ids must not hold an empty word"),
     ({"min_p": 1.5}, r"min_p must be in \[0, 1\]"),

@@ -632,3 +632,17 @@ def test_llava_onevision_shrunk_maps_multi_image_turns_and_greedy_equal_transfor
                                pixel_values=torch.from_numpy(pixels), image_sizes=torch.from_numpy(sizes),
                                batch_num_images=torch.from_numpy(counts))
     assert shown.stdout.strip() == parts.tokenizer.decode(want[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def test_the_check_names_the_cache_an_image_needs_instead_of_asking_for_negative_tokens():
+    """A 64-token image in a 48-slot cache leaves no room for the check's text and new tokens: the check says which
+    --max-cache-len would hold them (it asked generate for -21 new tokens before)."""
+    from types import SimpleNamespace
+
+    from torch2jax.errors import VerificationError
+    from torch2jax.hf.verify import verify_vision_language
+
+    vision = SimpleNamespace(spatial_merge_size=None, grid_pinpoints=None, tokens_per_image=64)
+    generator = SimpleNamespace(vision=vision, spec=SimpleNamespace(max_cache_len=48))
+    with pytest.raises(VerificationError, match="64 image tokens.*--max-cache-len 85 or more"):
+        verify_vision_language(torch.nn.Module(), generator, tokens=12)

@@ -316,14 +316,19 @@ def _rows(name: str, value: Any, batch: int, rule: str, ok: Any, kind: str = "f"
     return array
 
 
-def _token_list(name: str, value: Any, vocab: int) -> tuple[int, ...]:
+def _token_list(name: str, value: Any, vocab: int, beyond: bool = False) -> tuple[int, ...]:
+    """`value` as token ids in [0, vocab); `beyond`: ids >= vocab are dropped, not refused (a suppressed id the model
+    cannot emit: transformers' suppress processors match them against the vocabulary and so ignore them, as Whisper's
+    generation config does for a model built with a smaller vocabulary)."""
+    rule = f"token ids >= 0{' (ids past the vocabulary are never generated: ignored)' if beyond else f' and < {vocab}'}"
     if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
-        raise Torch2JaxError(f"{name} must be a list of token ids in [0, {vocab}) (got {value!r})")
+        raise Torch2JaxError(f"{name} must be a list of {rule} (got {value!r})")
     out = []
     for t in value:
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) < vocab:
-            raise Torch2JaxError(f"{name} must be a list of token ids in [0, {vocab}) (got {t!r} in {list(value)!r})")
-        out.append(int(t))
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) < (np.inf if beyond else vocab):
+            raise Torch2JaxError(f"{name} must be a list of {rule} (got {t!r} in {list(value)!r})")
+        if int(t) < vocab:
+            out.append(int(t))
     return tuple(out)
 
 
@@ -401,7 +406,7 @@ def resolve(given: dict, defaults: GenerationSettings, batch: int, vocab: int, e
 
     banned = np.zeros(vocab, bool)
     if value["suppress_tokens"] is not None:
-        banned[list(_token_list("suppress_tokens", value["suppress_tokens"], vocab))] = True
+        banned[list(_token_list("suppress_tokens", value["suppress_tokens"], vocab, beyond=True))] = True
     longer = []
     if value["bad_words_ids"] is not None:
         words = value["bad_words_ids"]
@@ -430,7 +435,7 @@ def resolve(given: dict, defaults: GenerationSettings, batch: int, vocab: int, e
         arrays["bad_last"] = jnp.asarray([w[-1] for w in longer], jnp.int32)
     if value["begin_suppress_tokens"] is not None:
         begin = np.zeros(vocab, bool)
-        begin[list(_token_list("begin_suppress_tokens", value["begin_suppress_tokens"], vocab))] = True
+        begin[list(_token_list("begin_suppress_tokens", value["begin_suppress_tokens"], vocab, beyond=True))] = True
         if begin.any():
             flags["begin_banned"] = True
             arrays["begin_banned"] = jnp.asarray(begin)

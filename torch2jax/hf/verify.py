@@ -95,18 +95,30 @@ def verify_seq2seq(lm: torch.nn.Module, generator, tokens: int = 16, seed: int =
     return GenerationCheck(compared, rows)
 
 
+IMAGE_CHECK_TEXT = (5, 2)  # the vision-language check's text tokens besides the image's, per prompt
+
+
+def image_tokens(vision) -> int:
+    """How many image tokens the vision-language check's one image expands to."""
+    if vision.grid_pinpoints:  # LLaVA-NeXT: an image the size of the first grid (its whole view and that grid's tiles)
+        return vision.grid_tokens(vision.grid_pinpoints[0])
+    return 4 if vision.spatial_merge_size else vision.tokens_per_image  # variable resolution (Qwen2-VL): 2x2 tokens
+
+
 def verify_vision_language(vlm: torch.nn.Module, generator, tokens: int = 16, seed: int = 0) -> GenerationCheck:
     """Greedy-generate `tokens` tokens for two prompts, each of random text around one image's expanded image tokens,
     one left-padded, with random pixel values, with both; no end token stops either."""
     vision = generator.vision
     merge, pins = vision.spatial_merge_size, vision.grid_pinpoints
-    per_image = 4 if merge else vision.tokens_per_image  # variable resolution (Qwen2-VL): a 2x2-token image
-    if pins:  # LLaVA-NeXT: an image the size of the first grid (its whole view and that grid's tiles, no padding)
-        size = pins[0]
-        per_image = vision.grid_tokens(size)
-    lengths = (5, 2)  # text tokens besides the image's
+    per_image, lengths = image_tokens(vision), IMAGE_CHECK_TEXT
+    size = pins[0] if pins else None
     if per_image + max(lengths) + tokens > generator.spec.max_cache_len:
         tokens = generator.spec.max_cache_len - per_image - max(lengths)
+    if tokens < 1:
+        raise VerificationError(
+            f"the check's prompts hold {per_image} image tokens and {max(lengths)} of text, more than the artifact's "
+            f"{generator.spec.max_cache_len} cache slots leave room for: convert with --max-cache-len "
+            f"{per_image + max(lengths) + 16} or more to check it")
     rng = np.random.default_rng(seed)
     batch = min(2, generator.spec.max_batch)
     text = [t for t in range(generator.spec.vocab_size) if t != vision.image_token_id]
