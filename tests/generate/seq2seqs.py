@@ -26,6 +26,10 @@ def _build(name: str):
             encoder_layers=2, decoder_layers=2, d_model=64, encoder_attention_heads=4, decoder_attention_heads=4,
             encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=MEL, max_source_positions=FRAMES // 2, max_target_positions=64,
             begin_suppress_tokens=None, suppress_tokens=None, **special))
+    if name == "longt5":  # local attention over blocks: the encoder pads the source to a block multiple (fixed source)
+        return tf.LongT5ForConditionalGeneration(tf.LongT5Config(
+            num_layers=1, num_decoder_layers=1, d_model=32, d_kv=8, num_heads=4, d_ff=64, local_radius=3,
+            encoder_attention_type="local", tie_word_embeddings=False, **special))
     raise KeyError(name)
 
 

@@ -219,3 +219,41 @@ def test_self_attention_cache_is_donated_and_cross_state_is_kept(generators):
                     span=CACHE, size=4)
     assert all(t.is_deleted() for t in cache), "decode copied the self-attention cache instead of updating it in place"
     assert not any(c.is_deleted() for c in cross) and out[0].shape == (4, 2) and int(out[1]) <= 3
+
+
+@pytest.mark.slow  # ~30 s: a failed symbolic export, then two fixed ones (the spec's part runs by default, below)
+def test_an_encoder_that_branches_on_the_source_length_is_exported_at_max_source_len(tmp_path):
+    """LongT5 pads its source to a multiple of its attention block, which torch.export cannot keep symbolic: both steps
+    are exported at max_source_len and every source is padded to it (masked), so a padded batch still generates
+    transformers' tokens, before and after save + load (the manifest records the fixed length)."""
+    import json
+
+    lm = load_seq2seq(write_seq2seq("longt5", tmp_path))
+    g = torch2jax.convert_hf(lm, max_cache_len=CACHE, max_batch=2, max_source_len=16)
+    assert g.spec.fixed_source and g.spec.max_source_len == 16
+    ids, mask = right_pad([source(11, 1), source(5, 2)], PAD)
+    want = hf_generate(lm, ids, 12, mask)
+    np.testing.assert_array_equal(g.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=[]), want)
+    saved = torch2jax.save(g, tmp_path / "artifact")
+    encoder_input = json.loads((saved / "manifest.json").read_text())["generation"]["encoder_input"]
+    assert encoder_input == {"name": "input_ids", "shape": ["batch", 16]}
+    loaded = torch2jax.load(saved)
+    assert loaded.spec.fixed_source
+    np.testing.assert_array_equal(loaded.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=[]), want)
+
+
+def test_a_fixed_source_length_survives_the_manifest_and_pads_every_source_to_it(generators):
+    """The spec of an encoder exported at max_source_len (above): its manifest's encoder input names the length, and
+    encode's inputs are padded to it however short the source."""
+    import dataclasses
+
+    from torch2jax.generate.seq2seq import Seq2SeqSpec
+
+    spec = dataclasses.replace(generators("t5").spec, fixed_source=True)
+    data = spec.to_json()
+    assert data["encoder_input"]["shape"] == ["batch", SOURCE]
+    assert Seq2SeqSpec.from_json(data).fixed_source and not Seq2SeqSpec.from_json(generators("t5").spec.to_json()).fixed_source
+    g = copy.copy(generators("t5"))
+    g.spec = spec
+    ids, mask = g._encoder_inputs(np.array([source(5)]), np.ones((1, 5), np.int64))
+    assert ids.shape == mask.shape == (1, SOURCE) and int(mask.sum()) == 5

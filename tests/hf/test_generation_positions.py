@@ -52,6 +52,12 @@ def _build(name: str) -> torch.nn.Module:
             vocab_size=VOCAB, d_model=32, decoder_layers=2, decoder_attention_heads=4, decoder_ffn_dim=64,
             max_position_embeddings=64, init_std=_STD, pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
             use_learned_position_embeddings=name == "trocr"))
+    if name == "whisper":  # its causal LM's forward names no position_ids: transformers' generate passes none
+        return tf.WhisperForCausalLM(tf.WhisperConfig(
+            vocab_size=VOCAB, d_model=32, decoder_layers=2, decoder_attention_heads=4, decoder_ffn_dim=64,
+            encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=64, max_target_positions=64,
+            max_source_positions=32, num_mel_bins=8, init_std=_STD, pad_token_id=PAD, bos_token_id=BOS,
+            eos_token_id=EOS, decoder_start_token_id=BOS, begin_suppress_tokens=None, suppress_tokens=None))
     if name == "xglm":  # takes position_ids (transformers' generate passes them): the control
         return tf.XGLMForCausalLM(tf.XGLMConfig(vocab_size=VOCAB, d_model=32, num_layers=2, attention_heads=4, ffn_dim=64,
                                                 max_position_embeddings=64, init_std=_STD, pad_token_id=PAD,
@@ -94,7 +100,7 @@ def check(lm: torch.nn.Module, generate, pad_inside: bool = False, shift_shows: 
 
 
 COUNTED_FROM_CACHE = ["bart", "mbart", "plbart", "pegasus", "blenderbot", "blenderbot_small", "marian", "mvp",
-                      "bigbird_pegasus", "trocr", "trocr_sinusoidal"]
+                      "bigbird_pegasus", "trocr", "trocr_sinusoidal", "whisper"]
 
 
 @pytest.fixture(scope="module")

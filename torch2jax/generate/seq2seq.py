@@ -61,6 +61,7 @@ class Seq2SeqSpec(GenerationSpec):
     forced_eos_token_id: int | None = None
     source_input: str = "input_ids"  # what encode reads: "input_ids" (+ mask) or "input_features"
     feature_shape: tuple[int, ...] | None = None  # per row, for input_features (Whisper: mel bins, frames)
+    fixed_source: bool = False  # encode takes ids of exactly max_source_len (an encoder that branches on the length)
 
     @property
     def takes_features(self) -> bool:
@@ -76,7 +77,8 @@ class Seq2SeqSpec(GenerationSpec):
             "cross": {"shapes": [["batch", h, "source", d] for h, d in self.cross_shapes], "dtype": self.cache_dtype,
                       "donated": False, "computed_by": "encode"},
             "encoder_input": {"name": self.source_input,
-                              "shape": ["batch", *self.feature_shape] if self.takes_features else ["batch", "source"]},
+                              "shape": ["batch", *self.feature_shape] if self.takes_features else
+                              ["batch", self.max_source_len if self.fixed_source else "source"]},
         })
         return out
 
@@ -90,6 +92,8 @@ class Seq2SeqSpec(GenerationSpec):
             optional["source_input"] = str(encoder_input["name"])
             if optional["source_input"] == "input_features":
                 optional["feature_shape"] = tuple(int(d) for d in encoder_input["shape"][1:])
+            else:  # ["batch", "source"], or ["batch", N] for a source of fixed length
+                optional["fixed_source"] = isinstance((encoder_input.get("shape") or [None, None])[1], int)
             return Seq2SeqSpec(
                 **{f.name: getattr(base, f.name) for f in fields(GenerationSpec)},
                 max_source_len=int(data["max_source_len"]),
@@ -189,11 +193,12 @@ class Seq2SeqGenerator(TokenLoop):
 
     # -- the loop ---------------------------------------------------------------------------
     def _encoder_inputs(self, ids: np.ndarray, mask: np.ndarray | None, pad: int = 0) -> tuple:
-        """What encode takes: features cast to the model's dtype, or ids and mask right-padded to a length bucket."""
+        """What encode takes: features cast to the model's dtype, or ids and mask right-padded to a length bucket (to
+        max_source_len where the encoder was exported at that length)."""
         if self.spec.takes_features:
             return (jnp.asarray(ids, dtypes.jax_dtype(self.spec.cache_dtype)),)
         batch, length = ids.shape
-        width = bucket(length, self.spec.max_source_len, MIN_BUCKET)
+        width = self.spec.max_source_len if self.spec.fixed_source else bucket(length, self.spec.max_source_len, MIN_BUCKET)
         padded_ids = np.full((batch, width), pad, np.int64)
         padded_ids[:, :length] = ids
         padded_mask = np.zeros((batch, width), np.int64)

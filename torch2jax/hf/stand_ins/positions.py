@@ -1,6 +1,6 @@
 """Positions of decoders that count them from the cache's length, over the converted causal-LM step.
 
-BART's decoder and its kin (mBART, PLBART, Pegasus, Blenderbot, Marian, MVP, BigBird-Pegasus, TrOCR) take no
+BART's decoder and its kin (mBART, PLBART, Pegasus, Blenderbot, Marian, MVP, BigBird-Pegasus, TrOCR, Whisper's) take no
 `position_ids`: token t's position is `t + cache.get_seq_length()`, padding included, so transformers' `generate` on
 a left-padded batch gives every row the batch's column numbers. The converted step writes a prompt left-padded
 further to a length bucket (generate/loop.prompt_bucket) and its cache reports the first slot written, so those
@@ -42,6 +42,9 @@ _TABLES = tuple(f"{_MODELS}.{name}" for name in (
     "mvp.modeling_mvp.MvpLearnedPositionalEmbedding",
     "bigbird_pegasus.modeling_bigbird_pegasus.BigBirdPegasusLearnedPositionalEmbedding",
     "trocr.modeling_trocr.TrOCRLearnedPositionalEmbedding",
+    # WhisperForCausalLM's forward names no position_ids, so transformers' generate passes none and its decoder counts
+    # from the cache (the encoder-decoder's generate passes the decoder's, which are its slots: the same rows)
+    "whisper.modeling_whisper.WhisperPositionalEmbedding",
 ))
 # TrOCR's sinusoidal table numbers each row's non-pad tokens of the call from the cache's length
 _TROCR_SINUSOIDAL = f"{_MODELS}.trocr.modeling_trocr.TrOCRSinusoidalPositionalEmbedding"

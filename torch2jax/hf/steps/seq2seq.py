@@ -45,11 +45,12 @@ class Source:
             return (features.to(self.dtype),)
         return torch.zeros((batch, length), dtype=torch.long), torch.ones((batch, length), dtype=torch.long)
 
-    def dynamic_shapes(self, max_batch: int, max_source_len: int) -> tuple:
+    def dynamic_shapes(self, max_batch: int, max_source_len: int, fixed: bool = False) -> tuple:
+        """`fixed`: the source length is max_source_len, not a symbol (see convert_seq2seq)."""
         batch = {"name": "batch", "min": 1, "max": max_batch} if max_batch > 1 else None
         if self.feature_shape is not None:
             return (_dims(batch),)
-        source = {"name": "source", "min": 1, "max": max_source_len}
+        source = None if fixed else {"name": "source", "min": 1, "max": max_source_len}
         return (_dims(batch, source), _dims(batch, source))
 
 
@@ -271,10 +272,10 @@ def decode_inputs(layout: CacheLayout, cross: CrossLayout, batch: int, source: i
     )
 
 
-def decode_dynamic_shapes(layout: CacheLayout, max_batch: int, max_source_len: int) -> tuple:
+def decode_dynamic_shapes(layout: CacheLayout, max_batch: int, max_source_len: int, fixed: bool = False) -> tuple:
     batch = {"name": "batch", "min": 1, "max": max_batch} if max_batch > 1 else None
     span = {"name": "span", "min": 1, "max": layout.max_cache_len}
-    source = {"name": "source", "min": 1, "max": max_source_len}
+    source = None if fixed else {"name": "source", "min": 1, "max": max_source_len}
     return (_dims(batch), None, _dims(batch, span), _dims(batch, source), [_dims(batch)] * (2 * layout.layers),
             [_dims(batch, None, source)] * (2 * layout.layers))
 
@@ -308,10 +309,21 @@ def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch:
     hidden = int(lm.get_input_embeddings().weight.shape[1])
     decode_step = Seq2SeqDecodeStep(lm, layout, hidden).eval()
     batch, length = min(max_batch, 2), min(max_source_len, 5)  # not 1: torch.export would specialize a dim of 1
-    encode = convert(encode_step, source.example(batch, length), dynamic_shapes=source.dynamic_shapes(max_batch, max_source_len),
-                     progress=progress, weights=weights)
-    decode = convert(decode_step, decode_inputs(layout, cross, batch, length),
-                     dynamic_shapes=decode_dynamic_shapes(layout, max_batch, max_source_len), progress=progress, weights=weights)
+    fixed = False
+    try:
+        encode = convert(encode_step, source.example(batch, length), dynamic_shapes=source.dynamic_shapes(max_batch, max_source_len),
+                         progress=progress, weights=weights)
+    except ExportError:
+        if source.feature_shape is not None:
+            raise
+        # encoders that pad the source to a multiple of their attention block (LongT5, LED, PEGASUS-X) branch on its
+        # length, which torch.export cannot keep symbolic: export both steps at max_source_len instead; generate pads
+        # every source to it (masked, so the real tokens' outputs are the same)
+        fixed, length = True, max_source_len
+        encode = convert(encode_step, source.example(batch, length), progress=progress, weights=weights,
+                         dynamic_shapes=source.dynamic_shapes(max_batch, max_source_len, fixed=True))
+    decode = convert(decode_step, decode_inputs(layout, cross, batch, length), progress=progress, weights=weights,
+                     dynamic_shapes=decode_dynamic_shapes(layout, max_batch, max_source_len, fixed))
     _share_params(encode, decode)
     encode.sharding_hints = decode.sharding_hints = tp_plan_hints(lm)
     if quantize is not None:
@@ -327,6 +339,7 @@ def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch:
         forced_eos_token_id=_token(generation, "forced_eos_token_id"),
         source_input=source.names[0],
         feature_shape=source.feature_shape,
+        fixed_source=fixed,
     )
     return Seq2SeqGenerator(encode, decode, spec)
 
