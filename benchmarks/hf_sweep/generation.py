@@ -70,6 +70,11 @@ def generation_rows(configs: dict[str, dict[str, Any]]) -> list[tuple[str, str, 
     return sorted(set(rows), key=lambda r: run._spread(f"{r[0]}:{r[1]}"))
 
 
+def generation_key(model_type: str, class_name: str, task: str) -> str:
+    """A row's key: a class may generate under two tasks (GOT-OCR2's, T5Gemma2's), each its own row."""
+    return f"{model_type}:{class_name}:{task}"
+
+
 def _with_cache(model: Any) -> Any:
     """run.build turns the cache off (the forward sweep compares outputs without one); generation needs it."""
     config = model.config
@@ -246,14 +251,14 @@ def main() -> None:
         old = results["rows"].get(key)
         return ns.rerun or old is None or (ns.rerun_failed and old["status"] != OK)
 
-    todo = [r for r in rows if wanted(run.row_key(r[0], r[1]))]
+    todo = [r for r in rows if wanted(generation_key(*r))]
     if ns.limit is not None:
         todo = todo[: ns.limit]
     print(f"{len(todo)} rows to run ({len(results['rows'])} in {ns.results.name})", flush=True)
     for n, (model_type, class_name, task) in enumerate(todo, 1):
         row = run_in_subprocess(model_type, class_name, task, ns.timeout)
         row["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-        results["rows"][run.row_key(model_type, class_name)] = row
+        results["rows"][generation_key(model_type, class_name, task)] = row
         run._write_atomic(ns.results, results)
         print(f"[{n}/{len(todo)}] {model_type} {class_name}: {row['status']} ({row.get('error') or ''})"[:220]
               + f" | {row['wall_seconds']:.0f} s", flush=True)

@@ -226,12 +226,12 @@ def render(results: dict[str, Any], configs: dict[str, Any], generation: dict[st
 def render_generation(generation: dict[str, Any], registered: dict[str, Any]) -> list[str]:
     """The generation section: every generating class's greedy tokens against transformers' generate."""
     from .generation import NOT_RUN as GENERATION_NOT_RUN
-    from .generation import TOKENS, generation_rows
+    from .generation import TOKENS, generation_key, generation_rows
 
     rows = sorted(generation.get("rows", {}).values(), key=lambda r: (r["task"], r["model_type"], r["class"]))
     planned = generation_rows(registered)
-    done = {row_key(r["model_type"], r["class"]) for r in rows}
-    waiting = sorted(f"{t} ({c})" for t, c, _ in planned if row_key(t, c) not in done)
+    done = {generation_key(r["model_type"], r["class"], r["task"]) for r in rows}
+    waiting = sorted(f"{t} ({c}, {task})" for t, c, task in planned if generation_key(t, c, task) not in done)
     tasks = sorted({task for _, _, task in planned})
     lines = [
         "",

@@ -646,3 +646,70 @@ def test_the_check_names_the_cache_an_image_needs_instead_of_asking_for_negative
     generator = SimpleNamespace(vision=vision, spec=SimpleNamespace(max_cache_len=48))
     with pytest.raises(VerificationError, match="64 image tokens.*--max-cache-len 85 or more"):
         verify_vision_language(torch.nn.Module(), generator, tokens=12)
+
+
+# -- LLaVA-shaped families: one fixed-size image, a fixed number of image tokens scattered at the image token ----------
+
+# name -> tokens per image; VipLLaVA by default, each further family converts and compiles its own model (~5 s each)
+FIXED_SIZE = {"vipllava": 16, "aya_vision": 4, "cohere2_vision": 4, "got_ocr2": 64, "video_llava": 16, "deepseek_vl": 16,
+              "janus": 16}
+# the families whose processor writes more than the image tokens: processor_inputs refuses them
+NOT_REPRODUCED = {"aya_vision": "AyaVisionProcessor", "cohere2_vision": "Cohere2VisionProcessor", "got_ocr2": "GotOcr2Processor"}
+
+
+@pytest.mark.parametrize("name", [name if name == "vipllava" else pytest.param(name, marks=pytest.mark.slow(
+    reason="a further fixed-size family converts and compiles its own model")) for name in FIXED_SIZE])
+def test_fixed_size_family_greedy_equals_transformers(name):
+    """VipLLaVA (two layers' features joined), Aya Vision and Command A Vision (pixel shuffle, a Cohere2 text model),
+    GOT-OCR2 (a SAM-style tower), Video-LLaVA (images), DeepSeek-VL and Janus (the inner model's get_image_features):
+    the image encoder's tokens per image, and 8 greedy tokens for a left-padded batch of two prompts with an image
+    each equal transformers' generate. Families whose processor writes more than the image tokens refuse
+    processor_inputs by name; Video-LLaVA refuses videos."""
+    from torch2jax.errors import Torch2JaxError
+    from torch2jax.hf.verify import check_generation, verify_vision_language
+
+    model, _ = vlms.build(name)
+    g = torch2jax.convert_hf(model, task="image-text-to-text", max_cache_len=FIXED_SIZE[name] + 16, max_batch=2)
+    side = model.config.vision_config.image_size
+    assert (g.vision.tokens_per_image, g.vision.pixel_shape, g.vision.image_token_id) == (FIXED_SIZE[name], (3, side, side),
+                                                                                          vlms.IMAGE)
+    check_generation(verify_vision_language(model, g, tokens=8))
+    if name in NOT_REPRODUCED:
+        with pytest.raises(Torch2JaxError, match=f"cannot build this model's prompts: {NOT_REPRODUCED[name]}"):
+            g.processor_inputs("w8", vlms.images()[0])
+    row = prompts(g, (2,))[0]
+    pixels = np.zeros((1, *g.vision.pixel_shape), np.float32)
+    with pytest.raises(InputSpecError, match="video inputs are not supported"):
+        g.generate(np.asarray([row]), pixel_values=pixels, pixel_values_videos=pixels[None])
+
+
+@pytest.mark.parametrize("name", ["deepseek_vl", pytest.param("vipllava", marks=pytest.mark.slow(
+    reason="LLaVA's processor path, checked by default for LLaVA")), pytest.param("janus", marks=pytest.mark.slow(
+    reason="DeepSeek-VL's image processor, checked by default"))])
+def test_fixed_size_family_processor_and_saved_artifact_equal_transformers(name, tmp_path):
+    """Converted from a directory with its processor, saved and loaded: processor_inputs equals the model's processor
+    (VipLLaVA: LLaVA's, the CLIP image processor; DeepSeek-VL and Janus: the longest side resized, padded to a square
+    of the mean color; Janus' image tokens between its begin and end tokens) on three images of different sizes and
+    on two in one turn, and greedy tokens from those inputs equal transformers' generate."""
+    import transformers
+
+    source = vlms.write(name, tmp_path)
+    out = torch2jax.save(torch2jax.convert_hf(f"hf:{source}", max_cache_len=64, max_batch=2), tmp_path / "out")
+    g = torch2jax.load(out)
+    processor = transformers.AutoProcessor.from_pretrained(source, local_files_only=True)
+    model = transformers.AutoModelForImageTextToText.from_pretrained(source, local_files_only=True).eval()
+    rgb = [image.convert("RGB") for image in vlms.images()]  # DeepSeek-VL's and Janus' processors do not convert
+    for image in rgb:
+        want = processor(images=image, text=processor_text(processor, "w8 w9 w33"), return_tensors="np")
+        ids, pixels = g.processor_inputs("w8 w9 w33", image)
+        np.testing.assert_array_equal(ids, want["input_ids"])
+        np.testing.assert_array_equal(pixels, want["pixel_values"])
+    want = processor(images=rgb[:2], text=processor_text(processor, "w8", images=2), return_tensors="np")
+    ids, pixels = g.processor_inputs("w8", rgb[:2])
+    np.testing.assert_array_equal(ids, want["input_ids"])
+    np.testing.assert_array_equal(pixels, want["pixel_values"])
+    if name == "janus":
+        assert ids[0].tolist().count(vlms.BOI) == ids[0].tolist().count(vlms.EOI) == 2
+    ours = g.generate(ids, pixel_values=pixels, max_new_tokens=8, eos_token_id=[])
+    np.testing.assert_array_equal(ours, transformers_greedy(model, ids, 8, g.spec.pad_token_id, np.ones_like(ids),
+                                                            pixel_values=torch.from_numpy(pixels)))

@@ -126,7 +126,70 @@ def build(name: str):
         # Qwen2VLProcessor itself needs torchvision (its video processor): its parts, expanded as it does (qwen2_vl_inputs)
         parts = QwenParts(images, tokenizer(), chat_template("<start_of_image><image><end_of_image>"))
         return getattr(tf, model_class)(config).eval(), parts
+    if name in FIXED_SIZE:  # LLaVA-shaped: one fixed-size image, a fixed number of image tokens, scattered at the image token
+        return FIXED_SIZE[name](tf, text), FIXED_SIZE_PROCESSORS.get(name, lambda tf: None)(tf)
     raise KeyError(name)
+
+
+def _clip(tf):
+    return tf.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                               image_size=32, patch_size=8, projection_dim=32)
+
+
+def _siglip(tf):
+    return tf.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                 image_size=32, patch_size=8)
+
+
+# name -> (transformers, text config's sizes) -> the model; each 32x32 image (GOT-OCR2: 64x64) a fixed number of tokens
+FIXED_SIZE = {
+    # CLIP tower, two layers' features (CLS dropped) joined and layer-normed by the projector: 16 tokens
+    "vipllava": lambda tf, text: tf.VipLlavaForConditionalGeneration(tf.VipLlavaConfig(
+        vision_config=_clip(tf), text_config=tf.LlamaConfig(**text), image_token_index=IMAGE,
+        vision_feature_layer=[-2, -1])),
+    # SigLIP tower pixel-shuffled by 2 (4 tokens) before a Cohere2 text model (sliding-window and global layers)
+    "aya_vision": lambda tf, text: tf.AyaVisionForConditionalGeneration(tf.AyaVisionConfig(
+        vision_config=_siglip(tf), text_config=tf.Cohere2Config(**text, sliding_window=8), image_token_index=IMAGE,
+        downsample_factor=2)),
+    "cohere2_vision": lambda tf, text: tf.Cohere2VisionForConditionalGeneration(tf.Cohere2VisionConfig(
+        vision_config=_siglip(tf).to_dict(), text_config=tf.Cohere2Config(**text, sliding_window=8).to_dict(),
+        image_token_id=IMAGE, downsample_factor=2, alignment_intermediate_size=32)),
+    # a SAM-style tower (windowed and global blocks, relative positions) and strided convolutions: 64x64 -> 64 tokens
+    "got_ocr2": lambda tf, text: tf.GotOcr2ForConditionalGeneration(tf.GotOcr2Config(
+        vision_config=tf.GotOcr2VisionConfig(hidden_size=32, output_channels=64, num_hidden_layers=2, num_attention_heads=4,
+                                             image_size=64, patch_size=2, window_size=14, global_attn_indexes=[1],
+                                             mlp_dim=64).to_dict(),
+        text_config=tf.Qwen2Config(**text).to_dict(), image_token_index=IMAGE)),
+    # LLaVA's tower and projector, images only (its video tower path refused at generate): 16 tokens
+    "video_llava": lambda tf, text: tf.VideoLlavaForConditionalGeneration(tf.VideoLlavaConfig(
+        vision_config=_clip(tf), text_config=tf.LlamaConfig(**text), image_token_index=IMAGE, video_token_index=SOFT,
+        vision_feature_layer=-2, vision_feature_select_strategy="default")),
+    # a SigLIP tower's last hidden states through an MLP aligner: 16 tokens
+    "deepseek_vl": lambda tf, text: tf.DeepseekVLForConditionalGeneration(tf.DeepseekVLConfig(
+        vision_config=_siglip(tf).to_dict(), text_config=tf.LlamaConfig(**text).to_dict(), image_token_id=IMAGE)),
+    # Janus' understanding path (its own SigLIP-like tower and aligner: 16 tokens); its VQ image generator unused
+    "janus": lambda tf, text: tf.JanusForConditionalGeneration(tf.JanusConfig(
+        vision_config=tf.JanusVisionConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, image_size=32,
+                                           patch_size=8, projection_dim=64, num_image_tokens=16).to_dict(),
+        text_config=tf.LlamaConfig(**text).to_dict(), image_token_id=IMAGE,
+        vq_config=dict(embed_dim=12, num_embeddings=12, latent_channels=12, base_channels=32, channel_multiplier=[1, 1],
+                       num_res_blocks=1, num_patches=4, projection_dim=10, num_hidden_layers=1,
+                       image_token_embed_dim=64))),
+}
+# the processors torch2jax reproduces for these: LLaVA's (CLIP image processor), DeepSeek-VL's and Janus' (the longest
+# side resized, padded to a square of the mean color; Janus writes its image tokens between begin and end tokens)
+FIXED_SIZE_PROCESSORS = {
+    "vipllava": lambda tf: tf.LlavaProcessor(
+        image_processor=tf.CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
+        tokenizer=tokenizer(), patch_size=8, vision_feature_select_strategy="default",
+        chat_template=chat_template("<image>"), num_additional_image_tokens=1),
+    "deepseek_vl": lambda tf: tf.DeepseekVLProcessor(
+        image_processor=tf.DeepseekVLImageProcessorPil(size={"height": 32, "width": 32}), tokenizer=tokenizer(),
+        chat_template=chat_template("<image>"), num_image_tokens=16),
+    "janus": lambda tf: tf.JanusProcessor(
+        image_processor=tf.JanusImageProcessorPil(size={"height": 32, "width": 32}), tokenizer=tokenizer(),
+        chat_template=chat_template("<image>"), num_image_tokens=16),
+}
 
 
 # (text config, vision config, config, model class, vision config's sizes) of the Qwen2-VL family

@@ -21,11 +21,15 @@ from ..errors import InputSpecError, Torch2JaxError
 
 # the processors whose steps are the ones above (their PIL versions); others are refused by name
 SUPPORTED = ("LlavaImageProcessor", "CLIPImageProcessor", "SiglipImageProcessor", "Gemma3ImageProcessor",
-             "Qwen2VLImageProcessor", "GotOcr2ImageProcessor", "LlavaNextImageProcessor", "LlavaOnevisionImageProcessor")
+             "Qwen2VLImageProcessor", "GotOcr2ImageProcessor", "LlavaNextImageProcessor", "LlavaOnevisionImageProcessor",
+             "DeepseekVLImageProcessor", "JanusImageProcessor")
 VARIABLE_RESOLUTION = ("Qwen2VLImageProcessor",)  # resized to multiples of patch * merge, returned as flattened patches
 TILED = ("GotOcr2ImageProcessor",)  # InternVL's: with crop_to_patches, an image is several fixed-size crops (tiles)
 # the whole image and a grid of tiles, with the image's size (anyres.py)
 ANY_RESOLUTION = ("LlavaNextImageProcessor", "LlavaOnevisionImageProcessor")
+# the longest side resized to the square size (the shorter kept at min_size or more), then padded to that square with
+# the mean color (DeepSeek-VL's and Janus's processors)
+LONGEST_EDGE_PADDED = ("DeepseekVLImageProcessor", "JanusImageProcessor")
 
 
 def pil() -> Any:
@@ -169,12 +173,30 @@ class ImageProcessor:
         if c.get("do_pad") and self.kind == "LlavaImageProcessor":
             mean = c.get("image_mean")
             array = _pad_to_square(array, tuple(int(x * 255) for x in mean) if mean else 0)
+        if self.kind in LONGEST_EDGE_PADDED:
+            return self._rescaled(self._longest_edge_padded(array))
         if c.get("do_resize", True):
             array = self._resize(array)
         if c.get("do_center_crop"):
             crop = c.get("crop_size") or {}
             array = _center_crop(array, int(crop["height"]), int(crop["width"]))
         return self._rescaled(array)
+
+    def _longest_edge_padded(self, array: np.ndarray) -> np.ndarray:
+        """DeepSeek-VL / Janus: the longest side resized to the square size (each side min_size or more, rounded as
+        transformers rounds), then padded to the square around the center with the mean color (127 gray without one)."""
+        c = self.config
+        if c.get("do_resize", True):
+            size = c.get("size") or {}
+            if size.get("height") is None or size.get("height") != size.get("width"):
+                raise Torch2JaxError(f"{self.kind} needs a square size (height == width), got {size}")
+            height, width = array.shape[1:]
+            scale, least = int(size["height"]) / max(height, width), int(c.get("min_size", 14))
+            array = self._pil_resize(array, (max(round(height * scale), least), max(round(width * scale), least)))
+        if c.get("do_pad", True):
+            mean = c.get("image_mean")
+            array = _pad_to_square(array, tuple(int(x * 255) for x in mean) if mean else (127, 127, 127))
+        return array
 
     def _rgb(self, image: Any) -> np.ndarray:
         """A PIL image (or a path) as the processors start from it: [C, H, W] uint8, RGB unless told otherwise."""

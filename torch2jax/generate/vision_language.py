@@ -235,6 +235,7 @@ class VisionLanguageGenerator(Generator):
         """One user turn of `prompt` and `image` (one, or a list in order) as the model's processor makes it: (input_ids,
         pixel_values), and for the families that need them the image grids or sizes (vision_processor.processor_inputs
         says which)."""
+        vision_processor.check_reproduced(self.vision)  # before the tokenizer, which a model built in memory lacks
         return vision_processor.processor_inputs(self.vision, self.tokenizer_files, self.tokenizer, prompt, image)
 
     def _reply_to_images(self, prompts: Sequence[Any], images: Sequence[Any], options: dict) -> Completion:

@@ -43,6 +43,13 @@ def chat_template(tokenizer_files: dict[str, Path]) -> ChatTemplate:
     return template
 
 
+def check_reproduced(vision: VisionSpec) -> None:
+    """Refuses, saying why, where the model's processor writes prompts that are not reproduced here."""
+    if vision.processor_unsupported:
+        raise Torch2JaxError(f"torch2jax cannot build this model's prompts: {vision.processor_unsupported}; "
+                             "pass input_ids and pixel_values made by its processor instead")
+
+
 def processor_inputs(vision: VisionSpec, tokenizer_files: dict[str, Path], tokenizer: Any, prompt: str,
                      image: Any) -> tuple[np.ndarray, ...]:
     """(input_ids [1, L], pixel_values [tiles, C, H, W]) for one user turn of `image` (one image, or a list of them
@@ -55,6 +62,7 @@ def processor_inputs(vision: VisionSpec, tokenizer_files: dict[str, Path], token
     (input_ids, pixel_values [images, tiles, C, H, W], image_sizes [images, 2]), each image's token repeated as
     many times as its packed features (anyres.tokens_per_image), as LlavaNextProcessor does; OneVision adds
     batch_num_images [1] (the images of this prompt)."""
+    check_reproduced(vision)
     images = list(image) if isinstance(image, (list, tuple)) else [image]
     if not images:
         raise InputSpecError("processor_inputs needs at least one image")
@@ -71,6 +79,7 @@ def expand_images(vision: VisionSpec, tokenizer_files: dict[str, Path], tokenize
                   images: list[Any]) -> tuple[np.ndarray, ...]:
     """processor_inputs' outputs for a prompt `text` already rendered, holding one image placeholder per image in order
     (a chat template's rendering of messages with {"type": "image"} parts)."""
+    check_reproduced(vision)
     image_token = tokenizer.id_to_token(vision.image_token_id)
     placeholder = vision.image_placeholder or image_token
     if placeholder is None or text.count(placeholder) != len(images):

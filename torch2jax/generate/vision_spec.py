@@ -46,6 +46,9 @@ class VisionSpec:
     # LLaVA-OneVision ("anyres_max_N": N > 0): a grid's map of over about N tiles' features is shrunk bilinearly, and an
     # image among several in a prompt is its whole view alone (anyres.packed_taps)
     max_grid_tiles: int = 0
+    # why processor_inputs cannot build this model's prompts (its processor writes what is not reproduced here: tile
+    # markers, its own prompt format); None where it can. Generation from input_ids and pixel_values is unaffected.
+    processor_unsupported: str | None = None
 
     # -- any resolution (grid_pinpoints): anyres.py with this model's grids, tile and feature map -------------------
     def grid_tiles(self, size: Any, alone: bool = False) -> int:
@@ -87,7 +90,7 @@ class VisionSpec:
                 "spatial_merge_size": self.spatial_merge_size, "window_size": self.window_size,
                 "position_table": self.position_table, "tile_wrap": list(self.tile_wrap) if self.tile_wrap else None,
                 "grid_pinpoints": [list(p) for p in self.grid_pinpoints] if self.grid_pinpoints else None,
-                "max_grid_tiles": self.max_grid_tiles}
+                "max_grid_tiles": self.max_grid_tiles, "processor_unsupported": self.processor_unsupported}
 
     @staticmethod
     def from_json(data: Any) -> VisionSpec:
@@ -99,7 +102,8 @@ class VisionSpec:
                               bool(data.get("bidirectional_images", False)), *text, bool(data.get("prefix_lm", False)), prompt,
                               int(data.get("spatial_merge_size", 0)), int(data.get("window_size", 0)),
                               int(data.get("position_table", 0)), _pair(data.get("tile_wrap")),
-                              _pinpoints(data.get("grid_pinpoints")), int(data.get("max_grid_tiles", 0)))
+                              _pinpoints(data.get("grid_pinpoints")), int(data.get("max_grid_tiles", 0)),
+                              data.get("processor_unsupported") if isinstance(data.get("processor_unsupported"), str) else None)
         except (KeyError, TypeError, ValueError) as err:
             raise Torch2JaxError(f"the manifest's vision section is malformed ({type(err).__name__}: {err})") from None
 

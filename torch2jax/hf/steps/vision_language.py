@@ -49,7 +49,9 @@ IMAGES_PER_PROMPT = 4  # the encoder's symbolic image count goes up to this many
 SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", "PaliGemmaForConditionalGeneration",
              "InternVLForConditionalGeneration", "LlavaNextForConditionalGeneration", "LlavaOnevisionForConditionalGeneration",
              "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
-             "Qwen3VLMoeForConditionalGeneration")
+             "Qwen3VLMoeForConditionalGeneration", "VipLlavaForConditionalGeneration", "AyaVisionForConditionalGeneration",
+             "Cohere2VisionForConditionalGeneration", "GotOcr2ForConditionalGeneration", "VideoLlavaForConditionalGeneration",
+             "DeepseekVLForConditionalGeneration", "JanusForConditionalGeneration")
 # variable-resolution models: flattened patches + image_grid_thw in, multimodal (3-D) rotary positions
 VARIABLE_RESOLUTION = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                        "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
@@ -64,6 +66,16 @@ POSITION_OFFSET = {"PaliGemmaForConditionalGeneration": 1}  # PaliGemma's positi
 # models whose processor cuts an image into tiles, each an image of the model: the most per image (InternVL: GotOcr2's
 # default max_patches 12, and a thumbnail)
 MAX_TILES = {"InternVLForConditionalGeneration": 13}
+# models whose processor writes an image as more than its image tokens (tile markers, line breaks, its own prompt):
+# they generate from the processor's input_ids and pixel_values; processor_inputs refuses, saying why
+PROCESSOR_UNSUPPORTED = {
+    "AyaVisionForConditionalGeneration": "AyaVisionProcessor cuts an image into tiles and writes each tile's tokens "
+                                         "after a tile marker, between its start and end of image tokens",
+    "Cohere2VisionForConditionalGeneration": "Cohere2VisionProcessor cuts an image into tiles and writes each tile's "
+                                             "tokens with a line break, between its start and end of image tokens",
+    "GotOcr2ForConditionalGeneration": "GotOcr2Processor writes its own prompt format (a system turn, the image tokens "
+                                       "between <img> and </img>), not a chat template's",
+}
 
 
 class ImageEncoder(torch.nn.Module):
@@ -82,7 +94,9 @@ class ImageEncoder(torch.nn.Module):
             features = llava_image_features(self.vlm, pixel_values)
             newline = self.vlm.model.image_newline.to(features.dtype)
             return torch.cat([features.reshape(-1, features.shape[-1]), newline[None]])
-        out = self.vlm.get_image_features(pixel_values=pixel_values)
+        # DeepSeek-VL, Janus: only their inner model has get_image_features
+        features = getattr(self.vlm, "get_image_features", None) or self.vlm.model.get_image_features
+        out = features(pixel_values=pixel_values)
         return out if isinstance(out, torch.Tensor) else out.pooler_output
 
 
@@ -311,7 +325,7 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
     spec_vision = VisionSpec(image_token_id=int(image_token), tokens_per_image=tokens_per_image, feature_size=feature_size,
                              feature_dtype=dtype_name(probe.dtype), pixel_shape=pixel_shape, max_images=max_images,
                              bidirectional_images=blocks is not None, prefix_lm=kind in PREFIX_LM, grid_pinpoints=pinpoints,
-                             max_grid_tiles=_max_grid_tiles(vlm))
+                             max_grid_tiles=_max_grid_tiles(vlm), processor_unsupported=PROCESSOR_UNSUPPORTED.get(kind))
     return VisionLanguageGenerator(encode, prefill, decode, spec, spec_vision)
 
 
@@ -438,6 +452,11 @@ def with_processor_text(vision: VisionSpec, directory: Path) -> VisionSpec:
     prompt = None
     if type(processor).__name__ == "PaliGemmaProcessor":  # no chat template: the image tokens, BOS, the prompt, a newline
         prompt = f"{placeholder}{processor.tokenizer.bos_token}{{prompt}}\n"
+    if type(processor).__name__ == "JanusProcessor":  # the image tokens between its begin and end of image tokens
+        if getattr(processor, "use_default_system_prompt", False):
+            return dataclasses.replace(vision, processor_unsupported="JanusProcessor with use_default_system_prompt "
+                                                                     "writes its own system prompt")
+        expansion = processor.image_start_token + expansion + processor.image_end_token
     return dataclasses.replace(vision, image_placeholder=placeholder, image_expansion=expansion, prompt_format=prompt)
 
 
