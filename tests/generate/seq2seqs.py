@@ -30,6 +30,15 @@ def _build(name: str):
         return tf.LongT5ForConditionalGeneration(tf.LongT5Config(
             num_layers=1, num_decoder_layers=1, d_model=32, d_kv=8, num_heads=4, d_ff=64, local_radius=3,
             encoder_attention_type="local", tie_word_embeddings=False, **special))
+    if name == "switch":  # mixture-of-experts T5: its forward hands use_cache to an encoder that refuses it
+        return tf.SwitchTransformersForConditionalGeneration(tf.SwitchTransformersConfig(
+            num_layers=2, num_decoder_layers=2, d_model=32, d_kv=8, num_heads=4, d_ff=64, num_experts=4,
+            expert_capacity=64, num_sparse_encoder_layers=1, num_sparse_decoder_layers=1, **special))
+    if name == "nllb_moe":  # reads the encoder's output by name (last_hidden_state)
+        return tf.NllbMoeForConditionalGeneration(tf.NllbMoeConfig(
+            encoder_layers=2, decoder_layers=2, d_model=32, encoder_attention_heads=4, decoder_attention_heads=4,
+            encoder_ffn_dim=64, decoder_ffn_dim=64, num_experts=4, expert_capacity=64, encoder_sparse_step=2,
+            decoder_sparse_step=2, max_position_embeddings=64, **special))
     raise KeyError(name)
 
 

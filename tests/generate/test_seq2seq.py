@@ -257,3 +257,16 @@ def test_a_fixed_source_length_survives_the_manifest_and_pads_every_source_to_it
     g.spec = spec
     ids, mask = g._encoder_inputs(np.array([source(5)]), np.ones((1, 5), np.int64))
     assert ids.shape == mask.shape == (1, SOURCE) and int(mask.sum()) == 5
+
+
+@pytest.mark.parametrize("name", ["switch", pytest.param("nllb_moe", marks=pytest.mark.slow(
+    reason="the same encoder-output path as Switch Transformers; its own sweep row runs it too"))])
+def test_encoders_run_before_the_model_as_transformers_generate_runs_them(name, tmp_path):
+    """The encoder runs on its own and the model over its output, as transformers' generate does: Switch Transformers'
+    forward hands use_cache to its encoder, which refuses it, and NLLB-MoE reads the encoder's output by name (the decode
+    step gives it in the encoder's own output class). A padded batch equals transformers' generate."""
+    lm = load_seq2seq(write_seq2seq(name, tmp_path))
+    g = torch2jax.convert_hf(lm, max_cache_len=24, max_batch=2, max_source_len=16)
+    ids, mask = right_pad([source(11, 1), source(5, 2)], PAD)
+    np.testing.assert_array_equal(g.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=[]),
+                                  hf_generate(lm, ids, 12, mask))

@@ -165,12 +165,13 @@ class EncodeStep(torch.nn.Module):
         from transformers.cache_utils import Cache, EncoderDecoderCache
 
         inputs = (source,) if attention_mask is None else (source, attention_mask)
+        named = dict(zip(self.source.names, inputs))
         batch = source.shape[0]
         cross = [self._filled() for _ in range(self.layers)]
         cache = EncoderDecoderCache(Cache(layers=[self._filled() for _ in range(self.layers)]), Cache(layers=cross))
         start = torch.full((batch, 1), self.start, dtype=torch.long, device=source.device)
         dtype = self.lm.get_input_embeddings().weight.dtype
-        self.lm(**dict(zip(self.source.names, inputs)), decoder_input_ids=start,
+        self.lm(**encoded_inputs(self.lm, named), decoder_input_ids=start,
                 decoder_attention_mask=_mask(torch.ones((batch, 1, 1, 1), dtype=torch.bool), self.additive, dtype),
                 **cache_argument(self.lm, cache), use_cache=True)
         if any(layer.keys is None for layer in cross):
@@ -182,11 +183,14 @@ class EncodeStep(torch.nn.Module):
 class Seq2SeqDecodeStep(torch.nn.Module):
     """forward(input_ids [B, 1], write_at [1], kv_valid [B, L], source_mask [B, S], cache, cross) -> (logits, cache)."""
 
-    def __init__(self, lm: torch.nn.Module, layout: CacheLayout, hidden: int):
+    def __init__(self, lm: torch.nn.Module, layout: CacheLayout, hidden: int, encoder_output: type):
         super().__init__()
         adopt_parts(self, lm)  # params keep the model's own state_dict names
         object.__setattr__(self, "lm", lm)
         self.layout, self.hidden = layout, hidden
+        # the class of the encoder's output, which the model reads by index or by name (NLLB-MoE's last_hidden_state,
+        # Switch Transformers' router_logits): the zeros standing for it here are given in it
+        object.__setattr__(self, "_encoder_output", encoder_output)
         self.additive = getattr(lm.config, "_attn_implementation", None) == "eager"
         self._layer, self._filled = explicit_layer_class(), filled_layer_class()
         from ..stand_ins import positions
@@ -213,7 +217,7 @@ class Seq2SeqDecodeStep(torch.nn.Module):
         hidden = torch.zeros((batch, source, self.hidden), dtype=dtype, device=source_mask.device)
         with self._positions.columns_given(self._counted_from_cache, write_at):  # no padding before the start token
             out = self.lm(
-                encoder_outputs=(hidden,),
+                encoder_outputs=self._encoder_output(last_hidden_state=hidden),
                 attention_mask=_mask(source_mask[:, None, None, :], self.additive, dtype),
                 decoder_input_ids=input_ids,
                 decoder_attention_mask=_mask(keep_self[:, None, None, :], self.additive, dtype),
@@ -222,6 +226,14 @@ class Seq2SeqDecodeStep(torch.nn.Module):
             )
         logits = out.logits[:, -1].float()
         return logits, [t for layer in layers for t in (layer.keys, layer.values)]
+
+
+def encoded_inputs(lm: torch.nn.Module, source: dict) -> dict:
+    """The model's arguments for `source` (input_ids and attention_mask, or input_features) with the encoder already
+    run, as transformers' generate calls it: a model's forward may hand its own arguments (use_cache) to an encoder
+    that refuses them (Switch Transformers)."""
+    mask = {"attention_mask": source["attention_mask"]} if "attention_mask" in source else {}
+    return {"encoder_outputs": lm.get_encoder()(**source), **mask}
 
 
 def cross_layout(step: EncodeStep) -> tuple[CrossLayout, int]:
@@ -234,24 +246,30 @@ def cross_layout(step: EncodeStep) -> tuple[CrossLayout, int]:
     return layout, int(keys[0].shape[2])
 
 
-def self_layout(lm: torch.nn.Module, source: Source, layers: int, max_cache_len: int) -> CacheLayout:
-    """The decoder's self-attention cache: the start token through a DynamicCache, read back per layer."""
+def self_layout(lm: torch.nn.Module, source: Source, layers: int, max_cache_len: int) -> tuple[CacheLayout, type]:
+    """The decoder's self-attention cache: the start token through a DynamicCache, read back per layer; and the class
+    of the encoder's output."""
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
     cache = EncoderDecoderCache(DynamicCache(config=lm.config), DynamicCache(config=lm.config))
     ids = torch.zeros((1, 1), dtype=torch.long)
     with torch.no_grad():
-        lm(**dict(zip(source.names, source.example(1, 3))), decoder_input_ids=ids, **cache_argument(lm, cache), use_cache=True)
+        inputs = encoded_inputs(lm, dict(zip(source.names, source.example(1, 3))))
+        lm(**inputs, decoder_input_ids=ids, **cache_argument(lm, cache), use_cache=True)
     found = cache.self_attention_cache.layers
     if len(found) != layers or any(layer.keys is None for layer in found):
         raise ExportError(f"{type(lm).__name__} did not fill a self-attention cache for its {layers} decoder layers")
-    return CacheLayout(
+    layout = CacheLayout(
         layers=layers,
         key_shapes=tuple((layer.keys.shape[1], layer.keys.shape[3]) for layer in found),
         value_shapes=tuple((layer.values.shape[1], layer.values.shape[3]) for layer in found),
         dtype=found[0].keys.dtype,
         max_cache_len=max_cache_len,
     )
+    encoder_output = type(inputs["encoder_outputs"])
+    if isinstance(inputs["encoder_outputs"], tuple):  # an encoder returning a plain tuple: its output given as one
+        encoder_output = lambda last_hidden_state: (last_hidden_state,)  # noqa: E731
+    return layout, encoder_output
 
 
 def _dims(*axes: Any) -> dict | None:
@@ -305,9 +323,9 @@ def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch:
     cross, encoded_len = cross_layout(encode_step)
     if source.feature_shape is not None:
         max_source_len = encoded_len  # the encoder's output length is fixed by the model, not a limit to choose
-    layout = self_layout(lm, source, layers, max_cache_len)
+    layout, encoder_output = self_layout(lm, source, layers, max_cache_len)
     hidden = int(lm.get_input_embeddings().weight.shape[1])
-    decode_step = Seq2SeqDecodeStep(lm, layout, hidden).eval()
+    decode_step = Seq2SeqDecodeStep(lm, layout, hidden, encoder_output).eval()
     batch, length = min(max_batch, 2), min(max_source_len, 5)  # not 1: torch.export would specialize a dim of 1
     fixed = False
     try:
