@@ -14,7 +14,7 @@ import torch
 import torch2jax
 from torch2jax.errors import InputSpecError
 from torch2jax.generate.generator import left_pad
-from torch2jax.generate.image_positions import image_index, patch_interpolation, patch_windows, rope_index
+from torch2jax.generate.image_positions import image_index, patch_bicubic, patch_interpolation, patch_windows, rope_index
 from torch2jax.hf.tasks import IMAGE_TEXT_TO_TEXT, default_task, task_of
 from torch2jax.hf.verify import processor_token_types, transformers_greedy
 from torch2jax.runtime.describe import describe
@@ -713,3 +713,111 @@ def test_fixed_size_family_processor_and_saved_artifact_equal_transformers(name,
     ours = g.generate(ids, pixel_values=pixels, max_new_tokens=8, eos_token_id=[])
     np.testing.assert_array_equal(ours, transformers_greedy(model, ids, 8, g.spec.pad_token_id, np.ones_like(ids),
                                                             pixel_values=torch.from_numpy(pixels)))
+
+
+# -- GLM-4V: Qwen2-VL's layout with its own tower (a bicubically resampled position table, a strided convolution over
+# each merge block), rope index and image processor -------------------------------------------------------------------
+
+def test_glm4v_rope_index_and_position_taps_equal_transformers():
+    """GLM-4V's 3-D positions (from its processor's mm_token_type_ids: left-padded rows, two images in one row, a
+    text-only row) equal rope_index's; the bicubic taps of its position table, computed in NumPy, resample it as its
+    Glm4vVisionEmbeddings does with grid_sample."""
+    from transformers.models.glm4v.modeling_glm4v import Glm4vVisionEmbeddings
+    from transformers.vision_utils import get_vision_position_ids
+
+    model, _ = vlms.build("glm4v")
+    grids = np.asarray([[1, 4, 6], [1, 6, 4], [1, 2, 8]])
+    rng = np.random.default_rng(0)
+    text = lambda n: rng.integers(vlms.FIRST_WORD, vlms.VOCAB, n).tolist()  # noqa: E731
+    image = lambda g: [vlms.BOI] + [vlms.IMAGE] * (int(np.prod(g)) // 4) + [vlms.EOI]  # noqa: E731
+    rows = [text(2) + image(grids[0]) + text(3) + image(grids[1]) + text(1), text(4), text(1) + image(grids[2]) + text(5)]
+    ids, mask = left_pad(rows, vlms.PAD)
+    ours, deltas = rope_index(ids, mask, grids, vlms.IMAGE, 2)
+    want, want_deltas = model.model.get_rope_index(torch.from_numpy(ids), torch.from_numpy((ids == vlms.IMAGE).astype(np.int32)),
+                                                   torch.from_numpy(grids), attention_mask=torch.from_numpy(mask).long())
+    np.testing.assert_array_equal(ours, want.numpy())
+    np.testing.assert_array_equal(deltas, want_deltas.numpy()[:, 0])
+
+    embeddings = Glm4vVisionEmbeddings(model.config.vision_config)  # a 4x4 table
+    torch.nn.init.normal_(embeddings.position_embedding.weight)
+    grids = np.asarray([[1, 6, 10], [1, 8, 4], [1, 2, 2], [1, 48, 30]])
+    positions = get_vision_position_ids(torch.from_numpy(grids), 2)
+    with torch.no_grad():
+        want = embeddings(torch.zeros(int(grids.prod(1).sum()), 32), torch.from_numpy(grids.prod(1)), torch.from_numpy(grids),
+                          positions[:, 0], positions[:, 1]).numpy()
+    indices, weights = patch_bicubic(grids, 2, 4)
+    ours = (embeddings.position_embedding.weight.detach().numpy()[indices] * weights[:, :, None]).sum(1)
+    np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-5)
+
+
+def test_glm4v_patches_equal_the_image_processor():
+    """The patches and grids of Glm4vImageProcessorPil (its own smart_resize: area bounds over two frames, sides under
+    one merged patch scaled up first), and of GLM-4.6V's and GLMGA's processors, which share it, for random images of
+    sizes that take each of its branches."""
+    import transformers as tf
+    from PIL import Image
+
+    from torch2jax.generate.image_processing import ImageProcessor
+
+    _, parts = vlms.build("glm4v")
+    settings = {key: value for key, value in parts.image_processor.to_dict().items() if key != "image_processor_type"}
+    rng = np.random.default_rng(0)
+    for processor in (parts.image_processor, tf.Glm46VImageProcessorPil(**settings), tf.GlmgaImageProcessorPil(**settings)):
+        ours = ImageProcessor(processor.to_dict())
+        for height, width in ((40, 70), (90, 50), (20, 24), (8, 40), (300, 200), (12, 12)):
+            image = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+            want = processor([image], return_tensors="np")
+            pixels, grids = ours.patches([image])
+            np.testing.assert_array_equal(grids, want["image_grid_thw"])
+            np.testing.assert_allclose(pixels, want["pixel_values"], rtol=0, atol=1e-6)
+
+
+@pytest.fixture(scope="module", params=["glm4v", pytest.param("glm4v_moe", marks=pytest.mark.slow(
+    reason="GLM-4V's tower and rope before a mixture-of-experts text model, which the MoE causal-LM tests cover")),
+    pytest.param("glm46v", marks=pytest.mark.slow(reason="GLM-4V's classes under another name: the same code path")),
+    "glm_ocr"])
+def glm_family(request, tmp_path_factory):
+    """(name, the transformers model, the artifact converted, saved and loaded)."""
+    import transformers
+
+    root = tmp_path_factory.mktemp(f"vlm-{request.param}")
+    source = vlms.write(request.param, root)
+    model = transformers.AutoModelForImageTextToText.from_pretrained(source, local_files_only=True).eval()
+    assert type(model).__name__ == vlms.GLM[request.param][3]
+    generator = torch2jax.convert_hf(f"hf:{source}", max_cache_len=96, max_batch=2)
+    return request.param, model, torch2jax.load(torch2jax.save(generator, root / "out"))
+
+
+def test_glm4v_family_features_and_greedy_equal_transformers(glm_family):
+    """The GLM-4V family (GLM-4.1V, GLM-4.5V's MoE, GLM-4.6V, GLM-OCR): the image features of three grids equal
+    transformers'; the conversion's own check passes on the saved and loaded artifact; and a left-padded batch of two
+    prompts holding three images of different sizes (two in one prompt) makes 16 greedy tokens equal to transformers'
+    generate; processor_inputs equals the processor's parts."""
+    from torch2jax.hf.verify import verify_vision_language
+
+    name, model, g = glm_family
+    assert g.vision.position_table == (0 if name == "glm_ocr" else 4) and g.vision.bicubic_table == (name != "glm_ocr")
+    grids = np.asarray([[1, 6, 10], [1, 8, 4], [1, 4, 4]])
+    pixels = np.random.default_rng(1).standard_normal((int(grids.prod(1).sum()), *g.vision.pixel_shape)).astype(np.float32)
+    with torch.no_grad():
+        want = model.model.get_image_features(pixel_values=torch.from_numpy(pixels), image_grid_thw=torch.from_numpy(grids))
+    want = torch.cat(list(want.pooler_output)).numpy()
+    assert np.abs(want).max() > 0.1  # features large enough to sway the tokens (vlms.build scales the merger up)
+    np.testing.assert_allclose(np.asarray(g.encode_patches(pixels, grids)), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    check = verify_vision_language(model, g, tokens=12)
+    assert check.ok, check.summary()
+
+    rng = np.random.default_rng(2)
+    text = lambda n: rng.integers(vlms.FIRST_WORD, vlms.VOCAB, n).tolist()  # noqa: E731
+    image = lambda grid: [vlms.BOI] + [vlms.IMAGE] * (int(np.prod(grid)) // 4) + [vlms.EOI]  # noqa: E731
+    ids, mask = left_pad([text(1) + image(grids[0]) + text(2) + image(grids[1]) + text(3), text(2) + image(grids[2]) + text(1)],
+                         vlms.PAD)
+    ours = g.generate(ids, attention_mask=mask, pixel_values=pixels, image_grid_thw=grids, max_new_tokens=16, eos_token_id=[])
+    np.testing.assert_array_equal(ours, qwen_reference(model, ids, mask, pixels, grids, 16))
+
+    _, parts = vlms.build(name)
+    text = g.chat_template().render([{"role": "user", "content": [{"type": "image"}] * 2 + [{"type": "text", "text": "w8"}]}],
+                                    add_generation_prompt=True)
+    want = parts(vlms.images()[:2], text)
+    for got, key in zip(g.processor_inputs("w8", vlms.images()[:2]), ("input_ids", "pixel_values", "image_grid_thw")):
+        np.testing.assert_array_equal(got, want[key])

@@ -126,6 +126,29 @@ def build(name: str):
         # Qwen2VLProcessor itself needs torchvision (its video processor): its parts, expanded as it does (qwen2_vl_inputs)
         parts = QwenParts(images, tokenizer(), chat_template("<start_of_image><image><end_of_image>"))
         return getattr(tf, model_class)(config).eval(), parts
+    if name in GLM:  # Qwen2-VL's layout (8x8 patches merged 2x2, 3-D rope) with GLM-4V's tower, rope index and processor
+        text_class, vision_class, config_class, model_class, extra = GLM[name]
+        vision = getattr(tf, vision_class)(depth=2, hidden_size=32, out_hidden_size=64, intermediate_size=64, num_heads=4,
+                                           patch_size=8, spatial_merge_size=2, image_size=32)
+        text_config = getattr(tf, text_class)(**text, **extra)
+        config = getattr(tf, config_class)(text_config=text_config.to_dict(), vision_config=vision.to_dict(),
+                                           image_token_id=IMAGE, image_start_token_id=BOI, image_end_token_id=EOI,
+                                           video_token_id=SOFT)
+        # its area bounds count two frames: 4 to 24 merged tokens, as Qwen2-VL's above
+        images = tf.Glm4vImageProcessorPil(size={"shortest_edge": 2 * 16 * 16 * 4, "longest_edge": 2 * 16 * 16 * 24},
+                                           patch_size=8, merge_size=2)
+        parts = QwenParts(images, tokenizer(), chat_template("<start_of_image><image><end_of_image>"))
+        model = getattr(tf, model_class)(config).eval()
+        with torch.no_grad():  # scaled up where the init's small weights would hide a wrong image or position: the
+            # merger's MLP (features of ~0.004 barely sway a token), the text queries and keys (flat attention ignores
+            # the 3-D positions)
+            merger = model.model.visual.merger
+            for proj in (merger.gate_proj, merger.up_proj, merger.down_proj):
+                proj.weight.mul_(10)
+            for layer in model.model.language_model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+                    proj.weight.mul_(8)
+        return model, parts
     if name in FIXED_SIZE:  # LLaVA-shaped: one fixed-size image, a fixed number of image tokens, scattered at the image token
         return FIXED_SIZE[name](tf, text), FIXED_SIZE_PROCESSORS.get(name, lambda tf: None)(tf)
     raise KeyError(name)
@@ -210,6 +233,23 @@ QWEN = {
     "qwen3_vl_moe": ("Qwen3VLMoeTextConfig", "Qwen3VLMoeVisionConfig", "Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration",
                      dict(depth=2, hidden_size=32, out_hidden_size=64, intermediate_size=64, num_heads=4, patch_size=8,
                           spatial_merge_size=2, num_position_embeddings=16, deepstack_visual_indexes=[0, 1])),
+}
+
+
+# (text config, vision config, config, model class, text config's extras) of the GLM-4V family: a 4x4 position table
+# resampled bicubically to each grid, 3-D rope over the text model's interleaved rotary dims
+_GLM_ROPE = {"rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]}}
+GLM = {
+    "glm4v": ("Glm4vTextConfig", "Glm4vVisionConfig", "Glm4vConfig", "Glm4vForConditionalGeneration", _GLM_ROPE),
+    # a mixture-of-experts text model (4 routed experts, 2 per token, a shared one; the first layer dense), rotary over
+    # half of each head
+    "glm4v_moe": ("Glm4vMoeTextConfig", "Glm4vMoeVisionConfig", "Glm4vMoeConfig", "Glm4vMoeForConditionalGeneration",
+                  {"rope_parameters": {"rope_type": "default", "mrope_section": [1, 2, 1], "partial_rotary_factor": 0.5},
+                   "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16, "n_shared_experts": 1,
+                   "first_k_dense_replace": 1}),
+    "glm46v": ("Glm4vTextConfig", "Glm4vVisionConfig", "Glm46VConfig", "Glm46VForConditionalGeneration", _GLM_ROPE),
+    # no position table nor post-convolution norm; query and key norms in its vision attention
+    "glm_ocr": ("GlmOcrTextConfig", "GlmOcrVisionConfig", "GlmOcrConfig", "GlmOcrForConditionalGeneration", _GLM_ROPE),
 }
 
 

@@ -1,7 +1,7 @@
 """Where image features go and the positions images take, computed in NumPy from the ids and image grids as
 transformers computes them: the feature row of each image token (`image_index`), Qwen2-VL's 3-D rotary positions
 (`rope_index`), and its vision encoder's per-patch inputs (`patch_positions`, Qwen2.5-VL's `patch_windows`, Qwen3-VL's
-`patch_interpolation`)."""
+`patch_interpolation`, GLM-4V's `patch_bicubic`)."""
 
 from __future__ import annotations
 
@@ -98,4 +98,30 @@ def patch_interpolation(grids: np.ndarray, merge: int, side: int) -> tuple[np.nd
     (rows, row_weights), (cols, col_weights) = taps
     indices = (rows[:, :, None] * side + cols[:, None, :]).reshape(-1, 4)
     weights = (row_weights[:, :, None] * col_weights[:, None, :]).reshape(-1, 4)
+    return indices.astype(np.int64), weights.astype(np.float32)
+
+
+def patch_bicubic(grids: np.ndarray, merge: int, side: int) -> tuple[np.ndarray, np.ndarray]:
+    """([patches, 16] int64, [patches, 16] float32): GLM-4V's resampling of its side x side position table to each
+    image's grid, as transformers' Glm4vVisionEmbeddings does it with grid_sample (bicubic, A = -0.75, align_corners
+    False, border padding: each of the 4 x 4 taps clamped to the table), the flat table rows and their weights, in the
+    processor's patch order. The sample points are computed in float32 as torch computes them."""
+    positions = patch_positions(grids, merge)
+    sizes = np.concatenate([np.repeat([[h, w]], t * h * w, axis=0) for t, h, w in np.asarray(grids, np.int64).reshape(-1, 3).tolist()])
+    one, half, two, a = np.float32(1), np.float32(0.5), np.float32(2), np.float32(-0.75)
+    taps = []
+    for axis in (0, 1):
+        normed = (positions[:, axis].astype(np.float32) + half) / sizes[:, axis].astype(np.float32) * two - one
+        source = ((normed + one) * np.float32(side) - one) / two  # grid_sampler_unnormalize, align_corners False
+        floor = np.floor(source)
+        t = (source - floor)[:, None]
+        near, far = np.concatenate([t + one, t], axis=1), np.concatenate([one - t, two - t], axis=1)
+        inner = lambda x: ((a + two) * x - (a + np.float32(3))) * x * x + one  # noqa: E731 |x| <= 1
+        outer = lambda x: ((a * x - np.float32(5) * a) * x + np.float32(8) * a) * x - np.float32(4) * a  # noqa: E731 1 < |x| < 2
+        weight = np.stack([outer(near[:, 0]), inner(near[:, 1]), inner(far[:, 0]), outer(far[:, 1])], axis=1)
+        tap = np.clip(floor.astype(np.int64)[:, None] + np.arange(-1, 3), 0, side - 1)
+        taps.append((tap, weight.astype(np.float32)))
+    (rows, row_weights), (cols, col_weights) = taps
+    indices = (rows[:, :, None] * side + cols[:, None, :]).reshape(-1, 16)
+    weights = (row_weights[:, :, None] * col_weights[:, None, :]).reshape(-1, 16)
     return indices.astype(np.int64), weights.astype(np.float32)

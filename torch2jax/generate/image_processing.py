@@ -22,8 +22,12 @@ from ..errors import InputSpecError, Torch2JaxError
 # the processors whose steps are the ones above (their PIL versions); others are refused by name
 SUPPORTED = ("LlavaImageProcessor", "CLIPImageProcessor", "SiglipImageProcessor", "Gemma3ImageProcessor",
              "Qwen2VLImageProcessor", "GotOcr2ImageProcessor", "LlavaNextImageProcessor", "LlavaOnevisionImageProcessor",
-             "DeepseekVLImageProcessor", "JanusImageProcessor")
-VARIABLE_RESOLUTION = ("Qwen2VLImageProcessor",)  # resized to multiples of patch * merge, returned as flattened patches
+             "DeepseekVLImageProcessor", "JanusImageProcessor", "Glm4vImageProcessor", "Glm46VImageProcessor",
+             "GlmgaImageProcessor")
+# resized to multiples of patch * merge, returned as flattened patches
+VARIABLE_RESOLUTION = ("Qwen2VLImageProcessor", "Glm4vImageProcessor", "Glm46VImageProcessor", "GlmgaImageProcessor")
+# GLM-4V's: Qwen2-VL's patches, the target size from its own smart_resize (glm_smart_resize)
+GLM_RESIZE = ("Glm4vImageProcessor", "Glm46VImageProcessor", "GlmgaImageProcessor")
 TILED = ("GotOcr2ImageProcessor",)  # InternVL's: with crop_to_patches, an image is several fixed-size crops (tiles)
 # the whole image and a grid of tiles, with the image's size (anyres.py)
 ANY_RESOLUTION = ("LlavaNextImageProcessor", "LlavaOnevisionImageProcessor")
@@ -60,6 +64,10 @@ class ImageProcessor:
             raise Torch2JaxError(f"image processor {kind or 'of unnamed type'} is not supported (supported: {', '.join(SUPPORTED)})")
         if config.get("do_pan_and_scan"):
             raise Torch2JaxError("Gemma 3's pan-and-scan image crops are not supported: set do_pan_and_scan to false")
+        if kind == "GlmgaImageProcessor" and int(config.get("patch_expand_factor") or 1) != 1:
+            # its torch backend resizes to multiples of patch * merge * patch_expand_factor, its PIL backend ignores it
+            raise Torch2JaxError("GlmgaImageProcessor with a patch_expand_factor other than 1 is not supported (transformers' "
+                                 "two backends of it resize differently): pass pixel_values and image_grid_thw")
         self.kind = kind
         self.config = dict(config)
 
@@ -227,9 +235,13 @@ class ImageProcessor:
         if self.variable_resolution:
             c = self.config
             factor = int(c.get("patch_size", 14)) * int(c.get("merge_size", 2))
-            low = size.get("shortest_edge") or c.get("min_pixels") or 56 * 56
-            high = size.get("longest_edge") or c.get("max_pixels") or 28 * 28 * 1280
-            new = smart_resize(height, width, factor, int(low), int(high))
+            glm = self.kind in GLM_RESIZE
+            low = size.get("shortest_edge") or c.get("min_pixels") or (112 * 112 if glm else 56 * 56)
+            high = size.get("longest_edge") or c.get("max_pixels") or (28 * 28 * 15000 if glm else 28 * 28 * 1280)
+            if glm:
+                new = glm_smart_resize(height, width, factor, int(low), int(high), int(c.get("temporal_patch_size", 2)))
+            else:
+                new = smart_resize(height, width, factor, int(low), int(high))
         elif size.get("shortest_edge") and not size.get("longest_edge"):
             short_edge = int(size["shortest_edge"])
             short, long = (width, height) if width <= height else (height, width)
@@ -283,6 +295,27 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
         w_bar = max(factor, math.floor(width / beta / factor) * factor)
     elif h_bar * w_bar < min_pixels:
         beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def glm_smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int,
+                     temporal: int) -> tuple[int, int]:
+    """GLM-4V's target size (transformers' glm4v smart_resize for one image, num_frames = temporal): Qwen2-VL's, but a
+    side under `factor` first scales the image up (truncated), and the area bounds count `temporal` frames."""
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise InputSpecError(f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    if temporal * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((temporal * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif temporal * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (temporal * height * width))
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar

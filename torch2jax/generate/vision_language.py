@@ -30,7 +30,7 @@ from ..runtime.model import Model
 from ..runtime.sharding import ShardingPlan
 from . import vision_processor
 from .generator import GenerationSpec, Generator
-from .image_positions import image_index, patch_interpolation, patch_positions, patch_windows, rope_index
+from .image_positions import image_index, patch_bicubic, patch_interpolation, patch_positions, patch_windows, rope_index
 from .image_processing import ImageProcessor
 from .loop import Completion, call_entry, finish, until_end
 from .prompts import check_prompt
@@ -128,10 +128,11 @@ class VisionLanguageGenerator(Generator):
         if self.vision.window_size:
             ids.append(patch_windows(grids, merge, self.vision.window_size))
         taps = []
-        if self.vision.position_table:
-            indices, weights = patch_interpolation(grids, merge, self.vision.position_table)
+        if self.vision.position_table:  # Qwen3-VL: bilinear taps in the model's dtype; GLM-4V: bicubic, in float32
+            resample = patch_bicubic if self.vision.bicubic_table else patch_interpolation
+            indices, weights = resample(grids, merge, self.vision.position_table)
             ids.append(indices.reshape(rows, group, -1))
-            taps = [jnp.asarray(weights.reshape(rows, group, -1), dtype)]
+            taps = [jnp.asarray(weights.reshape(rows, group, -1), jnp.float32 if self.vision.bicubic_table else dtype)]
         return self._encode(self.params, jnp.asarray(pixels.reshape(rows, group, -1), dtype),
                             *(jnp.asarray(i, self._id_dtype) for i in ids), *taps)
 

@@ -49,6 +49,9 @@ class VisionSpec:
     # why processor_inputs cannot build this model's prompts (its processor writes what is not reproduced here: tile
     # markers, its own prompt format); None where it can. Generation from input_ids and pixel_values is unaffected.
     processor_unsupported: str | None = None
+    # GLM-4V: the position table (position_table) is resampled bicubically, as grid_sample does (align_corners False,
+    # border padding); encode then takes each patch's 16 taps (patch_bicubic) in float32, not 4 bilinear ones
+    bicubic_table: bool = False
 
     # -- any resolution (grid_pinpoints): anyres.py with this model's grids, tile and feature map -------------------
     def grid_tiles(self, size: Any, alone: bool = False) -> int:
@@ -90,7 +93,8 @@ class VisionSpec:
                 "spatial_merge_size": self.spatial_merge_size, "window_size": self.window_size,
                 "position_table": self.position_table, "tile_wrap": list(self.tile_wrap) if self.tile_wrap else None,
                 "grid_pinpoints": [list(p) for p in self.grid_pinpoints] if self.grid_pinpoints else None,
-                "max_grid_tiles": self.max_grid_tiles, "processor_unsupported": self.processor_unsupported}
+                "max_grid_tiles": self.max_grid_tiles, "processor_unsupported": self.processor_unsupported,
+                "bicubic_table": self.bicubic_table}
 
     @staticmethod
     def from_json(data: Any) -> VisionSpec:
@@ -103,7 +107,8 @@ class VisionSpec:
                               int(data.get("spatial_merge_size", 0)), int(data.get("window_size", 0)),
                               int(data.get("position_table", 0)), _pair(data.get("tile_wrap")),
                               _pinpoints(data.get("grid_pinpoints")), int(data.get("max_grid_tiles", 0)),
-                              data.get("processor_unsupported") if isinstance(data.get("processor_unsupported"), str) else None)
+                              data.get("processor_unsupported") if isinstance(data.get("processor_unsupported"), str) else None,
+                              bool(data.get("bicubic_table", False)))
         except (KeyError, TypeError, ValueError) as err:
             raise Torch2JaxError(f"the manifest's vision section is malformed ({type(err).__name__}: {err})") from None
 

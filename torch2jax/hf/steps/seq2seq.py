@@ -118,11 +118,17 @@ def filled_layer_class():
 
 
 def decoder_layers(lm: torch.nn.Module) -> int:
+    """How many layers the decoder's cache holds: the config's count, or its decoder sub-config's (T5Gemma,
+    EncoderDecoderModel: `config.decoder.num_hidden_layers`)."""
     config = lm.config
     for name in ("decoder_layers", "num_decoder_layers", "num_layers"):
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:
             return value
+    decoder = getattr(config, "decoder", None)
+    value = getattr(decoder, "num_hidden_layers", None) if decoder is not None else None
+    if isinstance(value, int) and value > 0:
+        return value
     raise ExportError(f"{type(lm).__name__}'s config names no decoder layer count (decoder_layers / num_decoder_layers)")
 
 

@@ -10,7 +10,9 @@
 Qwen2-VL (variable resolution) is the same three entry points with its own encoder (PatchEncoder: flattened
 patches in merge groups, a per-image attention mask instead of cu_seqlens) and a third step input, rope_offsets
 [3, B, T]: its 3-D rotary positions minus the text positions (the runtime computes them, generate/vision_language.py
-rope_index; decode passes zeros and continues from each row's largest position + 1).
+rope_index; decode passes zeros and continues from each row's largest position + 1). The GLM-4V family is built the
+same way (its tower's own ends in PatchEncoder; its rope index, over the processor's mm_token_type_ids, gives the same
+positions for images).
 
 With `quantize`, the language step's matrix-product weights (its projections and LM head) are stored quantized as a
 causal LM's are (runtime/quantize.py); the vision tower and projector, run once per image, keep the model's dtype.
@@ -51,10 +53,13 @@ SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", 
              "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
              "Qwen3VLMoeForConditionalGeneration", "VipLlavaForConditionalGeneration", "AyaVisionForConditionalGeneration",
              "Cohere2VisionForConditionalGeneration", "GotOcr2ForConditionalGeneration", "VideoLlavaForConditionalGeneration",
-             "DeepseekVLForConditionalGeneration", "JanusForConditionalGeneration")
+             "DeepseekVLForConditionalGeneration", "JanusForConditionalGeneration", "Glm4vForConditionalGeneration",
+             "Glm4vMoeForConditionalGeneration", "Glm46VForConditionalGeneration", "GlmOcrForConditionalGeneration")
 # variable-resolution models: flattened patches + image_grid_thw in, multimodal (3-D) rotary positions
 VARIABLE_RESOLUTION = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-                       "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
+                       "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+                       "Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration", "Glm46VForConditionalGeneration",
+                       "GlmOcrForConditionalGeneration")
 # LLaVA-NeXT / OneVision ("anyres"): an image is its whole view and a grid of tiles, packed per image at run time
 # (generate/anyres.py)
 ANY_RESOLUTION = ("LlavaNextForConditionalGeneration", "LlavaOnevisionForConditionalGeneration")
@@ -121,7 +126,12 @@ class PatchEncoder(torch.nn.Module):
     Qwen3-VL adds a learned position table resampled to each image's grid, which takes each patch's bilinear taps
     `interp_indices` / `interp_weights` [M, merge^2, 4] (generate/vision_language.py patch_interpolation) in place of
     `window_ids`, and returns its deepstack features (the mergers of `deepstack_visual_indexes`' outputs) after the
-    merged features, joined along the last axis: [M, hidden * (1 + deepstack layers)]."""
+    merged features, joined along the last axis: [M, hidden * (1 + deepstack layers)].
+
+    The GLM-4V family (GLM-4.1V, GLM-4.5V, GLM-4.6V, GLM-OCR) is the same tower with its own ends: an RMSNorm after the
+    patch embedding and a position table resampled bicubically (its 16 taps in `interp_indices` / `interp_weights`,
+    generate/image_positions.py patch_bicubic; GLM-OCR has neither), query and key RMSNorms in attention (GLM-OCR),
+    and a post-layernorm and a strided convolution over each merge x merge block before the merger."""
 
     def __init__(self, vlm: torch.nn.Module):
         super().__init__()
@@ -130,18 +140,27 @@ class PatchEncoder(torch.nn.Module):
         visual = vlm.model.visual
         self.full_attention = set(getattr(visual, "fullatt_block_indexes", None) or ())
         self.deepstack = list(getattr(visual, "deepstack_visual_indexes", None) or ())
-        self.interpolated = hasattr(visual, "pos_embed")
+        self.interpolated = hasattr(visual, "pos_embed") or hasattr(visual, "embeddings")
+        self.glm = hasattr(visual, "downsample")  # the GLM-4V family's ends (see the class docstring)
 
     def forward(self, pixel_values, position_ids, image_ids, grid_input=None, grid_weights=None):
-        """`grid_input`: Qwen2.5-VL's window_ids, or Qwen3-VL's interp_indices (with `grid_weights`, its interp_weights)."""
+        """`grid_input`: Qwen2.5-VL's window_ids, or Qwen3-VL's / GLM-4V's interp_indices (with `grid_weights`, its
+        interp_weights)."""
         import sys
 
         visual = self.vlm.model.visual
         apply_rotary_pos_emb_vision = sys.modules[type(visual).__module__].apply_rotary_pos_emb_vision
         group = pixel_values.shape[1]
         hidden = visual.patch_embed(pixel_values.reshape(-1, pixel_values.shape[-1]))
+        if hasattr(visual, "post_conv_layernorm"):
+            hidden = visual.post_conv_layernorm(hidden)
         window_ids = None
-        if self.interpolated:  # the learned position table at each patch: its bilinear taps, weighted
+        if self.interpolated and self.glm:  # GLM-4V: the table's bicubic taps, summed in float32 as grid_sample does
+            indices, weights = (t.reshape(-1, t.shape[-1]) for t in (grid_input, grid_weights))
+            table = visual.embeddings.position_embedding.weight
+            taps = table.float().index_select(0, indices.reshape(-1)).reshape(*indices.shape, -1)
+            hidden = hidden + (taps * weights.float()[:, :, None]).sum(1).to(table.dtype)
+        elif self.interpolated:  # the learned position table at each patch: its bilinear taps, weighted
             indices, weights = (t.reshape(-1, t.shape[-1]) for t in (grid_input, grid_weights))
             hidden = hidden + (visual.pos_embed(indices) * weights[:, :, None]).sum(1).to(hidden.dtype)
         else:
@@ -160,6 +179,8 @@ class PatchEncoder(torch.nn.Module):
             x = block.norm1(hidden)
             attn, n = block.attn, x.shape[0]
             q, k, v = attn.qkv(x).reshape(n, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+            if hasattr(attn, "q_norm"):  # GLM-OCR
+                q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)
             q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
@@ -167,6 +188,10 @@ class PatchEncoder(torch.nn.Module):
             hidden = hidden + block.mlp(block.norm2(hidden))
             if index in self.deepstack:
                 stacks.append(visual.deepstack_merger_list[self.deepstack.index(index)](hidden))
+        if self.glm:  # each merge x merge block (consecutive patches) convolved into one token, then the merger
+            merge = visual.spatial_merge_size
+            hidden = visual.post_layernorm(hidden).view(-1, merge, merge, hidden.shape[-1]).permute(0, 3, 1, 2)
+            return visual.merger(visual.downsample(hidden).reshape(-1, visual.downsample.out_channels))
         return torch.cat([visual.merger(hidden), *stacks], dim=-1) if stacks else visual.merger(hidden)
 
 
@@ -357,14 +382,18 @@ def _max_grid_tiles(vlm: torch.nn.Module) -> int:
 def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max_batch: int, progress: Any = None,
                                 weights: Any = None, quantize: str | None = None,
                                 group_size: int = DEFAULT_GROUP_SIZE) -> VisionLanguageGenerator:
-    """The Qwen2-VL family: encode_image over merged groups of patches (PatchEncoder; with Qwen2.5-VL's window ids or
-    Qwen3-VL's position-table taps), prefill/decode with 3-D rotary offsets (and Qwen3-VL's deepstack features)."""
+    """The Qwen2-VL family and GLM-4V's: encode_image over merged groups of patches (PatchEncoder; with Qwen2.5-VL's
+    window ids or Qwen3-VL's / GLM-4V's position-table taps), prefill/decode with 3-D rotary offsets (and Qwen3-VL's
+    deepstack features)."""
     config, vision = vlm.config, vlm.config.vision_config
     merge = int(vision.spatial_merge_size)
     # Qwen2.5-VL: the side of its attention windows, in merged tokens (transformers' vit_merger_window_size)
     window = int(vision.window_size) // merge // int(vision.patch_size) if getattr(vision, "window_size", None) else 0
     # Qwen3-VL: the side of its learned position table, resampled to each grid; its deepstack layers
     table = int(vision.num_position_embeddings ** 0.5) if getattr(vision, "num_position_embeddings", None) else 0
+    bicubic = hasattr(vlm.model.visual, "embeddings")  # GLM-4V: its table, resampled bicubically (16 taps a patch)
+    if bicubic:
+        table = int(vision.image_size) // int(vision.patch_size)
     deepstack = len(getattr(vision, "deepstack_visual_indexes", None) or ())
     group = merge * merge
     patch_dim = int(vision.in_channels) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
@@ -376,11 +405,18 @@ def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max
     merged = {"name": "image_rows", "min": 1, "max": max_rows}
     grid_inputs = [torch.tensor([0, 1, 2])] if window else []
     if table:
-        grid_inputs = [torch.zeros((3, group, 4), dtype=torch.long), torch.full((3, group, 4), 0.25, dtype=dtype)]
+        taps = 16 if bicubic else 4
+        grid_inputs = [torch.zeros((3, group, taps), dtype=torch.long),
+                       torch.full((3, group, taps), 1 / taps, dtype=torch.float32 if bicubic else dtype)]
     example = (torch.zeros((3, group, patch_dim), dtype=dtype), torch.zeros((3, group, 2), dtype=torch.long),
                torch.tensor([0, 0, 1]), *grid_inputs)
     with torch.no_grad():
         feature_size = int(encoder(*example).shape[-1])
+    hidden = int(config.get_text_config().hidden_size)
+    if feature_size != hidden * (1 + deepstack):  # transformers' masked_scatter would refuse them too
+        raise InputSpecError(f"{type(vlm).__name__}'s vision tower makes features of {feature_size // (1 + deepstack)}, "
+                             f"its text model's hidden size is {hidden}: the config is inconsistent (the vision "
+                             "config's out_hidden_size must be the text hidden size)")
     encode_captured, _ = trace(encoder, example, None, ({0: merged},) * len(example), timer, what=" of the image encoder")
     encode = model_from(encode_captured, timer, weights)
 
@@ -398,7 +434,7 @@ def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max
     spec = GenerationSpec(**generation_fields(vlm, layout, max_batch))
     spec_vision = VisionSpec(image_token_id=int(config.image_token_id), tokens_per_image=0, feature_size=feature_size,
                              feature_dtype=dtype_name(dtype), pixel_shape=(patch_dim,), max_images=max_rows,
-                             spatial_merge_size=merge, window_size=window, position_table=table)
+                             spatial_merge_size=merge, window_size=window, position_table=table, bicubic_table=bicubic)
     return VisionLanguageGenerator(encode, prefill, decode, spec, spec_vision)
 
 
