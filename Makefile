@@ -127,6 +127,14 @@ bench-serve: install
 	$(PY) -m benchmarks.serve_workloads  # a shared prefix (prefix caching) and long prompts among decoding rows
 	$(PY) -m benchmarks.structured_output  # what a JSON schema costs per output token
 
+# Decoding against llama.cpp (llama-cpp-python builds from source, ~10 min the first time; the GGUF files are written here
+# with the gguf package): ours and llama.cpp's at four weight formats, one core and every core (~15 min on 2 cores):
+# rewrites its section of docs/benchmarks.md.
+.PHONY: bench-llama-cpp
+bench-llama-cpp: $(BENCH_STAMP)
+	$(PY) -m pip install -q gguf llama-cpp-python
+	$(PY) -m benchmarks.llama_cpp
+
 # The architecture sweep (hours on 2 cores; resumable: rows already in benchmarks/hf_sweep/results.json are
 # skipped): every transformers model type, base model and main task head, each in its own process with a time
 # limit, against torch.onnx + onnxruntime; then docs/models.md. HF_SWEEP_ARGS="--only bert gpt2", "--limit 20",

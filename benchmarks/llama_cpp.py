@@ -122,11 +122,16 @@ def _llama(path: Path, threads: int):
                            n_threads_batch=threads, logits_all=False, verbose=False)
 
 
+def _last_logits(llm) -> np.ndarray:
+    """The last evaluated token's logits, read from the context (Llama.scores holds them only with logits_all)."""
+    return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+
+
 def llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray:
     """llama.cpp's logits after the prompt (its file checked against transformers' before it is timed)."""
     llm = _llama(path, os.cpu_count() or 1)
     llm.eval(ids)
-    return np.array(llm.scores[llm.n_tokens - 1])
+    return _last_logits(llm).copy()
 
 
 def time_llama_cpp(path: Path, ids: list[int], threads: int, rounds: int) -> tuple[float, float]:
@@ -137,11 +142,11 @@ def time_llama_cpp(path: Path, ids: list[int], threads: int, rounds: int) -> tup
         llm.reset()
         start = time.perf_counter()
         llm.eval(ids)
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        token = int(np.argmax(_last_logits(llm)))
         first = time.perf_counter()
         for _ in range(NEW - 1):
             llm.eval([token])
-            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            token = int(np.argmax(_last_logits(llm)))
         end = time.perf_counter()
         return first - start, (NEW - 1) / (end - first)
 

@@ -821,3 +821,50 @@ def test_glm4v_family_features_and_greedy_equal_transformers(glm_family):
     want = parts(vlms.images()[:2], text)
     for got, key in zip(g.processor_inputs("w8", vlms.images()[:2]), ("input_ids", "pixel_values", "image_grid_thw")):
         np.testing.assert_array_equal(got, want[key])
+
+
+# -- Idefics2/3, SmolVLM: pixel_values [prompts, images, C, H, W], all-zero images as padding -------------------------
+
+# name -> tokens per image (a pixel-shuffled SigLIP-like tower; Idefics2: a perceiver resampler's latents)
+IMAGE_BATCHES = {"idefics3": 4, "smolvlm": 4, "idefics2": 4}
+
+
+@pytest.mark.parametrize("name", [name if name == "idefics3" else pytest.param(name, marks=pytest.mark.slow(
+    reason="a further Idefics family converts and compiles its own model")) for name in IMAGE_BATCHES])
+def test_image_batch_family_greedy_equals_transformers(name, tmp_path):
+    """Idefics3, SmolVLM (pixel shuffle) and Idefics2 (perceiver resampler): the spec from the config, and 12 greedy
+    tokens for a left-padded batch of two prompts, the first with two images and the second with one (its second an
+    all-zero padding image, as the processors pad), equal transformers' generate with the same 5-D pixel_values, before
+    and after save + load; other pixels give other tokens. processor_inputs refuses by name, a pixel_attention_mask
+    that masks a real image's pixels is refused, a full one accepted."""
+    from torch2jax.errors import Torch2JaxError
+
+    model, _ = vlms.build(name)
+    tokens = IMAGE_BATCHES[name]
+    g = torch2jax.convert_hf(model, task="image-text-to-text", max_cache_len=2 * tokens + 24, max_batch=2)
+    assert (g.vision.tokens_per_image, g.vision.pixel_shape, g.vision.image_token_id) == (tokens, (3, 32, 32), vlms.IMAGE)
+    image = [vlms.IMAGE] * tokens
+    rng = np.random.default_rng(0)
+    words = rng.integers(vlms.FIRST_WORD, vlms.VOCAB, 8).tolist()
+    ids, mask = left_pad([words[:1] + image + words[1:3] + image + words[3:4], words[4:5] + image + words[5:]], vlms.PAD)
+    pixels = rng.standard_normal((2, 2, 3, 32, 32)).astype(np.float32)
+    pixels[1, 1] = 0
+
+    def greedy(generator, pixel_values, **extra):
+        return generator.generate(ids, attention_mask=mask, pixel_values=pixel_values, max_new_tokens=12, **extra,
+                                  eos_token_id=[])[:, ids.shape[1]:]
+
+    ours = greedy(g, pixels)
+    want = transformers_greedy(model, ids, 12, vlms.PAD, mask, pixel_values=torch.from_numpy(pixels))[:, ids.shape[1]:]
+    np.testing.assert_array_equal(ours, want)
+    full = np.ones((2, 2, 32, 32), np.int64)
+    np.testing.assert_array_equal(greedy(torch2jax.load(torch2jax.save(g, tmp_path / "out")), pixels,
+                                         pixel_attention_mask=full), want)
+    other = pixels.copy()
+    other[0, 1] = other[1, 0] = 0.5
+    assert (greedy(g, other) != ours).any(), "the tiny model's tokens do not depend on the images"
+    with pytest.raises(Torch2JaxError, match=f"cannot build this model's prompts: {type(model.model).__name__[:-5]}"):
+        g.processor_inputs("w8", vlms.images()[0])
+    full[0, 0, :, 16:] = 0
+    with pytest.raises(InputSpecError, match="pixel_attention_mask masks pixels of a real image"):
+        greedy(g, pixels, pixel_attention_mask=full)

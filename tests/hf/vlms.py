@@ -199,6 +199,44 @@ FIXED_SIZE = {
                        num_res_blocks=1, num_patches=4, projection_dim=10, num_hidden_layers=1,
                        image_token_embed_dim=64))),
 }
+
+
+def _idefics_vision(tf, kind: str):
+    return getattr(tf, f"{kind}VisionConfig")(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                               num_attention_heads=4, image_size=32, patch_size=8)
+
+
+def _idefics(tf, text, kind: str):
+    """Idefics3 / SmolVLM: a SigLIP-like tower (16 patches), pixel-shuffled by 2 into 4 tokens, before a Llama."""
+    config = getattr(tf, f"{kind}Config")(vision_config=_idefics_vision(tf, kind).to_dict(),
+                                          text_config=tf.LlamaConfig(**text).to_dict(), image_token_id=IMAGE, scale_factor=2)
+    return getattr(tf, f"{kind}ForConditionalGeneration")(config)
+
+
+def _idefics2(tf, text):
+    """A perceiver resampler (4 latents) over the tower's 16 patches, before a Mistral; its latents random (the init's
+    equal ones make 4 equal tokens) and its attention's values scaled up (other images barely swayed a token)."""
+    import torch
+
+    perceiver = tf.Idefics2PerceiverConfig(hidden_size=64, resampler_n_latents=4, resampler_depth=1, resampler_n_heads=4,
+                                           resampler_head_dim=16, num_key_value_heads=2)
+    model = tf.Idefics2ForConditionalGeneration(tf.Idefics2Config(
+        vision_config=_idefics_vision(tf, "Idefics2").to_dict(), perceiver_config=perceiver.to_dict(),
+        text_config=tf.MistralConfig(**text).to_dict(), image_token_id=IMAGE))
+    with torch.no_grad():
+        resampler = model.model.connector.perceiver_resampler
+        resampler.latents.normal_()
+        for layer in resampler.layers:
+            layer.self_attn.v_proj.weight.mul_(10)
+            layer.self_attn.o_proj.weight.mul_(10)
+    return model
+
+
+# Idefics2/3, SmolVLM: pixel_values [prompts, images, C, H, W] padded with all-zero images; their processors (tiles
+# with row / column markers, fake image-boundary tokens) are not reproduced
+IMAGE_BATCHES = {"idefics3": lambda tf, text: _idefics(tf, text, "Idefics3"),
+                 "smolvlm": lambda tf, text: _idefics(tf, text, "SmolVLM"), "idefics2": _idefics2}
+FIXED_SIZE.update(IMAGE_BATCHES)
 # the processors torch2jax reproduces for these: LLaVA's (CLIP image processor), DeepSeek-VL's and Janus' (the longest
 # side resized, padded to a square of the mean color; Janus writes its image tokens between begin and end tokens)
 FIXED_SIZE_PROCESSORS = {

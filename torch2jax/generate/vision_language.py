@@ -138,14 +138,15 @@ class VisionLanguageGenerator(Generator):
 
     def generate(self, input_ids: Any, attention_mask: Any = None, *, pixel_values: Any = None, image_grid_thw: Any = None,
                  image_sizes: Any = None, batch_num_images: Any = None, pixel_values_videos: Any = None,
-                 token_type_ids: Any = None,
+                 token_type_ids: Any = None, pixel_attention_mask: Any = None,
                  max_new_tokens: int = 32, do_sample: bool | None = None, temperature: Any = None, top_k: Any = None,
                  top_p: Any = None, rng: jax.Array | None = None, eos_token_id: int | list[int] | None = None,
                  pad_token_id: int | None = None, stream: bool = False, **settings: Any) -> np.ndarray | Iterator[np.ndarray]:
         """As transformers' generate: [B, L] ids (left-padded, with `attention_mask`) holding the image tokens the
         processor expanded, and `pixel_values` [images, C, H, W] for them in order -> [B, L + new] ids (Qwen2-VL: with
         image_grid_thw; LLaVA-NeXT and OneVision: [images, tiles, C, H, W] with image_sizes, OneVision's
-        batch_num_images too for several images in a prompt). `token_type_ids` (Gemma 3's processor output) is accepted
+        batch_num_images too for several images in a prompt; Idefics2/3 and SmolVLM: [B, images, C, H, W] with all-zero
+        padding images, and their pixel_attention_mask). `token_type_ids` (Gemma 3's processor output) is accepted
         and not needed: the image tokens are found in the ids. `settings`: Generator.generate's logits processors and
         warpers (repetition_penalty, no_repeat_ngram_size, min_new_tokens, ..., min_p, typical_p), by name."""
         if pixel_values_videos is not None:
@@ -161,6 +162,10 @@ class VisionLanguageGenerator(Generator):
             raise InputSpecError("this model cuts images into grids of tiles: give image_sizes with pixel_values (its "
                                  "processor makes both), and neither without images" if grids else
                                  "image_sizes are for LLaVA-NeXT's and OneVision's images; this model takes none")
+        if pixel_attention_mask is not None and not self.vision.image_batches:
+            raise InputSpecError("pixel_attention_mask is for Idefics2/3's and SmolVLM's images; this model takes none")
+        if self.vision.image_batches and pixel_values is not None:
+            pixel_values = self.real_images(pixel_values, pixel_attention_mask)
         ids, mask = check_prompt(input_ids, attention_mask, self.spec, max_new_tokens)
         index = image_index(np.where(mask, ids, -1), self.vision.image_token_id)
         features = self.image_features(int((index >= 0).sum()), pixel_values, image_grid_thw, image_sizes,
@@ -213,6 +218,29 @@ class VisionLanguageGenerator(Generator):
                                  f"(id {self.vision.image_token_id}); expand each image's token to "
                                  f"{self.vision.tokens_per_image} as the processor does")
         return encoded.reshape(-1, encoded.shape[-1])
+
+    def real_images(self, pixel_values: Any, pixel_attention_mask: Any = None) -> np.ndarray:
+        """Idefics2/3, SmolVLM: [B, images, C, H, W] pixel values (or [images, C, H, W]) -> the real images [N, C, H, W]
+        in order, as transformers' get_image_features keeps them: all-zero images are padding (SmolVLM: the first kept
+        when all are). The encoder takes every pixel as real: a pixel_attention_mask that masks any pixel of a real
+        image (images of several sizes padded into one batch) is refused rather than encoded otherwise."""
+        pixels = np.asarray(pixel_values)
+        if pixels.ndim == 5:
+            pixels = pixels.reshape(-1, *pixels.shape[2:])
+        if pixels.ndim != 4:
+            raise InputSpecError(f"pixel_values must be [prompts, images, {', '.join(map(str, self.vision.pixel_shape))}] "
+                                 f"(as the model's processor makes them), got {list(np.shape(pixel_values))}")
+        real = (pixels != 0).reshape(len(pixels), -1).any(axis=1)
+        real[0] |= not real.any()
+        if pixel_attention_mask is not None:
+            given = np.asarray(pixel_attention_mask)
+            if given.size != len(pixels) * int(np.prod(pixels.shape[2:])):
+                raise InputSpecError(f"pixel_attention_mask must be one [height, width] mask per image of pixel_values, "
+                                     f"got {list(given.shape)} for {list(np.shape(pixel_values))}")
+            if not given.reshape(len(pixels), -1)[real].all():
+                raise InputSpecError("pixel_attention_mask masks pixels of a real image (images of several sizes padded "
+                                     "into one batch): not supported, give each prompt's images at the tile size")
+        return pixels[real]
 
     def _decode_inputs(self, batch: int) -> tuple:
         """One unused feature row and no image token: decode is the prefill step with one token."""

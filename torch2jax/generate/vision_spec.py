@@ -52,6 +52,9 @@ class VisionSpec:
     # GLM-4V: the position table (position_table) is resampled bicubically, as grid_sample does (align_corners False,
     # border padding); encode then takes each patch's 16 taps (patch_bicubic) in float32, not 4 bilinear ones
     bicubic_table: bool = False
+    # Idefics2/3, SmolVLM: pixel_values come as [prompts, images, C, H, W] with all-zero images as padding, which
+    # transformers drops; a pixel_attention_mask may come with them (vision_language.py real_images)
+    image_batches: bool = False
 
     # -- any resolution (grid_pinpoints): anyres.py with this model's grids, tile and feature map -------------------
     def grid_tiles(self, size: Any, alone: bool = False) -> int:
@@ -94,7 +97,7 @@ class VisionSpec:
                 "position_table": self.position_table, "tile_wrap": list(self.tile_wrap) if self.tile_wrap else None,
                 "grid_pinpoints": [list(p) for p in self.grid_pinpoints] if self.grid_pinpoints else None,
                 "max_grid_tiles": self.max_grid_tiles, "processor_unsupported": self.processor_unsupported,
-                "bicubic_table": self.bicubic_table}
+                "bicubic_table": self.bicubic_table, "image_batches": self.image_batches}
 
     @staticmethod
     def from_json(data: Any) -> VisionSpec:
@@ -108,7 +111,7 @@ class VisionSpec:
                               int(data.get("position_table", 0)), _pair(data.get("tile_wrap")),
                               _pinpoints(data.get("grid_pinpoints")), int(data.get("max_grid_tiles", 0)),
                               data.get("processor_unsupported") if isinstance(data.get("processor_unsupported"), str) else None,
-                              bool(data.get("bicubic_table", False)))
+                              bool(data.get("bicubic_table", False)), bool(data.get("image_batches", False)))
         except (KeyError, TypeError, ValueError) as err:
             raise Torch2JaxError(f"the manifest's vision section is malformed ({type(err).__name__}: {err})") from None
 

@@ -139,8 +139,10 @@ def verify_vision_language(vlm: torch.nn.Module, generator, tokens: int = 16, se
     ours = generator.generate(ids, attention_mask=mask, pixel_values=pixels, max_new_tokens=tokens, do_sample=False,
                               eos_token_id=[], **grids)
     extra = {**processor_token_types(vlm, vision, ids), **{k: torch.from_numpy(v) for k, v in grids.items()}}
+    # Idefics2/3 and SmolVLM take [prompts, images per prompt, C, H, W]: one image each here
+    given = pixels[:, None] if getattr(vision, "image_batches", False) else pixels
     theirs = transformers_greedy(vlm, ids, tokens, generator.spec.pad_token_id, mask,
-                                 pixel_values=torch.from_numpy(pixels).to(next(vlm.parameters()).dtype), **extra)
+                                 pixel_values=torch.from_numpy(given).to(next(vlm.parameters()).dtype), **extra)
     width = ids.shape[1]
     rows = [(ours[r, width:].tolist(), theirs[r, width:].tolist()) for r in range(batch)]
     compared = tokens if generator.spec.cache_dtype != "bfloat16" else min(tokens, BFLOAT16_TOKENS)

@@ -54,7 +54,11 @@ SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", 
              "Qwen3VLMoeForConditionalGeneration", "VipLlavaForConditionalGeneration", "AyaVisionForConditionalGeneration",
              "Cohere2VisionForConditionalGeneration", "GotOcr2ForConditionalGeneration", "VideoLlavaForConditionalGeneration",
              "DeepseekVLForConditionalGeneration", "JanusForConditionalGeneration", "Glm4vForConditionalGeneration",
-             "Glm4vMoeForConditionalGeneration", "Glm46VForConditionalGeneration", "GlmOcrForConditionalGeneration")
+             "Glm4vMoeForConditionalGeneration", "Glm46VForConditionalGeneration", "GlmOcrForConditionalGeneration",
+             "Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration", "Idefics2ForConditionalGeneration")
+# models whose pixel_values are [prompts, images, C, H, W], all-zero images padding (dropped), encoded with a mask of
+# their real pixels (idefics_image_features)
+IMAGE_BATCHES = ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration", "Idefics2ForConditionalGeneration")
 # variable-resolution models: flattened patches + image_grid_thw in, multimodal (3-D) rotary positions
 VARIABLE_RESOLUTION = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                        "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
@@ -71,6 +75,10 @@ POSITION_OFFSET = {"PaliGemmaForConditionalGeneration": 1}  # PaliGemma's positi
 # models whose processor cuts an image into tiles, each an image of the model: the most per image (InternVL: GotOcr2's
 # default max_patches 12, and a thumbnail)
 MAX_TILES = {"InternVLForConditionalGeneration": 13}
+# Idefics3 / SmolVLM: a grid of up to 4 x 4 tiles (longest_edge 4 * the tile side) and the whole image; Idefics2: 4 and
+# the whole image
+MAX_TILES.update({"Idefics3ForConditionalGeneration": 17, "SmolVLMForConditionalGeneration": 17,
+                  "Idefics2ForConditionalGeneration": 5})
 # models whose processor writes an image as more than its image tokens (tile markers, line breaks, its own prompt):
 # they generate from the processor's input_ids and pixel_values; processor_inputs refuses, saying why
 PROCESSOR_UNSUPPORTED = {
@@ -80,6 +88,12 @@ PROCESSOR_UNSUPPORTED = {
                                              "tokens with a line break, between its start and end of image tokens",
     "GotOcr2ForConditionalGeneration": "GotOcr2Processor writes its own prompt format (a system turn, the image tokens "
                                        "between <img> and </img>), not a chat template's",
+    "Idefics3ForConditionalGeneration": "Idefics3Processor cuts an image into tiles and writes each tile's tokens after "
+                                        "its row and column marker, the whole image's after a global-image marker",
+    "SmolVLMForConditionalGeneration": "SmolVLMProcessor cuts an image into tiles and writes each tile's tokens after "
+                                       "its row and column marker, the whole image's after a global-image marker",
+    "Idefics2ForConditionalGeneration": "Idefics2Processor writes an image's tokens (and its tiles' with image "
+                                        "splitting) between fake image-boundary tokens",
 }
 
 
@@ -95,6 +109,8 @@ class ImageEncoder(torch.nn.Module):
     def forward(self, pixel_values):
         if type(self.vlm).__name__ == "LlavaForConditionalGeneration":
             return llava_image_features(self.vlm, pixel_values)
+        if type(self.vlm).__name__ in IMAGE_BATCHES:
+            return idefics_image_features(self.vlm, pixel_values)
         if type(self.vlm).__name__ in ANY_RESOLUTION:  # each tile's features as rows, then the image_newline row
             features = llava_image_features(self.vlm, pixel_values)
             newline = self.vlm.model.image_newline.to(features.dtype)
@@ -206,6 +222,20 @@ def llava_image_features(vlm: torch.nn.Module, pixel_values: torch.Tensor) -> to
     if config.vision_feature_select_strategy == "default":
         chosen = [h[:, 1:] for h in chosen]
     return model.multi_modal_projector(torch.cat(chosen, dim=-1))
+
+
+def idefics_image_features(vlm: torch.nn.Module, pixel_values: torch.Tensor) -> torch.Tensor:
+    """Idefics2/3's and SmolVLM's get_image_features over real images [N, C, H, W] with every pixel real (the runtime
+    drops the padding images and refuses padded pixels, generate/vision_language.py): transformers' boolean indexing of
+    the real images sizes the batch from the data, which torch.export cannot trace. The tower, then the connector (a
+    pixel shuffle and MLP; Idefics2: a perceiver resampler over the patches)."""
+    model, patch = vlm.model, int(vlm.config.vision_config.patch_size)
+    mask = torch.ones((pixel_values.shape[0], pixel_values.shape[2] // patch, pixel_values.shape[3] // patch),
+                      dtype=torch.bool, device=pixel_values.device)
+    hidden = model.vision_model(pixel_values=pixel_values, patch_attention_mask=mask, return_dict=True).last_hidden_state
+    if type(vlm).__name__ == "Idefics2ForConditionalGeneration":
+        return model.connector(hidden, attention_mask=mask.view(pixel_values.shape[0], -1))
+    return model.connector(hidden)
 
 
 class MultimodalStep(DecoderStep):
@@ -350,7 +380,8 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
     spec_vision = VisionSpec(image_token_id=int(image_token), tokens_per_image=tokens_per_image, feature_size=feature_size,
                              feature_dtype=dtype_name(probe.dtype), pixel_shape=pixel_shape, max_images=max_images,
                              bidirectional_images=blocks is not None, prefix_lm=kind in PREFIX_LM, grid_pinpoints=pinpoints,
-                             max_grid_tiles=_max_grid_tiles(vlm), processor_unsupported=PROCESSOR_UNSUPPORTED.get(kind))
+                             max_grid_tiles=_max_grid_tiles(vlm), processor_unsupported=PROCESSOR_UNSUPPORTED.get(kind),
+                             image_batches=kind in IMAGE_BATCHES)
     return VisionLanguageGenerator(encode, prefill, decode, spec, spec_vision)
 
 
