@@ -293,10 +293,12 @@ def check_qwen_batch(model, g, grids, pixels) -> tuple:
     return ids, mask
 
 
-def test_qwen2_vl_rope_index_equals_transformers():
+@pytest.mark.parametrize("name", ["qwen2_vl", "glm4v"])
+def test_rope_index_equals_transformers(name):
     """The 3-D (temporal, height, width) positions and the decode deltas, computed in NumPy, against transformers'
-    get_rope_index: left-padded rows, two images in one row, a text-only row."""
-    model, _ = vlms.build("qwen2_vl")
+    get_rope_index: left-padded rows, two images in one row, a text-only row (GLM-4V's counts from its processor's
+    mm_token_type_ids, which give the same positions for images)."""
+    model, _ = vlms.build(name)
     assert task_of(model.config, model) == IMAGE_TEXT_TO_TEXT  # a vision part and a text part: not text2text-generation
     grids = np.asarray([[1, 4, 6], [1, 6, 4], [1, 2, 8]])
     rng = np.random.default_rng(0)
@@ -718,26 +720,13 @@ def test_fixed_size_family_processor_and_saved_artifact_equal_transformers(name,
 # -- GLM-4V: Qwen2-VL's layout with its own tower (a bicubically resampled position table, a strided convolution over
 # each merge block), rope index and image processor -------------------------------------------------------------------
 
-def test_glm4v_rope_index_and_position_taps_equal_transformers():
-    """GLM-4V's 3-D positions (from its processor's mm_token_type_ids: left-padded rows, two images in one row, a
-    text-only row) equal rope_index's; the bicubic taps of its position table, computed in NumPy, resample it as its
-    Glm4vVisionEmbeddings does with grid_sample."""
+def test_glm4v_position_taps_equal_transformers():
+    """The bicubic taps of GLM-4V's position table, computed in NumPy, resample it as its Glm4vVisionEmbeddings does
+    with grid_sample."""
     from transformers.models.glm4v.modeling_glm4v import Glm4vVisionEmbeddings
     from transformers.vision_utils import get_vision_position_ids
 
     model, _ = vlms.build("glm4v")
-    grids = np.asarray([[1, 4, 6], [1, 6, 4], [1, 2, 8]])
-    rng = np.random.default_rng(0)
-    text = lambda n: rng.integers(vlms.FIRST_WORD, vlms.VOCAB, n).tolist()  # noqa: E731
-    image = lambda g: [vlms.BOI] + [vlms.IMAGE] * (int(np.prod(g)) // 4) + [vlms.EOI]  # noqa: E731
-    rows = [text(2) + image(grids[0]) + text(3) + image(grids[1]) + text(1), text(4), text(1) + image(grids[2]) + text(5)]
-    ids, mask = left_pad(rows, vlms.PAD)
-    ours, deltas = rope_index(ids, mask, grids, vlms.IMAGE, 2)
-    want, want_deltas = model.model.get_rope_index(torch.from_numpy(ids), torch.from_numpy((ids == vlms.IMAGE).astype(np.int32)),
-                                                   torch.from_numpy(grids), attention_mask=torch.from_numpy(mask).long())
-    np.testing.assert_array_equal(ours, want.numpy())
-    np.testing.assert_array_equal(deltas, want_deltas.numpy()[:, 0])
-
     embeddings = Glm4vVisionEmbeddings(model.config.vision_config)  # a 4x4 table
     torch.nn.init.normal_(embeddings.position_embedding.weight)
     grids = np.asarray([[1, 6, 10], [1, 8, 4], [1, 2, 2], [1, 48, 30]])
