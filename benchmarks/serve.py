@@ -233,15 +233,12 @@ def workload_bound(source: Path, work: list[tuple[str, int]], rows: int = ROWS) 
     decode step, and each decode step (`rows` tokens at best) reading every weight once at the measured bandwidth;
     attention, sampling and the host counted as free. Output tokens per second at that bound, and its parts."""
     from benchmarks.generation import bandwidth_bytes_per_s, matmul_flops_per_s
+    from torch2jax.capture.checkpoint_files import read_header
 
     config = json.loads((source / "config.json").read_text())
     hidden, inner = config["hidden_size"], config["intermediate_size"]
-    shapes = {}
-    for weights in source.glob("*.safetensors"):
-        with weights.open("rb") as f:
-            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-        shapes.update({k: v["shape"] for k, v in header.items() if k != "__metadata__"})
-    count = {k: int(np.prod(v)) for k, v in shapes.items()}
+    count = {name: int(np.prod(entry.shape)) for weights in source.glob("*.safetensors")
+             for name, entry in read_header(weights).items()}
     head = count.get("lm_head.weight", count["model.embed_tokens.weight"])
     body = sum(n for k, n in count.items() if k not in ("lm_head.weight", "model.embed_tokens.weight"))
     prompt_tokens, output_tokens = sum(len(p.split()) for p, _ in work), sum(m for _, m in work)

@@ -340,7 +340,7 @@ def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch:
     except ExportError:
         if source.feature_shape is not None:
             raise
-        # encoders that pad the source to a multiple of their attention block (LongT5, LED, PEGASUS-X) branch on its
+        # encoders that pad the source to a multiple of their attention block (LongT5, PEGASUS-X) branch on its
         # length, which torch.export cannot keep symbolic: export both steps at max_source_len instead; generate pads
         # every source to it (masked, so the real tokens' outputs are the same)
         fixed, length = True, max_source_len
