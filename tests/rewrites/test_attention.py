@@ -52,3 +52,45 @@ def test_attention_gqa_matches_torch(causal):
     grads = jax.grad(lambda q_, k_: jnp.sum(scaled_dot_product_attention(None, q_, k_, as_jax(v), is_causal=causal, enable_gqa=True)),
                      argnums=(0, 1))(as_jax(q), as_jax(k))
     assert grads[0].shape == q.shape and grads[1].shape == k.shape and all(bool(jnp.isfinite(g).all()) for g in grads)
+
+
+# --- grouped-query attention written with repeated heads ---
+
+
+class RepeatedHeads(torch.nn.Module):
+    """Attention over 2 key/value heads for 8 query heads, the key/value heads repeated as transformers'
+    repeat_kv does (each head 4 times in place), next to the same heads tiled (head h reads h % 2), which
+    is another attention and must stay as it is."""
+
+    def forward(self, q, k, v):
+        def repeated(x):
+            b, h, length, d = x.shape
+            return x[:, :, None].expand(b, h, 4, length, d).reshape(b, h * 4, length, d)
+
+        grouped = torch.nn.functional.scaled_dot_product_attention(q, repeated(k), repeated(v), is_causal=True, scale=0.2)
+        tiled = torch.nn.functional.scaled_dot_product_attention(q, k.repeat(1, 4, 1, 1), v.repeat(1, 4, 1, 1))
+        return grouped, tiled
+
+
+def test_repeated_key_value_heads_attend_grouped():
+    import torch2jax
+    from torch2jax.lowering import passes
+
+    torch.manual_seed(0)
+    module = RepeatedHeads()
+    q, k, v = torch.randn(2, 8, 5, 16), torch.randn(2, 2, 5, 16), torch.randn(2, 2, 5, 16)
+    model = torch2jax.convert(module, (q, k, v), dynamic_shapes={"q": {2: "n"}, "k": {2: "n"}, "v": {2: "n"}})
+    attention = [node for node in passes.optimize(model.graph).nodes if node.op == passes.SDPA]
+    assert [node.kwargs.get("enable_gqa", False) for node in attention] == [True, False]
+    assert [arg["ref"] for arg in attention[0].args[1:3]] == ["k", "v"], "k and v are read as they are"
+    clones = [sum(node.op == passes.CLONE for node in graph.nodes) for graph in (model.graph, passes.optimize(model.graph))]
+    assert clones[1] == clones[0] - 2, "the repeated copies of k and v are gone"
+    for length in (5, 9):
+        q, k, v = torch.randn(2, 8, length, 16), torch.randn(2, 2, length, 16), torch.randn(2, 2, length, 16)
+        for got, want in zip(model(q.numpy(), k.numpy(), v.numpy()), module(q, k, v)):
+            assert max_err(got, want) < 1e-5
+    k.requires_grad_(True)
+    (module(q, k, v)[0] ** 2).sum().backward()
+    grads = jax.grad(lambda p, k_: jnp.sum(model.apply(p, q.numpy(), k_, v.numpy())[0] ** 2), argnums=1)(
+        model.params, as_jax(k.detach()))
+    assert max_err(grads, k.grad) < 1e-4

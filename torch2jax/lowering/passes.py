@@ -189,6 +189,66 @@ def _broadcast_2d(arg: Any, by_name: dict, metas: dict) -> tuple[str, list[str]]
     return source, between
 
 
+SDPA, UNSQUEEZE, CLONE = "aten.scaled_dot_product_attention.default", "aten.unsqueeze.default", "aten.clone.default"
+
+
+def grouped_attention(graph: Graph) -> Graph:
+    """Attention over key/value heads repeated for each group of query heads (grouped-query attention
+    written as transformers' repeat_kv: view(clone(expand(unsqueeze(k, 2)))) per layer) reads k and v
+    as they are, with enable_gqa.
+
+    XLA materializes the repeated copies: a decode step over a 512-slot cache with 2 key/value heads
+    for 8 query heads writes 4x the cache's bytes per layer before attending. The grouped einsum of
+    the attention lowering reads each key/value head once for its group of query heads.
+    """
+    by_name = {node.name: node for node in graph.nodes}
+    metas = value_metas(graph)
+    uses = _uses(graph)
+    replaced: dict[str, Node] = {}
+    dropped: set[str] = set()
+    for node in graph.nodes:
+        if node.op != SDPA or not 3 <= len(node.args) <= 7 or node.kwargs.get("enable_gqa"):
+            continue
+        found = [_repeated_heads(node.args[i], by_name, metas) for i in (1, 2)]
+        if None in found or found[0][2] != found[1][2]:
+            continue
+        args = list(node.args)
+        for i, (source, chain, _) in zip((1, 2), found):
+            args[i] = {"ref": source}
+            for name in chain:
+                if uses[name] != 1:
+                    break
+                dropped.add(name)
+        replaced[node.name] = Node(node.name, SDPA, args, {**node.kwargs, "enable_gqa": True}, node.meta, node.source)
+    return with_nodes_replaced(graph, replaced, dropped)
+
+
+def _repeated_heads(arg: Any, by_name: dict, metas: dict) -> tuple[str, list[str], int] | None:
+    """(x, [view, clone, expand, unsqueeze], groups) when `arg` is x [B, H, L, D] with each head repeated
+    `groups` times in place: view(clone(expand(unsqueeze(x, 2), [B, H, groups, L, D])), [B, H*groups, L, D])."""
+    chain: list[str] = []
+    node = by_name.get(arg.get("ref")) if isinstance(arg, dict) else None
+    for op in (VIEWS, (CLONE,), (EXPAND,), (UNSQUEEZE,)):
+        if node is None or node.op not in op or not node.args or not isinstance(node.args[0], dict):
+            return None
+        chain.append(node.name)
+        if op == (UNSQUEEZE,):
+            break
+        node = by_name.get(node.args[0].get("ref"))
+    view, _, expand, unsqueeze = (by_name[name] for name in chain)
+    source = unsqueeze.args[0]["ref"]
+    shapes = [getattr(metas.get(name), "shape", None) for name in (source, expand.name, view.name)]
+    if any(shape is None for shape in shapes) or len(shapes[0]) != 4 or unsqueeze.args[1:] not in ([2], [-3]):
+        return None
+    (b, h, length, d), expanded, out = shapes
+    groups = expanded[2] if len(expanded) == 5 else None
+    if not isinstance(groups, int) or list(expanded) != [b, h, groups, length, d]:
+        return None
+    if not isinstance(h, int) or list(out) != [b, h * groups, length, d]:
+        return None
+    return source, chain, groups
+
+
 def expert_matmul(graph: Graph) -> Graph:
     """bmm(w[ids], x) or bmm(x, w[ids]), with a 3-d stack of a few experts' weights `w`, becomes one
     expert_bmm node, lowered as every expert times every row and then each row's pick.
@@ -370,6 +430,7 @@ _PASSES = [
     (computed_once, ()),
     (linear_products, (MM, ADDMM, MATMUL, PERMUTE)),
     (fold_linear_views, (LINEAR, *VIEWS)),
-    (keep_last_rows, ("aten.slice.Tensor", "aten.scaled_dot_product_attention.default", LINEAR)),
+    (keep_last_rows, ("aten.slice.Tensor", SDPA, LINEAR)),
+    (grouped_attention, (SDPA, CLONE, EXPAND, UNSQUEEZE, *VIEWS)),
     (quantized_products, (LINEAR, MATMUL, PERMUTE, *_QUANTIZED_LINEAR)),
 ]

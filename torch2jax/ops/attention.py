@@ -40,20 +40,19 @@ def scaled_dot_product_attention(
     """torch's math attention: softmax(q k^T * scale + mask) v, in float32 for low precision.
 
     A row whose every key is masked out (-inf) attends to nothing and gives zeros, as torch's safe
-    softmax does. With enable_gqa, each group of q heads shares a k/v head: the heads are split
-    into (kv head, group) for the einsums instead of copying k and v per group. dropout_p > 0
+    softmax does. With enable_gqa, each group of q heads shares a k/v head: a group's queries become
+    the rows of one product with its k/v head instead of copying k and v per group. dropout_p > 0
     (training) drops attention weights with the node's key and rescales the rest, as torch does.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     groups = q.shape[-3] // k.shape[-3] if enable_gqa and k.shape[-3] != q.shape[-3] else 1
     acc = jnp.float32 if q.dtype in (jnp.bfloat16, jnp.float16) else q.dtype
     lq, lk = q.shape[-2], k.shape[-2]
-    if groups > 1:  # (..., Hq, L, D) -> (..., Hkv, G, L, D); k, v -> (..., Hkv, 1, L, D)
-        q = q.reshape(q.shape[:-3] + (k.shape[-3], groups) + q.shape[-2:])
-        k, v = k[..., None, :, :], v[..., None, :, :]
+    if groups > 1:  # (..., Hq, L, D) -> (..., Hkv, G*L, D): a group's queries are rows of one product per k/v head
+        q = q.reshape(q.shape[:-3] + (k.shape[-3], groups * lq, q.shape[-1]))
     scores = jnp.einsum("...qd,...kd->...qk", q, k, preferred_element_type=acc) * scale
     if groups > 1:
-        scores = scores.reshape(scores.shape[:-4] + (-1, lq, lk))
+        scores = scores.reshape(scores.shape[:-3] + (-1, lq, lk))
     if is_causal:
         causal = jnp.tril(jnp.ones((lq, lk), dtype=bool))  # top-left aligned, as torch's
         scores = jnp.where(causal, scores, -jnp.inf)
@@ -66,10 +65,10 @@ def scaled_dot_product_attention(
     if dropout_p:
         weights, _ = dropout(ctx, weights, dropout_p)
     if groups > 1:
-        weights = weights.reshape(weights.shape[:-3] + (k.shape[-4], groups, lq, lk))
+        weights = weights.reshape(weights.shape[:-3] + (k.shape[-3], groups * lq, lk))
     out = jnp.einsum("...qk,...kd->...qd", weights.astype(v.dtype), v, preferred_element_type=acc)
     if groups > 1:
-        out = out.reshape(out.shape[:-4] + (-1,) + out.shape[-2:])
+        out = out.reshape(out.shape[:-3] + (-1, lq, out.shape[-1]))
     return out.astype(q.dtype)
 
 

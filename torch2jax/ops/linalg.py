@@ -7,6 +7,7 @@ Low-precision inputs (bfloat16, float16) multiply with float32 accumulation
 
 from __future__ import annotations
 
+import functools
 import string
 
 import jax.numpy as jnp
@@ -155,15 +156,18 @@ LINEAR_WEIGHT_FIRST_ROWS = 64
 
 
 @lowers("torch2jax.linear.default")
-def linear(x, weight, bias=None):
+def linear(x, weight, bias=None, *, computed_weight: bool = False):
     """x @ weight.T (+ bias): mm/addmm (or an n-d matmul) of a transposed matrix, as torch.export writes nn.Linear
-    (passes.linear_products). Same values as those ops; on CPU, at few rows, the weight goes first."""
+    (passes.linear_products). Same values as those ops; on CPU, at few rows, the weight goes first.
+    `computed_weight`: the weight is made in the function (a dequantization), which a one-row product on CPU fuses
+    into its loop (see _weight_first)."""
     dtype = jnp.result_type(x, weight)
     lead = x.shape[:-1]
     if x.ndim != 2:  # rows of any leading shape (a Linear on [batch, seq, features]) multiply as one [rows, features]
         x = x.reshape(-1, x.shape[-1])
     if jnp.issubdtype(dtype, jnp.floating):
-        product = lax.platform_dependent(x, weight, cpu=_weight_first, default=_weight_last)
+        product = lax.platform_dependent(x, weight, cpu=functools.partial(_weight_first, computed_weight=computed_weight),
+                                         default=_weight_last)
     else:
         product = _weight_last(x, weight)
     if len(lead) != 1:
@@ -211,16 +215,24 @@ def with_bias(product, bias, dtype):
 
 
 def _weight_last(x, weight):
-    return _product(x, weight.T)
+    """x @ weight.T as one dot contracting the weight's second axis. Written as matmul(x, weight.T), XLA:CPU copies
+    the transposed weight out on every call for some shapes (a 1536 x 4096 float32 weight at one row: 14 ms for the
+    copy, 0.75 ms for the product)."""
+    return _product(x, weight, fn=_contract_last_axes)
 
 
-def _weight_first(x, weight):
+def _contract_last_axes(a, b, **kwargs):
+    return lax.dot_general(a, b, (((a.ndim - 1,), (1,)), ((), ())), **kwargs)
+
+
+def _weight_first(x, weight, computed_weight=False):
     """(weight @ x.T).T where x has 2 to LINEAR_WEIGHT_FIRST_ROWS rows. The barrier keeps XLA
     from folding the transpose back into the dot; the transpose fuses into whatever reads the result.
-    One row stays x @ weight.T: XLA:CPU then fuses whatever computes the weight (an int8 or int4
-    dequantization, a bfloat16 -> float32 widening) into one matrix-vector loop that reads the stored
+    One row stays x @ weight.T: for a computed weight written as matmul(x, weight.T), XLA:CPU fuses
+    what computes it (an int8 or int4 dequantization) into one matrix-vector loop that reads the stored
     weight once, where the weight-first dot writes the float32 weight out first (5x slower on a
-    32000x512 LM head)."""
+    32000x512 LM head); a stored float32 weight is read as stored (_weight_last), a low-precision one
+    as a multiply and row sum (_row_times_rows)."""
 
     def first():
         if x.dtype == weight.dtype and weight.dtype in LOW_PRECISION:
@@ -228,12 +240,24 @@ def _weight_first(x, weight):
         return lax.optimization_barrier(_product(weight, x.T)).T
 
     def one():  # the barrier keeps a bias add out of the dot's fusion, which would take the weight's producer's place
-        return lax.optimization_barrier(_weight_last(_computed_once(x), weight))
+        row = _computed_once(x)
+        if computed_weight:
+            return lax.optimization_barrier(_product(row, weight.T))
+        if weight.dtype in LOW_PRECISION:
+            return lax.optimization_barrier(_row_times_rows(row, weight))
+        return lax.optimization_barrier(_weight_last(row, weight))
 
     def many():
         return _weight_last(x, weight)
 
     return by_row_count(x.shape[0], one, first, many)
+
+
+def _row_times_rows(x, weight):
+    """x [1, K] @ weight.T for a bfloat16 (float16) weight, as a multiply and a sum along each weight row, in float32.
+    XLA:CPU's one-row dot of a low-precision weight runs at a fraction of the memory's speed, and far below it for a
+    large weight (a 32000 x 1536 bfloat16 LM head: ~110 ms as a dot, ~16 ms as this reduction, one core)."""
+    return jnp.sum(x[0].astype(jnp.float32) * weight.astype(jnp.float32), axis=-1)[None]
 
 
 def _computed_once(row):

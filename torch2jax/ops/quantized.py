@@ -133,7 +133,8 @@ def int4_halves_linear(x, packed, scale, group_size, dtype, bias=None):
     def whole(x):  # in float32, rounded to the model's dtype once, as one product would be
         low, high = _int4_halves(packed, scale, group_size)
         half, xf = low.shape[1], x.astype(jnp.float32)
-        return with_bias(linear(xf[..., :half], low, None) + linear(xf[..., half:], high, None), bias, dtype)
+        return with_bias(linear(xf[..., :half], low, None, computed_weight=True)
+                         + linear(xf[..., half:], high, None, computed_weight=True), bias, dtype)
 
     return _dequantized_linear(x, rows, packed.shape[0], dtype, bias, whole)
 
@@ -154,7 +155,7 @@ def _dequantized_linear(x, rows_of, rows: int, dtype, bias, whole=None):
     is never written out whole); one row is a matrix-vector product that XLA:CPU fuses with the dequantization, and
     many rows amortize one dequantization over the rows, as on other platforms."""
     def dense(x):
-        return whole(x) if whole is not None else linear(x, rows_of(0, rows), bias)
+        return whole(x) if whole is not None else linear(x, rows_of(0, rows), bias, computed_weight=True)
 
     block = next((b for b in _BLOCKS if rows % b == 0), None)
     if block is None:
