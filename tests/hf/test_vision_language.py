@@ -857,3 +857,170 @@ def test_image_batch_family_greedy_equals_transformers(name, tmp_path):
     full[0, 0, :, 16:] = 0
     with pytest.raises(InputSpecError, match="pixel_attention_mask masks pixels of a real image"):
         greedy(g, pixels, pixel_attention_mask=full)
+
+
+# -- Mistral3, LightOnOCR: a Pixtral tower on each image at its own size (pixel_values padded, image_sizes) ------------
+
+@pytest.fixture(scope="module", params=["mistral3", pytest.param("lighton_ocr", marks=pytest.mark.slow(
+    reason="Mistral3's Pixtral tower before a Qwen3 text model: the same encoder path, checked for Mistral3 by default"))])
+def pixtral(request, tmp_path_factory):
+    """(name, the transformers model, the artifact converted from the model's directory with its processor)."""
+    import transformers
+
+    source = vlms.write(request.param, tmp_path_factory.mktemp(f"vlm-{request.param}"))
+    model = transformers.AutoModelForImageTextToText.from_pretrained(source, local_files_only=True).eval()
+    return request.param, model, torch2jax.convert_hf(f"hf:{source}", max_cache_len=64, max_batch=2)
+
+
+def pixtral_images(seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Three images padded into one [3, 3, 64, 48] batch (zeros beyond each, as the processor pads): 64x48 (4x3 tokens),
+    37x40 (4x5 patches, the last column outside the 2x2 blocks) and 40x24 (5x3 patches: an odd row and column)."""
+    sizes = np.asarray([[64, 48], [37, 40], [40, 24]])
+    pixels = np.random.default_rng(seed).standard_normal((3, 3, 64, 48)).astype(np.float32)
+    for image, (height, width) in zip(pixels, sizes):
+        image[:, height:], image[:, :, width:] = 0, 0
+    return pixels, sizes
+
+
+def pixtral_greedy(g, model, pixels: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ours, transformers') 16 greedy tokens for a left-padded batch of two prompts, the first with the first two
+    images, the second with the third."""
+    rng = np.random.default_rng(2)
+    text = lambda n: rng.integers(vlms.FIRST_WORD, vlms.VOCAB, n).tolist()  # noqa: E731
+    image = lambda size: [vlms.IMAGE] * g.vision.native_tokens(size)  # noqa: E731
+    ids, mask = left_pad([text(1) + image(sizes[0]) + text(2) + image(sizes[1]) + text(3), text(2) + image(sizes[2]) + text(1)],
+                         vlms.PAD)
+    ours = g.generate(ids, attention_mask=mask, pixel_values=pixels, image_sizes=sizes, max_new_tokens=16, eos_token_id=[])
+    theirs = transformers_greedy(model, ids, 16, vlms.PAD, mask, pixel_values=torch.from_numpy(pixels),
+                                 image_sizes=torch.from_numpy(sizes))
+    return ours, theirs
+
+
+def test_pixtral_features_and_greedy_equal_transformers(pixtral):
+    """Mistral3 and LightOnOCR: the features of three images of different sizes (odd rows and columns of patches left
+    out of the merge, as transformers' unfold leaves them) equal transformers' get_image_features; a left-padded batch
+    of two prompts, the first with two images, the second with one of a third size, makes 16 greedy tokens equal to
+    transformers' generate; other pixels give other tokens."""
+    _, model, g = pixtral
+    assert (g.vision.patch_size, g.vision.patch_merge, g.vision.tokens_per_image) == (8, 2, 0)
+    pixels, sizes = pixtral_images()
+    with torch.no_grad():
+        want = model.model.get_image_features(pixel_values=torch.from_numpy(pixels), image_sizes=torch.from_numpy(sizes))
+    want = torch.cat(list(want.pooler_output)).numpy()
+    assert want.shape == (12 + 4 + 2, 64) and np.abs(want).max() > 1  # vlms.build scales the projector up
+    np.testing.assert_allclose(np.asarray(g.encode_native(pixels, sizes)), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    ours, theirs = pixtral_greedy(g, model, pixels, sizes)
+    np.testing.assert_array_equal(ours, theirs)
+    other, _ = pixtral_greedy(g, model, pixtral_images(seed=7)[0], sizes)
+    assert (other != ours).any(axis=1).all(), "the tiny model's tokens do not depend on the images"
+
+
+def test_pixtral_saved_artifact_passes_and_refuses_what_it_cannot_take(pixtral, tmp_path):
+    """Saved and loaded: the padded batch's greedy tokens still equal transformers', and the generation sweep's check
+    (two prompts, images of two sizes) passes; pixels without image_sizes, sizes beyond the pixels, an image under one
+    merged patch and too few image tokens are refused, each naming the problem."""
+    from torch2jax.hf.verify import check_image_sizes, verify_vision_language
+
+    _, model, converted = pixtral
+    g = torch2jax.load(torch2jax.save(converted, tmp_path / "out"))
+    assert g.vision == converted.vision
+    ours, theirs = pixtral_greedy(g, model, *pixtral_images())
+    np.testing.assert_array_equal(ours, theirs)
+    assert [g.vision.native_tokens(size) for size in check_image_sizes(g.vision)] == [16, 12]
+    check = verify_vision_language(model, g, tokens=8)
+    assert check.ok, check.summary()
+
+    pixels, sizes = pixtral_images()
+    ids = np.asarray([[vlms.FIRST_WORD] + [vlms.IMAGE] * 12])
+    with pytest.raises(InputSpecError, match="at its own size: give image_sizes with pixel_values"):
+        g.generate(ids, pixel_values=pixels[:1], max_new_tokens=1)
+    with pytest.raises(InputSpecError, match="larger than pixel_values"):
+        g.generate(ids, pixel_values=pixels[:1, :, :32], image_sizes=sizes[:1], max_new_tokens=1)
+    with pytest.raises(InputSpecError, match="smaller than 16x16 pixels"):
+        g.generate(ids, pixel_values=pixels[:1], image_sizes=[[64, 8]], max_new_tokens=1)
+    with pytest.raises(InputSpecError, match="the images make 12 features, the prompts hold 11"):
+        g.generate(ids[:, :-1], pixel_values=pixels[:1], image_sizes=sizes[:1], max_new_tokens=1)
+
+
+def test_pixtral_prompt_equals_the_processor_and_generates_from_it(pixtral):
+    """processor_inputs equals the processor's (Pixtral's image processor: each image resized to multiples of 16 within
+    64, padded to the largest; Mistral3's ids with an image break token after each row of image tokens and an image end
+    token last) for two images of different sizes in one turn, and 12 greedy tokens from it equal transformers'
+    generate."""
+    from torch2jax.generate.loop import until_end
+
+    name, model, g = pixtral
+    assert g.vision.image_rows == (("<start_of_image>", "<end_of_image>") if name == "mistral3" else None)
+    _, parts = vlms.build(name)
+    text = g.chat_template().render([{"role": "user", "content": [{"type": "image"}] * 2 + [{"type": "text", "text": "w8"}]}],
+                                    add_generation_prompt=True)
+    want = parts(vlms.images()[:2], text)
+    got = g.processor_inputs("w8", vlms.images()[:2])
+    for ours, key in zip(got, ("input_ids", "pixel_values", "image_sizes")):
+        np.testing.assert_array_equal(ours, want[key])
+    ids, pixels, sizes = got
+    assert len({tuple(size) for size in sizes.tolist()}) == 2
+    breaks = ids[0].tolist().count(vlms.BOI), ids[0].tolist().count(vlms.EOI)
+    assert breaks == ((sum(size[0] // 16 for size in sizes.tolist()) - 2, 2) if name == "mistral3" else (0, 0))
+    ours = g.generate(ids, pixel_values=pixels, image_sizes=sizes, max_new_tokens=12, eos_token_id=[])
+    np.testing.assert_array_equal(ours, transformers_greedy(model, ids, 12, g.spec.pad_token_id, np.ones_like(ids),
+                                                            pixel_values=torch.from_numpy(pixels),
+                                                            image_sizes=torch.from_numpy(sizes)))
+    [reply] = g.complete(["w8"], images=vlms.images()[:2], max_new_tokens=12)  # the reply alone, to its end token
+    assert reply.ids == until_end(ours[0, ids.shape[1]:].tolist(), g.spec.eos_token_ids)
+
+
+@pytest.mark.parametrize("patch", [None, 16])
+def test_pixtral_images_equal_the_image_processor(patch):
+    """Pixtral's image processor (each image shrunk to fit longest_edge, or height and width, its sides rounded up to
+    the patch, the processor's patch or the config's; RGBA and grayscale converted; padded to the largest), torch-free,
+    equals PixtralImageProcessorPil's pixel values and image sizes."""
+    import transformers as tf
+    from PIL import Image
+
+    from torch2jax.generate.image_processing import ImageProcessor
+
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+              for height, width in ((40, 70), (90, 50), (20, 24), (8, 40), (300, 200), (64, 64))]
+    images += [Image.fromarray(rng.integers(0, 256, (33, 47, 4), dtype=np.uint8), mode="RGBA"),
+               Image.fromarray(rng.integers(0, 256, (33, 47), dtype=np.uint8), mode="L")]
+    for settings in ({"size": {"longest_edge": 64}, "patch_size": 8}, {"size": {"height": 50, "width": 80}, "patch_size": 14}):
+        processor = tf.PixtralImageProcessorPil(**settings)
+        want = processor(images, return_tensors="np", **({"patch_size": patch} if patch else {}))
+        pixels, sizes = ImageProcessor(processor.to_dict()).native(images, patch)
+        np.testing.assert_array_equal(sizes, want["image_sizes"])
+        np.testing.assert_allclose(pixels, want["pixel_values"], rtol=0, atol=1e-6)
+
+
+def test_pixtral_processor_settings_are_read_or_refused(tmp_path):
+    """The processor's settings come from processor_config.json (its processor needs torchvision to load): without it,
+    or with a patch size times merge other than the model's, processor_inputs refuses, saying why."""
+    from torch2jax.errors import Torch2JaxError
+    from torch2jax.generate.vision_processor import check_reproduced
+    from torch2jax.generate.vision_spec import VisionSpec
+    from torch2jax.hf.steps.vision_language import with_processor_text
+
+    vision = VisionSpec(vlms.IMAGE, 0, 64, "float32", (3, 64, 64), 128, processor_unsupported="none read", patch_size=8,
+                        patch_merge=2)
+    (tmp_path / "preprocessor_config.json").write_text("{}")
+    assert with_processor_text(vision, tmp_path) == vision
+    config = {"processor_class": "PixtralProcessor", "patch_size": 8, "spatial_merge_size": 2, "image_token": "[IMG]"}
+    (tmp_path / "processor_config.json").write_text(json.dumps(config))
+    read = with_processor_text(vision, tmp_path)
+    assert (read.processor_unsupported, read.image_rows, read.image_placeholder) == (None, ("[IMG_BREAK]", "[IMG_END]"),
+                                                                                     "[IMG]")
+    (tmp_path / "processor_config.json").write_text(json.dumps({**config, "spatial_merge_size": 1}))
+    with pytest.raises(Torch2JaxError, match="PixtralProcessor writes an image token per 8x8 pixels"):
+        check_reproduced(with_processor_text(vision, tmp_path))
+
+
+def test_pixtral_check_keeps_a_real_configs_image_small():
+    """The conversion check's two images for a real Pixtral config (nominal 1540 pixels, 14-pixel patches merged 2x2:
+    55x55 tokens) are at most 8x8 merged patches, the second a row of them shorter."""
+    from torch2jax.generate.vision_spec import VisionSpec
+    from torch2jax.hf.verify import check_image_sizes, image_tokens
+
+    vision = VisionSpec(10, 0, 5120, "bfloat16", (3, 1540, 1540), 4096, patch_size=14, patch_merge=2)
+    assert check_image_sizes(vision) == [(224, 224), (196, 224)] and image_tokens(vision) == 64
+

@@ -149,6 +149,21 @@ def build(name: str):
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
                     proj.weight.mul_(8)
         return model, parts
+    if name in PIXTRAL:  # a Pixtral tower on each image at its own size, 8x8 patches merged 2x2: (h/16)*(w/16) tokens
+        model = PIXTRAL[name](tf, text)
+        with torch.no_grad():  # scaled up where the init's small weights would hide a wrong image: the projector's
+            # matrices (features of ~0.01 barely sway a token), the text attention (images barely swayed a token)
+            inner = model.model
+            projector = getattr(inner, "multi_modal_projector", None) or inner.vision_projection
+            for linear in (projector.patch_merger.merging_layer, projector.linear_1, projector.linear_2):
+                linear.weight.mul_(10)
+            for layer in inner.language_model.layers:
+                for linear, scale in ((layer.self_attn.q_proj, 4), (layer.self_attn.k_proj, 4),
+                                      (layer.self_attn.v_proj, 10), (layer.self_attn.o_proj, 10)):
+                    linear.weight.mul_(scale)
+        # Mistral3's image processor keeps Pixtral's patch size of its own (PixtralProcessor passes it patch * merge)
+        images = tf.PixtralImageProcessorPil(size={"longest_edge": 64}, patch_size=8 if name == "mistral3" else 16)
+        return model.eval(), PixtralParts(name, images, tokenizer())
     if name in FIXED_SIZE:  # LLaVA-shaped: one fixed-size image, a fixed number of image tokens, scattered at the image token
         return FIXED_SIZE[name](tf, text), FIXED_SIZE_PROCESSORS.get(name, lambda tf: None)(tf)
     raise KeyError(name)
@@ -250,6 +265,24 @@ FIXED_SIZE_PROCESSORS = {
     "janus": lambda tf: tf.JanusProcessor(
         image_processor=tf.JanusImageProcessorPil(size={"height": 32, "width": 32}), tokenizer=tokenizer(),
         chat_template=chat_template("<image>"), num_image_tokens=16),
+}
+
+
+def _pixtral(tf):
+    return tf.PixtralVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  head_dim=8, image_size=64, patch_size=8)
+
+
+# name -> (transformers, text config's sizes) -> the model: a Pixtral tower (images at their own size, up to 64x64
+# nominal) whose 8x8 patches a projector merges 2x2 (Mistral3: before a Mistral; LightOnOCR: before a Qwen3); their
+# processors (image break and end tokens, Pixtral's own resize) are not reproduced
+PIXTRAL = {
+    "mistral3": lambda tf, text: tf.Mistral3ForConditionalGeneration(tf.Mistral3Config(
+        vision_config=_pixtral(tf).to_dict(), text_config=tf.MistralConfig(**text).to_dict(), image_token_index=IMAGE,
+        spatial_merge_size=2)),
+    "lighton_ocr": lambda tf, text: tf.LightOnOcrForConditionalGeneration(tf.LightOnOcrConfig(
+        vision_config=_pixtral(tf).to_dict(), text_config=tf.Qwen3Config(**text, head_dim=16).to_dict(),
+        image_token_id=IMAGE, spatial_merge_size=2)),
 }
 
 
@@ -355,6 +388,44 @@ class OneVisionParts(QwenParts):
                                       for i, part in enumerate(parts[1:]))
         ids = np.asarray([self.tokenizer(expanded)["input_ids"]], np.int64)
         return {"input_ids": ids, **{key: inputs[key] for key in ("pixel_values", "image_sizes", "batch_num_images")}}
+
+
+class PixtralParts(QwenParts):
+    """PixtralProcessor's (Mistral3) or LightOnOcrProcessor's parts: their image processor, and an image's expansion
+    as they write it (their modules import torchvision, so it is written out here): (h/16)*(w/16) image tokens for an
+    image of h x w pixels; Pixtral's a row of w/16 at a time, each row followed by an image break token (here
+    <start_of_image>), the last row's by an image end token (here <end_of_image>) instead."""
+
+    def __init__(self, name: str, image_processor, tokenizer):
+        super().__init__(image_processor, tokenizer, chat_template("<image>"))
+        self.name = name
+
+    def save_pretrained(self, out: Path) -> None:
+        """The parts, and processor_config.json as the processor's to_dict writes it."""
+        import json
+
+        super().save_pretrained(out)
+        config = {"image_processor": self.image_processor.to_dict(), "patch_size": 8, "spatial_merge_size": 2,
+                  "processor_class": "LightOnOcrProcessor"}
+        if self.name == "mistral3":
+            config.update(processor_class="PixtralProcessor", image_token="<image>", image_break_token="<start_of_image>",
+                          image_end_token="<end_of_image>")
+        (Path(out) / "processor_config.json").write_text(json.dumps(config, indent=2))
+
+    def expansion(self, size) -> str:
+        rows, columns = int(size[0]) // 16, int(size[1]) // 16
+        if self.name != "mistral3":
+            return "<image>" * (rows * columns)
+        return "<start_of_image>".join(["<image>" * columns] * rows) + "<end_of_image>"
+
+    def __call__(self, images: list, text: str) -> dict:
+        given = {"patch_size": 16} if self.name == "mistral3" else {}  # PixtralProcessor's: patch * merge
+        inputs = self.image_processor(images, **given, return_tensors="np")
+        parts = text.split("<image>")
+        assert len(parts) == len(images) + 1
+        expanded = parts[0] + "".join(self.expansion(size) + part for size, part in zip(inputs["image_sizes"], parts[1:]))
+        ids = np.asarray([self.tokenizer(expanded)["input_ids"]], np.int64)
+        return {"input_ids": ids, "pixel_values": inputs["pixel_values"], "image_sizes": inputs["image_sizes"]}
 
 
 def write(name: str, directory: Path) -> Path:

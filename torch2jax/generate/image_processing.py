@@ -23,7 +23,7 @@ from ..errors import InputSpecError, Torch2JaxError
 SUPPORTED = ("LlavaImageProcessor", "CLIPImageProcessor", "SiglipImageProcessor", "Gemma3ImageProcessor",
              "Qwen2VLImageProcessor", "GotOcr2ImageProcessor", "LlavaNextImageProcessor", "LlavaOnevisionImageProcessor",
              "DeepseekVLImageProcessor", "JanusImageProcessor", "Glm4vImageProcessor", "Glm46VImageProcessor",
-             "GlmgaImageProcessor")
+             "GlmgaImageProcessor", "PixtralImageProcessor")
 # resized to multiples of patch * merge, returned as flattened patches
 VARIABLE_RESOLUTION = ("Qwen2VLImageProcessor", "Glm4vImageProcessor", "Glm46VImageProcessor", "GlmgaImageProcessor")
 # GLM-4V's: Qwen2-VL's patches, the target size from its own smart_resize (glm_smart_resize)
@@ -34,6 +34,9 @@ ANY_RESOLUTION = ("LlavaNextImageProcessor", "LlavaOnevisionImageProcessor")
 # the longest side resized to the square size (the shorter kept at min_size or more), then padded to that square with
 # the mean color (DeepSeek-VL's and Janus's processors)
 LONGEST_EDGE_PADDED = ("DeepseekVLImageProcessor", "JanusImageProcessor")
+# each image at its own size: shrunk to fit the longest edge, rounded up to whole patches, padded with zeros to the
+# largest of the batch, with the images' sizes (Mistral3's and LightOnOCR's processors)
+NATIVE_RESOLUTION = ("PixtralImageProcessor",)
 
 
 def pil() -> Any:
@@ -174,6 +177,32 @@ class ImageProcessor:
             grids.append([1, gh, gw])
         return np.concatenate(out, axis=0), np.asarray(grids, np.int64)
 
+    def native(self, images: Sequence[Any], patch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Pixtral: (pixel_values [N, C, H, W] float32, image_sizes [N, 2] int64), as PixtralImageProcessorPil makes
+        them: each image shrunk (aspect kept, sides floored) to fit size's longest_edge, its sides rounded up to
+        multiples of the patch (`patch`, as a processor passes it, else the config's patch_size), resized with PIL,
+        rescaled, normalized, then padded at the bottom and right with zeros to the largest image's size."""
+        if self.kind not in NATIVE_RESOLUTION:
+            raise Torch2JaxError(f"{self.kind} does not take images at their own size: call the processor itself")
+        c = self.config
+        size = c.get("size") or {}
+        if patch is None:
+            given = c.get("patch_size", 16)
+            patch = int(given["height"] if isinstance(given, dict) else given)
+        out = []
+        for image in images:
+            array = self._rgb(image)
+            if c.get("do_resize", True):
+                array = self._pil_resize(array, pixtral_size(array.shape[1:], size, patch))
+            out.append(self._rescaled(array))
+        sizes = np.asarray([array.shape[1:] for array in out], np.int64)
+        if c.get("do_pad", True):
+            height, width = sizes.max(axis=0)
+            out = [np.pad(array, ((0, 0), (0, height - array.shape[1]), (0, width - array.shape[2]))) for array in out]
+        elif len({array.shape for array in out}) > 1:
+            raise Torch2JaxError(f"{self.kind} with do_pad false makes images of several sizes, which cannot be one batch")
+        return np.stack(out), sizes
+
     def one(self, image: Any, rgb: bool = True) -> np.ndarray:
         """One PIL image (or a path; with rgb=False, a [C, H, W] uint8 array already converted) -> [C, H, W] float32."""
         c = self.config
@@ -263,6 +292,22 @@ class ImageProcessor:
         out = np.array(picture.resize((new[1], new[0]), resample=resample))
         out = out[:, :, None] if out.ndim == 2 else out
         return np.ascontiguousarray(out.transpose(2, 0, 1))
+
+
+def pixtral_size(size: tuple[int, int], bounds: dict, patch: int) -> tuple[int, int]:
+    """The (height, width) Pixtral's image processor resizes an image of `size` to: shrunk to fit the bounds (longest
+    edge, or height and width; each side floored), each side then rounded up to a multiple of `patch`."""
+    if bounds.get("longest_edge"):
+        most = (int(bounds["longest_edge"]),) * 2
+    elif bounds.get("height") and bounds.get("width"):
+        most = (int(bounds["height"]), int(bounds["width"]))
+    else:
+        raise Torch2JaxError(f"PixtralImageProcessor size {bounds} is not supported (longest_edge, or height and width)")
+    height, width = size
+    ratio = max(height / most[0], width / most[1])
+    if ratio > 1:
+        height, width = int(math.floor(height / ratio)), int(math.floor(width / ratio))
+    return (height - 1) // patch * patch + patch, (width - 1) // patch * patch + patch
 
 
 def optimal_tile_grid(image_size: tuple[int, int], tile: tuple[int, int], min_tiles: int, max_tiles: int) -> tuple[int, int]:

@@ -10,7 +10,9 @@ with each image token's embedding replaced by its feature row; `decode` is the c
 feature row each image token takes is computed from the ids, as transformers does (image_positions.py): the
 image tokens in row-major order take the images' features in order. Everything else (the donated cache, the
 left-padded batch, the length buckets, sampling) is the causal LM's (generate/generator.py). The manifest's vision
-section is vision_spec.py; the processor, torch-free, vision_processor.py.
+section is vision_spec.py; the processor, torch-free, vision_processor.py. Mistral3 and LightOnOCR take each image at
+its own size (image_sizes): the runtime cuts the padded pixels into each image's patches and merge blocks
+(native_patches), as transformers crops and unfolds them.
 """
 
 from __future__ import annotations
@@ -136,6 +138,33 @@ class VisionLanguageGenerator(Generator):
         return self._encode(self.params, jnp.asarray(pixels.reshape(rows, group, -1), dtype),
                             *(jnp.asarray(i, self._id_dtype) for i in ids), *taps)
 
+    def encode_native(self, pixel_values: Any, image_sizes: Any) -> jax.Array:
+        """Pixtral (Mistral3, LightOnOCR): [images, C, H, W] pixel values, each image at the top left of its own
+        (height, width) in `image_sizes` [images, 2], the rest padding, as the processor makes them -> the images' merged
+        tokens' features [tokens, feature_size] in order (native_patches)."""
+        sizes, pixels = np.asarray(image_sizes), np.asarray(pixel_values)
+        channels = self.vision.pixel_shape[0]
+        if sizes.ndim != 2 or sizes.shape[1] != 2 or not np.issubdtype(sizes.dtype, np.integer) or (sizes < 1).any():
+            raise InputSpecError(f"image_sizes must be [images, 2] positive integers (height, width), got "
+                                 f"{sizes.dtype}{list(sizes.shape)}")
+        if pixels.ndim != 4 or pixels.shape[0] != len(sizes) or pixels.shape[1] != channels:
+            raise InputSpecError(f"pixel_values must be [{len(sizes)} images, {channels}, height, width] (as the model's "
+                                 f"processor makes them, padded to the largest image), got {list(pixels.shape)}")
+        if (sizes > np.asarray(pixels.shape[2:])).any():
+            raise InputSpecError(f"image_sizes {sizes.tolist()} name images larger than pixel_values' "
+                                 f"{list(pixels.shape[2:])} pixels: give each image's own size, as the processor does")
+        side = self.vision.patch_size * self.vision.patch_merge
+        if (sizes < side).any():
+            raise InputSpecError(f"image_sizes {sizes.tolist()}: an image smaller than {side}x{side} pixels (one merged "
+                                 "patch) makes no image token; resize it as the model's processor does")
+        tokens = sum(self.vision.native_tokens(size) for size in sizes)
+        if tokens > self.vision.max_images:
+            raise InputSpecError(f"{tokens} image tokens: this artifact takes at most {self.vision.max_images} per call")
+        patches, positions, image_ids, merge_index = native_patches(pixels, sizes, self.vision.patch_size,
+                                                                    self.vision.patch_merge)
+        return self._encode(self.params, jnp.asarray(patches, dtypes.jax_dtype(self.vision.feature_dtype)),
+                            *(jnp.asarray(i, self._id_dtype) for i in (positions, image_ids, merge_index)))
+
     def generate(self, input_ids: Any, attention_mask: Any = None, *, pixel_values: Any = None, image_grid_thw: Any = None,
                  image_sizes: Any = None, batch_num_images: Any = None, pixel_values_videos: Any = None,
                  token_type_ids: Any = None, pixel_attention_mask: Any = None,
@@ -145,7 +174,8 @@ class VisionLanguageGenerator(Generator):
         """As transformers' generate: [B, L] ids (left-padded, with `attention_mask`) holding the image tokens the
         processor expanded, and `pixel_values` [images, C, H, W] for them in order -> [B, L + new] ids (Qwen2-VL: with
         image_grid_thw; LLaVA-NeXT and OneVision: [images, tiles, C, H, W] with image_sizes, OneVision's
-        batch_num_images too for several images in a prompt; Idefics2/3 and SmolVLM: [B, images, C, H, W] with all-zero
+        batch_num_images too for several images in a prompt; Mistral3 and LightOnOCR: each image at its own size,
+        padded to the largest, with image_sizes; Idefics2/3 and SmolVLM: [B, images, C, H, W] with all-zero
         padding images, and their pixel_attention_mask). `token_type_ids` (Gemma 3's processor output) is accepted
         and not needed: the image tokens are found in the ids. `settings`: Generator.generate's logits processors and
         warpers (repetition_penalty, no_repeat_ngram_size, min_new_tokens, ..., min_p, typical_p), by name."""
@@ -157,11 +187,13 @@ class VisionLanguageGenerator(Generator):
         if merge and pixel_values is not None and image_grid_thw is None:
             raise InputSpecError("this model takes variable-resolution images: give image_grid_thw with pixel_values, "
                                  "as its processor makes them")
-        grids = self.vision.grid_pinpoints
-        if (image_sizes is not None) != bool(grids and pixel_values is not None):
+        grids, native = self.vision.grid_pinpoints, self.vision.patch_size
+        if (image_sizes is not None) != bool((grids or native) and pixel_values is not None):
             raise InputSpecError("this model cuts images into grids of tiles: give image_sizes with pixel_values (its "
                                  "processor makes both), and neither without images" if grids else
-                                 "image_sizes are for LLaVA-NeXT's and OneVision's images; this model takes none")
+                                 "this model takes each image at its own size: give image_sizes with pixel_values (its "
+                                 "processor makes both), and neither without images" if native else
+                                 "image_sizes are for LLaVA-NeXT's, OneVision's and Pixtral's images; this model takes none")
         if pixel_attention_mask is not None and not self.vision.image_batches:
             raise InputSpecError("pixel_attention_mask is for Idefics2/3's and SmolVLM's images; this model takes none")
         if self.vision.image_batches and pixel_values is not None:
@@ -190,8 +222,9 @@ class VisionLanguageGenerator(Generator):
             return features, jnp.asarray(padded, self._id_dtype), jnp.asarray(offsets, self._id_dtype)
 
         # fixed-size images: every row's image tokens stay out of the length bucket (only the text is padded to it);
-        # where their count varies with the image's size (Qwen2-VL, LLaVA-NeXT), the bucket covers them (fewer prefills)
-        unbucketed = 0 if merge or grids else int((index >= 0).sum(axis=1).min())
+        # where their count varies with the image's size (Qwen2-VL, LLaVA-NeXT, Pixtral), the bucket covers them (fewer
+        # prefills)
+        unbucketed = 0 if merge or grids or native else int((index >= 0).sum(axis=1).min())
         return finish(ids, self._steps(ids, mask, max_new_tokens, request, prefill_inputs, delta, unbucketed), stream)
 
     def image_features(self, tokens: int, pixel_values: Any = None, image_grid_thw: Any = None, image_sizes: Any = None,
@@ -199,13 +232,14 @@ class VisionLanguageGenerator(Generator):
         """The feature rows [tokens, feature_size] of prompts holding `tokens` image tokens, from their images as the
         processor makes them (generate's arguments), in the order the image tokens take them; one unused row when there
         are no images (the step's input is never empty). InputSpecError when the images make another number of rows."""
-        merge, grids = self.vision.spatial_merge_size, self.vision.grid_pinpoints
+        merge, grids, native = self.vision.spatial_merge_size, self.vision.grid_pinpoints, self.vision.patch_size
         if pixel_values is None:
             if tokens:
                 raise InputSpecError(f"the prompts hold {tokens} image tokens but no pixel_values were given")
             return jnp.zeros((1, self.vision.feature_size), dtypes.jax_dtype(self.vision.feature_dtype))
-        if merge or grids:
+        if merge or grids or native:
             features = (self.encode_patches(pixel_values, image_grid_thw) if merge else
+                        self.encode_native(pixel_values, image_sizes) if native else
                         self.encode_grids(pixel_values, image_sizes, batch_num_images))
             if features.shape[0] != tokens:
                 raise InputSpecError(f"image features and image tokens do not match: the images make {features.shape[0]} "
@@ -274,9 +308,35 @@ class VisionLanguageGenerator(Generator):
         ids, pixels, *grid = self.processor_inputs(prompts[0], list(images))
         inputs = {}
         if grid:  # Qwen2-VL: each image's patch grid; LLaVA-NeXT: each image's size (OneVision: and the image count)
-            inputs["image_sizes" if self.vision.grid_pinpoints else "image_grid_thw"] = grid[0]
+            sized = self.vision.grid_pinpoints or self.vision.patch_size
+            inputs["image_sizes" if sized else "image_grid_thw"] = grid[0]
             if len(grid) > 1:
                 inputs["batch_num_images"] = grid[1]
         out = self.generate(ids, pixel_values=pixels, **inputs, **options)
         new = until_end([int(t) for t in out[0, ids.shape[1]:]], self.spec.eos_token_ids)
         return Completion(new, len(new), self.tokenizer.decode(new, skip_special_tokens=True))
+
+
+def native_patches(pixels: np.ndarray, sizes: np.ndarray, patch: int,
+                   merge: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Pixtral's encoder inputs from [images, C, H, W] padded pixels and each image's (height, width): (patches
+    [P, C*patch*patch] image by image, row-major, each flattened channel, row, column as its patch convolution reads
+    it; positions [P, 2] each patch's (row, column); image_ids [P]; merge_index [M, merge^2] the patches of each merge x
+    merge block, blocks row-major, patches row-major within a block). As transformers does, an image's partial patches
+    at its bottom and right edges are dropped, and so are its patches outside whole blocks from the merge (they still
+    attend)."""
+    parts, positions, image_ids, merge_index = [], [], [], []
+    start = 0
+    for number, (image, (height, width)) in enumerate(zip(pixels, sizes)):
+        rows, cols = int(height) // patch, int(width) // patch
+        grid = image[:, :rows * patch, :cols * patch].reshape(image.shape[0], rows, patch, cols, patch)
+        parts.append(grid.transpose(1, 3, 0, 2, 4).reshape(rows * cols, -1))
+        r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+        positions.append(np.stack([r.reshape(-1), c.reshape(-1)], axis=-1))
+        image_ids.append(np.full(rows * cols, number))
+        a, b, i, j = np.meshgrid(np.arange(rows // merge), np.arange(cols // merge), np.arange(merge), np.arange(merge),
+                                 indexing="ij")
+        merge_index.append((start + (a * merge + i) * cols + b * merge + j).reshape(-1, merge * merge))
+        start += rows * cols
+    return (np.concatenate(parts), np.concatenate(positions).astype(np.int64), np.concatenate(image_ids).astype(np.int64),
+            np.concatenate(merge_index).astype(np.int64))

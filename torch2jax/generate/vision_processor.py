@@ -57,6 +57,8 @@ def processor_inputs(vision: VisionSpec, tokenizer_files: dict[str, Path], token
     generation prompt), each image's placeholder expanded to its tokens (`tokens_per_image`; InternVL: that many
     per tile, between its start and end tokens), tokenized; the images preprocessed as the model's image
     processor does (one tile each, but InternVL's crops).
+    Mistral3, LightOnOCR: (input_ids, pixel_values [images, C, H, W] padded to the largest, image_sizes [images, 2]),
+    as their processors make them (native_expansion).
     Variable resolution (Qwen2-VL): (input_ids, pixel_values [patches, patch_dim], image_grid_thw [images, 3]),
     each image's token repeated grid_t*grid_h*grid_w / merge^2 times, as Qwen2VLProcessor does. LLaVA-NeXT:
     (input_ids, pixel_values [images, tiles, C, H, W], image_sizes [images, 2]), each image's token repeated as
@@ -85,8 +87,13 @@ def expand_images(vision: VisionSpec, tokenizer_files: dict[str, Path], tokenize
     if placeholder is None or text.count(placeholder) != len(images):
         raise Torch2JaxError(f"the chat template did not place {len(images)} image placeholder(s) ({placeholder!r}) for "
                              f"the image(s)")
-    merge, pins = vision.spatial_merge_size, vision.grid_pinpoints
-    if merge:
+    merge, pins, native = vision.spatial_merge_size, vision.grid_pinpoints, vision.patch_size
+    if native:  # Pixtral: each image at its own size; PixtralProcessor resizes to multiples of the merged patch
+        side = vision.patch_size * vision.patch_merge
+        pixels, grids = image_processor(tokenizer_files).native(images, side if vision.image_rows else None)
+        counts = [vision.native_tokens(size) for size in grids]
+        expansions = [native_expansion(image_token, size, side, vision.image_rows) for size in grids]
+    elif merge:
         pixels, grids = image_processor(tokenizer_files).patches(images)
         counts = [int(np.prod(grid)) // (merge * merge) for grid in grids]
         expansions = [image_token * count for count in counts]
@@ -108,6 +115,16 @@ def expand_images(vision: VisionSpec, tokenizer_files: dict[str, Path], tokenize
         raise Torch2JaxError("the tokenizer did not keep the image tokens whole")
     if pins and vision.max_grid_tiles:  # OneVision: how many images the prompt has decides their packing
         return np.asarray([ids], np.int64), pixels, grids, np.asarray([len(images)], np.int64)
-    if merge or pins:
+    if merge or pins or native:
         return np.asarray([ids], np.int64), pixels, grids
     return np.asarray([ids], np.int64), pixels
+
+
+def native_expansion(image_token: str, size: Any, side: int, rows: tuple[str, str] | None) -> str:
+    """What a Pixtral-tower processor writes for an image of (height, width) pixels, `side` pixels a token: its image
+    tokens, row by row; with `rows` (Mistral3's PixtralProcessor: image break, image end) each row followed by the
+    break token, the last by the end token instead."""
+    height, width = int(size[0]) // side, int(size[1]) // side
+    if rows is None:
+        return image_token * (height * width)
+    return rows[0].join([image_token * width] * height) + rows[1]

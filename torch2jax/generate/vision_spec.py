@@ -1,6 +1,7 @@
 """What generation with images needs beyond a causal LM's spec, stored as the manifest's `vision` section: the image
 token, the features per image, the pixel shape, and each family's image layout (variable resolution, windows, learned
-position tables, tiles, any-resolution grids), with the any-resolution arithmetic over this model's grids."""
+position tables, tiles, any-resolution grids, images at their own size), with the any-resolution arithmetic over this
+model's grids."""
 
 from __future__ import annotations
 
@@ -55,6 +56,20 @@ class VisionSpec:
     # Idefics2/3, SmolVLM: pixel_values come as [prompts, images, C, H, W] with all-zero images as padding, which
     # transformers drops; a pixel_attention_mask may come with them (vision_language.py real_images)
     image_batches: bool = False
+    # Pixtral (Mistral3, LightOnOCR): > 0 is the patch side; each image is taken at its own size (image_sizes, the
+    # pixels padded to the largest), cut into patches and merged `patch_merge` x `patch_merge` into tokens, row-major
+    # (native_patches). pixel_shape is then [C, image_size, image_size], the config's nominal size, not a limit
+    patch_size: int = 0
+    patch_merge: int = 1
+    # Mistral3's PixtralProcessor: an image's tokens are written a row at a time, each row followed by the first token
+    # (image break), the last row by the second (image end) instead; images are resized to multiples of
+    # patch_size * patch_merge. None: the image tokens alone, resized as the image processor's config says (LightOnOCR)
+    image_rows: tuple[str, str] | None = None
+
+    def native_tokens(self, size: Any) -> int:
+        """Pixtral: the image tokens an image of (height, width) pixels takes (whole merge blocks of whole patches)."""
+        side = self.patch_size * self.patch_merge
+        return (int(size[0]) // side) * (int(size[1]) // side)
 
     # -- any resolution (grid_pinpoints): anyres.py with this model's grids, tile and feature map -------------------
     def grid_tiles(self, size: Any, alone: bool = False) -> int:
@@ -97,7 +112,8 @@ class VisionSpec:
                 "position_table": self.position_table, "tile_wrap": list(self.tile_wrap) if self.tile_wrap else None,
                 "grid_pinpoints": [list(p) for p in self.grid_pinpoints] if self.grid_pinpoints else None,
                 "max_grid_tiles": self.max_grid_tiles, "processor_unsupported": self.processor_unsupported,
-                "bicubic_table": self.bicubic_table, "image_batches": self.image_batches}
+                "bicubic_table": self.bicubic_table, "image_batches": self.image_batches, "patch_size": self.patch_size,
+                "patch_merge": self.patch_merge, "image_rows": list(self.image_rows) if self.image_rows else None}
 
     @staticmethod
     def from_json(data: Any) -> VisionSpec:
@@ -111,16 +127,18 @@ class VisionSpec:
                               int(data.get("position_table", 0)), _pair(data.get("tile_wrap")),
                               _pinpoints(data.get("grid_pinpoints")), int(data.get("max_grid_tiles", 0)),
                               data.get("processor_unsupported") if isinstance(data.get("processor_unsupported"), str) else None,
-                              bool(data.get("bicubic_table", False)), bool(data.get("image_batches", False)))
+                              bool(data.get("bicubic_table", False)), bool(data.get("image_batches", False)),
+                              int(data.get("patch_size", 0)), int(data.get("patch_merge", 1)),
+                              _pair(data.get("image_rows"), "image_rows"))
         except (KeyError, TypeError, ValueError) as err:
             raise Torch2JaxError(f"the manifest's vision section is malformed ({type(err).__name__}: {err})") from None
 
 
-def _pair(value: Any) -> tuple[str, str] | None:
+def _pair(value: Any, name: str = "tile_wrap") -> tuple[str, str] | None:
     if value is None:
         return None
     if not (isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, str) for v in value)):
-        raise TypeError(f"tile_wrap must be two strings, got {value!r}")
+        raise TypeError(f"{name} must be two strings, got {value!r}")
     return value[0], value[1]
 
 

@@ -99,17 +99,32 @@ IMAGE_CHECK_TEXT = (5, 2)  # the vision-language check's text tokens besides the
 
 
 def image_tokens(vision) -> int:
-    """How many image tokens the vision-language check's one image expands to."""
+    """How many image tokens the vision-language check's one image expands to (the most, where the two differ)."""
+    if getattr(vision, "patch_size", 0):  # Pixtral: the first image at the config's nominal size
+        return vision.native_tokens(check_image_sizes(vision)[0])
     if vision.grid_pinpoints:  # LLaVA-NeXT: an image the size of the first grid (its whole view and that grid's tiles)
         return vision.grid_tokens(vision.grid_pinpoints[0])
     return 4 if vision.spatial_merge_size else vision.tokens_per_image  # variable resolution (Qwen2-VL): 2x2 tokens
+
+
+CHECK_IMAGE_SIDE = 8  # Pixtral: the check's image is at most this many merged patches a side (a real config's nominal
+# 1540-pixel image would be thousands of tokens)
+
+
+def check_image_sizes(vision) -> list[tuple[int, int]]:
+    """Pixtral (images at their own size): the check's two images, the config's nominal size (at most CHECK_IMAGE_SIDE
+    merged patches a side) and one a merged patch shorter (padded to the first, as the processor pads), so that the two
+    prompts take different token counts."""
+    side = vision.patch_size * vision.patch_merge
+    height, width = (min(n, CHECK_IMAGE_SIDE * side) for n in vision.pixel_shape[1:])
+    return [(height, width), (height - side if height >= 2 * side else height, width)]
 
 
 def verify_vision_language(vlm: torch.nn.Module, generator, tokens: int = 16, seed: int = 0) -> GenerationCheck:
     """Greedy-generate `tokens` tokens for two prompts, each of random text around one image's expanded image tokens,
     one left-padded, with random pixel values, with both; no end token stops either."""
     vision = generator.vision
-    merge, pins = vision.spatial_merge_size, vision.grid_pinpoints
+    merge, pins, native = vision.spatial_merge_size, vision.grid_pinpoints, getattr(vision, "patch_size", 0)
     per_image, lengths = image_tokens(vision), IMAGE_CHECK_TEXT
     size = pins[0] if pins else None
     if per_image + max(lengths) + tokens > generator.spec.max_cache_len:
@@ -123,14 +138,21 @@ def verify_vision_language(vlm: torch.nn.Module, generator, tokens: int = 16, se
     batch = min(2, generator.spec.max_batch)
     text = [t for t in range(generator.spec.vocab_size) if t != vision.image_token_id]
     prompts = []
-    for length in lengths[:batch]:
+    sizes = check_image_sizes(vision)[:batch] if native else None
+    for row, length in enumerate(lengths[:batch]):
         words = rng.choice(text, length).tolist()
-        prompts.append(words[:1] + [vision.image_token_id] * per_image + words[1:])
+        count = vision.native_tokens(sizes[row]) if native else per_image
+        prompts.append(words[:1] + [vision.image_token_id] * count + words[1:])
     ids, mask = left_pad(prompts, generator.spec.pad_token_id)
     grids = {}
     if merge:
         grids = {"image_grid_thw": np.asarray([[1, 2 * merge, 2 * merge]] * batch, np.int64)}
         pixels = rng.standard_normal((batch * 4 * merge * merge, *vision.pixel_shape)).astype(np.float32)
+    elif native:  # each image's pixels at its top left, zeros beyond (the processor's padding)
+        grids = {"image_sizes": np.asarray(sizes, np.int64)}
+        pixels = rng.standard_normal((batch, vision.pixel_shape[0], *sizes[0])).astype(np.float32)
+        for image, (height, width) in zip(pixels, sizes):
+            image[:, height:], image[:, :, width:] = 0, 0
     elif pins:
         grids = {"image_sizes": np.asarray([size] * batch, np.int64)}
         pixels = rng.standard_normal((batch, vision.grid_tiles(size), *vision.pixel_shape)).astype(np.float32)

@@ -3,7 +3,8 @@ written (capture/trace_forwards.py): expert loops (experts.py), the Qwen2-VL fam
 (rope_index.py), the vision helpers over fixed image grids (vision_grids.py), the gated delta rule's triangular
 solve (delta_rule.py), GPT-Neo's causal table read by cache slot (local_attention.py), BLOOM's ALiBi positions
 from the step's mask (alibi.py) and the positions of BART-like decoders, which count from the cache's length, given
-by the step (positions.py), and recurrent mixers over the step's explicit state: their registry (mixers.py) and
+by the step (positions.py), DeepSeek sparse attention's top-key indexer over the step's span (sparse_indexer.py),
+and recurrent mixers over the step's explicit state: their registry (mixers.py) and
 each family's (state_space.py, mamba_kin.py, mamba2_kin.py, rg_lru.py, gated_delta.py, short_conv.py, rwkv.py, xlstm.py, zaya.py,
 minimax.py)."""
 
@@ -22,6 +23,7 @@ from . import (  # noqa: F401 - registered on import
     rope_index,
     rwkv,
     short_conv,
+    sparse_indexer,
     state_space,
     vision_grids,
     xlstm,

@@ -11,7 +11,9 @@ built here from two things the caller tracks, so left-padded batches are right b
                             hold their own tokens from slot 0); artifacts converted before this took [T], shared by
                             all rows, and the step still runs either (example_step_inputs' `rows_apart`)
     kv_valid      [B, L]    which of the first L cache slots hold real tokens, the T new ones included
-    cache         2 x layers tensors [B, kv_heads, S + 1, head_dim]: keys, values of layer 0, 1, ...
+    cache         2 x layers tensors [B, kv_heads, S + 1, head_dim]: keys, values of layer 0, 1, ... (3 x layers
+                  where the model's sparse attention caches indexer keys, [B, 1, S + 1, index_dim] after each
+                  layer's values: hf/steps/kv_cache.py)
 
 and it returns the last position's logits [B, V] (float32) and the cache. Attention reads only the
 first L slots (L symbolic, at most S): the caller passes the span its tokens need, so a step costs
@@ -47,6 +49,7 @@ from .kv_cache import (
     explicit_layer_class,
     generation_fields,
     query_slots,
+    step_layers,
 )
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -55,7 +58,7 @@ FULL, SLIDING = "full_attention", "sliding_attention"
 class DecoderStep(torch.nn.Module):
     """forward(input_ids, position_ids, write_at, kv_valid, cache) -> (last logits [B, V] float32, new cache).
 
-    `cache` is a list: keys and values of layer 0, then layer 1, ...
+    `cache` is a list: keys and values (and indexer keys, where the model has them) of layer 0, then layer 1, ...
     """
 
     def __init__(self, lm: torch.nn.Module, layout: CacheLayout):
@@ -87,7 +90,7 @@ class DecoderStep(torch.nn.Module):
         from transformers.cache_utils import Cache
 
         span = kv_valid.shape[1]
-        layers = [self._layer(cache[2 * i], cache[2 * i + 1], write_at, span) for i in range(self.layout.layers)]
+        layers = step_layers(self._layer, self.layout, cache, write_at, span)
         columns = self._positions.batch_columns(position_ids, write_at) if self._counted_from_cache else None
         # transformers' cache_position is [T]: a row-apart step gives row 0's slots (the masks and positions, given
         # here, are what models read it for)
@@ -103,7 +106,7 @@ class DecoderStep(torch.nn.Module):
                 logits_to_keep=1,
             )
         logits = out.logits[:, -1].float()
-        return logits, [t for layer in layers for t in (layer.keys, layer.values)]
+        return logits, [t for layer in layers for t in layer.tensors()]
 
     def _masks(self, write_at: torch.Tensor, kv_valid: torch.Tensor, also: torch.Tensor | None = None) -> Any:
         slot = torch.arange(kv_valid.shape[1], device=kv_valid.device)
@@ -152,7 +155,8 @@ def step_dynamic_shapes(layout: CacheLayout, max_batch: int, rows_apart: bool = 
 
     span = {"name": "span", "min": 1, "max": layout.max_cache_len}  # the attended prefix of the cache
     row = dims(batch, tokens)
-    return (row, row, row if rows_apart else dims(tokens), dims(batch, span), [dims(batch)] * (2 * layout.layers))
+    return (row, row, row if rows_apart else dims(tokens), dims(batch, span),
+            [dims(batch)] * (layout.per_layer * layout.layers))
 
 
 def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch: int = 8, dtype: Any = None, progress: Any = None,
@@ -206,11 +210,12 @@ def capture_step(lm: torch.nn.Module, layout: CacheLayout, max_batch: int, timer
             step = DecoderStep(lm, layout)
             return {**dict(step.named_parameters(remove_duplicate=False)), **dict(step.named_buffers(remove_duplicate=False))}
 
-        caches = [(layout.key_shapes[i], layout.value_shapes[i]) for i in range(layout.layers)]
+        caches = [(layout.key_shapes[i], layout.value_shapes[i], layout.indexer_dims[i:i + 1])
+                  for i in range(layout.layers)]
         try:
             return layer_repeat.capture_repeated(lm, layout.layers, min_units, timer, trace=trace_layers,
-                                                 with_specs=_with_specs, layer_state=caches, state=state,
-                                                 user_inputs=CacheInputs())
+                                                 with_specs=_with_specs(layout.per_layer), layer_state=caches,
+                                                 state=state, user_inputs=CacheInputs(layout.per_layer))
         except layer_repeat.NotRepeatable as why:
             what = f" of all {layout.layers} layers ({why})"
     return _trace_step(lm, layout, max_batch, timer, what)[0]
@@ -235,21 +240,30 @@ def repeat_slice(lm: torch.nn.Module) -> int | None:
         return None
 
 
-def _with_specs(graph: Graph, layers: int) -> Graph:
-    """The step's input and output structure for `layers` layers (what torch.export would record for that many)."""
-    cache = [0] * (2 * layers)
-    graph.in_spec = treespec_to_json(pytree.tree_flatten(((0, 0, 0, 0, cache), {}))[1])
-    graph.out_spec = treespec_to_json(pytree.tree_flatten((0, cache))[1])
-    return graph
+def _with_specs(per_layer: int = 2) -> Any:
+    """with_specs(graph, layers): the step's input and output structure for `layers` layers of `per_layer` cache
+    tensors each (what torch.export would record for that many)."""
+
+    def with_specs(graph: Graph, layers: int) -> Graph:
+        cache = [0] * (per_layer * layers)
+        graph.in_spec = treespec_to_json(pytree.tree_flatten(((0, 0, 0, 0, cache), {}))[1])
+        graph.out_spec = treespec_to_json(pytree.tree_flatten((0, cache))[1])
+        return graph
+
+    return with_specs
 
 
 class CacheInputs:
-    """The step's own inputs that belong to a layer: `cache_{2i}` (keys) and `cache_{2i+1}` (values) are layer i's."""
+    """The step's own inputs that belong to a layer: with `per_layer` tensors a layer, `cache_{n i}` (keys),
+    `cache_{n i + 1}` (values) and, with an indexer, `cache_{n i + 2}` (its keys) are layer i's."""
+
+    def __init__(self, per_layer: int = 2):
+        self.per_layer = per_layer
 
     def layer(self, input_name: str) -> int | None:
         match = re.fullmatch(r"cache_(\d+)", input_name)
-        return int(match.group(1)) // 2 if match else None
+        return int(match.group(1)) // self.per_layer if match else None
 
     def renamed(self, input_name: str, shift: int) -> str:
         """The name of the same cache input `shift` layers later."""
-        return f"cache_{int(input_name.removeprefix('cache_')) + 2 * shift}"
+        return f"cache_{int(input_name.removeprefix('cache_')) + self.per_layer * shift}"

@@ -1,7 +1,12 @@
 """The KV cache both generators share, as explicit state: per layer keys and values of
 [batch, kv_heads, max_cache_len + 1, head_dim], given to each step as inputs and returned as outputs
 (never a buffer, never saved as weights), and what a generator's spec holds besides (limits, vocabulary,
-special tokens)."""
+special tokens).
+
+A model with DeepSeek sparse attention (DeepSeek V3.2, GLM-MoE-DSA: transformers' "indexed_attention" layers) also
+caches each layer's indexer keys, which score the cached tokens to pick those a query attends to. They are a third
+tensor per layer, [batch, 1, max_cache_len + 1, index_head_dim]: one head, so that it is laid out, written at
+`write_at`, donated and carried as the keys and values are."""
 
 from __future__ import annotations
 
@@ -24,9 +29,18 @@ class CacheLayout:
     value_shapes: tuple[tuple[int, int], ...]
     dtype: torch.dtype
     max_cache_len: int
+    # per layer the width of its sparse-attention indexer's keys, cached as a third tensor of the layer; empty where
+    # the model has no indexer (every layer then holds keys and values only)
+    indexer_dims: tuple[int, ...] = ()
+
+    @property
+    def per_layer(self) -> int:
+        """How many cache tensors each layer holds: keys, values and, with an indexer, its keys."""
+        return 3 if self.indexer_dims else 2
 
     def names(self) -> list[str]:
-        return [f"cache.{i}.{kind}" for i in range(self.layers) for kind in ("keys", "values")]
+        kinds = ("keys", "values", "indexer_keys")[: self.per_layer]
+        return [f"cache.{i}.{kind}" for i in range(self.layers) for kind in kinds]
 
     @property
     def slots(self) -> int:
@@ -36,9 +50,15 @@ class CacheLayout:
 
     def shapes(self, batch: int) -> list[tuple[int, ...]]:
         out = []
-        for (kh, kd), (vh, vd) in zip(self.key_shapes, self.value_shapes):
+        for i, ((kh, kd), (vh, vd)) in enumerate(zip(self.key_shapes, self.value_shapes)):
             out += [(batch, kh, self.slots, kd), (batch, vh, self.slots, vd)]
+            if self.indexer_dims:
+                out.append((batch, 1, self.slots, self.indexer_dims[i]))
         return out
+
+    def layer_tensors(self, cache: list, layer: int) -> list:
+        """Layer `layer`'s tensors in the flat `cache` list (keys, values, and the indexer's keys where there are)."""
+        return cache[self.per_layer * layer: self.per_layer * (layer + 1)]
 
     def zeros(self, batch: int) -> list[torch.Tensor]:
         return [torch.zeros(shape, dtype=self.dtype) for shape in self.shapes(batch)]
@@ -83,13 +103,13 @@ def cache_layout(lm: torch.nn.Module, max_cache_len: int) -> CacheLayout:
     cache = DynamicCache(config=lm.config)
     with torch.no_grad():
         lm(input_ids=torch.zeros((1, 1), dtype=torch.long), **cache_argument(lm, cache), use_cache=True)
-    stateful = sorted({type(layer).__name__ for layer in cache.layers if not hasattr(layer, "keys")})
+    stateful = sorted({type(layer).__name__ for layer in cache.layers if not hasattr(layer, "keys") or holds_state(layer)})
     if stateful:
         raise ExportError(
-            f"{type(lm).__name__} keeps a recurrent state in its cache ({', '.join(stateful)}: linear-attention or "
-            "state-space layers) besides attention keys and values; text-generation artifacts hold attention caches "
-            "only, so it cannot generate yet. Its forward converts: torch2jax.convert(model, args), or "
-            "`torch2jax convert hf:DIR --task feature-extraction`.")
+            f"{type(lm).__name__} keeps a recurrent state in its cache ({', '.join(stateful)}: linear-attention, "
+            "state-space or short-convolution layers) besides attention keys and values, from mixers torch2jax has no "
+            "generation stand-in for (hf/stand_ins/mixers.py), so it cannot generate yet. Its forward converts: "
+            "torch2jax.convert(model, args), or `torch2jax convert hf:DIR --task feature-extraction`.")
     keys = [layer.keys for layer in cache.layers]
     values = [layer.values for layer in cache.layers]
     if not keys or any(k is None for k in keys):
@@ -100,7 +120,35 @@ def cache_layout(lm: torch.nn.Module, max_cache_len: int) -> CacheLayout:
         value_shapes=tuple((v.shape[1], v.shape[3]) for v in values),
         dtype=keys[0].dtype,
         max_cache_len=max_cache_len,
+        indexer_dims=indexer_dims(lm, cache.layers, keys[0].dtype),
     )
+
+
+def holds_state(layer: Any) -> bool:
+    """Whether a cache layer with keys and values also holds a filled recurrent state (transformers' linear-attention
+    hybrids: Inkling's short convolutions over its keys and values), which the step's layers would not carry."""
+    states = [getattr(layer, name, None) for name in ("conv_states", "recurrent_states")]
+    return any(isinstance(value, torch.Tensor) for found in states if isinstance(found, dict) for value in found.values())
+
+
+def indexer_dims(lm: torch.nn.Module, layers: list, dtype: torch.dtype) -> tuple[int, ...]:
+    """Each layer's indexer key width where the model cached indexer keys (DeepSeek sparse attention), else ().
+    Refused: indexer keys in some layers only, of another dtype than the keys, or indexer positions kept beside them
+    (a model whose indexer reads them would see none from the step's cache)."""
+    found = [getattr(layer, "indexer_keys", None) for layer in layers]
+    if all(k is None or k.numel() == 0 for k in found):
+        return ()
+    name = type(lm).__name__
+    if any(k is None or k.dim() != 3 for k in found):
+        raise ExportError(f"{name} caches sparse-attention indexer keys in some layers only (or not as [batch, tokens, "
+                          "dim]); text-generation artifacts hold them for every layer or none, so it cannot generate yet")
+    if any(k.dtype != dtype for k in found):
+        raise ExportError(f"{name}'s sparse-attention indexer keys are {found[0].dtype}, its keys {dtype}; the "
+                          "artifact's cache holds one dtype, so it cannot generate yet")
+    if any(getattr(layer, "indexer_position_ids", None) is not None for layer in layers):
+        raise ExportError(f"{name}'s sparse-attention indexer caches its positions beside its keys; the artifact's cache "
+                          "does not hold them, so it cannot generate yet")
+    return tuple(int(k.shape[2]) for k in found)
 
 
 def adopt_parts(step: torch.nn.Module, model: torch.nn.Module) -> None:
@@ -120,16 +168,23 @@ def explicit_layer_class():
     from transformers.cache_utils import CacheLayerMixin
 
     class ExplicitLayer(CacheLayerMixin):
-        """One layer's keys and values given as tensors and updated out of place at `write_at`."""
+        """One layer's keys and values (and its sparse-attention indexer's keys, where it has an indexer) given as
+        tensors and updated out of place at `write_at`."""
 
         is_compileable = True
         is_sliding = False
 
-        def __init__(self, keys: torch.Tensor, values: torch.Tensor, write_at: torch.Tensor, span: int):
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, write_at: torch.Tensor, span: int,
+                     indexer_keys: torch.Tensor | None = None):
             super().__init__()
             self.keys, self.values, self.write_at, self.span = keys, values, write_at, span
+            self.indexer_keys = indexer_keys  # [B, 1, slots, dim]
             self.max_cache_len = keys.shape[2]
             self.is_initialized = True
+
+        def tensors(self) -> list[torch.Tensor]:
+            """The layer's cache tensors as the step returns them: keys, values (, the indexer's keys)."""
+            return [self.keys, self.values] + ([] if self.indexer_keys is None else [self.indexer_keys])
 
         def lazy_initialization(self, key_states, value_states) -> None:
             pass
@@ -139,6 +194,15 @@ def explicit_layer_class():
             self.keys = write_slots(self.keys, self.write_at, key_states)
             self.values = write_slots(self.values, self.write_at, value_states)
             return self.keys[:, :, : self.span], self.values[:, :, : self.span]
+
+        def update_indexer(self, indexer_key_states: torch.Tensor) -> torch.Tensor:
+            """Write the new indexer keys [B, T, dim] at the keys' slots; the indexer scores the first `span` slots,
+            the same keys the attention reads, so its mask (the step's) applies to both alike."""
+            if self.indexer_keys is None:
+                raise ExportError("the model wrote sparse-attention indexer keys, but the step's cache holds none for "
+                                  "this layer (its layout was measured without them)")
+            self.indexer_keys = write_slots(self.indexer_keys, self.write_at, indexer_key_states[:, None])
+            return self.indexer_keys[:, 0, : self.span]
 
         def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
             return self.span, 0
@@ -169,14 +233,27 @@ def query_slots(write_at: torch.Tensor) -> torch.Tensor:
 def step_slots(cache: Any, layer: int) -> Any:
     """The cache slots the converted step writes this call (`write_at`) where `cache` is the step's own (ExplicitLayer
     layers), else None: attention stand-ins that mask by slot run only over the step's fixed cache."""
+    return getattr(step_layer(cache, layer), "write_at", None)
+
+
+def step_layer(cache: Any, layer: int) -> Any:
+    """Layer `layer` of `cache` where it is the converted step's own (an ExplicitLayer, which has `write_at`), else
+    None."""
     layers = getattr(cache, "layers", None)
-    return getattr(layers[layer], "write_at", None) if layers and layer < len(layers) else None
+    found = layers[layer] if layers and layer < len(layers) else None
+    return found if hasattr(found, "write_at") else None
+
+
+def step_layers(layer_class: type, layout: CacheLayout, cache: list, write_at: torch.Tensor, span: Any) -> list:
+    """The step's cache layers (`layer_class`: explicit_layer_class()) over the flat `cache` list."""
+    return [layer_class(*tensors[:2], write_at, span, *tensors[2:])
+            for tensors in (layout.layer_tensors(cache, i) for i in range(layout.layers))]
 
 
 def cut_layout(layout: CacheLayout, layers: int) -> CacheLayout:
     """The layout of the first `layers` layers."""
     return dataclasses.replace(layout, layers=layers, key_shapes=layout.key_shapes[:layers],
-                               value_shapes=layout.value_shapes[:layers])
+                               value_shapes=layout.value_shapes[:layers], indexer_dims=layout.indexer_dims[:layers])
 
 
 def check_limits(max_cache_len: int, max_batch: int) -> None:

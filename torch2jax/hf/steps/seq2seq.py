@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ...capture.converter import StageTimer, cast_module, convert, tp_plan_hints
@@ -198,6 +199,7 @@ class Seq2SeqDecodeStep(torch.nn.Module):
         # Switch Transformers' router_logits): the zeros standing for it here are given in it
         object.__setattr__(self, "_encoder_output", encoder_output)
         self.additive = getattr(lm.config, "_attn_implementation", None) == "eager"
+        self.window = sliding_window(lm)
         self._layer, self._filled = explicit_layer_class(), filled_layer_class()
         from ..stand_ins import positions
 
@@ -214,9 +216,14 @@ class Seq2SeqDecodeStep(torch.nn.Module):
         filled = [self._filled(cross[2 * i], cross[2 * i + 1]) for i in range(self.layout.layers)]
         state = EncoderDecoderCache(Cache(layers=layers), Cache(layers=filled))
         state.is_updated = dict.fromkeys(range(self.layout.layers), True)  # read the given cross keys/values
-        slot = torch.arange(span, device=kv_valid.device)
-        keep_self = (kv_valid & (slot[None, :] <= write_at[0])) | (slot[None, :] == write_at[0])
+        slot = torch.arange(span, device=kv_valid.device)[None, :]
+        at = write_at[0]
+        keep_self = (kv_valid & (slot <= at)) | (slot == at)
         dtype = self.layout.dtype
+        self_mask = _mask(keep_self[:, None, None, :], self.additive, dtype)
+        if self.window is not None:  # the model takes one mask per layer type: its sliding layers' keeps the window
+            in_window = (kv_valid & (slot <= at) & (slot > at - self.window)) | (slot == at)
+            self_mask = {FULL: self_mask, SLIDING: _mask(in_window[:, None, None, :], self.additive, dtype)}
         batch, source = source_mask.shape
         # the encoder's output is not read (the cross keys/values replace its projections); transformers uses it
         # for the cross mask's shape and to tell cross from self attention
@@ -226,12 +233,28 @@ class Seq2SeqDecodeStep(torch.nn.Module):
                 encoder_outputs=self._encoder_output(last_hidden_state=hidden),
                 attention_mask=_mask(source_mask[:, None, None, :], self.additive, dtype),
                 decoder_input_ids=input_ids,
-                decoder_attention_mask=_mask(keep_self[:, None, None, :], self.additive, dtype),
+                decoder_attention_mask=self_mask,
                 **cache_argument(self.lm, state),
                 use_cache=True,
             )
         logits = out.logits[:, -1].float()
         return logits, [t for layer in layers for t in (layer.keys, layer.values)]
+
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+
+def sliding_window(lm: torch.nn.Module) -> int | None:
+    """The decoder's sliding window where some of its layers attend over one (T5Gemma's, named in its decoder
+    sub-config's layer_types), else None. Such a decoder builds one self-attention mask per layer type unless it is
+    given them as a dict; a single 4-d mask would reach the sliding layers as it is, without the window."""
+    config = lm.config.get_text_config(decoder=True)
+    window = getattr(config, "sliding_window", None)
+    if SLIDING not in (getattr(config, "layer_types", None) or ()) or not isinstance(window, int):
+        return None
+    if getattr(config, "use_sliding_window", True) is False:
+        return None
+    return window
 
 
 def encoded_inputs(lm: torch.nn.Module, source: dict) -> dict:
@@ -385,11 +408,25 @@ def check_positions(config: Any, max_cache_len: int, max_source_len: int) -> Non
 def _share_params(encode: Any, decode: Any) -> None:
     """One params dict, one copy of the weights, for both entry points. Both steps register every child of the
     model, so torch.export lifts the same params for each (encode does not read the decoder's self-attention,
-    decode not the encoder: those are unused inputs of that function)."""
-    if set(encode.params) != set(decode.params):
-        missing = sorted(set(encode.params) ^ set(decode.params))
+    decode not the encoder: those are unused inputs of that function). Constants that torch.export lifts from the
+    model's code (`torch.tensor(...)` in a forward: T5Gemma's embedding normalizer) are numbered per trace, so each
+    step keeps its own, and the shared dict holds both steps' (under another name where the two differ)."""
+    constants = {inp.target for model in (encode, decode) for inp in model.graph.inputs if inp.kind == "constant"}
+    weights = [set(model.params) - constants for model in (encode, decode)]
+    if weights[0] != weights[1]:
+        missing = sorted(weights[0] ^ weights[1])
         raise ExportError(f"the encode and decode steps hold different params ({missing[:5]}...); they must share one tree")
-    decode.params = encode.params
+    for inp in decode.graph.inputs:
+        if inp.kind != "constant" or inp.target not in encode.params:
+            continue
+        mine, theirs = decode.params[inp.target], encode.params[inp.target]
+        if mine.shape == theirs.shape and mine.dtype == theirs.dtype and bool(np.array_equal(mine, theirs)):
+            continue
+        renamed = f"{inp.target}.decode"
+        decode.params = {**{k: v for k, v in decode.params.items() if k != inp.target}, renamed: mine}
+        inp.target = renamed
+    shared = {**encode.params, **{k: v for k, v in decode.params.items() if k not in encode.params}}
+    encode.params = decode.params = shared
 
 
 def _token(config: Any, name: str) -> int | None:

@@ -7,6 +7,10 @@
                     image_index     [B, T]  the row of image_features each position takes, -1 for a text token
     decode        the same traced step with one token per row and one (unused) feature row
 
+Mistral3 and LightOnOCR (a Pixtral tower, each image at its own size) are the same three entry points with their own
+encoder (PixtralEncoder: each image's patches in row-major order, attention within an image through a mask, the
+merger's blocks gathered by index), the patches cut by the runtime from pixel_values and image_sizes.
+
 Qwen2-VL (variable resolution) is the same three entry points with its own encoder (PatchEncoder: flattened
 patches in merge groups, a per-image attention mask instead of cu_seqlens) and a third step input, rope_offsets
 [3, B, T]: its 3-D rotary positions minus the text positions (the runtime computes them, generate/vision_language.py
@@ -32,6 +36,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ...capture.converter import StageTimer, cast_module, model_from, trace
@@ -39,7 +44,7 @@ from ...capture.fx import dtype_name
 from ...errors import ExportError, InputSpecError, Torch2JaxError
 from ...generate.generator import GenerationSpec
 from ...generate.image_processing import TILED, ImageProcessor
-from ...generate.vision_language import VisionLanguageGenerator
+from ...generate.vision_language import VisionLanguageGenerator, native_patches
 from ...generate.vision_spec import VisionSpec
 from ...runtime.model import Model
 from ...runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_model, share_quantized_params
@@ -55,7 +60,11 @@ SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", 
              "Cohere2VisionForConditionalGeneration", "GotOcr2ForConditionalGeneration", "VideoLlavaForConditionalGeneration",
              "DeepseekVLForConditionalGeneration", "JanusForConditionalGeneration", "Glm4vForConditionalGeneration",
              "Glm4vMoeForConditionalGeneration", "Glm46VForConditionalGeneration", "GlmOcrForConditionalGeneration",
-             "Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration", "Idefics2ForConditionalGeneration")
+             "Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration", "Idefics2ForConditionalGeneration",
+             "Mistral3ForConditionalGeneration", "LightOnOcrForConditionalGeneration")
+# a Pixtral tower over each image at its own size (pixel_values padded to the largest, image_sizes), its patches merged
+# merge x merge into tokens (PixtralEncoder)
+NATIVE_RESOLUTION = ("Mistral3ForConditionalGeneration", "LightOnOcrForConditionalGeneration")
 # models whose pixel_values are [prompts, images, C, H, W], all-zero images padding (dropped), encoded with a mask of
 # their real pixels (idefics_image_features)
 IMAGE_BATCHES = ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration", "Idefics2ForConditionalGeneration")
@@ -95,6 +104,10 @@ PROCESSOR_UNSUPPORTED = {
     "Idefics2ForConditionalGeneration": "Idefics2Processor writes an image's tokens (and its tiles' with image "
                                         "splitting) between fake image-boundary tokens",
 }
+# Pixtral-tower models' processors, whose settings with_processor_text reads from processor_config.json (both need
+# torchvision to load): (patch_size, spatial_merge_size) they default to
+NATIVE_PROCESSORS = {"Mistral3ForConditionalGeneration": ("PixtralProcessor", (16, 1)),
+                     "LightOnOcrForConditionalGeneration": ("LightOnOcrProcessor", (14, 2))}
 
 
 class ImageEncoder(torch.nn.Module):
@@ -209,6 +222,51 @@ class PatchEncoder(torch.nn.Module):
             hidden = visual.post_layernorm(hidden).view(-1, merge, merge, hidden.shape[-1]).permute(0, 3, 1, 2)
             return visual.merger(visual.downsample(hidden).reshape(-1, visual.downsample.out_channels))
         return torch.cat([visual.merger(hidden), *stacks], dim=-1) if stacks else visual.merger(hidden)
+
+
+class PixtralEncoder(torch.nn.Module):
+    """Mistral3's and LightOnOCR's Pixtral tower and patch-merging projector over images at their own sizes, exportable
+    with symbolic patch and token counts:
+
+        forward(patches [P, C*p*p], positions [P, 2], image_ids [P], merge_index [M, merge^2]) -> features [M, hidden]
+
+    `patches` are every image's patches in transformers' order (image by image, row-major), each flattened as its
+    patch convolution reads it (channel, row, column), so the convolution is one matrix product; `positions` each
+    patch's (row, column) in its image; `image_ids` its image; `merge_index` the patches of each merged token (a
+    merge x merge block, row-major, as transformers' unfold takes them; an odd last row or column is left out as unfold
+    leaves it). transformers crops each image's patches from a padded batch and attends within each image through a
+    block mask; here the same mask is built from `image_ids`, and the merger gathers its blocks by index instead of
+    splitting and unfolding per image (which torch.export would specialize to the traced sizes)."""
+
+    def __init__(self, vlm: torch.nn.Module):
+        super().__init__()
+        adopt_parts(self, vlm)  # params keep the model's own state_dict names
+        object.__setattr__(self, "vlm", vlm)
+
+    def parts(self) -> tuple[torch.nn.Module, torch.nn.Module, Any]:
+        """(the Pixtral tower, the projector, the tower's layer(s) it projects): Mistral3's vision_tower,
+        multi_modal_projector and vision_feature_layer; LightOnOCR's vision_encoder, vision_projection and last layer."""
+        inner = self.vlm.model
+        if hasattr(inner, "vision_tower"):
+            return inner.vision_tower, inner.multi_modal_projector, self.vlm.config.vision_feature_layer
+        return inner.vision_encoder, inner.vision_projection, -1
+
+    def forward(self, patches, positions, image_ids, merge_index):
+        tower, projector, layers = self.parts()
+        weight = tower.patch_conv.weight
+        hidden = torch.nn.functional.linear(patches.to(weight.dtype), weight.reshape(weight.shape[0], -1))
+        hidden = tower.ln_pre(hidden[None])
+        cos, sin = tower.patch_positional_embedding(hidden, positions)
+        same = image_ids[:, None] == image_ids[None, :]
+        mask = torch.zeros(same.shape, dtype=hidden.dtype).masked_fill(~same, torch.finfo(hidden.dtype).min)
+        states = [hidden]  # transformers' hidden_states: the embeddings, then each layer's output
+        for layer in tower.transformer.layers:
+            states.append(layer(states[-1], mask[None, None], position_embeddings=(cos, sin)))
+        chosen = torch.cat([states[k] for k in ([layers] if isinstance(layers, int) else layers)], dim=-1)[0]
+        chosen = projector.norm(chosen)
+        blocks = chosen.index_select(0, merge_index.reshape(-1)).reshape(*merge_index.shape, -1)
+        merged = projector.patch_merger.merging_layer(blocks.transpose(1, 2).reshape(merge_index.shape[0], -1))
+        return projector.linear_2(projector.act(projector.linear_1(merged)))
 
 
 def llava_image_features(vlm: torch.nn.Module, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -334,6 +392,9 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
     vlm = vlm.eval()
     if dtype is not None:
         vlm = cast_module(vlm, dtype, weights)
+    if type(vlm).__name__ in NATIVE_RESOLUTION:
+        return convert_native_resolution(vlm, max_cache_len=max_cache_len, max_batch=max_batch, progress=progress,
+                                         weights=weights, quantize=quantize, group_size=group_size)
     if type(vlm).__name__ in VARIABLE_RESOLUTION:
         return convert_variable_resolution(vlm, max_cache_len=max_cache_len, max_batch=max_batch, progress=progress,
                                            weights=weights, quantize=quantize, group_size=group_size)
@@ -469,6 +530,57 @@ def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max
     return VisionLanguageGenerator(encode, prefill, decode, spec, spec_vision)
 
 
+def convert_native_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max_batch: int, progress: Any = None,
+                              weights: Any = None, quantize: str | None = None,
+                              group_size: int = DEFAULT_GROUP_SIZE) -> VisionLanguageGenerator:
+    """Mistral3's and LightOnOCR's: encode_image over each image's patches at its own size (PixtralEncoder), the
+    causal-LM step with the merged tokens' features at the image tokens."""
+    config, vision = vlm.config, vlm.config.vision_config
+    merge, patch, channels = int(config.spatial_merge_size), int(vision.patch_size), int(vision.num_channels)
+    dtype = next(vlm.parameters()).dtype
+    encoder = PixtralEncoder(vlm).eval()
+    layout = cache_layout(vlm, max_cache_len)
+    timer = StageTimer(progress)
+    max_rows = max_batch * max_cache_len  # every image token sits in a prompt
+    merged = {"name": "image_rows", "min": 1, "max": max_rows}
+    # an image makes at least one token; its patches outside whole merge blocks (an odd last row or column) are at most
+    # (2 * merge - 1)^2 per token
+    patches = {"name": "patches", "min": 1, "max": max_rows * (2 * merge - 1) ** 2}
+    # two images of 3x3 and 2x4 merged tokens' patches (the first with an odd row and column left out of its blocks)
+    sizes = np.asarray([[3 * merge + 1, 3 * merge + 1], [2 * merge, 4 * merge]]) * patch
+    pixels = np.zeros((2, channels, int(sizes[:, 0].max()), int(sizes[:, 1].max())), np.float32)
+    example = tuple(torch.from_numpy(a) for a in native_patches(pixels, sizes, patch, merge))
+    example = (example[0].to(dtype), *example[1:])
+    with torch.no_grad():
+        feature_size = int(encoder(*example).shape[-1])
+    hidden = int(config.get_text_config().hidden_size)
+    if feature_size != hidden:
+        raise InputSpecError(f"{type(vlm).__name__}'s projector makes features of {feature_size}, its text model's "
+                             f"hidden size is {hidden}: the config is inconsistent")
+    encode_captured, _ = trace(encoder, example, None, ({0: patches}, {0: patches}, {0: patches}, {0: merged}), timer,
+                               what=" of the image encoder")
+    encode = model_from(encode_captured, timer, weights)
+
+    batch = min(max_batch, 2)
+    step_args = example_step_inputs(layout, batch, 3)
+    index = torch.tensor([[0, 1, -1], [2, -1, 3]])[:batch]
+    features = torch.zeros((7, feature_size), dtype=dtype)
+    shapes = step_dynamic_shapes(layout, max_batch)
+    step = MultimodalStep(vlm, layout)
+    captured, _ = trace(step.eval(), (*step_args, features, index), None, (*shapes, {0: merged}, shapes[0]), timer,
+                        what=" of the multimodal step")
+    encode, prefill, decode = _entry_points(encode, captured, timer, weights, quantize, group_size)
+    spec = GenerationSpec(**generation_fields(vlm, layout, max_batch))
+    size = int(vision.image_size)
+    processor = NATIVE_PROCESSORS[type(vlm).__name__][0]
+    unread = (f"{processor}'s settings (its patch size and merge, PixtralProcessor's image break and end tokens) are "
+              "read from the model directory's processor_config.json at conversion, and there was none")
+    spec_vision = VisionSpec(image_token_id=int(config.image_token_id), tokens_per_image=0, feature_size=feature_size,
+                             feature_dtype=dtype_name(dtype), pixel_shape=(channels, size, size), max_images=max_rows,
+                             processor_unsupported=unread, patch_size=patch, patch_merge=merge)
+    return VisionLanguageGenerator(encode, prefill, decode, spec, spec_vision)
+
+
 def _entry_points(encode: Model, captured: Any, timer: StageTimer, weights: Any, quantize: str | None,
                   group_size: int) -> tuple[Model, Model, Model]:
     """(encode_image, prefill, decode) over one params dict, from the encoder's model and the traced multimodal step;
@@ -501,6 +613,8 @@ def with_processor_text(vision: VisionSpec, directory: Path) -> VisionSpec:
     -> the full image sequence). Unchanged where the directory has no processor transformers can load."""
     if not (directory / "processor_config.json").is_file() and not (directory / "preprocessor_config.json").is_file():
         return vision
+    if vision.patch_size:
+        return _native_processor(vision, directory)
     wrap = _tile_wrap(directory)
     if wrap is not None and _image_processor_kind(directory) in TILED:
         # InternVL (its processor needs torchvision for videos): the tokenizer names what it writes around an image
@@ -525,6 +639,31 @@ def with_processor_text(vision: VisionSpec, directory: Path) -> VisionSpec:
                                                                      "writes its own system prompt")
         expansion = processor.image_start_token + expansion + processor.image_end_token
     return dataclasses.replace(vision, image_placeholder=placeholder, image_expansion=expansion, prompt_format=prompt)
+
+
+def _native_processor(vision: VisionSpec, directory: Path) -> VisionSpec:
+    """Mistral3's PixtralProcessor or LightOnOCR's processor, from its processor_config.json (as its to_dict writes it;
+    loading the processor itself needs torchvision): the spec ready for processor_inputs (PixtralProcessor's image
+    token and its image break and end tokens), or unchanged, refusing, where the file is missing; refusing, saying why,
+    where its tokens would not be the model's (another patch size times merge)."""
+    try:
+        config = json.loads((directory / "processor_config.json").read_text())
+    except (OSError, ValueError):
+        return vision
+    kind = config.get("processor_class") if isinstance(config, dict) else None
+    defaults = {name: sizes for name, sizes in NATIVE_PROCESSORS.values()}
+    if kind not in defaults:
+        return vision
+    side = int(config.get("patch_size", defaults[kind][0])) * int(config.get("spatial_merge_size", defaults[kind][1]))
+    model_side = vision.patch_size * vision.patch_merge
+    if side != model_side:
+        return dataclasses.replace(vision, processor_unsupported=f"{kind} writes an image token per {side}x{side} pixels "
+                                   f"(patch_size x spatial_merge_size), the model makes one per {model_side}x{model_side}")
+    if kind == "LightOnOcrProcessor":  # the image tokens alone; the placeholder is the image token
+        return dataclasses.replace(vision, processor_unsupported=None)
+    rows = (str(config.get("image_break_token", "[IMG_BREAK]")), str(config.get("image_end_token", "[IMG_END]")))
+    return dataclasses.replace(vision, processor_unsupported=None, image_rows=rows,
+                               image_placeholder=str(config.get("image_token", "[IMG]")))
 
 
 def _image_processor_kind(directory: Path) -> str | None:
