@@ -7,7 +7,8 @@ The model: a Llama-shaped config of about 0.5B parameters (random weights, seede
 written by transformers. Ours: `torch2jax.convert_hf` as float32, bfloat16, int8 and int4 (group 32), saved and
 loaded. llama.cpp's: GGUF files written here with the `gguf` package (f32, f16, Q8_0, Q4_0: the projections and the
 LM head quantized, the input embedding kept f32, as ours), each checked against transformers' logits on the prompt
-before it is timed. Batch 1, prompt 64 tokens, 32 new greedy tokens, medians of `--rounds` runs after a warm-up;
+before it is timed. Batch 1 and 8 (eight prompts at once: llama.cpp's sequences of one batch, each with its own
+positions; ours one generate call), prompt 64 tokens, 32 new greedy tokens, medians of `--rounds` runs after a warm-up;
 each side once on one core (pinned, one thread) and once on every core, in child processes so that each runtime's
 thread pools see only their cores. The memory bound of a row is what its decode step reads (the stored weights but
 the input embedding, and the average filled cache) at this machine's measured read bandwidth.
@@ -32,6 +33,7 @@ from benchmarks.report import write_section
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- llama-cpp:begin -->", "<!-- llama-cpp:end -->"
 PROMPT, NEW = 64, 32
+BATCHES = (1, 8)
 CONFIG = dict(vocab_size=32000, hidden_size=1536, intermediate_size=4096, num_hidden_layers=16, num_attention_heads=12,
               num_key_value_heads=4, max_position_embeddings=1024, rms_norm_eps=1e-6, rope_theta=10000.0)
 # (our conversion options, llama.cpp's GGUF type): the pairs compared
@@ -155,6 +157,53 @@ def time_llama_cpp(path: Path, ids: list[int], threads: int, rounds: int) -> tup
     return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
 
+def time_llama_cpp_rows(path: Path, rows: list[list[int]], threads: int, rounds: int) -> tuple[float, float]:
+    """(prefill s, decode tok/s per row) of greedy decoding of several prompts at once: one llama.cpp context with a
+    sequence per prompt, each step one batch of every sequence's next token (llama-cpp-python's Llama drives one
+    sequence, so the batch is built with its low-level API)."""
+    import llama_cpp
+    from llama_cpp import _internals
+
+    llm = _llama(path, threads)  # the model, loaded once
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = len(rows) * (PROMPT + NEW + 8)
+    params.n_batch = params.n_ubatch = len(rows) * PROMPT
+    params.n_seq_max = len(rows)
+    params.n_threads = params.n_threads_batch = threads
+    ctx = _internals.LlamaContext(model=llm._model, params=params, verbose=False)
+    batch = _internals.LlamaBatch(n_tokens=len(rows) * PROMPT, embd=0, n_seq_max=len(rows), verbose=False)
+    vocab = llm.n_vocab()
+
+    def step(tokens: list[list[int]], start: int) -> list[int]:
+        """Every row's tokens at positions start.., then each row's greedy next token."""
+        b, n, last = batch.batch, 0, []
+        for row, ids in enumerate(tokens):
+            for i, token in enumerate(ids):
+                b.token[n], b.pos[n], b.n_seq_id[n], b.logits[n] = token, start + i, 1, i == len(ids) - 1
+                b.seq_id[n][0] = row
+                n += 1
+            last.append(n - 1)
+        b.n_tokens = n
+        ctx.decode(batch)
+        return [int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx.ctx, i), shape=(vocab,))))
+                for i in last]
+
+    def run() -> tuple[float, float]:
+        llama_cpp.llama_memory_clear(ctx.memory, True)
+        start = time.perf_counter()
+        tokens = step(rows, 0)
+        first = time.perf_counter()
+        for i in range(NEW - 1):
+            tokens = step([[t] for t in tokens], PROMPT + i)
+        end = time.perf_counter()
+        return first - start, (NEW - 1) / (end - first)
+
+    run()
+    runs = [run() for _ in range(rounds)]
+    ctx.close()
+    return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+
+
 def child(work: Path, threads: int, rounds: int) -> None:
     """Time every pair at `threads` (1: pinned to one core) and print the rows as JSON lines."""
     if threads == 1:
@@ -165,14 +214,17 @@ def child(work: Path, threads: int, rounds: int) -> None:
     from benchmarks.generation import time_ours
 
     torch.set_num_threads(threads)
-    ids = np.random.default_rng(0).integers(3, CONFIG["vocab_size"], (1, PROMPT))
     for label, (_, kind) in PAIRS.items():
         g = torch2jax.load(work / f"ours-{kind}")
-        ttft, rate = time_ours(g, ids, rounds, new=NEW)
-        print(json.dumps({"label": label, "side": "ours", "threads": threads, "ttft": ttft, "rate": rate}), flush=True)
-        prefill, rate = time_llama_cpp(work / f"{kind}.gguf", ids[0].tolist(), threads, rounds)
-        print(json.dumps({"label": label, "side": "llama.cpp", "threads": threads, "ttft": prefill, "rate": rate}),
-              flush=True)
+        for batch in BATCHES:
+            ids = np.random.default_rng(0).integers(3, CONFIG["vocab_size"], (batch, PROMPT))
+            ttft, rate = time_ours(g, ids, rounds, new=NEW)
+            row = {"label": label, "threads": threads, "batch": batch}
+            print(json.dumps({**row, "side": "ours", "ttft": ttft, "rate": rate * batch}), flush=True)
+            path = work / f"{kind}.gguf"
+            prefill, rate = (time_llama_cpp(path, ids[0].tolist(), threads, rounds) if batch == 1 else
+                             time_llama_cpp_rows(path, ids.tolist(), threads, rounds))
+            print(json.dumps({**row, "side": "llama.cpp", "ttft": prefill, "rate": rate * batch}), flush=True)
 
 
 # -- the run ---------------------------------------------------------------------------------------------------------
@@ -203,7 +255,8 @@ def main() -> None:
         sizes, gaps = {}, {}
         for label, (options, kind) in PAIRS.items():
             print(f"writing {label}", flush=True)
-            g = torch2jax.convert_hf(work / "hf", max_cache_len=PROMPT + NEW, max_batch=1, stream_weights=True, **options)
+            g = torch2jax.convert_hf(work / "hf", max_cache_len=PROMPT + NEW, max_batch=max(BATCHES), stream_weights=True,
+                                     **options)
             saved = torch2jax.save(g, work / f"ours-{kind}", platforms=["cpu"])
             write_gguf(work / "hf", work / f"{kind}.gguf", kind)
             embedding = CONFIG["vocab_size"] * CONFIG["hidden_size"] * 4
@@ -230,28 +283,33 @@ def main() -> None:
 def report(rows: list[dict], sizes: dict, gaps: dict, bandwidth: float, args) -> str:
     kv = 2 * args.layers * CONFIG["num_key_value_heads"] * (CONFIG["hidden_size"] // CONFIG["num_attention_heads"])
     cache = kv * (PROMPT + NEW // 2) * 4
-    lines = ["| weights (ours / llama.cpp) | threads | ours: prefill ms | llama.cpp: prefill ms | ours: decode tok/s | "
+    lines = ["| weights (ours / llama.cpp) | batch | threads | ours: prefill ms | llama.cpp: prefill ms | ours: decode tok/s | "
              "llama.cpp: decode tok/s | ours vs llama.cpp | ours: of bound | llama.cpp: of bound | llama.cpp logit gap |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for label in PAIRS:
-        for threads in sorted({r["threads"] for r in rows}):
-            ours = next(r for r in rows if r["label"] == label and r["threads"] == threads and r["side"] == "ours")
-            theirs = next(r for r in rows if r["label"] == label and r["threads"] == threads and r["side"] == "llama.cpp")
-            bounds = [bandwidth / (size + cache) for size in sizes[label]]
-            lines.append(f"| {label} | {threads} | {ours['ttft'] * 1e3:.0f} | {theirs['ttft'] * 1e3:.0f} | {ours['rate']:.1f} | "
-                         f"{theirs['rate']:.1f} | {ours['rate'] / theirs['rate']:.2f}x | {ours['rate'] / bounds[0]:.0%} | "
-                         f"{theirs['rate'] / bounds[1]:.0%} | {gaps[label]:.1e} |")
+        for batch in BATCHES:
+            for threads in sorted({r["threads"] for r in rows}):
+                ours, theirs = (next(r for r in rows if r["label"] == label and r["threads"] == threads
+                                     and r.get("batch", 1) == batch and r["side"] == side) for side in ("ours", "llama.cpp"))
+                # a step reads the weights once for every row and each row's own cache
+                bounds = [batch * bandwidth / (size + batch * cache) for size in sizes[label]]
+                lines.append(f"| {label} | {batch} | {threads} | {ours['ttft'] * 1e3:.0f} | {theirs['ttft'] * 1e3:.0f} | "
+                             f"{ours['rate']:.1f} | {theirs['rate']:.1f} | {ours['rate'] / theirs['rate']:.2f}x | "
+                             f"{ours['rate'] / bounds[0]:.0%} | {theirs['rate'] / bounds[1]:.0%} | {gaps[label]:.1e} |")
     return f"""{BEGIN}
 ## Against llama.cpp (CPU)
 
 A Llama-shaped model of {args.layers} layers (hidden {CONFIG['hidden_size']}, MLP {CONFIG['intermediate_size']},
 {CONFIG['num_attention_heads']} heads, {CONFIG['num_key_value_heads']} key/value heads, vocabulary
-{CONFIG['vocab_size']}; random weights), batch 1, prompt {PROMPT} tokens, {NEW} new greedy tokens, medians of
+{CONFIG['vocab_size']}; random weights), batch {' and '.join(map(str, BATCHES))}, prompt {PROMPT} tokens, {NEW} new greedy
+tokens, medians of
 {args.rounds} runs. Ours: `torch2jax.convert_hf` saved and loaded; llama.cpp: llama-cpp-python over GGUF files
 written from the same checkpoint (benchmarks/llama_cpp.py), the input embedding kept f32 on both sides. "Logit gap":
 llama.cpp's largest difference from transformers' logits on the prompt, as a share of the largest logit (its own
-rounding: f16, Q8_0, Q4_0). Prefill is the prompt to the first token; the bound is the decode step's reads at
-{bandwidth / 1e9:.1f} GB/s. 2 shared CPU cores. Written by `python -m benchmarks.llama_cpp`.
+rounding: f16, Q8_0, Q4_0). Prefill is the prompts to the first token; decode tok/s counts every row's tokens; the
+bound is the decode step's reads (the weights once, each row's cache) at {bandwidth / 1e9:.1f} GB/s. At batch 8
+llama.cpp decodes its eight sequences as one batch per step (llama-cpp-python's low-level API). 2 shared CPU cores.
+Written by `python -m benchmarks.llama_cpp`.
 
 {chr(10).join(lines)}
 {END}"""

@@ -403,16 +403,30 @@ def test_one_row_product_reads_its_row_written_out():
     assert " dot(" in hlo and _computations_computing_the_row_with_a_dot(hlo) == 0, hlo
 
 
-@pytest.mark.parametrize("rows", [1, 100])
+@pytest.mark.parametrize("rows", [1, 8])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_a_stored_weight_is_never_transposed_whole(rows, dtype):
-    """A Linear's stored weight [out, in] is read as stored at one row and at many: written as x @ weight.T, XLA:CPU
-    copied the transposed weight out on every call (a 1536 x 4096 float32 weight at one row: 14 ms of copy for a
+    """A Linear's stored weight [out, in] is never written out transposed, at one row or many: written as x @ weight.T,
+    XLA:CPU copied the transposed float32 weight out on every call (a 1536 x 4096 float32 weight at one row: 14 ms of copy for a
     0.75 ms product). Values as x @ weight.T."""
-    x = jax.random.normal(jax.random.key(0), (rows, 1024), dtype)
-    weight = jax.random.normal(jax.random.key(1), (256, 1024), dtype)
+    x = jax.random.normal(jax.random.key(0), (rows, 4096), dtype)
+    weight = jax.random.normal(jax.random.key(1), (1536, 4096), dtype)  # the shape XLA:CPU copied
     hlo = jax.jit(linalg.linear).lower(x, weight).compile().as_text()
-    assert "[1024,256]" not in hlo, hlo
+    assert "[4096,1536]" not in hlo[hlo.index("ENTRY"):], hlo  # inside a fusion it is a loop's order, not a copy
     want = np.asarray(x, np.float32) @ np.asarray(weight, np.float32).T
     np.testing.assert_allclose(np.asarray(linalg.linear(x, weight), np.float32), want, rtol=2e-2 if dtype == jnp.bfloat16 else 1e-4,
-                               atol=0.2 if dtype == jnp.bfloat16 else 1e-3)
+                               atol=0.5 if dtype == jnp.bfloat16 else 2e-3)
+
+
+def test_a_symbolic_row_count_takes_the_one_row_product_of_a_low_precision_weight():
+    """With the rows a symbol (an exported artifact's batch x tokens), the product's form is a switch on the count, and
+    every branch, the one-row one included, has the symbolic shape."""
+    from jax import export
+
+    rows = export.symbolic_shape("rows")[0]
+    weight = jax.random.normal(jax.random.key(1), (256, 1024), jnp.bfloat16)
+    exported = export.export(jax.jit(linalg.linear))(jax.ShapeDtypeStruct((rows, 1024), jnp.bfloat16), weight)
+    for count in (1, 3, 100):
+        x = jax.random.normal(jax.random.key(count), (count, 1024), jnp.bfloat16)
+        np.testing.assert_allclose(np.asarray(exported.call(x, weight), np.float32),
+                                   np.asarray(linalg.linear(x, weight), np.float32), rtol=1e-2, atol=0.1)
