@@ -202,3 +202,19 @@ def test_few_rows_never_write_the_float_weight_out_whole(scheme, rows):
     if scheme == "int4" and rows == 1:  # each column half unpacks elementwise inside its product: nothing interleaved
         products = [c for c in hlo_computations(hlo) if " dot(" in c]
         assert products and not any("concatenate(" in c for c in products), products
+
+
+def test_one_row_of_a_wide_int8_weight_never_writes_the_float_weight_out():
+    """At one row and 4096 input features XLA:CPU's fused matrix-vector loop over an int8 weight wrote the float32 weight
+    out transposed on every call (1536 x 4096: 14.5 ms for a 1.9 ms product); past FUSED_ROW_FEATURES the row is a
+    multiply and row sum over the dequantized weight. Values as torch's with the weight dequantized."""
+    from torch2jax.ops.linalg import FUSED_ROW_FEATURES
+
+    torch.manual_seed(0)
+    module = torch.nn.Linear(FUSED_ROW_FEATURES + 1024, 256).eval()
+    x = torch.randn(1, FUSED_ROW_FEATURES + 1024)
+    jm = torch2jax.convert(module, (x,), quantize="int8")
+    want = torch_out(quantize_like(module, jm.quantization), x)
+    np.testing.assert_allclose(np.asarray(jm(x.numpy())), want.numpy(), rtol=1e-4, atol=1e-4)
+    entry = (hlo := jax.jit(jm.apply).lower(jm.params, x.numpy()).compile().as_text())[hlo.index("ENTRY"):]
+    assert not any(shape in entry for shape in ("f32[256,4096]", "f32[4096,256]")), entry

@@ -228,11 +228,10 @@ def _contract_last_axes(a, b, **kwargs):
 def _weight_first(x, weight, computed_weight=False):
     """(weight @ x.T).T where x has 2 to LINEAR_WEIGHT_FIRST_ROWS rows. The barrier keeps XLA
     from folding the transpose back into the dot; the transpose fuses into whatever reads the result.
-    One row stays x @ weight.T: for a computed weight written as matmul(x, weight.T), XLA:CPU fuses
-    what computes it (an int8 or int4 dequantization) into one matrix-vector loop that reads the stored
-    weight once, where the weight-first dot writes the float32 weight out first (5x slower on a
-    32000x512 LM head); a stored float32 weight is read as stored (_weight_last), a low-precision one
-    as a multiply and row sum (_row_times_rows)."""
+    One row stays x @ weight.T: for a computed weight (an int8 or int4 dequantization) or a low-precision one,
+    XLA:CPU fuses what makes it into one matrix-vector loop that reads the stored weight once, where the
+    weight-first dot writes the float32 weight out first (5x slower on a 32000x512 LM head), up to
+    FUSED_ROW_FEATURES input features (_row_times_rows); a stored float32 weight is read as stored (_weight_last)."""
 
     def first():
         if x.dtype == weight.dtype and weight.dtype in LOW_PRECISION:
@@ -241,9 +240,7 @@ def _weight_first(x, weight, computed_weight=False):
 
     def one():  # the barrier keeps a bias add out of the dot's fusion, which would take the weight's producer's place
         row = _computed_once(x)
-        if computed_weight:
-            return lax.optimization_barrier(_product(row, weight.T))
-        if weight.dtype in LOW_PRECISION:
+        if computed_weight or weight.dtype in LOW_PRECISION:
             return lax.optimization_barrier(_row_times_rows(row, weight))
         return lax.optimization_barrier(_weight_last(row, weight))
 
@@ -253,15 +250,17 @@ def _weight_first(x, weight, computed_weight=False):
     return by_row_count(x.shape[0], one, first, many)
 
 
-# Up to this many input features, XLA:CPU makes a one-row product of a widened low-precision weight one loop that reads
-# the stored weight at memory speed (bfloat16, one core: 25-32 GB/s at 512-32000 x 896-3072); at 4096 and more it
-# writes the widened weight out first (0.4-2.4 GB/s), where a multiply and row sum reaches 5-6 GB/s.
+# Up to this many input features, XLA:CPU makes a one-row product of a widened or dequantized weight one loop that
+# reads the stored weight at memory speed (bfloat16, one core: 25-32 GB/s at 512-32000 x 896-3072; int8 23-25 GB/s);
+# at 4096 and more it writes the float32 weight out transposed first (bfloat16 0.4-2.4 GB/s, int8 1536 x 4096: 14.5 ms),
+# where a multiply and row sum reaches 3-6 GB/s (int8: 1.9 ms).
 FUSED_ROW_FEATURES = 3072
 
 
 def _row_times_rows(x, weight):
-    """x [1, K] @ weight.T for a bfloat16 (float16) weight, in float32: one fused loop (the weight widened where the
-    product reads it) up to FUSED_ROW_FEATURES features, above that a multiply and a sum along each weight row."""
+    """x [1, K] @ weight.T for a bfloat16 (float16) or computed (dequantized) weight, in float32: one fused loop (the
+    weight made or widened where the product reads it) up to FUSED_ROW_FEATURES features, above that a multiply and a
+    sum along each weight row."""
     row = x.astype(jnp.float32)
     if weight.shape[1] <= FUSED_ROW_FEATURES:
         return jnp.matmul(row, weight.astype(jnp.float32).T)
