@@ -143,22 +143,32 @@ def shared_matmul_operand(graph: Graph) -> Graph:
 def _rewrite_bmms(graph: Graph, rewrite) -> Graph:
     """Each bmm that `rewrite(node, by_name, metas)` turns into (new node, the nodes feeding only it,
     nearest first) is replaced; those feeding nodes are dropped up to the first one read elsewhere."""
+    def one_chain(node: Node, by_name: dict, metas: dict) -> tuple[Node, list[list[str]]] | None:
+        if len(node.args) != 2 or node.kwargs or (found := rewrite(node, by_name, metas)) is None:
+            return None
+        return found[0], [found[1]]
+
+    return _rewrite_nodes(graph, BMM, one_chain)
+
+
+def _rewrite_nodes(graph: Graph, op: str, rewrite) -> Graph:
+    """Each `op` node that `rewrite(node, by_name, metas)` turns into (new node, chains of the nodes feeding it, each
+    nearest first) is replaced; each chain's nodes are dropped up to the first one read elsewhere."""
     by_name = {node.name: node for node in graph.nodes}
     metas = value_metas(graph)
     uses = _uses(graph)
     replaced: dict[str, Node] = {}
     dropped: set[str] = set()
     for node in graph.nodes:
-        if node.op != BMM or len(node.args) != 2 or node.kwargs:
-            continue
-        found = rewrite(node, by_name, metas)
+        found = rewrite(node, by_name, metas) if node.op == op else None
         if found is None:
             continue
-        replaced[node.name], chain = found
-        for name in chain:
-            if uses[name] != 1:
-                break
-            dropped.add(name)
+        replaced[node.name], chains = found
+        for chain in chains:
+            for name in chain:
+                if uses[name] != 1:
+                    break
+                dropped.add(name)
     return with_nodes_replaced(graph, replaced, dropped)
 
 
@@ -201,26 +211,19 @@ def grouped_attention(graph: Graph) -> Graph:
     for 8 query heads writes 4x the cache's bytes per layer before attending. The grouped einsum of
     the attention lowering reads each key/value head once for its group of query heads.
     """
-    by_name = {node.name: node for node in graph.nodes}
-    metas = value_metas(graph)
-    uses = _uses(graph)
-    replaced: dict[str, Node] = {}
-    dropped: set[str] = set()
-    for node in graph.nodes:
-        if node.op != SDPA or not 3 <= len(node.args) <= 7 or node.kwargs.get("enable_gqa"):
-            continue
-        found = [_repeated_heads(node.args[i], by_name, metas) for i in (1, 2)]
-        if None in found or found[0][2] != found[1][2]:
-            continue
-        args = list(node.args)
-        for i, (source, chain, _) in zip((1, 2), found):
-            args[i] = {"ref": source}
-            for name in chain:
-                if uses[name] != 1:
-                    break
-                dropped.add(name)
-        replaced[node.name] = Node(node.name, SDPA, args, {**node.kwargs, "enable_gqa": True}, node.meta, node.source)
-    return with_nodes_replaced(graph, replaced, dropped)
+    return _rewrite_nodes(graph, SDPA, _grouped)
+
+
+def _grouped(node: Node, by_name: dict, metas: dict) -> tuple[Node, list[list[str]]] | None:
+    if not 3 <= len(node.args) <= 7 or node.kwargs.get("enable_gqa"):
+        return None
+    found = [_repeated_heads(node.args[i], by_name, metas) for i in (1, 2)]
+    if None in found or found[0][2] != found[1][2]:
+        return None
+    args = list(node.args)
+    args[1], args[2] = ({"ref": source} for source, _, _ in found)
+    grouped = Node(node.name, SDPA, args, {**node.kwargs, "enable_gqa": True}, node.meta, node.source)
+    return grouped, [chain for _, chain, _ in found]
 
 
 def _repeated_heads(arg: Any, by_name: dict, metas: dict) -> tuple[str, list[str], int] | None:
