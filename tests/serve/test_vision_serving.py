@@ -19,7 +19,10 @@ from .test_scheduler import run
 CACHE, ROWS, NEW = 96, 4, 6
 
 
-@pytest.fixture(scope="module", params=["llava", "gemma3", pytest.param("paligemma", marks=pytest.mark.slow)])
+# LLaVA's image rows by default; Gemma 3's and PaliGemma's whole-prompt prefills (bidirectional image blocks, a prefix
+# LM) in the slow tier, ~1 min each on 2 cores (make test-slow)
+@pytest.fixture(scope="module", params=["llava", pytest.param("gemma3", marks=pytest.mark.slow),
+                                        pytest.param("paligemma", marks=pytest.mark.slow)])
 def vlm(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"serve-vlm-{request.param}")
     source = vlms.write(request.param, root)
