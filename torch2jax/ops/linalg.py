@@ -258,13 +258,15 @@ FUSED_ROW_FEATURES = 3072
 
 
 def _row_times_rows(x, weight):
-    """x [1, K] @ weight.T for a bfloat16 (float16) or computed (dequantized) weight, in float32: one fused loop (the
-    weight made or widened where the product reads it) up to FUSED_ROW_FEATURES features, above that a multiply and a
-    sum along each weight row."""
-    row = x.astype(jnp.float32)
+    """x [1, K] @ weight.T for a bfloat16 (float16) or computed (dequantized) weight, in the accumulation dtype (float32
+    for low precision): one fused loop (the weight made or widened where the product reads it) up to
+    FUSED_ROW_FEATURES features, above that a multiply and a sum along each weight row."""
+    dtype = jnp.result_type(x, weight)
+    acc = _acc_dtype(dtype) or dtype
+    row, weight = x.astype(acc), weight.astype(acc)
     if weight.shape[1] <= FUSED_ROW_FEATURES:
-        return jnp.matmul(row, weight.astype(jnp.float32).T)
-    product = jnp.sum(row[0] * weight.astype(jnp.float32), axis=-1)
+        return jnp.matmul(row, weight.T)
+    product = jnp.sum(row[0] * weight, axis=-1)
     return jnp.broadcast_to(product, (x.shape[0], weight.shape[0]))  # x's row count may be a symbol (1 when this runs)
 
 
