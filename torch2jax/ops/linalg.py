@@ -8,6 +8,7 @@ Low-precision inputs (bfloat16, float16) multiply with float32 accumulation
 from __future__ import annotations
 
 import functools
+import operator
 import string
 
 import jax.numpy as jnp
@@ -239,10 +240,9 @@ def _weight_first(x, weight, computed_weight=False):
         return lax.optimization_barrier(_product(weight, x.T)).T
 
     def one():  # the barrier keeps a bias add out of the dot's fusion, which would take the weight's producer's place
-        row = _computed_once(x)
         if computed_weight or weight.dtype in LOW_PRECISION:
-            return lax.optimization_barrier(_row_times_rows(row, weight))
-        return lax.optimization_barrier(_weight_last(row, weight))
+            return lax.optimization_barrier(_row_times_rows(x, weight))
+        return lax.optimization_barrier(_weight_last(_computed_once(x), weight))
 
     def many():
         return _weight_last(x, weight)
@@ -250,24 +250,32 @@ def _weight_first(x, weight, computed_weight=False):
     return by_row_count(x.shape[0], one, first, many)
 
 
-# Up to this many input features, XLA:CPU makes a one-row product of a widened or dequantized weight one loop that
-# reads the stored weight at memory speed (bfloat16, one core: 25-32 GB/s at 512-32000 x 896-3072; int8 23-25 GB/s);
-# at 4096 and more it writes the float32 weight out transposed first (bfloat16 0.4-2.4 GB/s, int8 1536 x 4096: 14.5 ms),
-# where a multiply and row sum reaches 3-6 GB/s (int8: 1.9 ms).
+# XLA:CPU fuses what makes a one-row product's weight (a widening, a dequantization) into the product's loop, which
+# then reads the stored weight at memory speed (bfloat16, one core: 25-32 GB/s at 512-32000 x 896-3072; int8 23-25
+# GB/s), only while the row is under 16 KiB: up to this many float32 features. A longer row is multiplied in parts of
+# at most this many features, each part's product kept whole by a barrier (summed after, XLA would fuse the sum into
+# the product and the part's weight would be written out first): an int8 1536 x 4096 product at one row, 0.31 ms in
+# two parts, 2.3 ms as a multiply and row sum, 6.7 ms as one product (the float32 weight written out transposed).
 FUSED_ROW_FEATURES = 3072
 
 
 def _row_times_rows(x, weight):
     """x [1, K] @ weight.T for a bfloat16 (float16) or computed (dequantized) weight, in the accumulation dtype (float32
-    for low precision): one fused loop (the weight made or widened where the product reads it) up to
-    FUSED_ROW_FEATURES features, above that a multiply and a sum along each weight row."""
+    for low precision): one fused loop per part of at most FUSED_ROW_FEATURES (float32) features, the weight made or
+    widened where the product reads it."""
     dtype = jnp.result_type(x, weight)
     acc = _acc_dtype(dtype) or dtype
     row, weight = x.astype(acc), weight.astype(acc)
-    if weight.shape[1] <= FUSED_ROW_FEATURES:
-        return jnp.matmul(row, weight.T)
-    product = jnp.sum(row[0] * weight, axis=-1)
-    return jnp.broadcast_to(product, (x.shape[0], weight.shape[0]))  # x's row count may be a symbol (1 when this runs)
+    features = weight.shape[1]
+    limit = max(1, FUSED_ROW_FEATURES * 4 // jnp.dtype(acc).itemsize)
+    if features <= limit:
+        return jnp.matmul(_computed_once(row), weight.T)
+    parts = -(-features // limit)
+    size = -(-features // parts)
+    products = [jnp.matmul(_computed_once(row[:, start:start + size]), weight[:, start:start + size].T)
+                for start in range(0, features, size)]
+    products = lax.optimization_barrier(tuple(products))
+    return functools.reduce(operator.add, products)
 
 
 def _computed_once(row):
