@@ -46,16 +46,20 @@ ARCHITECTURES = ("t5", "bart")
 MEL, FRAMES = 16, 40
 
 
-def write_seq2seq(name: str, directory: Path) -> Path:
-    """save_pretrained a random-weight model of this architecture (seeded) into directory/name."""
+def write_seq2seq(name: str, directory: Path, weight_scale: float | None = None) -> Path:
+    """save_pretrained a random-weight model of this architecture (seeded) into directory/name. `weight_scale`: every
+    weight drawn from N(0, scale) instead, where each token must depend on the source and the tokens before it (the
+    models' own small init mostly maps the last token to the next)."""
     torch.manual_seed(0)
     model = _build(name).eval()
     if name == "bart":  # a nonzero bias, so that a converter dropping it would show
         model.final_logits_bias.normal_(0, 0.5)
-    if name == "whisper":  # larger random weights: Whisper's small init repeats one token, which would prove little
+    if name == "whisper" and weight_scale is None:  # Whisper's small init repeats one token, which would prove little
+        weight_scale = 0.3
+    if weight_scale is not None:
         with torch.no_grad():
             for param in model.parameters():
-                param.normal_(0, 0.3)
+                param.normal_(0, weight_scale)
     out = directory / name
     model.save_pretrained(out)
     return out

@@ -326,11 +326,13 @@ def test_full_queue_gets_429_and_sigterm_drains_then_exits_0(artifact, reference
 def test_serve_refuses_what_it_cannot_serve_at_startup(artifact, tmp_path):
     from ..generate.seq2seqs import write_seq2seq
 
-    t5 = torch2jax.save(torch2jax.convert_hf(f"hf:{write_seq2seq('t5', tmp_path)}", max_cache_len=16, max_batch=1,
-                                             max_source_len=16), tmp_path / "t5-artifact")
-    refused = cli("serve", str(t5), "--port", str(free_port()))
+    source = write_seq2seq("t5", tmp_path)
+    write_tokenizer(source)
+    t5 = torch2jax.save(torch2jax.convert_hf(f"hf:{source}", max_cache_len=16, max_batch=1, max_source_len=16),
+                        tmp_path / "t5-artifact")
+    refused = cli("serve", str(t5), "--max-prefill-tokens", "32", "--port", str(free_port()))
     assert refused.returncode == 2 and "is an encoder-decoder (text2text-generation)" in refused.stderr
-    assert "docs/limitations.md" in refused.stderr and "Traceback" not in refused.stderr
+    assert "--max-prefill-tokens does not apply" in refused.stderr and "Traceback" not in refused.stderr
     too_wide = cli("serve", str(artifact), "--max-batch", "9", "--port", str(free_port()))
     assert too_wide.returncode == 2 and "this artifact was converted for batches of 1 to 4" in too_wide.stderr
 

@@ -36,6 +36,7 @@ from .engine import BatchEngine
 from .metrics import Metrics
 from .routes import EXCEPTION_HANDLERS, ROUTES, Service
 from .scheduler import Request, Scheduler
+from .seq2seq_engine import Seq2SeqBatchEngine
 
 if TYPE_CHECKING:
     from ..finetune.side_path import RowAdapters
@@ -124,23 +125,29 @@ def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = No
         raise InputSpecError(f"--pooling and --normalize apply to encoder artifacts (feature-extraction, served at "
                              f"/v1/embeddings); {artifact_dir} is not one")
     g = load(artifact_dir)
-    if isinstance(g, Seq2SeqGenerator):
-        raise InputSpecError(f"{artifact_dir} is an encoder-decoder (text2text-generation): `torch2jax serve` batches causal "
-                             "LMs only, whose steps share one KV cache layout (see docs/limitations.md); use "
-                             "Seq2SeqGenerator.generate in Python")
-    if not isinstance(g, Generator):
-        raise InputSpecError(f"{artifact_dir} is neither a text-generation artifact (convert hf:DIR --task text-generation) "
-                             "nor an encoder one for /v1/embeddings (convert hf:DIR --task feature-extraction)")
+    if not isinstance(g, (Generator, Seq2SeqGenerator)):
+        raise InputSpecError(f"{artifact_dir} is neither a text-generation artifact (convert hf:DIR --task text-generation "
+                             "or text2text-generation) nor an encoder one for /v1/embeddings (convert hf:DIR --task "
+                             "feature-extraction)")
     if "tokenizer.json" not in g.tokenizer_files:
         raise InputSpecError(f"{artifact_dir} has no tokenizer (its model directory had no tokenizer.json): the server "
                              "reads and writes text, so it needs one")
     name = model_name or Path(artifact_dir).resolve().name
-    names, dirs, adapters = load_adapters(g, name, lora) if lora else ([], [], None)
     rows = max_batch or g.spec.max_batch
-    if prefix_cache_tokens is None:
-        prefix_cache_tokens = rows * g.spec.max_cache_len // 2
-    engine = BatchEngine(g, rows, chunk, decode_block, adapters=adapters, prefix_cache_tokens=prefix_cache_tokens,
-                         prefill_tokens=max_prefill_tokens)
+    if isinstance(g, Seq2SeqGenerator):
+        given = [option for option, value in (("--lora", lora), ("--prefix-cache-tokens", prefix_cache_tokens),
+                                              ("--max-prefill-tokens", max_prefill_tokens)) if value]
+        if given:
+            raise InputSpecError(f"{artifact_dir} is an encoder-decoder (text2text-generation), served in cohorts that "
+                                 f"encode their sources whole (docs/serve.md): {', '.join(given)} does not apply to it")
+        names, dirs = [], []
+        engine: BatchEngine = Seq2SeqBatchEngine(g, rows, decode_block)
+    else:
+        names, dirs, adapters = load_adapters(g, name, lora) if lora else ([], [], None)
+        if prefix_cache_tokens is None:
+            prefix_cache_tokens = rows * g.spec.max_cache_len // 2
+        engine = BatchEngine(g, rows, chunk, decode_block, adapters=adapters, prefix_cache_tokens=prefix_cache_tokens,
+                             prefill_tokens=max_prefill_tokens)
     metrics = Metrics(rows)
     scheduler = Scheduler(engine, max_queue=max_queue)
     template = ChatTemplate.from_files(g.tokenizer_files.get("tokenizer_config.json"),

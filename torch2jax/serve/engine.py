@@ -72,6 +72,7 @@ from ..generate import sampling
 from ..generate.generator import Generator, causal_lm_step
 from ..generate.image_positions import image_index, rope_index
 from ..generate.loop import DECODE_LOOP_OPTIONS, MIN_BUCKET, attended_span, bucket, decode_block, rows_apart
+from ..generate.prompts import CLIENT, check_prompt
 from ..ir import dtypes
 from ..runtime.collector import return_freed_memory
 from .prefix_cache import BLOCK_SIZE, PrefixCache
@@ -185,24 +186,39 @@ class BatchEngine:
 
     def __init__(self, generator: Generator, rows: int, chunk: int = 256, decode_block: int = 16, adapters: Any = None,
                  prefix_cache_tokens: int = 0, prefill_tokens: int | None = None):
-        spec = generator.spec
         if not rows_apart(generator.decode_model):
             raise InputSpecError("this artifact's step writes every row of a batch at the same cache slots: it was "
                                  "converted by an older torch2jax, before the server kept each row's cache apart. "
                                  "Convert it again to serve it (Generator.generate runs it as it is)")
-        if not 1 <= rows <= spec.max_batch:
-            raise InputSpecError(f"--max-batch {rows}: this artifact was converted for batches of 1 to {spec.max_batch} "
-                                 "(convert again with a larger --max-batch)")
         if chunk < MIN_BUCKET or chunk & (chunk - 1):
             raise InputSpecError(f"the prefill chunk must be a power of two >= {MIN_BUCKET}, got {chunk}")
         prefill_tokens = chunk if prefill_tokens is None else prefill_tokens
         if not isinstance(prefill_tokens, int) or prefill_tokens < MIN_BUCKET:
             raise InputSpecError(f"the prefill budget must be an integer >= {MIN_BUCKET} (prompt tokens per step, over a "
                                  f"group's rows), got {prefill_tokens!r}")
-        self.prefill_tokens = prefill_tokens
+        self.prefill_tokens, self.chunk = prefill_tokens, chunk
+        self._start_batch(generator, rows, decode_block, adapters)
+        if self.vision is not None and adapters is not None:
+            raise InputSpecError("LoRA adapters are served over text-generation artifacts only, not a vision-language one")
+        self._join = jax.jit(self._join_rows, donate_argnums=(0,))
+        if adapters is not None:
+            self._prefill_rows = jax.jit(self._prefill_with_adapters, donate_argnums=(2,))
+        # automatic prefix caching (serve/prefix_cache.py): attention caches on one device only
+        if prefix_cache_tokens < 0:
+            raise InputSpecError(f"the prefix cache holds a number of tokens >= 0 (0: none), got {prefix_cache_tokens}")
+        if prefix_cache_tokens >= BLOCK_SIZE and PrefixCache.supports(generator) and generator.sharding is None \
+                and self.vision is None:  # an image token's keys depend on its image, which the block names do not hold
+            self.prefix = PrefixCache(generator, prefix_cache_tokens // BLOCK_SIZE)
+
+    def _start_batch(self, generator: Any, rows: int, decode_block: int, adapters: Any = None) -> None:
+        """The batch's state and the jitted steps every artifact kind's engine shares (decode loop, token choice)."""
+        spec = generator.spec
+        if not 1 <= rows <= spec.max_batch:
+            raise InputSpecError(f"--max-batch {rows}: this artifact was converted for batches of 1 to {spec.max_batch} "
+                                 "(convert again with a larger --max-batch)")
         if not isinstance(decode_block, int) or decode_block < 1:
             raise InputSpecError(f"the decode block must be an integer >= 1 (decode steps per call), got {decode_block!r}")
-        self.g, self.rows, self.chunk, self.decode_block = generator, rows, chunk, decode_block
+        self.g, self.rows, self.decode_block = generator, rows, decode_block
         self.max_len = spec.max_cache_len
         self.cache = generator.new_cache(rows)
         self.lengths = np.zeros(rows, np.int64)  # the tokens each running row holds (slots 0 .. length - 1)
@@ -215,8 +231,7 @@ class BatchEngine:
         self.most_models = 0  # the most models (adapters and the base) among the rows of one decode step
         self._ids = generator.id_dtype
         self.vision = getattr(generator, "vision", None)  # a vision-language artifact's VisionSpec (image inputs)
-        if self.vision is not None and adapters is not None:
-            raise InputSpecError("LoRA adapters are served over text-generation artifacts only, not a vision-language one")
+        self.prefix: PrefixCache | None = None
         # with extras (a request asks for log-probabilities or penalties): how often each row generated each token so far,
         # allocated at the first such request; rows restart it when such a request joins them (count_from)
         self.seen: jax.Array | None = None
@@ -228,16 +243,6 @@ class BatchEngine:
         self.mask_words = mask_words(spec.vocab_size)  # int32 words of a row's allowed-token mask (structured output)
         self._count_from = jax.jit(lambda seen, restart, first: jnp.where(
             restart[:, None], jax.nn.one_hot(first, seen.shape[1], dtype=seen.dtype), seen), donate_argnums=(0,))
-        self._join = jax.jit(self._join_rows, donate_argnums=(0,))
-        if adapters is not None:
-            self._prefill_rows = jax.jit(self._prefill_with_adapters, donate_argnums=(2,))
-        # automatic prefix caching (serve/prefix_cache.py): attention caches on one device only
-        self.prefix: PrefixCache | None = None
-        if prefix_cache_tokens < 0:
-            raise InputSpecError(f"the prefix cache holds a number of tokens >= 0 (0: none), got {prefix_cache_tokens}")
-        if prefix_cache_tokens >= BLOCK_SIZE and PrefixCache.supports(generator) and generator.sharding is None \
-                and self.vision is None:  # an image token's keys depend on its image, which the block names do not hold
-            self.prefix = PrefixCache(generator, prefix_cache_tokens // BLOCK_SIZE)
 
     # -- prefill --------------------------------------------------------------------------------
     def start_group(self, rows: list[int], prompts: list[list[int]], max_tokens: list[int],
@@ -434,17 +439,14 @@ class BatchEngine:
         would. Only a batch with extras runs the step variant that computes them, so other batches do not pay for
         them. `allowed`: None, or the [rows, mask_words] allowed-token bitmask of this step (structured output): one step
         then, in the extras variant (the host must advance the grammars before the next mask)."""
-        lengths = np.where(self.running, self.lengths, 0)  # a free row writes (and attends to) its slot 0
+        lengths = self._step_lengths()
         longest = int(lengths.max())
         span = attended_span(longest + 1, self.max_len)
         count = 1 if allowed is not None else max(1, min(block, self.decode_block, self.max_len - longest,
                                                          span - longest))
         left = np.full(self.rows, count, np.int32) if left is None else np.where(self.running, left, count)
         watch = np.zeros(self.rows, bool) if watch_eos is None else watch_eos & self.running
-        side = None
-        if self.adapters is not None:
-            self.most_models = max(self.most_models, len(set(self.adapter_ids[self.running].tolist())))
-            side = self._side(np.where(self.running, self.adapter_ids, BASE))
+        side = self._decode_side()
         extras = allowed is not None or any(s is not None and s.extras for s in settings)
         seen, penalties = None, None
         if extras:
@@ -465,6 +467,26 @@ class BatchEngine:
         self.decode_steps += ran
         logprobs = None if found is None else Logprobs(*(np.asarray(a)[:ran] for a in found))
         return np.asarray(out)[:ran], logprobs
+
+    def _step_lengths(self) -> np.ndarray:
+        """Each row's tokens as the next decode step sees them: a free row writes (and attends to) its slot 0."""
+        return np.where(self.running, self.lengths, 0)
+
+    def _decode_side(self) -> Any:
+        """What the decode loop passes to every step beside the batch (`side` of _step_logits): the adapters and each
+        row's adapter id, or None."""
+        if self.adapters is None:
+            return None
+        self.most_models = max(self.most_models, len(set(self.adapter_ids[self.running].tolist())))
+        return self._side(np.where(self.running, self.adapter_ids, BASE))
+
+    def check_request(self, prompt: list[int], max_tokens: int) -> None:
+        """Refuse a client's prompt and max_tokens that cannot run here (generate's prompt check, in a client's words)."""
+        check_prompt(np.asarray([prompt]), None, self.g.spec, max_tokens, CLIENT)
+
+    def can_admit(self) -> bool:
+        """Whether new requests may start now (rows of any age share this batch: always)."""
+        return True
 
     def reset(self) -> None:
         """Start over with an empty batch (after a failed step, whose cache may have been donated)."""

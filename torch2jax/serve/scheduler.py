@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputSpecError, Torch2JaxError
-from ..generate.prompts import CLIENT, check_prompt
 from ..generate.text import TextStream
 from .engine import BASE, BatchEngine, Group, Logprobs, Sampling
 from .structured import StructuredOutputError
@@ -124,7 +123,7 @@ class Scheduler:
     # -- the caller's side ----------------------------------------------------------------------
     def validate(self, request: Request) -> None:
         """Refuse what cannot run, before it queues: generate's prompt check, in a client's words."""
-        check_prompt(np.asarray([request.prompt]), None, self.engine.g.spec, request.max_tokens, CLIENT)
+        self.engine.check_request(request.prompt, request.max_tokens)
         count = 0 if self.engine.adapters is None else self.engine.adapters.count
         if request.adapter != BASE and not 0 <= request.adapter < count:
             raise InputSpecError(f"adapter {request.adapter}: this engine holds {count} adapters (0 to {count - 1}, or "
@@ -209,7 +208,8 @@ class Scheduler:
             counts = np.array([len(s.tokens) if s is not None else 0 for s in self.slots], np.int32)
             left = np.array([s.max_tokens - len(s.tokens) if s is not None else 0 for s in self.slots], np.int32)
             watch = np.array([s is not None and s.end_tokens is None for s in self.slots])
-            block = self.engine.decode_block if self.group is None and not self.waiting else 1
+            admitting = bool(self.waiting) and self.engine.can_admit()
+            block = self.engine.decode_block if self.group is None and not admitting else 1
             constrained = [self.slots[r] if self.engine.running[r] else None for r in range(self.engine.rows)]
             allowed = self._allowed(constrained)
             steps, logprobs = self.engine.decode(self.last, settings, counts, left, watch, block, allowed)
@@ -229,6 +229,8 @@ class Scheduler:
                 self._release(row)
 
     def _admit(self) -> None:
+        if not self.engine.can_admit():
+            return
         free = [row for row, s in enumerate(self.slots) if s is None]
         with self._cond:
             members = [self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))]
