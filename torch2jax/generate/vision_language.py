@@ -206,13 +206,14 @@ class VisionLanguageGenerator(Generator):
         request = self._request(given, rng, eos_token_id, pad_token_id, prompt=ids, counted_from=np.argmax(mask, axis=1))
 
         delta = None
-        if merge:
+        rotary = self.vision.rotary_3d  # not EXAONE 4.5's and HyperCLOVAX's plain text positions
+        if rotary:
             rope, delta = rope_index(ids, mask, image_grid_thw, self.vision.image_token_id, merge)
 
         def prefill_inputs(width: int) -> tuple:
             padded = np.full((ids.shape[0], width), -1, np.int64)
             padded[:, width - ids.shape[1]:] = index
-            if not merge:
+            if not rotary:
                 return features, jnp.asarray(padded, self._id_dtype)
             padded_mask = np.zeros((ids.shape[0], width), bool)
             padded_mask[:, width - ids.shape[1]:] = mask
@@ -280,7 +281,7 @@ class VisionLanguageGenerator(Generator):
         """One unused feature row and no image token: decode is the prefill step with one token."""
         inputs = (jnp.zeros((1, self.vision.feature_size), dtypes.jax_dtype(self.vision.feature_dtype)),
                   jnp.full((batch, 1), -1, self._id_dtype))
-        if self.vision.spatial_merge_size:  # decode's three positions are all the text position (+ the row's delta)
+        if self.vision.rotary_3d:  # decode's three positions are all the text position (+ the row's delta)
             inputs = (*inputs, jnp.zeros((3, batch, 1), self._id_dtype))
         return inputs
 

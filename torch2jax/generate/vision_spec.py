@@ -65,6 +65,14 @@ class VisionSpec:
     # (image break), the last row by the second (image end) instead; images are resized to multiples of
     # patch_size * patch_merge. None: the image tokens alone, resized as the image processor's config says (LightOnOCR)
     image_rows: tuple[str, str] | None = None
+    # variable resolution with a text model of plain 1-D positions (EXAONE 4.5): no rope index, the step takes no
+    # rope_offsets
+    text_positions: bool = False
+
+    @property
+    def rotary_3d(self) -> bool:
+        """Whether the steps take 3-D rotary position offsets (the Qwen2-VL family, GLM-4V; rope_index makes them)."""
+        return bool(self.spatial_merge_size) and not self.text_positions
 
     def native_tokens(self, size: Any) -> int:
         """Pixtral: the image tokens an image of (height, width) pixels takes (whole merge blocks of whole patches)."""
@@ -113,7 +121,8 @@ class VisionSpec:
                 "grid_pinpoints": [list(p) for p in self.grid_pinpoints] if self.grid_pinpoints else None,
                 "max_grid_tiles": self.max_grid_tiles, "processor_unsupported": self.processor_unsupported,
                 "bicubic_table": self.bicubic_table, "image_batches": self.image_batches, "patch_size": self.patch_size,
-                "patch_merge": self.patch_merge, "image_rows": list(self.image_rows) if self.image_rows else None}
+                "patch_merge": self.patch_merge, "image_rows": list(self.image_rows) if self.image_rows else None,
+                "text_positions": self.text_positions}
 
     @staticmethod
     def from_json(data: Any) -> VisionSpec:
@@ -129,7 +138,7 @@ class VisionSpec:
                               data.get("processor_unsupported") if isinstance(data.get("processor_unsupported"), str) else None,
                               bool(data.get("bicubic_table", False)), bool(data.get("image_batches", False)),
                               int(data.get("patch_size", 0)), int(data.get("patch_merge", 1)),
-                              _pair(data.get("image_rows"), "image_rows"))
+                              _pair(data.get("image_rows"), "image_rows"), bool(data.get("text_positions", False)))
         except (KeyError, TypeError, ValueError) as err:
             raise Torch2JaxError(f"the manifest's vision section is malformed ({type(err).__name__}: {err})") from None
 

@@ -272,7 +272,7 @@ class BatchEngine:
                       prompts=[list(p) for p in prompts], cached=[0] * len(prompts))
         if self.vision is not None:
             group.features, group.image_index = self._image_inputs(ids, mask, images)
-            if self.vision.spatial_merge_size:
+            if self.vision.rotary_3d:
                 group.rope_offsets, group.deltas = self._rope_offsets(ids, mask, list(grids or [None] * len(prompts)))
         if self.prefix is not None:
             self._reuse_prefixes(group)
@@ -528,7 +528,7 @@ class BatchEngine:
             group = Group([], [], np.zeros((k, width), np.int64), np.ones((k, width), bool), [0, width], [])
             if self.vision is not None:
                 group.features, group.image_index = self._image_inputs(group.ids, group.mask, [])
-                if self.vision.spatial_merge_size:
+                if self.vision.rotary_3d:
                     group.rope_offsets = np.zeros((3, k, width), np.int64)
             images = self._prefill_images(group, 0, width)
             return jax.block_until_ready(self._prefill(g.new_cache(k), jnp.zeros((k, width), ids), slots, slots,

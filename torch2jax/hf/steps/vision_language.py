@@ -16,7 +16,8 @@ patches in merge groups, a per-image attention mask instead of cu_seqlens) and a
 [3, B, T]: its 3-D rotary positions minus the text positions (the runtime computes them, generate/vision_language.py
 rope_index; decode passes zeros and continues from each row's largest position + 1). The GLM-4V family is built the
 same way (its tower's own ends in PatchEncoder; its rope index, over the processor's mm_token_type_ids, gives the same
-positions for images).
+positions for images). EXAONE 4.5 and HyperCLOVAX Vision V2 are Qwen2.5-VL's tower (EXAONE's attention grouped-query,
+HyperCLOVAX's followed by a linear projector) before a text model of plain 1-D positions: their step takes no rope_offsets.
 
 With `quantize`, the language step's matrix-product weights (its projections and LM head) are stored quantized as a
 causal LM's are (runtime/quantize.py); the vision tower and projector, run once per image, keep the model's dtype.
@@ -61,7 +62,9 @@ SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", 
              "DeepseekVLForConditionalGeneration", "JanusForConditionalGeneration", "Glm4vForConditionalGeneration",
              "Glm4vMoeForConditionalGeneration", "Glm46VForConditionalGeneration", "GlmOcrForConditionalGeneration",
              "Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration", "Idefics2ForConditionalGeneration",
-             "Mistral3ForConditionalGeneration", "LightOnOcrForConditionalGeneration")
+             "Mistral3ForConditionalGeneration", "LightOnOcrForConditionalGeneration",
+             "LlavaNextVideoForConditionalGeneration", "Exaone4_5_ForConditionalGeneration",
+             "HyperCLOVAXVisionV2ForConditionalGeneration")
 # a Pixtral tower over each image at its own size (pixel_values padded to the largest, image_sizes), its patches merged
 # merge x merge into tokens (PixtralEncoder)
 NATIVE_RESOLUTION = ("Mistral3ForConditionalGeneration", "LightOnOcrForConditionalGeneration")
@@ -72,10 +75,17 @@ IMAGE_BATCHES = ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGener
 VARIABLE_RESOLUTION = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                        "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
                        "Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration", "Glm46VForConditionalGeneration",
-                       "GlmOcrForConditionalGeneration")
+                       "GlmOcrForConditionalGeneration", "Exaone4_5_ForConditionalGeneration",
+                       "HyperCLOVAXVisionV2ForConditionalGeneration")
+# variable-resolution models whose text model takes plain 1-D positions (no rope index; transformers' arange positions):
+# EXAONE 4.5 (a Qwen2.5-VL tower with grouped-query attention, an EXAONE 4 text model) and HyperCLOVAX-SEED Vision V2 (a
+# Qwen2.5-VL tower, a linear projector to a HyperCLOVAX text model)
+TEXT_POSITIONS = ("Exaone4_5_ForConditionalGeneration", "HyperCLOVAXVisionV2ForConditionalGeneration")
 # LLaVA-NeXT / OneVision ("anyres"): an image is its whole view and a grid of tiles, packed per image at run time
-# (generate/anyres.py)
-ANY_RESOLUTION = ("LlavaNextForConditionalGeneration", "LlavaOnevisionForConditionalGeneration")
+# (generate/anyres.py). LLaVA-NeXT-Video's images are LLaVA-NeXT's (its get_image_features and processor's image tokens are
+# the same); its vision_resampler pools only video frames, which the runtime refuses
+ANY_RESOLUTION = ("LlavaNextForConditionalGeneration", "LlavaOnevisionForConditionalGeneration",
+                  "LlavaNextVideoForConditionalGeneration")
 # models whose image tokens attend to each other both ways within one image (transformers' token_type_ids blocks)
 BIDIRECTIONAL_IMAGES = ("Gemma3ForConditionalGeneration",)
 # prefix-LMs: the whole prompt (image and text, token type 0) attends both ways; generated tokens causally
@@ -166,7 +176,7 @@ class PatchEncoder(torch.nn.Module):
         super().__init__()
         adopt_parts(self, vlm)  # params keep the model's own state_dict names
         object.__setattr__(self, "vlm", vlm)
-        visual = vlm.model.visual
+        visual = vision_tower(vlm)
         self.full_attention = set(getattr(visual, "fullatt_block_indexes", None) or ())
         self.deepstack = list(getattr(visual, "deepstack_visual_indexes", None) or ())
         self.interpolated = hasattr(visual, "pos_embed") or hasattr(visual, "embeddings")
@@ -177,7 +187,7 @@ class PatchEncoder(torch.nn.Module):
         interp_weights)."""
         import sys
 
-        visual = self.vlm.model.visual
+        visual = vision_tower(self.vlm)
         apply_rotary_pos_emb_vision = sys.modules[type(visual).__module__].apply_rotary_pos_emb_vision
         group = pixel_values.shape[1]
         hidden = visual.patch_embed(pixel_values.reshape(-1, pixel_values.shape[-1]))
@@ -207,11 +217,17 @@ class PatchEncoder(torch.nn.Module):
             mask = image if index in self.full_attention else window
             x = block.norm1(hidden)
             attn, n = block.attn, x.shape[0]
-            q, k, v = attn.qkv(x).reshape(n, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+            if hasattr(attn, "kv_dim"):  # EXAONE 4.5: grouped-query attention, its queries, keys and values split
+                q, k, v = (t.reshape(n, -1, attn.head_dim)
+                           for t in attn.qkv(x).split([attn.q_dim, attn.kv_dim, attn.kv_dim], dim=-1))
+            else:
+                q, k, v = attn.qkv(x).reshape(n, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
             if hasattr(attn, "q_norm"):  # GLM-OCR
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)
             q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))
+            if k.shape[1] != q.shape[1]:  # each key/value head serves its group of query heads (transformers' repeat_kv)
+                k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
             hidden = hidden + attn.proj(out[0].transpose(0, 1).reshape(n, -1))
             hidden = hidden + block.mlp(block.norm2(hidden))
@@ -221,7 +237,17 @@ class PatchEncoder(torch.nn.Module):
             merge = visual.spatial_merge_size
             hidden = visual.post_layernorm(hidden).view(-1, merge, merge, hidden.shape[-1]).permute(0, 3, 1, 2)
             return visual.merger(visual.downsample(hidden).reshape(-1, visual.downsample.out_channels))
-        return torch.cat([visual.merger(hidden), *stacks], dim=-1) if stacks else visual.merger(hidden)
+        merged = visual.merger(hidden)
+        projector = getattr(self.vlm.model, "projector", None)  # HyperCLOVAX: a linear map to the text hidden size
+        if projector is not None:
+            merged = projector(merged)
+        return torch.cat([merged, *stacks], dim=-1) if stacks else merged
+
+
+def vision_tower(vlm: torch.nn.Module) -> torch.nn.Module:
+    """The variable-resolution tower: the Qwen2-VL family's `visual`, HyperCLOVAX Vision V2's `vision_model`."""
+    inner = vlm.model
+    return inner.visual if hasattr(inner, "visual") else inner.vision_model
 
 
 class PixtralEncoder(torch.nn.Module):
@@ -483,7 +509,7 @@ def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max
     window = int(vision.window_size) // merge // int(vision.patch_size) if getattr(vision, "window_size", None) else 0
     # Qwen3-VL: the side of its learned position table, resampled to each grid; its deepstack layers
     table = int(vision.num_position_embeddings ** 0.5) if getattr(vision, "num_position_embeddings", None) else 0
-    bicubic = hasattr(vlm.model.visual, "embeddings")  # GLM-4V: its table, resampled bicubically (16 taps a patch)
+    bicubic = hasattr(vision_tower(vlm), "embeddings")  # GLM-4V: its table, resampled bicubically (16 taps a patch)
     if bicubic:
         table = int(vision.image_size) // int(vision.patch_size)
     deepstack = len(getattr(vision, "deepstack_visual_indexes", None) or ())
@@ -509,6 +535,11 @@ def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max
         raise InputSpecError(f"{type(vlm).__name__}'s vision tower makes features of {feature_size // (1 + deepstack)}, "
                              f"its text model's hidden size is {hidden}: the config is inconsistent (the vision "
                              "config's out_hidden_size must be the text hidden size)")
+    vocab = int(config.get_text_config().vocab_size)
+    if not 0 <= int(config.image_token_id) < vocab:  # these models embed the image tokens before replacing them
+        raise InputSpecError(f"{type(vlm).__name__}'s image_token_id {config.image_token_id} is outside its text "
+                             f"vocabulary of {vocab} (transformers' embedding lookup fails on it too): the config is "
+                             "inconsistent")
     encode_captured, _ = trace(encoder, example, None, ({0: merged},) * len(example), timer, what=" of the image encoder")
     encode = model_from(encode_captured, timer, weights)
 
@@ -519,14 +550,18 @@ def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max
     offsets = torch.zeros((3, batch, 3), dtype=torch.long)
     shapes = step_dynamic_shapes(layout, max_batch)
     offset_dims = {axis + 1: d for axis, d in shapes[0].items()}
+    text_positions = type(vlm).__name__ in TEXT_POSITIONS  # no rope_offsets input: the text positions as they are
+    rope = () if text_positions else (offsets,)
     step = MultimodalStep(vlm, layout, deepstack=deepstack)
-    captured, _ = trace(step.eval(), (*step_args, features, index, offsets), None,
-                        (*shapes, {0: merged}, shapes[0], offset_dims), timer, what=" of the multimodal step")
+    captured, _ = trace(step.eval(), (*step_args, features, index, *rope), None,
+                        (*shapes, {0: merged}, shapes[0], *((offset_dims,) if rope else ())), timer,
+                        what=" of the multimodal step")
     encode, prefill, decode = _entry_points(encode, captured, timer, weights, quantize, group_size)
     spec = GenerationSpec(**generation_fields(vlm, layout, max_batch))
     spec_vision = VisionSpec(image_token_id=int(config.image_token_id), tokens_per_image=0, feature_size=feature_size,
                              feature_dtype=dtype_name(dtype), pixel_shape=(patch_dim,), max_images=max_rows,
-                             spatial_merge_size=merge, window_size=window, position_table=table, bicubic_table=bicubic)
+                             spatial_merge_size=merge, window_size=window, position_table=table, bicubic_table=bicubic,
+                             text_positions=text_positions)
     return VisionLanguageGenerator(encode, prefill, decode, spec, spec_vision)
 
 
