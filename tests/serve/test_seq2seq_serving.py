@@ -81,7 +81,7 @@ def test_after_compile_steps_a_mixed_load_compiles_nothing(served, tmp_path):
     assert engine.step_shapes() == {"sources": [16, 32], "spans": [16]}
     # a start per source bucket, the decode variants per (bucket, span), the penalties' count restart
     assert engine.compile_steps(workers=2) == 2 + 2 * (4 + 2) + 1
-    steps = [engine._encode, engine._start, engine._pick_jit, engine._decode, engine._count_from]
+    steps = [g._encode, engine._start, engine._pick_jit, engine._decode, engine._count_from]
     compiled = [f._cache_size() for f in steps]
     rng = np.random.default_rng(5)
     kinds = [lambda i: Sampling(0.8, seed=i), lambda i: Sampling(), lambda i: Sampling(logprobs=2, frequency_penalty=0.5),

@@ -542,6 +542,19 @@ class BatchEngine:
                 self.first_tokens(logits, [settings] * k, np.full((k, self.mask_words), -1, np.int32))
             jax.block_until_ready(self._join(g.new_cache(rows), scratch, jnp.full((k,), rows, jnp.int32)))
 
+        calls = [lambda k=k: first_and_join(k) for k in shapes["groups"]]
+        calls += [lambda k=k, w=w, s=s: prefill(k, w, s) for k in shapes["groups"] for w, s in shapes["chunks"][k]
+                  if (w, s) != (MIN_BUCKET, MIN_BUCKET)]
+        side = self._side(np.full(rows, BASE, np.int32))
+        calls += [*self._decode_calls(shapes["spans"], lambda: side), self._compile_count_from]
+        if self.prefix is not None:  # its copies, for each group size, one after the other (they replace the pool)
+            calls.append(lambda: [jax.block_until_ready(self.prefix.warm_up(g.new_cache(k))) for k in shapes["groups"]])
+        return self._compile(calls, progress, workers)
+
+    def _decode_calls(self, spans: list[int], side: Callable[[], Any]) -> list[Callable[[], None]]:
+        """compile_steps' calls of the decode loop at each span in every variant (`side()`: the loop's side input)."""
+        g, rows, ids = self.g, self.rows, self._ids
+
         def decode(span: int, settings: Sampling, masked: bool = False) -> None:
             one = jnp.ones((rows,), jnp.int32)
             extras = settings.extras or masked
@@ -549,23 +562,24 @@ class BatchEngine:
             tokens, *_ = self._decode(g.params, g.new_cache(rows), seen, jnp.zeros((rows,), ids),
                                       jnp.full((rows,), span - 1, ids), jnp.zeros((rows,), ids),
                                       *self._sampling_arrays([settings] * rows, rows), one, one, jnp.zeros((rows,), bool),
-                                      self._eos, jnp.asarray(1, jnp.int32), self._side(np.full(rows, BASE, np.int32)),
+                                      self._eos, jnp.asarray(1, jnp.int32), side(),
                                       self._penalty_arrays([settings] * rows) if extras else None,
                                       jnp.full((rows, self.mask_words), -1, jnp.int32) if masked else None, span=span,
                                       any_sample=settings.temperature > 0, size=self.decode_block)
             jax.block_until_ready(tokens)
 
-        def count_from() -> None:
-            jax.block_until_ready(self._count_from(self._new_seen(), jnp.zeros(rows, bool), jnp.zeros(rows, jnp.int32)))
+        calls: list[Callable[[], None]] = [lambda s=s, v=v: decode(s, v) for s in spans for v in VARIANTS]
+        return calls + [lambda s=s, v=v: decode(s, v, True) for s in spans for v in MASKED_VARIANTS]
 
-        calls = [lambda k=k: first_and_join(k) for k in shapes["groups"]]
-        calls += [lambda k=k, w=w, s=s: prefill(k, w, s) for k in shapes["groups"] for w, s in shapes["chunks"][k]
-                  if (w, s) != (MIN_BUCKET, MIN_BUCKET)]
-        calls += [lambda s=s, v=v: decode(s, v) for s in shapes["spans"] for v in VARIANTS]
-        calls += [lambda s=s, v=v: decode(s, v, True) for s in shapes["spans"] for v in MASKED_VARIANTS]
-        calls.append(count_from)
-        if self.prefix is not None:  # its copies, for each group size, one after the other (they replace the pool)
-            calls.append(lambda: [jax.block_until_ready(self.prefix.warm_up(g.new_cache(k))) for k in shapes["groups"]])
+    def _compile_count_from(self) -> None:
+        """compile_steps' call of the penalties' count restart."""
+        rows = self.rows
+        jax.block_until_ready(self._count_from(self._new_seen(), jnp.zeros(rows, bool), jnp.zeros(rows, jnp.int32)))
+
+    @staticmethod
+    def _compile(calls: list[Callable[[], Any]], progress: Callable[[int, int], None] | None,
+                 workers: int | None) -> int:
+        """Run compile_steps' calls on `workers` threads (XLA compiles without the GIL), reporting progress."""
         with ThreadPoolExecutor(workers or min(4, os.cpu_count() or 1)) as pool:
             for done, future in enumerate(as_completed([pool.submit(call) for call in calls]), 1):
                 future.result()

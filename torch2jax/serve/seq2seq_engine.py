@@ -16,9 +16,7 @@ choice allows. There is no prefix cache and no LoRA adapters: a request's decode
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 import jax
@@ -29,7 +27,6 @@ from ..errors import InputSpecError
 from ..generate.loop import MIN_BUCKET, attended_span, bucket, call_entry
 from ..generate.prompts import CLIENT, PromptError, check_max_new_tokens, token_ids
 from ..generate.seq2seq import Seq2SeqGenerator, right_pad
-from ..runtime.collector import return_freed_memory
 from .engine import MASKED_VARIANTS, VARIANTS, BatchEngine, Group, Logprobs, Sampling
 
 
@@ -43,7 +40,6 @@ class Seq2SeqBatchEngine(BatchEngine):
         self._start_batch(generator, rows, decode_block)
         self.cross: list[jax.Array] | None = None  # the running cohort's encoder outputs, per decoder layer
         self.source_mask: jax.Array | None = None  # [rows, source bucket] bool
-        self._encode = jax.jit(self._encode_sources)
         self._start = jax.jit(self._start_step, donate_argnums=(1,))
         forced = generator.spec.forced_bos_token_id
         self._forced_first = None if forced is None else int(forced)
@@ -87,7 +83,7 @@ class Seq2SeqBatchEngine(BatchEngine):
         """Encode the cohort and run its start tokens at slot 0: the logits of every row's first new token (the group's
         members first, in order, then the other rows)."""
         inputs = self.g._encoder_inputs(group.ids, group.mask, self.g.spec.pad_token_id)
-        self.cross, self.source_mask = self._encode(self.g.params, *inputs)
+        self.cross, self.source_mask = self._encode(*inputs)
         self.cache = None  # donated below; a failed call must not leave a deleted array behind
         logits, self.cache = self._start(self.g.params, self.g.new_cache(self.rows), self.cross, self.source_mask)
         group.chunk += 1
@@ -121,8 +117,9 @@ class Seq2SeqBatchEngine(BatchEngine):
         self.cross = self.source_mask = None
 
     # -- jitted bodies ---------------------------------------------------------------------------------------------------
-    def _encode_sources(self, params, ids, mask):
-        return list(call_entry(self.g.encode_model, params, ids, mask)), mask != 0
+    def _encode(self, ids: jax.Array, mask: jax.Array) -> tuple[list[jax.Array], jax.Array]:
+        """The sources' cross-attention state (the generator's own compiled encode) and which columns are real."""
+        return self.g._encode(self.g.params, ids, mask), mask != 0
 
     def _start_step(self, params, cache, cross, source_mask):
         start = jnp.full((self.rows,), self.g.spec.decoder_start_token_id, self._ids)
@@ -155,7 +152,7 @@ class Seq2SeqBatchEngine(BatchEngine):
 
         def encode(width: int) -> tuple:
             ids = np.full((rows, width), g.spec.pad_token_id, np.int64)
-            return self._encode(g.params, *g._encoder_inputs(ids, np.ones((rows, width), bool), g.spec.pad_token_id))
+            return self._encode(*g._encoder_inputs(ids, np.ones((rows, width), bool), g.spec.pad_token_id))
 
         def start(width: int) -> None:
             cross, source_mask = encode(width)
@@ -165,28 +162,7 @@ class Seq2SeqBatchEngine(BatchEngine):
             for settings in MASKED_VARIANTS:
                 self.first_tokens(logits, [settings] * rows, np.full((rows, self.mask_words), -1, np.int32))
 
-        def decode(width: int, span: int, settings: Sampling, masked: bool = False) -> None:
-            one = jnp.ones((rows,), jnp.int32)
-            extras = settings.extras or masked
-            tokens, *_ = self._decode(
-                g.params, g.new_cache(rows), self._new_seen() if extras else None, jnp.zeros((rows,), self._ids),
-                jnp.full((rows,), span - 1, self._ids), jnp.zeros((rows,), self._ids),
-                *self._sampling_arrays([settings] * rows, rows), one, one, jnp.zeros((rows,), bool), self._eos,
-                jnp.asarray(1, jnp.int32), encode(width), self._penalty_arrays([settings] * rows) if extras else None,
-                jnp.full((rows, self.mask_words), -1, jnp.int32) if masked else None, span=span,
-                any_sample=settings.temperature > 0, size=self.decode_block)
-            jax.block_until_ready(tokens)
-
         calls: list[Callable[[], Any]] = [lambda w=w: start(w) for w in shapes["sources"]]
         for w in shapes["sources"]:
-            calls += [lambda w=w, s=s, v=v: decode(w, s, v) for s in shapes["spans"] for v in VARIANTS]
-            calls += [lambda w=w, s=s, v=v: decode(w, s, v, True) for s in shapes["spans"] for v in MASKED_VARIANTS]
-        calls.append(lambda: jax.block_until_ready(self._count_from(self._new_seen(), jnp.zeros(rows, bool),
-                                                                    jnp.zeros(rows, jnp.int32))))
-        with ThreadPoolExecutor(workers or min(4, os.cpu_count() or 1)) as pool:
-            for done, future in enumerate(as_completed([pool.submit(call) for call in calls]), 1):
-                future.result()
-                return_freed_memory()
-                if progress is not None:
-                    progress(done, len(calls))
-        return len(calls)
+            calls += self._decode_calls(shapes["spans"], lambda w=w: encode(w))
+        return self._compile([*calls, self._compile_count_from], progress, workers)
