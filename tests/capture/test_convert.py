@@ -87,6 +87,44 @@ def test_dynamic_shapes_torch_form_matches_plain_form():
         assert max_err(model(x5.numpy()), torch_out(module, x5)) < 1e-5
 
 
+class CapacityModel(torch.nn.Module):
+    """NLLB-MoE's router keeps tokens whose running count is under ceil(fraction * tokens) (a float times a size)."""
+
+    def forward(self, x):
+        import math
+
+        tokens = x.shape[0]
+        return (torch.cumsum(x, 0) < math.ceil(0.4 * tokens)).to(x.dtype) + (torch.cumsum(x, 0) < math.floor(0.7 * tokens))
+
+
+def test_rounding_a_float_times_a_symbolic_size_saves_and_loads(tmp_path):
+    module = CapacityModel()
+    x = torch.ones(6, 2)
+    model = torch2jax.convert(module, (x,), dynamic_shapes={"x": {0: "tokens"}})
+    torch2jax.save(model, tmp_path / "m")
+    loaded = torch2jax.load(tmp_path / "m")
+    for rows in (6, 11):
+        ones = torch.ones(rows, 2)
+        np.testing.assert_array_equal(np.asarray(loaded(ones.numpy())), torch_out(module, ones).numpy())
+
+
+class LastRowsModel(torch.nn.Module):
+    """NLLB-MoE's router keeps the last `tokens` entries of a flattened [batch, keys] mask: bounds jax cannot order."""
+
+    def forward(self, mask):
+        return mask.reshape(-1)[-mask.shape[0]:] * 2
+
+
+def test_the_last_batch_of_a_flattened_batch_by_keys_slice_saves_and_loads(tmp_path):
+    module = LastRowsModel()
+    model = torch2jax.convert(module, (torch.randn(3, 5),), dynamic_shapes={"mask": {0: "batch", 1: "keys"}})
+    torch2jax.save(model, tmp_path / "m")
+    loaded = torch2jax.load(tmp_path / "m")
+    for shape in ((3, 5), (2, 7), (4, 2)):
+        mask = torch.randn(*shape)
+        np.testing.assert_array_equal(np.asarray(loaded(mask.numpy())), torch_out(module, mask).numpy())
+
+
 def test_apply_is_pure_and_traceable(converted):
     module, args, model = converted("mlp")
     x = args[0].numpy()

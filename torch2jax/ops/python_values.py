@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import operator
 
+import jax
 import jax.numpy as jnp
 
 from .registry import lowers
@@ -50,8 +51,23 @@ lowers("operator.gt")(operator.gt)
 lowers("operator.ge")(operator.ge)
 lowers("operator.and_")(operator.and_)  # SymBools: python bools, or traced ones read from tensors
 lowers("operator.or_")(operator.or_)
-lowers("math.floor")(math.floor)
-lowers("math.ceil")(math.ceil)
+
+
+def _rounding(python_round, array_round):
+    """math.floor / math.ceil of a size: an int for a python float; for a symbolic size times a float (which
+    jax.export turns into a traced scalar, e.g. NLLB-MoE's capacity `ceil(fraction * tokens)`), the rounded value as an
+    integer scalar array, usable wherever the graph compares or computes with it (not as a shape)."""
+
+    def rounding(x):
+        if isinstance(x, jax.Array):
+            return array_round(x).astype(int)
+        return python_round(x)
+
+    return rounding
+
+
+lowers("math.floor")(_rounding(math.floor, jnp.floor))
+lowers("math.ceil")(_rounding(math.ceil, jnp.ceil))
 
 
 @lowers("torch.sym_max")

@@ -11,6 +11,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.errors import InconclusiveDimensionOperation
 
 from .registry import lowers
 
@@ -92,7 +93,15 @@ def slice_(x, dim=0, start=None, end=None, step=1):
     end = _clamp_index(end, size)
     if isinstance(start, int) and isinstance(end, int) and end < start:
         end = start
-    return lax.slice_in_dim(x, start, end, step, axis=dim)
+    try:
+        return lax.slice_in_dim(x, start, end, step, axis=dim)
+    except InconclusiveDimensionOperation:
+        if step != 1:
+            raise
+    # bounds jax cannot order against the size, such as the last `batch` of `batch * (span + 1)` (NLLB-MoE's
+    # x[-tokens:]): torch.export has already checked them, so gather the run of indices they name
+    start, end = (size + i if i < 0 else i for i in (start, end))  # a sign jax cannot tell raises here still
+    return jnp.take(x, jnp.arange(end - start) + jnp.asarray(start), axis=dim)
 
 
 def _clamp_index(i, size):
