@@ -94,6 +94,25 @@ def _from_transformers_generate(err: BaseException) -> bool:
         "torch2jax/generate/" in name for name in inside[-3:])
 
 
+def _reference_failure(model: Any, task: str) -> str | None:
+    """Why transformers' own greedy generate fails on a causal LM (its tester config may be inconsistent: a cache
+    sized from a layer count the model does not use, experts fewer than their groups), or None when it runs. A row
+    whose reference fails is no one's failure, whatever the conversion did."""
+    if task != "text-generation":
+        return None
+    import torch
+
+    embeddings = model.get_input_embeddings()
+    rows = len(embeddings) if isinstance(embeddings, torch.nn.ModuleList) else 1  # MusicGen: a row per codebook
+    try:
+        with torch.no_grad():
+            model.generate(torch.tensor([[1, 2, 3]] * rows), attention_mask=torch.ones(rows, 3, dtype=torch.long),
+                           max_new_tokens=2, do_sample=False)
+    except Exception as err:  # noqa: BLE001 - any failure of the reference
+        return f"{run._first_line(err)} (the conversion failed too)"
+    return None
+
+
 def _advice(message: str, task: str, options: dict) -> tuple[str, dict] | None:
     """(task, options) that a refusal's own advice names: a smaller --max-cache-len / --max-source-len, or
     --task text-generation for a model that is not an encoder-decoder; None when it names none."""
@@ -151,11 +170,18 @@ def run_row(model_type: str, class_name: str, task: str, partial: Path | None = 
                 continue
             advice = _advice(str(err), task, options)
             if advice is None or attempt == 2:
+                failure = _reference_failure(model, task)
+                if failure is not None:
+                    return done(status=REFERENCE, error=failure)
                 return done(status=REFUSED, error=run._first_line(err))
             task, options = advice
             row.setdefault("followed", []).append(run._first_line(err)[:120])
         except Exception as err:  # noqa: BLE001 - the sweep records every failure
-            return done(status=CONVERT, error=run._first_line(err), trace=traceback.format_exc()[-800:])
+            trace = traceback.format_exc()[-800:]
+            failure = _reference_failure(model, task)
+            if failure is not None:
+                return done(status=REFERENCE, error=failure)
+            return done(status=CONVERT, error=run._first_line(err), trace=trace)
     vision = getattr(generator, "vision", None)
     if vision is not None:  # the cache holds the check's image tokens besides its text and new tokens
         from torch2jax.hf.verify import IMAGE_CHECK_TEXT, image_tokens

@@ -204,3 +204,15 @@ def test_a_bert_like_head_built_as_an_encoder_is_refused_and_generates_once_buil
     with pytest.raises(torch2jax.ExportError, match="is_decoder=False.*Build it with is_decoder=True"):
         torch2jax.convert_hf(encoder, task="text-generation", max_cache_len=CACHE, max_batch=2)
     check(decoder, torch2jax.convert_hf(decoder, task="text-generation", max_cache_len=CACHE, max_batch=2).generate)
+
+
+def test_a_decoder_of_several_token_streams_per_row_is_refused_naming_them():
+    """MusicGen's decoder reads input_ids of batch * codebooks rows through one embedding table per codebook; a
+    text-generation artifact's row is one stream, so the conversion refuses it instead of tracing a wrong step."""
+    import transformers as tf
+
+    config = tf.MusicgenDecoderConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      ffn_dim=64, num_codebooks=3, max_position_embeddings=64)
+    decoder = tf.MusicgenForCausalLM(config).eval()
+    with pytest.raises(torch2jax.ExportError, match="MusicgenForCausalLM embeds 3 token streams per row"):
+        torch2jax.convert_hf(decoder, task="text-generation", max_cache_len=CACHE, max_batch=2)

@@ -94,11 +94,23 @@ def check_decoder(lm: torch.nn.Module) -> None:
             "Build it with is_decoder=True (config.is_decoder = True before the model is made) to generate with it.")
 
 
+def check_one_stream(lm: torch.nn.Module) -> None:
+    """Refuse a decoder that embeds several token streams per row (MusicGen's codebooks: input_ids [batch * codebooks,
+    T], one embedding table per codebook): a text-generation artifact's rows are one stream each."""
+    embeddings = lm.get_input_embeddings()
+    if isinstance(embeddings, torch.nn.ModuleList):
+        raise ExportError(
+            f"{type(lm).__name__} embeds {len(embeddings)} token streams per row (one table each: audio codebooks, "
+            "input_ids of batch * streams rows), and text-generation artifacts generate one stream per row, so it "
+            "cannot generate yet. Its forward converts: torch2jax.convert(model, args).")
+
+
 def cache_layout(lm: torch.nn.Module, max_cache_len: int) -> CacheLayout:
     """Measure the cache the model writes: one token through a dynamic cache, read back per layer."""
     from transformers import DynamicCache
 
     check_decoder(lm)
+    check_one_stream(lm)
 
     cache = DynamicCache(config=lm.config)
     with torch.no_grad():
