@@ -168,6 +168,10 @@ def run_row(model_type: str, class_name: str, task: str, partial: Path | None = 
                 model = _with_cache(run.build(entry, class_name, is_decoder=True))
                 row.setdefault("followed", []).append(run._first_line(err)[:120])
                 continue
+            if "set config.decoder_start_token_id" in str(err) and attempt < 2:  # EncoderDecoderModel's own config
+                model.config.decoder_start_token_id = model.generation_config.decoder_start_token_id = 1
+                row.setdefault("followed", []).append(run._first_line(err)[:120])
+                continue
             advice = _advice(str(err), task, options)
             if advice is None or attempt == 2:
                 failure = _reference_failure(model, task)

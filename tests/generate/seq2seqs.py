@@ -10,7 +10,7 @@ import torch
 VOCAB, PAD, EOS, START = 128, 0, 2, 1  # the decoder starts from START (as BART's starts from its own token)
 
 
-def _build(name: str):
+def build_seq2seq(name: str):
     import transformers as tf
 
     special = dict(vocab_size=VOCAB, pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=START, bos_token_id=START)
@@ -39,6 +39,15 @@ def _build(name: str):
             encoder_layers=2, decoder_layers=2, d_model=32, encoder_attention_heads=4, decoder_attention_heads=4,
             encoder_ffn_dim=64, decoder_ffn_dim=64, num_experts=4, expert_capacity=64, encoder_sparse_step=2,
             decoder_sparse_step=2, max_position_embeddings=64, **special))
+    if name == "bert2bert":  # EncoderDecoderModel: BERT's decoder slices its position table at the cache's length
+        def bert(**extra):
+            return tf.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                 intermediate_size=64, max_position_embeddings=64, pad_token_id=PAD, **extra)
+
+        config = tf.EncoderDecoderConfig.from_encoder_decoder_configs(
+            bert(), bert(is_decoder=True, add_cross_attention=True), decoder_start_token_id=START, pad_token_id=PAD,
+            eos_token_id=EOS)
+        return tf.EncoderDecoderModel(config)
     raise KeyError(name)
 
 
@@ -51,7 +60,7 @@ def write_seq2seq(name: str, directory: Path, weight_scale: float | None = None)
     weight drawn from N(0, scale) instead, where each token must depend on the source and the tokens before it (the
     models' own small init mostly maps the last token to the next)."""
     torch.manual_seed(0)
-    model = _build(name).eval()
+    model = build_seq2seq(name).eval()
     if name == "bart":  # a nonzero bias, so that a converter dropping it would show
         model.final_logits_bias.normal_(0, 0.5)
     if name == "whisper" and weight_scale is None:  # Whisper's small init repeats one token, which would prove little

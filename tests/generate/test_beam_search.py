@@ -21,7 +21,7 @@ from torch2jax.generate.processors import GenerationSettings
 from torch2jax.generate.seq2seq import right_pad
 
 from .lms import build_lm
-from .seq2seqs import _build as build_seq2seq
+from .seq2seqs import build_seq2seq
 
 PAD, NEW, BEAMS = 0, 24, 4
 END = {"llama": 12, "t5": 16, "bart": 45, "marian": 45}  # measured with transformers: beams end at 6, 20, 8, 11 and 17

@@ -16,7 +16,7 @@ from torch2jax.generate.seq2seq import right_pad
 from torch2jax.hf.verify import check_generation, verify_seq2seq
 
 from ..helpers import cli, run_without_torch
-from .seq2seqs import ARCHITECTURES, EOS, FRAMES, MEL, PAD, START, hf_generate, load_seq2seq, write_seq2seq
+from .seq2seqs import ARCHITECTURES, EOS, FRAMES, MEL, PAD, START, build_seq2seq, hf_generate, load_seq2seq, write_seq2seq
 
 CACHE, BATCH, SOURCE = 40, 4, 32
 
@@ -270,3 +270,22 @@ def test_encoders_run_before_the_model_as_transformers_generate_runs_them(name, 
     ids, mask = right_pad([source(11, 1), source(5, 2)], PAD)
     np.testing.assert_array_equal(g.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=[]),
                                   hf_generate(lm, ids, 12, mask))
+
+
+def test_an_encoder_decoder_model_of_bert_halves_generates_as_transformers():
+    """EncoderDecoderModel hands decoder_* keywords to a BERT decoder, whose embeddings slice their position table at
+    the cache's length (which does not trace): the step gives it the slots as positions. Its matrices drawn wider
+    than BERT's init, so that each token depends on the source and the tokens before it."""
+    import torch
+
+    torch.manual_seed(0)
+    lm = build_seq2seq("bert2bert").eval()
+    with torch.no_grad():
+        for param in lm.parameters():
+            if param.dim() == 2:
+                param.normal_(0, 0.1)
+    g = torch2jax.convert_hf(lm, task="text2text-generation", max_cache_len=24, max_batch=2, max_source_len=16)
+    ids, mask = right_pad([source(9, 3), source(4, 4)], PAD)
+    want = hf_generate(lm, ids, 16, mask)
+    np.testing.assert_array_equal(g.generate(ids, attention_mask=mask, max_new_tokens=16, eos_token_id=[]), want)
+    assert len(set(want[:, 1:].ravel().tolist())) > 8  # the tokens depend on what came before

@@ -207,6 +207,7 @@ class Seq2SeqDecodeStep(torch.nn.Module):
         # decoders that count positions from the cache's length (BART and kin; MVP's own count does not trace): given
         # the slots (the encoder's tables are not run here: its output is given)
         object.__setattr__(self, "_counted_from_cache", positions.counted_from_cache(lm))
+        self.routes_decoder_keywords = type(lm).__name__ == "EncoderDecoderModel"
 
     def forward(self, input_ids, write_at, kv_valid, source_mask, cache, cross):
         from transformers.cache_utils import Cache, EncoderDecoderCache
@@ -228,8 +229,12 @@ class Seq2SeqDecodeStep(torch.nn.Module):
         # the encoder's output is not read (the cross keys/values replace its projections); transformers uses it
         # for the cross mask's shape and to tell cross from self attention
         hidden = torch.zeros((batch, source, self.hidden), dtype=dtype, device=source_mask.device)
+        # EncoderDecoderModel hands decoder_* keywords to its decoder (BERT-like, whose own positions slice a table
+        # at the cache's length): its positions are the slots too
+        routed = {"decoder_position_ids": write_at[None].expand(batch, -1)} if self.routes_decoder_keywords else {}
         with self._positions.columns_given(self._counted_from_cache, write_at):  # no padding before the start token
             out = self.lm(
+                **routed,
                 encoder_outputs=self._encoder_output(last_hidden_state=hidden),
                 attention_mask=_mask(source_mask[:, None, None, :], self.additive, dtype),
                 decoder_input_ids=input_ids,
