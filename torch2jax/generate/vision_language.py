@@ -8,8 +8,9 @@
 `encode_image` turns pixel values into image features; `prefill` is the causal-LM step over text embeddings
 with each image token's embedding replaced by its feature row; `decode` is the causal-LM decode step. Which
 feature row each image token takes is computed from the ids, as transformers does (image_positions.py): the
-image tokens in row-major order take the images' features in order. Everything else (the donated cache, the
-left-padded batch, the length buckets, sampling) is the causal LM's (generate/generator.py). The manifest's vision
+image tokens in row-major order take the images' features in order. Everything else (the donated cache, whose
+tensors may be a recurrent text model's states as well as keys and values (Qwen3.5), the left-padded batch, the length
+buckets, sampling) is the causal LM's (generate/generator.py). The manifest's vision
 section is vision_spec.py; the processor, torch-free, vision_processor.py. Mistral3 and LightOnOCR take each image at
 its own size (image_sizes): the runtime cuts the padded pixels into each image's patches and merge blocks
 (native_patches), as transformers crops and unfolds them.

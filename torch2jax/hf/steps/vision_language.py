@@ -18,6 +18,10 @@ rope_index; decode passes zeros and continues from each row's largest position +
 same way (its tower's own ends in PatchEncoder; its rope index, over the processor's mm_token_type_ids, gives the same
 positions for images). EXAONE 4.5 and HyperCLOVAX Vision V2 are Qwen2.5-VL's tower (EXAONE's attention grouped-query,
 HyperCLOVAX's followed by a linear projector) before a text model of plain 1-D positions: their step takes no rope_offsets.
+Qwen3.5 and Qwen3.5-MoE are Qwen3-VL's tower without deepstack before a text model whose gated-delta-net layers keep a
+recurrent state: their step (RecurrentMultimodalStep) is the same merge over the recurrent step's cache
+(hf/steps/recurrent.py: each recurrent layer's states, each attention layer's keys and values, each tensor's kind in the
+generation spec), left padding kept out of the state as there (LanguageCache picks the cache of any VLM's text model).
 
 With `quantize`, the language step's matrix-product weights (its projections and LM head) are stored quantized as a
 causal LM's are (runtime/quantize.py); the vision tower and projector, run once per image, keep the model's dtype.
@@ -50,6 +54,7 @@ from ...generate.vision_spec import VisionSpec
 from ...runtime.model import Model
 from ...runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_model, share_quantized_params
 from ..directory import processor_files, transformers
+from . import recurrent
 from .causal_lm import DecoderStep, example_step_inputs, step_dynamic_shapes
 from .kv_cache import adopt_parts, cache_layout, check_limits, generation_fields
 
@@ -64,7 +69,8 @@ SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", 
              "Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration", "Idefics2ForConditionalGeneration",
              "Mistral3ForConditionalGeneration", "LightOnOcrForConditionalGeneration",
              "LlavaNextVideoForConditionalGeneration", "Exaone4_5_ForConditionalGeneration",
-             "HyperCLOVAXVisionV2ForConditionalGeneration")
+             "HyperCLOVAXVisionV2ForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
+             "Qwen3_5MoeForConditionalGeneration")
 # a Pixtral tower over each image at its own size (pixel_values padded to the largest, image_sizes), its patches merged
 # merge x merge into tokens (PixtralEncoder)
 NATIVE_RESOLUTION = ("Mistral3ForConditionalGeneration", "LightOnOcrForConditionalGeneration")
@@ -76,7 +82,8 @@ VARIABLE_RESOLUTION = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditio
                        "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
                        "Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration", "Glm46VForConditionalGeneration",
                        "GlmOcrForConditionalGeneration", "Exaone4_5_ForConditionalGeneration",
-                       "HyperCLOVAXVisionV2ForConditionalGeneration")
+                       "HyperCLOVAXVisionV2ForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
+                       "Qwen3_5MoeForConditionalGeneration")
 # variable-resolution models whose text model takes plain 1-D positions (no rope index; transformers' arange positions):
 # EXAONE 4.5 (a Qwen2.5-VL tower with grouped-query attention, an EXAONE 4 text model) and HyperCLOVAX-SEED Vision V2 (a
 # Qwen2.5-VL tower, a linear projector to a HyperCLOVAX text model)
@@ -363,6 +370,53 @@ class MultimodalStep(DecoderStep):
         return self.step({"inputs_embeds": embeds}, positions, write_at, kv_valid, cache, also)
 
 
+class RecurrentMultimodalStep(MultimodalStep, recurrent.RecurrentStep):
+    """MultimodalStep over a text model with recurrent layers (Qwen3.5's gated delta rule beside its attention layers):
+    the same embedding and feature merge, then RecurrentStep's `step` over its StateLayout's cache (each recurrent
+    layer's states, each attention layer's keys and values), so left padding stays out of the state as it does for
+    the text-only LM (hf/steps/recurrent.py)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LanguageCache:
+    """The language model's cache as the multimodal step takes it: an attention-only KV cache (kv_cache.CacheLayout), or
+    a recurrent step's StateLayout where the text model keeps a recurrent state (hf/steps/recurrent.py)."""
+
+    layout: Any
+    keeps_state: bool
+
+    def dynamic_shapes(self, max_batch: int) -> tuple:
+        """The step's own five inputs' symbolic dims (ids, positions, write_at, kv_valid, cache)."""
+        if self.keeps_state:
+            return recurrent.dynamic_shapes(self.layout, max_batch)
+        return step_dynamic_shapes(self.layout, max_batch)
+
+    def spec(self, vlm: torch.nn.Module, max_batch: int) -> GenerationSpec:
+        """The generation spec; a recurrent layout's marks each cache tensor's kind ("kv" or "state") and dtype."""
+        if self.keeps_state:
+            return GenerationSpec(**recurrent.spec_fields(vlm, self.layout, max_batch))
+        return GenerationSpec(**generation_fields(vlm, self.layout, max_batch))
+
+    def step(self, vlm: torch.nn.Module, **options: Any) -> MultimodalStep:
+        """The multimodal step over this cache (`options` as MultimodalStep's). A recurrent text model reads each token
+        once, in order: an image's tokens cannot attend to later ones (Gemma 3's image blocks, a prefix-LM)."""
+        if not self.keeps_state:
+            return MultimodalStep(vlm, self.layout, **options)
+        if options.get("image_blocks") or options.get("prefix_lm"):
+            raise InputSpecError(f"{type(vlm).__name__}'s text model keeps a recurrent state, and its image tokens "
+                                 "attend to later tokens (bidirectional image blocks or a prefix-LM), which a recurrent "
+                                 "layer's state cannot: not supported")
+        return RecurrentMultimodalStep(vlm, self.layout, **options)
+
+
+def language_cache(vlm: torch.nn.Module, max_cache_len: int) -> LanguageCache:
+    """The cache of `vlm`'s language model: a StateLayout where it has recurrent mixers (hf/stand_ins/mixers.py),
+    else the KV-cache layout."""
+    if recurrent.keeps_recurrent_state(vlm):
+        return LanguageCache(recurrent.state_layout(vlm, max_cache_len), True)
+    return LanguageCache(cache_layout(vlm, max_cache_len), False)
+
+
 def write_columns(table: torch.Tensor, write_at: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """`table` [B, L] with each row's step values [B, T] written at the step's slots: `write_at` [B, T] (each row's
     own) or [T] (shared by every row)."""
@@ -436,7 +490,8 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
         tokens_per_image, feature_size = int(probe.shape[0]) - 1, int(probe.shape[1])
     else:
         tokens_per_image, feature_size = int(probe.shape[1]), int(probe.shape[2])
-    layout = cache_layout(vlm, max_cache_len)
+    language = language_cache(vlm, max_cache_len)
+    layout = language.layout
     timer = StageTimer(progress)
     tiles = 1 + max(h // pixel_shape[1] * (w // pixel_shape[2]) for h, w in pinpoints) if pinpoints else 1
     max_images = IMAGES_PER_PROMPT * max_batch * MAX_TILES.get(type(vlm).__name__, tiles)
@@ -451,14 +506,15 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
     index = torch.tensor([[0, 1, -1], [2, -1, 3]])[:batch]
     features = torch.zeros((rows, feature_size), dtype=probe.dtype)
     feature_rows = {"name": "image_rows", "min": 1, "max": max_images * tokens_per_image}
-    shapes = step_dynamic_shapes(layout, max_batch)
+    shapes = language.dynamic_shapes(max_batch)
     blocks = tokens_per_image if type(vlm).__name__ in BIDIRECTIONAL_IMAGES else None
     kind = type(vlm).__name__
-    step = MultimodalStep(vlm, layout, blocks, prefix_lm=kind in PREFIX_LM, position_offset=POSITION_OFFSET.get(kind, 0))
+    step = language.step(vlm, image_blocks=blocks, prefix_lm=kind in PREFIX_LM,
+                         position_offset=POSITION_OFFSET.get(kind, 0))
     captured, _ = trace(step.eval(), (*step_args, features, index), None,
                         (*shapes, {0: feature_rows}, shapes[0]), timer, what=" of the multimodal step")
     encode, prefill, decode = _entry_points(encode, captured, timer, weights, quantize, group_size)
-    spec = GenerationSpec(**generation_fields(vlm, layout, max_batch))
+    spec = language.spec(vlm, max_batch)
     image_token = getattr(config, "image_token_id", None)
     if image_token is None:
         image_token = getattr(config, "image_token_index", None)
@@ -517,7 +573,8 @@ def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max
     patch_dim = int(vision.in_channels) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
     dtype = next(vlm.parameters()).dtype
     encoder = PatchEncoder(vlm).eval()
-    layout = cache_layout(vlm, max_cache_len)
+    language = language_cache(vlm, max_cache_len)
+    layout = language.layout
     timer = StageTimer(progress)
     max_rows = max_batch * max_cache_len  # every image token sits in a prompt
     merged = {"name": "image_rows", "min": 1, "max": max_rows}
@@ -548,16 +605,16 @@ def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max
     index = torch.tensor([[0, 1, -1], [2, -1, 3]])[:batch]
     features = torch.zeros((7, feature_size), dtype=dtype)
     offsets = torch.zeros((3, batch, 3), dtype=torch.long)
-    shapes = step_dynamic_shapes(layout, max_batch)
+    shapes = language.dynamic_shapes(max_batch)
     offset_dims = {axis + 1: d for axis, d in shapes[0].items()}
     text_positions = type(vlm).__name__ in TEXT_POSITIONS  # no rope_offsets input: the text positions as they are
     rope = () if text_positions else (offsets,)
-    step = MultimodalStep(vlm, layout, deepstack=deepstack)
+    step = language.step(vlm, deepstack=deepstack)
     captured, _ = trace(step.eval(), (*step_args, features, index, *rope), None,
                         (*shapes, {0: merged}, shapes[0], *((offset_dims,) if rope else ())), timer,
                         what=" of the multimodal step")
     encode, prefill, decode = _entry_points(encode, captured, timer, weights, quantize, group_size)
-    spec = GenerationSpec(**generation_fields(vlm, layout, max_batch))
+    spec = language.spec(vlm, max_batch)
     spec_vision = VisionSpec(image_token_id=int(config.image_token_id), tokens_per_image=0, feature_size=feature_size,
                              feature_dtype=dtype_name(dtype), pixel_shape=(patch_dim,), max_images=max_rows,
                              spatial_merge_size=merge, window_size=window, position_table=table, bicubic_table=bicubic,
@@ -574,7 +631,8 @@ def convert_native_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max_b
     merge, patch, channels = int(config.spatial_merge_size), int(vision.patch_size), int(vision.num_channels)
     dtype = next(vlm.parameters()).dtype
     encoder = PixtralEncoder(vlm).eval()
-    layout = cache_layout(vlm, max_cache_len)
+    language = language_cache(vlm, max_cache_len)
+    layout = language.layout
     timer = StageTimer(progress)
     max_rows = max_batch * max_cache_len  # every image token sits in a prompt
     merged = {"name": "image_rows", "min": 1, "max": max_rows}
@@ -600,12 +658,12 @@ def convert_native_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max_b
     step_args = example_step_inputs(layout, batch, 3)
     index = torch.tensor([[0, 1, -1], [2, -1, 3]])[:batch]
     features = torch.zeros((7, feature_size), dtype=dtype)
-    shapes = step_dynamic_shapes(layout, max_batch)
-    step = MultimodalStep(vlm, layout)
+    shapes = language.dynamic_shapes(max_batch)
+    step = language.step(vlm)
     captured, _ = trace(step.eval(), (*step_args, features, index), None, (*shapes, {0: merged}, shapes[0]), timer,
                         what=" of the multimodal step")
     encode, prefill, decode = _entry_points(encode, captured, timer, weights, quantize, group_size)
-    spec = GenerationSpec(**generation_fields(vlm, layout, max_batch))
+    spec = language.spec(vlm, max_batch)
     size = int(vision.image_size)
     processor = NATIVE_PROCESSORS[type(vlm).__name__][0]
     unread = (f"{processor}'s settings (its patch size and merge, PixtralProcessor's image break and end tokens) are "
