@@ -216,3 +216,27 @@ def test_a_decoder_of_several_token_streams_per_row_is_refused_naming_them():
     decoder = tf.MusicgenForCausalLM(config).eval()
     with pytest.raises(torch2jax.ExportError, match="MusicgenForCausalLM embeds 3 token streams per row"):
         torch2jax.convert_hf(decoder, task="text-generation", max_cache_len=CACHE, max_batch=2)
+
+
+def _gemma3n(layers: int, shared: int) -> torch.nn.Module:
+    import transformers as tf
+
+    torch.manual_seed(0)
+    config = tf.Gemma3nTextConfig(
+        vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB, hidden_size=32, hidden_size_per_layer_input=8,
+        intermediate_size=[48] * layers, num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=16, layer_types=["sliding_attention", "full_attention"] * (layers // 2), sliding_window=6,
+        num_kv_shared_layers=shared, laurel_rank=8, activation_sparsity_pattern=[0.0] * layers, initializer_range=_STD,
+        pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS, max_position_embeddings=64)
+    return tf.Gemma3nForCausalLM(config).eval()
+
+
+@pytest.mark.slow  # ~80 s on 2 cores (Gemma 3n's altup and laurel blocks); the sweep's gemma3n_text row runs it too
+def test_gemma3n_layers_that_reuse_earlier_keys_generate_as_transformers(tmp_path):
+    """Gemma 3n's last layers keep no cache (transformers' DummyLayer): they attend over the keys and values the last
+    layer of their type wrote in the same step. Their cache entries are empty (no heads), the layers' numbering kept."""
+    lm = _gemma3n(layers=4, shared=2)
+    g = torch2jax.convert_hf(lm, task="text-generation", max_cache_len=CACHE, max_batch=2)
+    assert [shape[0] for shape in g.spec.cache_shapes[::2]] == [1, 1, 0, 0]  # kv heads of each layer's keys
+    check(lm, g.generate)
+    check(lm, torch2jax.load(torch2jax.save(g, tmp_path / "gemma3n")).generate)

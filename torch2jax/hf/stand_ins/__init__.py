@@ -6,13 +6,14 @@ from the step's mask (alibi.py) and the positions of BART-like decoders, which c
 by the step (positions.py), DeepSeek sparse attention's top-key indexer over the step's span (sparse_indexer.py),
 and recurrent mixers over the step's explicit state: their registry (mixers.py) and
 each family's (state_space.py, mamba_kin.py, mamba2_kin.py, rg_lru.py, gated_delta.py, short_conv.py, rwkv.py, xlstm.py, zaya.py,
-minimax.py)."""
+minimax.py, linear_attention.py)."""
 
 from . import (  # noqa: F401 - registered on import
     alibi,
     delta_rule,
     experts,
     gated_delta,
+    linear_attention,
     local_attention,
     mamba2_kin,
     mamba_kin,

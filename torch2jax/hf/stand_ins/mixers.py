@@ -12,7 +12,8 @@ padding), and sets the new states on the entry (`entry.states = [...]`) for the 
 Each family's stand-ins live in their own module and register here: state_space.py (Mamba, Mamba2, Bamba),
 mamba_kin.py (FalconMamba, Jamba, Zamba, Zamba2), mamba2_kin.py (Granite 4, Nemotron-H, Falcon-H1), rg_lru.py
 (RecurrentGemma), gated_delta.py (Qwen3.5, Qwen3-Next, OLMo-hybrid, Kimi-Linear), short_conv.py (LFM2), rwkv.py (RWKV),
-xlstm.py (xLSTM), zaya.py (ZAYA) and minimax.py (MiniMax).
+xlstm.py (xLSTM), zaya.py (ZAYA), minimax.py (MiniMax) and linear_attention.py (LaraMini; Inkling, Inkling2 and
+Inkling2-Loop, whose decoder layers are the mixers: four short-convolution windows beside each attention layer).
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class Mixer:
     state_keyword: str | None = None
     # the Cache subclass the LM's forward insists on ("module.QualName", MiniMax's MiniMaxCache), or None for any
     cache_class: str | None = None
+    # mixer module -> the indices of later cache layers that also hold its state, one per pass where the model runs
+    # the layer again (Inkling2-Loop's loop passes, laid out after the model's own layers)
+    later_layers: Callable[[torch.nn.Module], tuple[int, ...]] = lambda mixer: ()
 
 
 MIXERS: dict[str, Mixer] = {}  # qualified class name -> Mixer

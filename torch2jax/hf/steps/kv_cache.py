@@ -122,17 +122,22 @@ def cache_layout(lm: torch.nn.Module, max_cache_len: int) -> CacheLayout:
             "state-space or short-convolution layers) besides attention keys and values, from mixers torch2jax has no "
             "generation stand-in for (hf/stand_ins/mixers.py), so it cannot generate yet. Its forward converts: "
             "torch2jax.convert(model, args), or `torch2jax convert hf:DIR --task feature-extraction`.")
-    keys = [layer.keys for layer in cache.layers]
-    values = [layer.values for layer in cache.layers]
-    if not keys or any(k is None for k in keys):
+    # transformers' DummyLayer stands for a layer that keeps no cache of its own (Gemma 3n's layers that reuse an
+    # earlier layer's keys and values within the step): an empty entry (no heads) keeps the layers' numbering
+    empty = torch.zeros((1, 0, 1, 1))
+    own = [type(layer).__name__ != "DummyLayer" for layer in cache.layers]
+    keys = [layer.keys if mine else empty for layer, mine in zip(cache.layers, own)]
+    values = [layer.values if mine else empty for layer, mine in zip(cache.layers, own)]
+    if not any(own) or any(k is None for k in keys):
         raise ExportError(f"{type(lm).__name__} did not fill a key/value cache; only attention-cache decoders are supported")
+    dtype = next(k.dtype for k, mine in zip(keys, own) if mine)
     return CacheLayout(
         layers=len(keys),
         key_shapes=tuple((k.shape[1], k.shape[3]) for k in keys),
         value_shapes=tuple((v.shape[1], v.shape[3]) for v in values),
-        dtype=keys[0].dtype,
+        dtype=dtype,
         max_cache_len=max_cache_len,
-        indexer_dims=indexer_dims(lm, cache.layers, keys[0].dtype),
+        indexer_dims=indexer_dims(lm, cache.layers, dtype),
     )
 
 

@@ -86,6 +86,8 @@ def state_mixers(lm: torch.nn.Module) -> dict[int, torch.nn.Module]:
             except AttributeError:  # RecurrentGemma's blocks keep no index: their decoder layer's
                 module.layer_idx = index = decoder_layer_index(lm, name)
             found[index] = module
+            for again in mixer.later_layers(module):  # Inkling2-Loop's later loop passes
+                found[again] = module
     return found
 
 
