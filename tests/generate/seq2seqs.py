@@ -51,6 +51,25 @@ def build_seq2seq(name: str):
     raise KeyError(name)
 
 
+IMAGE_SIZE, CHANNELS = 32, 3  # the image encoder-decoder's pixels (ViT patches of 8: 16 patches and the CLS token)
+
+
+def build_image_seq2seq():
+    """VisionEncoderDecoderModel as TrOCR builds it: a ViT encoder and a TrOCR decoder (learned positions counted from
+    the cache), the encoder wider than the decoder so that the model projects its output (enc_to_dec_proj); its LM head
+    untied, as a tied one over random weights mostly repeats the last token."""
+    import transformers as tf
+
+    encoder = tf.ViTConfig(hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                           image_size=IMAGE_SIZE, patch_size=8, num_channels=CHANNELS)
+    decoder = tf.TrOCRConfig(vocab_size=VOCAB, d_model=32, decoder_layers=2, decoder_attention_heads=4, decoder_ffn_dim=64,
+                             max_position_embeddings=64, pad_token_id=PAD, bos_token_id=START, eos_token_id=EOS,
+                             decoder_start_token_id=START, tie_word_embeddings=False)
+    config = tf.VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder, decoder_start_token_id=START,
+                                                                        pad_token_id=PAD, eos_token_id=EOS)
+    return tf.VisionEncoderDecoderModel(config)
+
+
 ARCHITECTURES = ("t5", "bart")
 MEL, FRAMES = 16, 40
 

@@ -1,8 +1,9 @@
-"""Generation from a converted encoder-decoder (T5, BART, Whisper), torch-free.
+"""Generation from a converted encoder-decoder (T5, BART, Whisper, VisionEncoderDecoderModel), torch-free.
 
     g = torch2jax.load("out/t5")                               # a Seq2SeqGenerator
     ids = g.generate(input_ids, attention_mask=mask, max_new_tokens=32)   # [B, 1 + new], from the start token
     ids = whisper.generate(input_features=features)            # [B, mel, frames] log-mel features
+    ids = trocr.generate(pixel_values=pixels)                  # [B, C, H, W] images, processed (resized, normalized)
     ids = g.generate(input_ids, attention_mask=mask, num_beams=4)   # beam search, as transformers' (generate/beam.py)
 
 `encode` runs once per call: the source (right-padded, as tokenizers pad for these models) to the
@@ -59,13 +60,22 @@ class Seq2SeqSpec(GenerationSpec):
     cross_shapes: tuple[tuple[int, int], ...]  # per cross tensor (heads, head_dim): [batch, heads, source, head_dim]
     forced_bos_token_id: int | None = None  # transformers' forced-BOS / forced-EOS processors (BART sets the latter)
     forced_eos_token_id: int | None = None
-    source_input: str = "input_ids"  # what encode reads: "input_ids" (+ mask) or "input_features"
-    feature_shape: tuple[int, ...] | None = None  # per row, for input_features (Whisper: mel bins, frames)
+    source_input: str = "input_ids"  # what encode reads: "input_ids" (+ mask), "input_features" or "pixel_values"
+    feature_shape: tuple[int, ...] | None = None  # per row, for features (Whisper: mel bins, frames) or pixels (C, H, W)
     fixed_source: bool = False  # encode takes ids of exactly max_source_len (an encoder that branches on the length)
 
     @property
     def takes_features(self) -> bool:
         return self.source_input == "input_features"
+
+    @property
+    def takes_pixels(self) -> bool:
+        return self.source_input == "pixel_values"
+
+    @property
+    def fixed_shape_source(self) -> bool:
+        """Features or pixels: one float array of `feature_shape` per row, no mask, the encoder's output length fixed."""
+        return self.source_input in FIXED_SHAPE_SOURCES
 
     def to_json(self) -> dict:
         out = super().to_json()
@@ -77,7 +87,7 @@ class Seq2SeqSpec(GenerationSpec):
             "cross": {"shapes": [["batch", h, "source", d] for h, d in self.cross_shapes], "dtype": self.cache_dtype,
                       "donated": False, "computed_by": "encode"},
             "encoder_input": {"name": self.source_input,
-                              "shape": ["batch", *self.feature_shape] if self.takes_features else
+                              "shape": ["batch", *self.feature_shape] if self.fixed_shape_source else
                               ["batch", self.max_source_len if self.fixed_source else "source"]},
         })
         return out
@@ -90,7 +100,7 @@ class Seq2SeqSpec(GenerationSpec):
                         for name in ("forced_bos_token_id", "forced_eos_token_id")}
             encoder_input = data.get("encoder_input") or {"name": "input_ids"}
             optional["source_input"] = str(encoder_input["name"])
-            if optional["source_input"] == "input_features":
+            if optional["source_input"] in FIXED_SHAPE_SOURCES:
                 optional["feature_shape"] = tuple(int(d) for d in encoder_input["shape"][1:])
             else:  # ["batch", "source"], or ["batch", N] for a source of fixed length
                 optional["fixed_source"] = isinstance((encoder_input.get("shape") or [None, None])[1], int)
@@ -103,6 +113,9 @@ class Seq2SeqSpec(GenerationSpec):
             )
         except (KeyError, TypeError, ValueError, IndexError) as err:
             raise Torch2JaxError(f"the manifest's generation section is malformed ({type(err).__name__}: {err})") from None
+
+
+FIXED_SHAPE_SOURCES = ("input_features", "pixel_values")
 
 
 class Seq2SeqGenerator(TokenLoop):
@@ -142,6 +155,7 @@ class Seq2SeqGenerator(TokenLoop):
         attention_mask: Any = None,
         *,
         input_features: Any = None,
+        pixel_values: Any = None,
         max_new_tokens: int = 32,
         do_sample: bool | None = None,
         temperature: Any = None,
@@ -170,10 +184,16 @@ class Seq2SeqGenerator(TokenLoop):
         an end token is padded with `pad_token_id` after it, and generation stops once every row has ended.
         `stream=True` yields each step's [B] new tokens instead. Sampling parameters may be per row.
         A Whisper artifact takes `input_features` [B, mel, frames] instead (transformers' Whisper generate
-        returns the same tokens without the start token). The generation settings are the causal LM's
+        returns the same tokens without the start token); a VisionEncoderDecoderModel's (TrOCR, Donut) `pixel_values`
+        [B, C, H, W] at the size it was converted for. The generation settings are the causal LM's
         (Generator.generate), over the decoder's sequence: its start token, then the new tokens; `num_beams` > 1 runs
         transformers' beam search as Generator.generate does ([B * num_return_sequences, 1 + new])."""
-        ids, mask = check_source(input_ids, attention_mask, input_features, self.spec)
+        if self.spec.takes_pixels:
+            ids, mask = check_pixels(pixel_values, input_ids, input_features, self.spec), None
+        elif pixel_values is not None:
+            raise InputSpecError(f"this artifact's encoder reads {self.spec.source_input}, not pixel_values")
+        else:
+            ids, mask = check_source(input_ids, attention_mask, input_features, self.spec)
         check_new_tokens_fit_decoder(max_new_tokens, self.spec)
         start = np.full((ids.shape[0], 1), self.spec.decoder_start_token_id, np.int64)
         given = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -193,9 +213,9 @@ class Seq2SeqGenerator(TokenLoop):
 
     # -- the loop ---------------------------------------------------------------------------
     def _encoder_inputs(self, ids: np.ndarray, mask: np.ndarray | None, pad: int = 0) -> tuple:
-        """What encode takes: features cast to the model's dtype, or ids and mask right-padded to a length bucket (to
+        """What encode takes: features or pixels cast to the model's dtype, or ids and mask right-padded to a length bucket (to
         max_source_len where the encoder was exported at that length)."""
-        if self.spec.takes_features:
+        if self.spec.fixed_shape_source:
             return (jnp.asarray(ids, dtypes.jax_dtype(self.spec.cache_dtype)),)
         batch, length = ids.shape
         width = self.spec.max_source_len if self.spec.fixed_source else bucket(length, self.spec.max_source_len, MIN_BUCKET)
@@ -210,7 +230,7 @@ class Seq2SeqGenerator(TokenLoop):
         inputs = self._encoder_inputs(ids, mask, request.pad_id)
         cross = self._encode(self.params, *inputs)
         key, do_sample, params = request.key, request.do_sample, request.sampling
-        source_mask = jnp.ones((batch, cross[0].shape[2]), bool) if self.spec.takes_features else inputs[1] != 0
+        source_mask = jnp.ones((batch, cross[0].shape[2]), bool) if self.spec.fixed_shape_source else inputs[1] != 0
         state = {"cache": self.new_cache(batch), "valid": jnp.zeros((batch, self.spec.max_cache_len), bool),
                  "history": request.history}
         forced = self._forced(max_new_tokens)
@@ -247,7 +267,7 @@ class Seq2SeqGenerator(TokenLoop):
         eos = np.asarray(request.eos).reshape(-1)
         inputs = self._encoder_inputs(ids, mask, request.pad_id)
         cross = self._encode(self.params, *inputs)
-        source_mask = jnp.ones((batch, cross[0].shape[2]), bool) if self.spec.takes_features else inputs[1] != 0
+        source_mask = jnp.ones((batch, cross[0].shape[2]), bool) if self.spec.fixed_shape_source else inputs[1] != 0
         repeat, decode = self._beam_steps()
         cross, source_mask = repeat(cross, source_mask, nb=nb)
         tokens_width = beam.width_for(max_new_tokens)
@@ -337,14 +357,34 @@ class Seq2SeqGenerator(TokenLoop):
         return tokens, ran, token, cache, valid, done, history
 
     def _prompt_batch(self, rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray, int]:
-        if self.spec.takes_features:
-            raise InputSpecError("this artifact's encoder reads audio features (input_features), not token ids: call "
-                                 "generate(input_features=...)")
+        if self.spec.fixed_shape_source:
+            what = "audio features" if self.spec.takes_features else "images"
+            raise InputSpecError(f"this artifact's encoder reads {what} ({self.spec.source_input}), not token ids: call "
+                                 f"generate({self.spec.source_input}=...)")
         ids, mask = right_pad(rows, self.spec.pad_token_id)
         return ids, mask, 1  # the decoder's output starts with its start token
 
     def _shown(self, prompt: list[int], generated: np.ndarray, new: list[int]) -> list[int]:
         return [int(generated[0]), *new]
+
+
+def check_pixels(pixel_values: Any, input_ids: Any, input_features: Any, spec: Seq2SeqSpec) -> np.ndarray:
+    """A VisionEncoderDecoderModel's images, checked against its Seq2SeqSpec: [B, C, H, W] floats (one [C, H, W] image
+    a batch of one) at the size the encoder was exported for (its processor resizes to it)."""
+    want = list(spec.feature_shape or ())
+    if pixel_values is None or input_ids is not None or input_features is not None:
+        raise InputSpecError(f"this artifact's encoder reads images: pass pixel_values [batch, {', '.join(map(str, want))}] "
+                             "(as the model's image processor makes them), not input_ids or input_features")
+    pixels = np.asarray(pixel_values)
+    if pixels.ndim == len(want):
+        pixels = pixels[None]
+    if list(pixels.shape[1:]) != want or not np.issubdtype(pixels.dtype, np.floating):
+        raise InputSpecError(f"pixel_values must be floats of shape [batch, {', '.join(map(str, want))}], got "
+                             f"{pixels.dtype}{list(pixels.shape)} (resize the images to the model's image size)")
+    if not 1 <= pixels.shape[0] <= spec.max_batch:
+        raise InputSpecError(f"batch of {pixels.shape[0]} images: this artifact was converted for 1 to {spec.max_batch} "
+                             "(convert again with a larger --max-batch, or split the batch)")
+    return pixels
 
 
 def right_pad(rows: list, pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:

@@ -5,7 +5,8 @@ streamed model's slice (hf/verify_slice.py) all call.
 The way through the hf room, in order: the source resolved once (hf/source.py: the directory, its config, the task, the
 model loaded or built with fake params), then by task one of three step converters over the KV cache layout of
 hf/steps/kv_cache.py: a causal LM's step (hf/steps/causal_lm.py, alike layers repeated by hf/steps/layer_repeat.py), an
-encoder-decoder's encode and decode steps (hf/steps/seq2seq.py) or a vision-language model's image encoder and
+encoder-decoder's encode and decode steps (hf/steps/seq2seq.py; an image-text-to-text encoder-decoder too,
+VisionEncoderDecoderModel's image encoder read as its source) or a vision-language model's image encoder and
 multimodal step (hf/steps/vision_language.py); last, the directory's tokenizer (and processor) files attached.
 """
 
@@ -25,7 +26,7 @@ from .steps.causal_lm import convert_causal_lm
 from .steps.recurrent import convert_recurrent_lm, keeps_recurrent_state
 from .steps.seq2seq import convert_seq2seq
 from .steps.vision_language import convert_vision_language, with_processor_text
-from .tasks import IMAGE_TEXT_TO_TEXT, TEXT2TEXT_GENERATION
+from .tasks import IMAGE_TEXT_TO_TEXT, TEXT2TEXT_GENERATION, reads_images
 
 AnyGenerator = Generator | Seq2SeqGenerator | VisionLanguageGenerator
 ProgressFn = Callable[[str, str], None]  # (stage, message), as each conversion stage starts
@@ -46,9 +47,12 @@ def convert_generator(source: HFSource, options: GenerationOptions, progress: Pr
     (and processor) files attached to travel with the artifact."""
     common = dict(max_cache_len=options.max_cache_len, max_batch=options.max_batch, dtype=options.dtype, progress=progress,
                   quantize=options.quantize, group_size=options.group_size)
-    if source.task == IMAGE_TEXT_TO_TEXT:
+    # an image-text-to-text encoder-decoder (VisionEncoderDecoderModel: TrOCR, Donut) is an encoder-decoder whose source
+    # is pixels: the seq2seq steps, not a vision-language model's (whose image tokens go into a causal LM's prompt)
+    seq2seq = source.task == TEXT2TEXT_GENERATION or (source.task == IMAGE_TEXT_TO_TEXT and reads_images(source.model))
+    if source.task == IMAGE_TEXT_TO_TEXT and not seq2seq:
         generator = convert_vision_language(source.model, weights=source.weights, **common)
-    elif source.task == TEXT2TEXT_GENERATION:
+    elif seq2seq:
         generator = convert_seq2seq(source.model, max_source_len=options.max_source_len, weights=source.weights, **common)
     else:  # state-space layers (Mamba, Mamba2 and hybrids): their recurrent state is the cache (hf/steps/recurrent.py)
         convert = convert_recurrent_lm if keeps_recurrent_state(source.model) else convert_causal_lm
@@ -60,5 +64,6 @@ def convert_generator(source: HFSource, options: GenerationOptions, progress: Pr
         generator.tokenizer_files = dict(source.tokenizer_files)
         if source.task == IMAGE_TEXT_TO_TEXT:
             generator.tokenizer_files.update(source.processor_files)
+        if isinstance(generator, VisionLanguageGenerator):
             generator.vision = with_processor_text(generator.vision, source.directory)
     return generator

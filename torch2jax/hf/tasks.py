@@ -19,7 +19,9 @@ from .directory import transformers
 
 TEXT_GENERATION = "text-generation"
 TEXT2TEXT_GENERATION = "text2text-generation"
-IMAGE_TEXT_TO_TEXT = "image-text-to-text"  # vision-language models (hf/steps/vision_language.py)
+IMAGE_TEXT_TO_TEXT = "image-text-to-text"  # vision-language models (hf/steps/vision_language.py), and encoder-decoders
+# whose encoder reads the image (VisionEncoderDecoderModel: TrOCR, Donut; hf/steps/seq2seq.py)
+IMAGE_ENCODER_DECODER = "vision-encoder-decoder"  # the model_type of VisionEncoderDecoderModel's config
 # what convert_hf builds (a Generator, a Seq2SeqGenerator, a VisionLanguageGenerator)
 GENERATION_TASKS = (TEXT_GENERATION, TEXT2TEXT_GENERATION, IMAGE_TEXT_TO_TEXT)
 GENERATION_AUTO_CLASSES = {TEXT_GENERATION: "AutoModelForCausalLM", TEXT2TEXT_GENERATION: "AutoModelForSeq2SeqLM",
@@ -49,6 +51,8 @@ _TASK_BY_LISTING = ("audio-classification", "zero-shot-image-classification")
 def default_task(config: Any) -> str:
     """The task the config's `architectures` entry implies (feature-extraction when it names none we know)."""
     architectures = getattr(config, "architectures", None) or []
+    if getattr(config, "model_type", None) == IMAGE_ENCODER_DECODER:
+        return IMAGE_TEXT_TO_TEXT
     if is_vision_language(config) and any(a.endswith("ForConditionalGeneration") for a in architectures):
         return IMAGE_TEXT_TO_TEXT
     for arch in architectures:
@@ -73,6 +77,12 @@ def is_vision_language(config: Any) -> bool:
     return getattr(config, "vision_config", None) is not None and getattr(config, "text_config", None) is not None
 
 
+def reads_images(model: Any) -> bool:
+    """An encoder-decoder whose encoder reads pixel_values (VisionEncoderDecoderModel): converted as an encoder-decoder
+    with a pixel source, not as a vision-language model."""
+    return bool(getattr(model.config, "is_encoder_decoder", False)) and getattr(model, "main_input_name", None) == "pixel_values"
+
+
 def task_of(config: Any, model: Any = None) -> str:
     """The task implied where none is given: a directory's by its config's `architectures` (default_task); a model
     object's by its class name (a model built from a config has no `architectures` until it is saved): a vision part
@@ -80,17 +90,20 @@ def task_of(config: Any, model: Any = None) -> str:
     if model is None:
         return default_task(config)
     name = type(model).__name__
-    if is_vision_language(config) and name.endswith("ForConditionalGeneration"):
+    if (is_vision_language(config) and name.endswith("ForConditionalGeneration")) or reads_images(model):
         return IMAGE_TEXT_TO_TEXT
     return next((task for suffix, task in _TASK_BY_SUFFIX if name.endswith(suffix)), TEXT_GENERATION)
 
 
 def auto_class(task: str, config: Any = None) -> Any:
     """transformers' auto class a task's model is loaded with: a generator's (an encoder-decoder whose config is a
-    speech model's, such as Whisper, its own), or a forward-pass task's (FORWARD_TASKS)."""
+    speech model's, such as Whisper, or an image encoder's, VisionEncoderDecoderModel, its own), or a forward-pass
+    task's (FORWARD_TASKS)."""
     module = transformers()
     if task == TEXT2TEXT_GENERATION and type(config) in module.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING:
         return module.AutoModelForSpeechSeq2Seq
+    if task == TEXT2TEXT_GENERATION and getattr(config, "model_type", None) == IMAGE_ENCODER_DECODER:
+        return module.AutoModelForImageTextToText
     return getattr(module, GENERATION_AUTO_CLASSES.get(task) or FORWARD_TASKS[task].auto_class)
 
 

@@ -72,14 +72,15 @@ def verify_generation(lm: torch.nn.Module, generator, tokens: int = 16, seed: in
 
 def verify_seq2seq(lm: torch.nn.Module, generator, tokens: int = 16, seed: int = 0) -> GenerationCheck:
     """Greedy-generate `tokens` tokens for two sources (one right-padded, with its mask) with both; no end token
-    stops either (transformers' forced-BOS/EOS tokens, which the artifact applies too, still come)."""
+    stops either (transformers' forced-BOS/EOS tokens, which the artifact applies too, still come). Whisper's sources
+    are random features, a VisionEncoderDecoderModel's random images (a fixed size: no padding, no mask)."""
     tokens = min(tokens, generator.spec.max_cache_len)
     rng = np.random.default_rng(seed)
     batch = min(2, generator.spec.max_batch)
-    if generator.spec.takes_features:  # Whisper: random log-mel-like features, no mask
+    if generator.spec.fixed_shape_source:
         features = rng.standard_normal((batch, *generator.spec.feature_shape)).astype(np.float32)
-        ours = generator.generate(input_features=features, max_new_tokens=tokens, do_sample=False, num_beams=1,
-                                  eos_token_id=[])
+        ours = generator.generate(**{generator.spec.source_input: features}, max_new_tokens=tokens, do_sample=False,
+                                  num_beams=1, eos_token_id=[])
         theirs = transformers_greedy(lm, features, tokens, generator.spec.pad_token_id, dtype=next(lm.parameters()).dtype)
     else:
         lengths = (7, 4)
@@ -122,7 +123,10 @@ def check_image_sizes(vision) -> list[tuple[int, int]]:
 
 def verify_vision_language(vlm: torch.nn.Module, generator, tokens: int = 16, seed: int = 0) -> GenerationCheck:
     """Greedy-generate `tokens` tokens for two prompts, each of random text around one image's expanded image tokens,
-    one left-padded, with random pixel values, with both; no end token stops either."""
+    one left-padded, with random pixel values, with both; no end token stops either. An image-text-to-text
+    encoder-decoder (VisionEncoderDecoderModel, a Seq2SeqGenerator: no prompt) is checked as one, on two random images."""
+    if getattr(generator, "vision", None) is None:
+        return verify_seq2seq(vlm, generator, tokens, seed)
     vision = generator.vision
     merge, pins, native = vision.spatial_merge_size, vision.grid_pinpoints, getattr(vision, "patch_size", 0)
     per_image, lengths = image_tokens(vision), IMAGE_CHECK_TEXT

@@ -55,7 +55,8 @@ def verify_streamed(source: HFSource, artifact_dir: Path, options: GenerationOpt
         result = compare(reference, load_generator(artifact_dir), tokens=tokens, seed=seed)
         check_generation(result)
         how = f", its {quantization['scheme']} weights dequantized" if quantization else ""
-        return f"verified against transformers (the whole model, {depth} layers{how}):\n{result.summary()}"
+        layers_said = f", {depth} layers" if depth is not None else ""
+        return f"verified against transformers (the whole model{layers_said}{how}):\n{result.summary()}"
     if progress:
         progress("verify", f"convert the first {layers} of {depth} layers the same way and generate {tokens} tokens with both")
     small = sliced_config(config, layers)

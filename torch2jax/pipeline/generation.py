@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..capture.converter import quantize_like
 from ..generate.artifacts import load_generator, save_generator
+from ..generate.seq2seq import Seq2SeqGenerator
 from ..hf.convert import convert_generator
 from ..hf.options import GenerationOptions
 from ..hf.source import HFSource, load_generation_model
@@ -64,7 +65,9 @@ def export_generator(source: HFSource, out: Path, *, options: GenerationOptions,
             check_generation(result)
 
         written = f"write {out}"
-    report("save", f"jax.export {ENTRY_POINTS.get(source.task, 'prefill and decode')}, {written}")
+    entry_points = "encode and decode" if isinstance(generator, Seq2SeqGenerator) else ENTRY_POINTS.get(
+        source.task, "prefill and decode")  # an image encoder-decoder's task is image-text-to-text
+    report("save", f"jax.export {entry_points}, {written}")
     save_generator(generator, out, force=force, platforms=list(platforms), source=source.name,
                    check=check if verify else None, on_bytes=on_bytes)
     if stream and not verify:

@@ -34,9 +34,9 @@ class Seq2SeqBatchEngine(BatchEngine):
     """A Seq2SeqGenerator's batch: the cross-attention state of the running cohort beside the self-attention cache."""
 
     def __init__(self, generator: Seq2SeqGenerator, rows: int, decode_block: int = 16):
-        if generator.spec.takes_features:
-            raise InputSpecError("this encoder-decoder reads audio features (Whisper's input_features), and the server takes "
-                                 "text; run Seq2SeqGenerator.generate(input_features=...) in Python")
+        if generator.spec.source_input != "input_ids":  # Whisper's input_features, an image encoder's pixel_values
+            raise InputSpecError(f"this encoder-decoder reads {generator.spec.source_input}, not text, and the server "
+                                 f"takes text; run Seq2SeqGenerator.generate({generator.spec.source_input}=...) in Python")
         self._start_batch(generator, rows, decode_block)
         self.cross: list[jax.Array] | None = None  # the running cohort's encoder outputs, per decoder layer
         self.source_mask: jax.Array | None = None  # [rows, source bucket] bool

@@ -1,9 +1,10 @@
-"""An encoder-decoder (T5, BART, Whisper) as two steps over explicit state: encode once, then decode one token
-at a time.
+"""An encoder-decoder (T5, BART, Whisper, VisionEncoderDecoderModel: TrOCR, Donut) as two steps over explicit state:
+encode once, then decode one token at a time.
 
     encode(input_ids [B, S], attention_mask [B, S]) -> cross    the cross-attention keys and values of every
                                                                 decoder layer, [B, heads, S, head_dim] each
     encode(input_features [B, mel, frames]) -> cross            (Whisper: a fixed number of frames, no mask)
+    encode(pixel_values [B, C, H, W]) -> cross                  (VisionEncoderDecoderModel: a fixed image size, no mask)
     decode(input_ids [B, 1], write_at [1], kv_valid [B, L], source_mask [B, S], cache, cross)
                                                             -> (logits [B, V] float32, cache)
 
@@ -33,8 +34,9 @@ from .kv_cache import CacheLayout, adopt_parts, cache_argument, check_limits, ex
 
 @dataclass(frozen=True)
 class Source:
-    """What the encoder reads: token ids and their mask ([B, S], S symbolic), or a fixed-size array of features
-    per row (Whisper's log-mel frames, [B, mel, frames]; the encoder checks the frame count, so no mask)."""
+    """What the encoder reads: token ids and their mask ([B, S], S symbolic), or a fixed-size float array per row
+    (Whisper's log-mel frames, [B, mel, frames]; a vision encoder's pixels, [B, C, H, W]): the encoder's output length is
+    then the model's own, so no mask."""
 
     names: tuple[str, ...]
     feature_shape: tuple[int, ...] | None = None
@@ -57,16 +59,33 @@ class Source:
 
 def source_of(lm: torch.nn.Module) -> Source:
     """Token ids for text encoders; Whisper-style audio encoders take [mel bins, 2 x max_source_positions] frames
-    (two convolutions, the second of stride 2, give max_source_positions encoder positions)."""
+    (two convolutions, the second of stride 2, give max_source_positions encoder positions); a VisionEncoderDecoderModel's
+    image encoder (ViT, DeiT, Swin) [channels, height, width] pixels at its config's image_size, the size its processor
+    resizes to (a ViT's position table is that size's)."""
     name = getattr(lm, "main_input_name", "input_ids")
     if name == "input_ids":
         return Source(("input_ids", "attention_mask"))
     config = lm.config
+    if name == "pixel_values":
+        return Source(("pixel_values",), pixel_shape(lm), next(lm.parameters()).dtype)
     mel, positions = getattr(config, "num_mel_bins", None), getattr(config, "max_source_positions", None)
     if name != "input_features" or not isinstance(mel, int) or not isinstance(positions, int):
-        raise ExportError(f"{type(lm).__name__} reads {name!r}: text2text-generation supports token-id encoders (T5, BART) "
-                          "and Whisper-style log-mel features (input_features with num_mel_bins, max_source_positions)")
+        raise ExportError(f"{type(lm).__name__} reads {name!r}: text2text-generation supports token-id encoders (T5, BART), "
+                          "Whisper-style log-mel features (input_features with num_mel_bins, max_source_positions) and "
+                          "image encoders' pixel_values (VisionEncoderDecoderModel)")
     return Source(("input_features",), (mel, 2 * positions), next(lm.parameters()).dtype)
+
+
+def pixel_shape(lm: torch.nn.Module) -> tuple[int, int, int]:
+    """[channels, height, width] of the images an image encoder was configured for (`image_size`: one side or
+    [height, width], as Donut's Swin gives it)."""
+    encoder = getattr(lm.config, "encoder", None) or lm.config
+    size, channels = getattr(encoder, "image_size", None), getattr(encoder, "num_channels", 3)
+    sides = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+    if len(sides) != 2 or not all(isinstance(side, int) and side > 0 for side in sides) or not isinstance(channels, int):
+        raise ExportError(f"{type(lm).__name__}'s encoder config gives no image_size (got {size!r}): the encoder's pixels "
+                          "are exported at one fixed size, set config.encoder.image_size to the processor's")
+    return (channels, *sides)
 
 
 @dataclass(frozen=True)
@@ -183,7 +202,8 @@ class EncodeStep(torch.nn.Module):
                 **cache_argument(self.lm, cache), use_cache=True)
         if any(layer.keys is None for layer in cross):
             raise ExportError(f"{type(self.lm).__name__} did not fill its cross-attention cache: only encoder-decoders "
-                              "whose decoder layers cache the encoder's keys/values (T5, BART, Whisper) are supported")
+                              "whose decoder layers cache the encoder's keys/values (T5, BART, Whisper, TrOCR) are "
+                              "supported")
         return [t for layer in cross for t in (layer.keys, layer.values)]
 
 
@@ -207,7 +227,7 @@ class Seq2SeqDecodeStep(torch.nn.Module):
         # decoders that count positions from the cache's length (BART and kin; MVP's own count does not trace): given
         # the slots (the encoder's tables are not run here: its output is given)
         object.__setattr__(self, "_counted_from_cache", positions.counted_from_cache(lm))
-        self.routes_decoder_keywords = type(lm).__name__ == "EncoderDecoderModel"
+        self.routes_decoder_keywords = routes_decoder_positions(lm)
 
     def forward(self, input_ids, write_at, kv_valid, source_mask, cache, cross):
         from transformers.cache_utils import Cache, EncoderDecoderCache
@@ -229,8 +249,8 @@ class Seq2SeqDecodeStep(torch.nn.Module):
         # the encoder's output is not read (the cross keys/values replace its projections); transformers uses it
         # for the cross mask's shape and to tell cross from self attention
         hidden = torch.zeros((batch, source, self.hidden), dtype=dtype, device=source_mask.device)
-        # EncoderDecoderModel hands decoder_* keywords to its decoder (BERT-like, whose own positions slice a table
-        # at the cache's length): its positions are the slots too
+        # EncoderDecoderModel and VisionEncoderDecoderModel hand decoder_* keywords to their decoder (BERT-like or GPT-2,
+        # whose own positions slice a table at the cache's length): its positions are the slots too
         routed = {"decoder_position_ids": write_at[None].expand(batch, -1)} if self.routes_decoder_keywords else {}
         with self._positions.columns_given(self._counted_from_cache, write_at):  # no padding before the start token
             out = self.lm(
@@ -247,6 +267,18 @@ class Seq2SeqDecodeStep(torch.nn.Module):
 
 
 FULL, SLIDING = "full_attention", "sliding_attention"
+_ROUTING_DECODER_KEYWORDS = ("EncoderDecoderModel", "VisionEncoderDecoderModel")
+
+
+def routes_decoder_positions(lm: torch.nn.Module) -> bool:
+    """Whether the model hands `decoder_position_ids` to a decoder that reads position_ids (a TrOCR decoder reads
+    none: its tables count from the cache, which hf/stand_ins/positions.py answers)."""
+    import inspect
+
+    if type(lm).__name__ not in _ROUTING_DECODER_KEYWORDS:
+        return False
+    decoder = getattr(lm, "decoder", None)
+    return decoder is None or "position_ids" in inspect.signature(decoder.forward).parameters
 
 
 def sliding_window(lm: torch.nn.Module) -> int | None:
@@ -280,9 +312,10 @@ def cross_layout(step: EncodeStep) -> tuple[CrossLayout, int]:
     return layout, int(keys[0].shape[2])
 
 
-def self_layout(lm: torch.nn.Module, source: Source, layers: int, max_cache_len: int) -> tuple[CacheLayout, type]:
-    """The decoder's self-attention cache: the start token through a DynamicCache, read back per layer; and the class
-    of the encoder's output."""
+def self_layout(lm: torch.nn.Module, source: Source, layers: int, max_cache_len: int) -> tuple[CacheLayout, type, int]:
+    """The decoder's self-attention cache: the start token through a DynamicCache, read back per layer; the class
+    of the encoder's output and its width (a VisionEncoderDecoderModel projects an encoder's output of another width
+    than its decoder's before the decoder reads it)."""
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
     cache = EncoderDecoderCache(DynamicCache(config=lm.config), DynamicCache(config=lm.config))
@@ -303,7 +336,7 @@ def self_layout(lm: torch.nn.Module, source: Source, layers: int, max_cache_len:
     encoder_output = type(inputs["encoder_outputs"])
     if isinstance(inputs["encoder_outputs"], tuple):  # an encoder returning a plain tuple: its output given as one
         encoder_output = lambda last_hidden_state: (last_hidden_state,)  # noqa: E731
-    return layout, encoder_output
+    return layout, encoder_output, int(inputs["encoder_outputs"][0].shape[-1])
 
 
 def _dims(*axes: Any) -> dict | None:
@@ -349,16 +382,15 @@ def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch:
     lm = lm.eval()
     if dtype is not None:
         lm = cast_module(lm, dtype, weights)
-    check_positions(lm.config, max_cache_len, max_source_len)
+    source = source_of(lm)
+    check_positions(lm.config, max_cache_len, max_source_len, fixed_source=source.feature_shape is not None)
     layers = decoder_layers(lm)
     start = start_token(lm)
-    source = source_of(lm)
     encode_step = EncodeStep(lm, layers, start, source).eval()
     cross, encoded_len = cross_layout(encode_step)
     if source.feature_shape is not None:
         max_source_len = encoded_len  # the encoder's output length is fixed by the model, not a limit to choose
-    layout, encoder_output = self_layout(lm, source, layers, max_cache_len)
-    hidden = int(lm.get_input_embeddings().weight.shape[1])
+    layout, encoder_output, hidden = self_layout(lm, source, layers, max_cache_len)
     decode_step = Seq2SeqDecodeStep(lm, layout, hidden, encoder_output).eval()
     batch, length = min(max_batch, 2), min(max_source_len, 5)  # not 1: torch.export would specialize a dim of 1
     fixed = False
@@ -396,16 +428,20 @@ def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch:
     return Seq2SeqGenerator(encode, decode, spec)
 
 
-def check_positions(config: Any, max_cache_len: int, max_source_len: int) -> None:
+def check_positions(config: Any, max_cache_len: int, max_source_len: int, fixed_source: bool = False) -> None:
     """Learned position tables bound the decoder's length and the source's (T5's relative positions bound neither);
-    beyond them a position would index past the table, so refuse before exporting."""
+    beyond them a position would index past the table, so refuse before exporting. A VisionEncoderDecoderModel's
+    decoder table is its decoder sub-config's; `fixed_source`: features or pixels, whose length is the model's own."""
     shared = getattr(config, "max_position_embeddings", None)
+    decoder = getattr(config, "decoder", None) if type(config).__name__ == "VisionEncoderDecoderConfig" else None
+    decoder_limit = getattr(decoder, "max_position_embeddings", None) if decoder is not None else None
     for what, value, flag, limit in (
-        ("max_cache_len", max_cache_len, "--max-cache-len", getattr(config, "max_target_positions", None) or shared),
+        ("max_cache_len", max_cache_len, "--max-cache-len",
+         getattr(config, "max_target_positions", None) or shared or decoder_limit),
         ("max_source_len", max_source_len, "--max-source-len", getattr(config, "max_source_positions", None) or shared),
     ):
-        if what == "max_source_len" and getattr(config, "num_mel_bins", None):
-            continue  # features: the source length is the model's own
+        if what == "max_source_len" and (fixed_source or getattr(config, "num_mel_bins", None)):
+            continue
         if isinstance(limit, int) and value > limit:
             raise InputSpecError(f"{what}={value} is more than the model's {limit} learned positions: pass {flag} {limit} or less")
 
