@@ -41,6 +41,8 @@ def export(module: torch.nn.Module, args: tuple, kwargs: dict | None, dynamic_sh
             ep = _export_fixing(module, args, kwargs, dims, strict, fixed, followed)
         else:
             ep = _export_once(module, args, kwargs, dims, strict, fixed)
+    except ExportError:  # a stand-in's refusal (hf/stand_ins) already names the model's own cause
+        raise
     except Exception as err:  # torch's own reason is the useful part
         raise ExportError(export_failure_message(err, fixed)) from err
     return Exported(ep, symbol_names(ep, module, args, kwargs, dims), fixed, bool(followed))

@@ -6,7 +6,8 @@ from the step's mask (alibi.py) and the positions of BART-like decoders, which c
 by the step (positions.py), DeepSeek sparse attention's top-key indexer over the step's span (sparse_indexer.py),
 and recurrent mixers over the step's explicit state: their registry (mixers.py) and
 each family's (state_space.py, mamba_kin.py, mamba2_kin.py, rg_lru.py, gated_delta.py, short_conv.py, rwkv.py, xlstm.py, zaya.py,
-minimax.py, linear_attention.py)."""
+minimax.py, linear_attention.py). Models whose forward does not fit the step at all refuse over its cache with their
+own reason (refused.py)."""
 
 from . import (  # noqa: F401 - registered on import
     alibi,
@@ -20,6 +21,7 @@ from . import (  # noqa: F401 - registered on import
     minimax,
     mixers,
     positions,
+    refused,
     rg_lru,
     rope_index,
     rwkv,

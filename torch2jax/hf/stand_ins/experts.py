@@ -7,7 +7,8 @@ routing, which torch.export cannot capture. The forms here run every expert on e
 by the token's routing weight for that expert (0 where it was not routed there): the same sums in another order,
 static shapes, and E/k times the expert FLOPs of the sparse loop. Classes decorated with transformers'
 `use_experts_implementation` need none of this once `set_experts_implementation("batched_mm")` is called (as
-torch2jax.hf does); the privacy filter's is registered because its own loop is what runs otherwise.
+torch2jax.hf does); the privacy filter's is registered because its own loop is what runs otherwise. Aria's text MoE
+layer (its experts are such a class) is replaced only for a reshape torch.export cannot prove for a symbolic length.
 """
 
 from __future__ import annotations
@@ -160,6 +161,18 @@ def privacy_filter_experts(self, hidden_states: torch.Tensor, router_indices: to
     return torch.einsum("eth,te->th", out, weights).to(hidden_states.dtype)
 
 
+def aria_text_moe_layer(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """transformers' AriaTextMoELayer.forward with the shared experts run on the layer's input itself. transformers
+    views the flattened (batch * tokens, hidden) states back to (batch, tokens, hidden), and that view's contiguity
+    check leaves the guard tokens * min(hidden, hidden * tokens) == hidden * tokens, which torch.export cannot prove
+    for a symbolic token count ("Constraints violated (tokens)"), though it holds for every count >= 1."""
+    flat = hidden_states.reshape(-1, hidden_states.shape[-1])
+    _, top_k_weights, top_k_index = self.router(flat)
+    routed = self.experts(flat, top_k_index, top_k_weights).reshape(hidden_states.shape)
+    return routed + self.shared_experts(hidden_states)
+
+
+trace_forwards.register("transformers.models.aria.modeling_aria.AriaTextMoELayer", aria_text_moe_layer)
 trace_forwards.register("transformers.models.dbrx.modeling_dbrx.DbrxExperts", dbrx_experts)
 trace_forwards.register("transformers.models.openai_privacy_filter.modeling_openai_privacy_filter."
                         "OpenAIPrivacyFilterExperts", privacy_filter_experts)

@@ -17,6 +17,9 @@ padding before the start token); MVP's own count, an arange from a tensor length
 Without a step (plain conversion, the encoder) the embedding's own forward runs. In the server's batch, whose rows
 write apart from slot 0 each (serve/engine.py), a row's own slots are its positions alone, which is what the server
 gives each request; `one_run` tells `generate`'s batch (every row the same run of slots) from it.
+
+GIT's model reads the cache's length only where the step gives what it would derive from it (positions, a 4-D mask),
+but it asks first; its stand-in answers 0 (git_model_with_given_positions).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 import torch
 
 from ...capture import trace_forwards
+from ..steps import kv_cache
 
 _MODELS = "transformers.models"
 # an nn.Embedding whose row for position p is p + `offset` (its own attribute, else 0)
@@ -115,6 +119,24 @@ def trocr_sinusoidal_at_columns(self: Any, input_ids: torch.Tensor, *args: Any, 
     return table.index_select(0, rows.reshape(-1)).view(*input_ids.shape, table.shape[-1])
 
 
+def git_model_with_given_positions(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """transformers' GitModel.forward over the step's cache with its length read as 0. GIT reads the cache's length
+    only to number positions when none are given and to widen a 2-D padding mask over the cached image tokens; the
+    step gives both positions and a 4-D mask, but `cache_length > 0` is still asked first, of the step's cache length
+    (a tensor: its first slot written), which torch.export cannot branch on ("Could not guard on data-dependent
+    expression"). With an image (`pixel_values`) or without the step's cache, transformers' own forward runs."""
+    cache = kwargs.get("cache")
+    if (kv_cache.step_layer(cache, 0) is None or kwargs.get("position_ids") is None
+            or kwargs.get("pixel_values") is not None):
+        return type(self).forward(self, *args, **kwargs)
+    cache.get_seq_length = lambda layer_idx=0: 0  # this call's Cache object only (the step builds one per call)
+    try:
+        return type(self).forward(self, *args, **kwargs)
+    finally:
+        del cache.get_seq_length
+
+
 for _name in _TABLES:
     trace_forwards.register(_name, table_at_columns)
 trace_forwards.register(_TROCR_SINUSOIDAL, trocr_sinusoidal_at_columns)
+trace_forwards.register(f"{_MODELS}.git.modeling_git.GitModel", git_model_with_given_positions)
