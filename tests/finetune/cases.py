@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import jax
 import numpy as np
+import peft
 import torch
 
 import torch2jax
@@ -15,6 +16,13 @@ from torch2jax.finetune import LoraConfig, init_lora
 # architecture -> (targets, fan_in_fan_out): GPT-2's c_attn and c_proj are Conv1D, weights stored [in, out] (attn.c_proj
 # square, where only the flag tells the layout)
 TARGETS = {"llama": (("q_proj", "v_proj"), False), "gpt2": (("c_attn", "c_proj"), True)}
+
+
+def peft_model(base: torch.nn.Module, adapter, **kwargs) -> peft.PeftModel:
+    """PEFT's loader on the CPU, where the base model is. Left to itself, peft loads onto torch's current
+    accelerator, and once tests/eager has enabled the jax device in this worker that is `jax`, which
+    safetensors cannot load to."""
+    return peft.PeftModel.from_pretrained(base, adapter, torch_device="cpu", **kwargs)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 from torch2jax.cli.main import main
 
+from tests.finetune.cases import peft_model
 from tests.generate.lms import EOS, PAD, write_lm, write_tokenizer
 from tests.helpers import cli
 from torch2jax.finetune import data as finetune_data
@@ -99,7 +100,7 @@ def test_lora_trajectory_equals_peft_and_torch_optim(workdir, tmp_path, name):
     assert sorted(p.name for p in out.iterdir()) == ["adapter", "adapter_init", "checkpoint", "finetune.json",
                                                      "losses.jsonl", "merged"]
 
-    pm = peft.PeftModel.from_pretrained(load_base(workdir / "llama"), out / "adapter_init", is_trainable=True).eval()
+    pm = peft_model(load_base(workdir / "llama"), out / "adapter_init", is_trainable=True).eval()
     trainable = [p for p in pm.parameters() if p.requires_grad]
     assert len(trainable) == 2 * 3 * 2  # A and B, three targets, two layers
     opt = torch.optim.SGD(trainable, lr=float(lr)) if name == "sgd" else torch.optim.AdamW(trainable, lr=float(lr))
@@ -136,7 +137,7 @@ def test_adapter_and_merged_load_with_our_logits_and_resume_continues(workdir, t
                                   attention_mask=batch["attention_mask"])["logits"])
     inputs = {k: torch.from_numpy(batch[k].astype(np.int64)) for k in ("input_ids", "attention_mask")}
     with torch.no_grad():
-        through_peft = peft.PeftModel.from_pretrained(load_base(workdir / "gpt2"), six / "adapter").eval()(**inputs).logits
+        through_peft = peft_model(load_base(workdir / "gpt2"), six / "adapter").eval()(**inputs).logits
         merged = load_base(six / "merged")(**inputs).logits
     real = batch["attention_mask"].astype(bool)
     for theirs in (through_peft, merged):
@@ -252,7 +253,7 @@ def test_a_vision_language_models_language_part(tmp_path):
     assert sorted(targets) == sorted(f"model.language_model.layers.{i}.self_attn.{p}" for i in (0, 1) for p in ("q_proj", "v_proj"))
 
     base = transformers.AutoModelForImageTextToText.from_pretrained(source, dtype=torch.float32).eval()
-    pm = peft.PeftModel.from_pretrained(base, out / "adapter_init", is_trainable=True).eval()
+    pm = peft_model(base, out / "adapter_init", is_trainable=True).eval()
     trainable = [p for p in pm.parameters() if p.requires_grad]
     assert len(trainable) == 8
     tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))

@@ -8,13 +8,12 @@ import json
 
 import jax
 import numpy as np
-import peft
 import pytest
 import torch
 import transformers
 
 import torch2jax
-from tests.finetune.cases import TARGETS
+from tests.finetune.cases import TARGETS, peft_model
 from tests.generate.lms import _COMMON, build_lm, write_tokenizer
 from torch2jax.errors import Torch2JaxError
 from torch2jax.finetune import LoraConfig, init_lora, merge, save_adapter, save_merged
@@ -79,7 +78,7 @@ def test_transformers_loads_the_merged_directory_and_it_equals_peft_merge_and_un
     assert np.abs(base[kept] - theirs[kept]).max() > 1e-3  # the adapter changes the logits: the comparison means something
 
     adapter = save_adapter(lora, config, tmp_path / "adapter")
-    unloaded = peft.PeftModel.from_pretrained(_lm(*VARIANTS[key]), adapter).merge_and_unload().eval()
+    unloaded = peft_model(_lm(*VARIANTS[key]), adapter).merge_and_unload().eval()
     np.testing.assert_allclose(theirs[kept], _logits(unloaded, ids, mask)[kept], rtol=1e-4, atol=1e-4)
 
 

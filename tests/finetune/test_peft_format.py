@@ -7,11 +7,10 @@ import json
 import warnings
 
 import numpy as np
-import peft
 import pytest
 import torch
 
-from tests.finetune.cases import lora_layers
+from tests.finetune.cases import lora_layers, peft_model
 from tests.generate.lms import build_lm
 from torch2jax.errors import Torch2JaxError
 from torch2jax.finetune import load_adapter, merge, save_adapter
@@ -23,7 +22,7 @@ def test_peft_loads_the_adapter_and_its_logits_equal_the_merged_model(case, tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter"]  # no temporary sibling left
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        pm = peft.PeftModel.from_pretrained(build_lm(case.name), out).eval()
+        pm = peft_model(build_lm(case.name), out).eval()
     assert not [str(w.message) for w in caught if "key" in str(w.message).lower()]
     loaded = pm.peft_config["default"]
     assert (loaded.peft_type, loaded.task_type, loaded.r, loaded.lora_alpha) == ("LORA", "CAUSAL_LM", 4, 8.0)

@@ -6,12 +6,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import peft
 import pytest
 import torch
 
 import torch2jax
-from tests.finetune.cases import Case
+from tests.finetune.cases import Case, peft_model
 from tests.generate.lms import load_lm, write_lm
 from torch2jax.finetune import LoraConfig, apply_fn, causal_lm_loss, load_adapter, lora_apply, merge, row_adapters, save_adapter
 from torch2jax.finetune.lora import LoraError
@@ -155,7 +154,7 @@ def test_per_row_adapters_on_prefill_and_decode_give_each_row_its_merged_model(g
 
     # and transformers + peft on the adapter directory, for the rows with an adapter
     for row, chosen in enumerate(choice[:2]):
-        pm = peft.PeftModel.from_pretrained(load_lm(source), str(dirs[chosen])).eval()
+        pm = peft_model(load_lm(source), str(dirs[chosen])).eval()
         with torch.no_grad():
             theirs = pm(input_ids=torch.from_numpy(ids[row:row + 1])).logits[0, -1].numpy()
         np.testing.assert_allclose(np.asarray(logits[row]), theirs, rtol=1e-4, atol=1e-4)
