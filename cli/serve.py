@@ -68,7 +68,9 @@ from .common import handles_errors, needs_extra
 @click.option("--compilation-cache", type=click.Path(file_okay=False),
               help="Keep the compiled steps here between runs, so a restart reads them instead of compiling "
                    "[default: $XDG_CACHE_HOME/torch2jax/jax, i.e. ~/.cache/torch2jax/jax].")
-@click.option("--no-compilation-cache", is_flag=True, help="Compile every step at start-up, keeping nothing.")
+@click.option("--no-compilation-cache", is_flag=True,
+              help="Compile every step at start-up, keeping nothing (JAX's persistent cache off, also one set by "
+                   "JAX_COMPILATION_CACHE_DIR).")
 @click.option("--allowed-local-media-path", type=click.Path(file_okay=False, exists=True),
               help="A vision-language artifact: chat image_url parts may name image files inside this directory "
                    "(file:// or a path); without it only inline data: URIs are read.")
@@ -100,7 +102,11 @@ def serve(artifact_dir, host, port, max_batch, max_queue, chunk, max_prefill_tok
     from torch2jax.serve.api import build_service, create_app, default_compilation_cache, use_compilation_cache
     from torch2jax.serve.embeddings import EmbeddingService
 
-    if not no_compilation_cache:
+    if no_compilation_cache:
+        import jax
+
+        jax.config.update("jax_enable_compilation_cache", False)  # a JAX_COMPILATION_CACHE_DIR set outside too
+    else:
         use_compilation_cache(compilation_cache or default_compilation_cache())
     started = time.perf_counter()
     last = [0.0]

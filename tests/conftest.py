@@ -4,13 +4,31 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# One JAX persistent compilation cache for the session: the xdist workers inherit it from the controller, as do the
+# subprocesses tests start (the CLI, servers, torch-free runs), so a program compiled once (the same tiny model's steps
+# after a save and load, each CLI call on one artifact) is read back, not compiled again. Results are the same: the cache
+# is keyed by the program, the jax version and the device. A directory set by the caller is kept as it is.
+_OWN_JAX_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
+if _OWN_JAX_CACHE:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="torch2jax-tests-jax-cache-")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+def pytest_unconfigure(config):
+    """The session's compilation cache goes with the process that made it (the controller, or pytest without xdist)."""
+    if _OWN_JAX_CACHE and not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
 def load_sample(name: str):

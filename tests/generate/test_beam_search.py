@@ -93,8 +93,10 @@ def ended_early(out: np.ndarray, prefix: int, eos: int) -> bool:
     return any(eos in row[prefix : prefix + NEW - 1].tolist() for row in out)
 
 
-# T5 with the slow tests: BART and Marian cover encoder-decoder beams by default
-@pytest.mark.parametrize("name", ["llama", pytest.param("t5", marks=pytest.mark.slow), "bart", "marian"])
+# T5 and Marian with the slow tests: BART covers encoder-decoder beams by default (Marian is its architecture with
+# sinusoidal positions, which the seq2seq generation tests cover)
+@pytest.mark.parametrize("name", ["llama", pytest.param("t5", marks=pytest.mark.slow), "bart",
+                                  pytest.param("marian", marks=pytest.mark.slow)])
 def test_beam_search_equals_transformers(name, models):
     """4 beams, 24 new tokens, a batch of two prompts of different lengths, equal to transformers' generate."""
     lm, g, batch = models(name)

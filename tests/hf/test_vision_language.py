@@ -425,7 +425,9 @@ def test_qwen3_vl_position_taps_equal_transformers():
     np.testing.assert_array_equal(weights, want_weights.numpy())
 
 
-@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
+# Qwen3-VL-MoE in the slow tier: Qwen3-VL's tower and deepstack path, before a mixture-of-experts text model the
+# text-generation tests cover (~35 s on 2 cores)
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl", pytest.param("qwen3_vl_moe", marks=pytest.mark.slow)])
 def qwen_family(request, tmp_path_factory):
     """(name, the transformers model, the artifact loaded) of a later Qwen-VL."""
     import transformers
