@@ -1,7 +1,8 @@
 """Greedy generation on a left-padded batch against transformers' own generate (tiny configs, random weights wide enough
 that the tokens vary), before and after save+load, for causal LMs that torch.export refused until a stand-in replaced
 the code it could not capture: Aria's text MoE layer (hf/stand_ins/experts.py) and GIT's model, which branches on the
-cache's length (hf/stand_ins/positions.py).
+cache's length (hf/stand_ins/positions.py); and Mllama's text model, whose cross-attention layers keep no cache without an
+image (hf/steps/kv_cache.py cache_layout: an empty entry each).
 
 GIT's reference is each row generated alone: on a cached step transformers' GitModel widens a 2-D padding mask by its
 image's patch tokens, which a text-only cache does not hold, so a left-padded row of a batch attends to its padding and
@@ -39,6 +40,12 @@ def _build(name: str) -> torch.nn.Module:
                               num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
                               initializer_range=_STD, pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS)
         return tf.GitForCausalLM(config)
+    if name == "mllama_text":  # layer 1 a cross-attention layer, which the text-only model skips
+        config = tf.MllamaTextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                     num_attention_heads=4, num_key_value_heads=2, cross_attention_layers=[1],
+                                     max_position_embeddings=64, initializer_range=_STD, pad_token_id=PAD,
+                                     bos_token_id=BOS, eos_token_id=EOS)
+        return tf.MllamaForCausalLM(config)
     raise KeyError(name)
 
 
@@ -49,7 +56,7 @@ def _padded_batch() -> tuple[np.ndarray, np.ndarray]:
 
 # Aria runs with the slow tests: 19-21 s here (its modeling module's first import ~4 s, transformers' generate over its
 # experts ~2 s, the export ~5 s and two JAX compiles of the generate loop, before and after load, ~4 s each)
-@pytest.mark.parametrize("name", [pytest.param("aria_text", marks=pytest.mark.slow), "git"])
+@pytest.mark.parametrize("name", [pytest.param("aria_text", marks=pytest.mark.slow), "git", "mllama_text"])
 def test_left_padded_batch_equals_transformers_generate_before_and_after_save_and_load(name, tmp_path):
     torch.manual_seed(0)
     lm = _build(name).eval()

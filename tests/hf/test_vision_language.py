@@ -654,18 +654,21 @@ def test_the_check_names_the_cache_an_image_needs_instead_of_asking_for_negative
 
 # -- LLaVA-shaped families: one fixed-size image, a fixed number of image tokens scattered at the image token ----------
 
-# name -> tokens per image; VipLLaVA by default, each further family converts and compiles its own model (~5 s each)
+# name -> tokens per image; VipLLaVA and BLIP-2 (a wrapped language model) by default, each further family converts and
+# compiles its own model (~5 s each)
 FIXED_SIZE = {"vipllava": 16, "aya_vision": 4, "cohere2_vision": 4, "got_ocr2": 64, "video_llava": 16, "deepseek_vl": 16,
-              "janus": 16}
+              "janus": 16, "blip_2": 8}
+DEFAULT_TIER = ("vipllava", "blip_2")
 # the families whose processor writes more than the image tokens: processor_inputs refuses them
 NOT_REPRODUCED = {"aya_vision": "AyaVisionProcessor", "cohere2_vision": "Cohere2VisionProcessor", "got_ocr2": "GotOcr2Processor"}
 
 
-@pytest.mark.parametrize("name", [name if name == "vipllava" else pytest.param(name, marks=pytest.mark.slow(
+@pytest.mark.parametrize("name", [name if name in DEFAULT_TIER else pytest.param(name, marks=pytest.mark.slow(
     reason="a further fixed-size family converts and compiles its own model")) for name in FIXED_SIZE])
 def test_fixed_size_family_greedy_equals_transformers(name):
     """VipLLaVA (two layers' features joined), Aya Vision and Command A Vision (pixel shuffle, a Cohere2 text model),
-    GOT-OCR2 (a SAM-style tower), Video-LLaVA (images), DeepSeek-VL and Janus (the inner model's get_image_features):
+    GOT-OCR2 (a SAM-style tower), Video-LLaVA (images), DeepSeek-VL and Janus (the inner model's get_image_features),
+    BLIP-2 (a Q-Former's queries, an OPT language model called as a whole causal LM):
     the image encoder's tokens per image, and 8 greedy tokens for a left-padded batch of two prompts with an image
     each equal transformers' generate. Families whose processor writes more than the image tokens refuse
     processor_inputs by name; Video-LLaVA refuses videos."""
@@ -1026,3 +1029,15 @@ def test_pixtral_check_keeps_a_real_configs_image_small():
     vision = VisionSpec(10, 0, 5120, "bfloat16", (3, 1540, 1540), 4096, patch_size=14, patch_merge=2)
     assert check_image_sizes(vision) == [(224, 224), (196, 224)] and image_tokens(vision) == 64
 
+
+
+@pytest.mark.parametrize(("name", "cause"), [("InstructBlipForConditionalGeneration", "qformer_input_ids"),
+                                             ("MllamaForConditionalGeneration", "cross-attention layers"),
+                                             ("IdeficsForVisionText2Text", "gated cross-attention"),
+                                             ("BlipForConditionalGeneration", "cross-attends to the image features")])
+def test_models_of_another_design_are_refused_naming_why(name, cause):
+    from torch2jax.hf.steps.vision_language import convert_vision_language
+
+    vlm = type(name, (torch.nn.Module,), {"config": None})()
+    with pytest.raises(InputSpecError, match=f"{name}'s images are not supported: .*{cause}"):
+        convert_vision_language(vlm)

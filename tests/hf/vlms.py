@@ -213,6 +213,17 @@ FIXED_SIZE = {
         vq_config=dict(embed_dim=12, num_embeddings=12, latent_channels=12, base_channels=32, channel_multiplier=[1, 1],
                        num_res_blocks=1, num_patches=4, projection_dim=10, num_hidden_layers=1,
                        image_token_embed_dim=64))),
+    # BLIP-2: 8 learned queries read the tower's patches through a Q-Former, projected to an OPT language model, which is
+    # a whole causal LM of its own (language_model) the step calls: 8 tokens
+    "blip_2": lambda tf, text: tf.Blip2ForConditionalGeneration(tf.Blip2Config(
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32,
+                           patch_size=8),
+        qformer_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            encoder_hidden_size=32, vocab_size=VOCAB),
+        text_config=tf.OPTConfig(vocab_size=VOCAB, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                                 max_position_embeddings=512, word_embed_proj_dim=64, eos_token_id=EOS,
+                                 bos_token_id=BOS, pad_token_id=PAD).to_dict(),
+        num_query_tokens=8, image_token_id=IMAGE)),
 }
 
 

@@ -13,7 +13,9 @@ tensors may be a recurrent text model's states as well as keys and values (Qwen3
 buckets, sampling) is the causal LM's (generate/generator.py). The manifest's vision
 section is vision_spec.py; the processor, torch-free, vision_processor.py. Mistral3 and LightOnOCR take each image at
 its own size (image_sizes): the runtime cuts the padded pixels into each image's patches and merge blocks
-(native_patches), as transformers crops and unfolds them.
+(native_patches), as transformers crops and unfolds them. Chameleon's and Emu3's encode_image gives VQ codes, which
+the runtime maps to the image tokens' ids (vision_spec.image_token_rows; Emu3: each image's own codes cropped from the
+padded batch's, each row ended by its row-end token).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from .image_processing import ImageProcessor
 from .loop import Completion, call_entry, finish, until_end
 from .prompts import check_prompt
 from .text import ChatTemplate
-from .vision_spec import VisionSpec
+from .vision_spec import VisionSpec, image_token_rows
 
 
 class VisionLanguageGenerator(Generator):
@@ -142,7 +144,8 @@ class VisionLanguageGenerator(Generator):
     def encode_native(self, pixel_values: Any, image_sizes: Any) -> jax.Array:
         """Pixtral (Mistral3, LightOnOCR): [images, C, H, W] pixel values, each image at the top left of its own
         (height, width) in `image_sizes` [images, 2], the rest padding, as the processor makes them -> the images' merged
-        tokens' features [tokens, feature_size] in order (native_patches)."""
+        tokens' features [tokens, feature_size] in order (native_patches). Emu3: its image tokens' ids [tokens, 1] in
+        order, each image's VQ codes cropped from the padded batch's (image_token_rows)."""
         sizes, pixels = np.asarray(image_sizes), np.asarray(pixel_values)
         channels = self.vision.pixel_shape[0]
         if sizes.ndim != 2 or sizes.shape[1] != 2 or not np.issubdtype(sizes.dtype, np.integer) or (sizes < 1).any():
@@ -161,6 +164,15 @@ class VisionLanguageGenerator(Generator):
         tokens = sum(self.vision.native_tokens(size) for size in sizes)
         if tokens > self.vision.max_images:
             raise InputSpecError(f"{tokens} image tokens: this artifact takes at most {self.vision.max_images} per call")
+        if self.vision.row_end_token is not None:  # Emu3: the padded batch's VQ codes, each image's cropped
+            if pixels.shape[2] % side or pixels.shape[3] % side or min(pixels.shape[2:]) < 2 * side:
+                raise InputSpecError(f"pixel_values of {list(pixels.shape[2:])} pixels: this model's images are padded "
+                                     f"to multiples of {side} pixels a side, at least {2 * side}, as its processor "
+                                     "resizes them")
+            n, c, height, width = pixels.shape  # each side as whole latent rows (image_tokens.CodeEncoder)
+            blocks = pixels.reshape(n, c, height // side, side, width // side, side)
+            codes = self._encode(self.params, jnp.asarray(blocks, dtypes.jax_dtype(self.vision.feature_dtype)))
+            return jnp.asarray(image_token_rows(self.vision, codes, sizes))
         patches, positions, image_ids, merge_index = native_patches(pixels, sizes, self.vision.patch_size,
                                                                     self.vision.patch_merge)
         return self._encode(self.params, jnp.asarray(patches, dtypes.jax_dtype(self.vision.feature_dtype)),
@@ -168,7 +180,7 @@ class VisionLanguageGenerator(Generator):
 
     def generate(self, input_ids: Any, attention_mask: Any = None, *, pixel_values: Any = None, image_grid_thw: Any = None,
                  image_sizes: Any = None, batch_num_images: Any = None, pixel_values_videos: Any = None,
-                 token_type_ids: Any = None, pixel_attention_mask: Any = None,
+                 token_type_ids: Any = None, pixel_attention_mask: Any = None, pixel_mask: Any = None,
                  max_new_tokens: int = 32, do_sample: bool | None = None, temperature: Any = None, top_k: Any = None,
                  top_p: Any = None, rng: jax.Array | None = None, eos_token_id: int | list[int] | None = None,
                  pad_token_id: int | None = None, stream: bool = False, **settings: Any) -> np.ndarray | Iterator[np.ndarray]:
@@ -178,7 +190,8 @@ class VisionLanguageGenerator(Generator):
         batch_num_images too for several images in a prompt; Mistral3 and LightOnOCR: each image at its own size,
         padded to the largest, with image_sizes; Idefics2/3 and SmolVLM: [B, images, C, H, W] with all-zero
         padding images, and their pixel_attention_mask). `token_type_ids` (Gemma 3's processor output) is accepted
-        and not needed: the image tokens are found in the ids. `settings`: Generator.generate's logits processors and
+        and not needed: the image tokens are found in the ids; so is an Aria processor's `pixel_mask` that marks every
+        pixel real (one that marks padding is refused). `settings`: Generator.generate's logits processors and
         warpers (repetition_penalty, no_repeat_ngram_size, min_new_tokens, ..., min_p, typical_p), by name."""
         if pixel_values_videos is not None:
             raise InputSpecError("video inputs are not supported: give images (pixel_values)")
@@ -195,6 +208,9 @@ class VisionLanguageGenerator(Generator):
                                  "this model takes each image at its own size: give image_sizes with pixel_values (its "
                                  "processor makes both), and neither without images" if native else
                                  "image_sizes are for LLaVA-NeXT's, OneVision's and Pixtral's images; this model takes none")
+        if pixel_mask is not None and not np.asarray(pixel_mask).all():  # transformers masks those patches out of the tower
+            raise InputSpecError("pixel_mask marks padding pixels (AriaProcessor pads an image that is not square), "
+                                 "which the image encoder does not take: give square images (no padding)")
         if pixel_attention_mask is not None and not self.vision.image_batches:
             raise InputSpecError("pixel_attention_mask is for Idefics2/3's and SmolVLM's images; this model takes none")
         if self.vision.image_batches and pixel_values is not None:
@@ -253,6 +269,8 @@ class VisionLanguageGenerator(Generator):
                                  f"{encoded.shape[0] * encoded.shape[1]} features, the prompts hold {tokens} image tokens "
                                  f"(id {self.vision.image_token_id}); expand each image's token to "
                                  f"{self.vision.tokens_per_image} as the processor does")
+        if self.vision.image_vocabulary is not None:  # Chameleon: each image token's VQ code -> its token id
+            return jnp.asarray(image_token_rows(self.vision, encoded))
         return encoded.reshape(-1, encoded.shape[-1])
 
     def real_images(self, pixel_values: Any, pixel_attention_mask: Any = None) -> np.ndarray:

@@ -68,6 +68,12 @@ class VisionSpec:
     # variable resolution with a text model of plain 1-D positions (EXAONE 4.5): no rope index, the step takes no
     # rope_offsets
     text_positions: bool = False
+    # Chameleon, Emu3: the text token id of each of their VQ-VAE's codes. encode_image then gives codes (float32,
+    # feature_size 1), which the runtime maps to token ids (image_token_rows) for the step to embed
+    image_vocabulary: tuple[int, ...] | None = None
+    # Emu3: the token ending each row of an image's codes, patch_size its VQ-VAE's downsampling: an image of (height,
+    # width) takes (height // patch_size) rows of (width // patch_size) codes and the row end
+    row_end_token: int | None = None
 
     @property
     def rotary_3d(self) -> bool:
@@ -75,9 +81,10 @@ class VisionSpec:
         return bool(self.spatial_merge_size) and not self.text_positions
 
     def native_tokens(self, size: Any) -> int:
-        """Pixtral: the image tokens an image of (height, width) pixels takes (whole merge blocks of whole patches)."""
+        """Pixtral: the image tokens an image of (height, width) pixels takes (whole merge blocks of whole patches);
+        Emu3: its rows of codes, each with its row-end token."""
         side = self.patch_size * self.patch_merge
-        return (int(size[0]) // side) * (int(size[1]) // side)
+        return (int(size[0]) // side) * (int(size[1]) // side + (self.row_end_token is not None))
 
     # -- any resolution (grid_pinpoints): anyres.py with this model's grids, tile and feature map -------------------
     def grid_tiles(self, size: Any, alone: bool = False) -> int:
@@ -122,7 +129,9 @@ class VisionSpec:
                 "max_grid_tiles": self.max_grid_tiles, "processor_unsupported": self.processor_unsupported,
                 "bicubic_table": self.bicubic_table, "image_batches": self.image_batches, "patch_size": self.patch_size,
                 "patch_merge": self.patch_merge, "image_rows": list(self.image_rows) if self.image_rows else None,
-                "text_positions": self.text_positions}
+                "text_positions": self.text_positions,
+                "image_vocabulary": list(self.image_vocabulary) if self.image_vocabulary is not None else None,
+                "row_end_token": self.row_end_token}
 
     @staticmethod
     def from_json(data: Any) -> VisionSpec:
@@ -138,7 +147,9 @@ class VisionSpec:
                               data.get("processor_unsupported") if isinstance(data.get("processor_unsupported"), str) else None,
                               bool(data.get("bicubic_table", False)), bool(data.get("image_batches", False)),
                               int(data.get("patch_size", 0)), int(data.get("patch_merge", 1)),
-                              _pair(data.get("image_rows"), "image_rows"), bool(data.get("text_positions", False)))
+                              _pair(data.get("image_rows"), "image_rows"), bool(data.get("text_positions", False)),
+                              _ids(data.get("image_vocabulary")),
+                              None if data.get("row_end_token") is None else int(data["row_end_token"]))
         except (KeyError, TypeError, ValueError) as err:
             raise Torch2JaxError(f"the manifest's vision section is malformed ({type(err).__name__}: {err})") from None
 
@@ -149,6 +160,33 @@ def _pair(value: Any, name: str = "tile_wrap") -> tuple[str, str] | None:
     if not (isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, str) for v in value)):
         raise TypeError(f"{name} must be two strings, got {value!r}")
     return value[0], value[1]
+
+
+def _ids(value: Any) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if not (isinstance(value, list) and all(isinstance(v, int) for v in value)):
+        raise TypeError(f"image_vocabulary must be a list of token ids, got {type(value).__name__}")
+    return tuple(value)
+
+
+def image_token_rows(vision: VisionSpec, codes: Any, sizes: Any = None) -> np.ndarray:
+    """Chameleon's [images, tokens, 1] or Emu3's [images, H / f, W / f] VQ codes -> the image tokens' ids as float32
+    feature rows [tokens, 1], in the order transformers' get_image_features lays them out (Emu3: each image's own
+    (height // f, width // f) codes, row by row, each row followed by the row-end token). A code the vocabulary does not
+    reach is refused (transformers' lookup fails on it too)."""
+    codes = np.asarray(codes).astype(np.int64)
+    table = np.asarray(vision.image_vocabulary, np.int64)
+    if codes.size and not 0 <= int(codes.min()) <= int(codes.max()) < len(table):
+        raise InputSpecError(f"image codes {int(codes.min())}..{int(codes.max())} fall outside the image vocabulary of "
+                             f"{len(table)} codes")
+    if vision.row_end_token is None:
+        return table[codes].reshape(-1, 1).astype(np.float32)
+    rows = []
+    for grid, (height, width) in zip(codes, np.asarray(sizes)):
+        grid = table[grid[:int(height) // vision.patch_size, :int(width) // vision.patch_size]]
+        rows.append(np.concatenate([grid, np.full((grid.shape[0], 1), vision.row_end_token)], axis=1).reshape(-1, 1))
+    return np.concatenate(rows).astype(np.float32)
 
 
 def _pinpoints(value: Any) -> tuple[tuple[int, int], ...] | None:

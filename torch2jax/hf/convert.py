@@ -23,9 +23,10 @@ from ..generate.vision_language import VisionLanguageGenerator
 from .options import GenerationOptions
 from .source import HFSource, load_generation_model, resolve_source
 from .steps.causal_lm import convert_causal_lm
+from .steps.image_tokens import convert_token_images
 from .steps.recurrent import convert_recurrent_lm, keeps_recurrent_state
 from .steps.seq2seq import convert_seq2seq
-from .steps.vision_language import convert_vision_language, with_processor_text
+from .steps.vision_language import TOKEN_IMAGES, convert_vision_language, with_processor_text
 from .tasks import IMAGE_TEXT_TO_TEXT, TEXT2TEXT_GENERATION, reads_images
 
 AnyGenerator = Generator | Seq2SeqGenerator | VisionLanguageGenerator
@@ -51,7 +52,9 @@ def convert_generator(source: HFSource, options: GenerationOptions, progress: Pr
     # is pixels: the seq2seq steps, not a vision-language model's (whose image tokens go into a causal LM's prompt)
     seq2seq = source.task == TEXT2TEXT_GENERATION or (source.task == IMAGE_TEXT_TO_TEXT and reads_images(source.model))
     if source.task == IMAGE_TEXT_TO_TEXT and not seq2seq:
-        generator = convert_vision_language(source.model, weights=source.weights, **common)
+        # image tokens of a vocabulary (Ovis2, Chameleon, Emu3) have their own steps (hf/steps/image_tokens.py)
+        convert = convert_token_images if type(source.model).__name__ in TOKEN_IMAGES else convert_vision_language
+        generator = convert(source.model, weights=source.weights, **common)
     elif seq2seq:
         generator = convert_seq2seq(source.model, max_source_len=options.max_source_len, weights=source.weights, **common)
     else:  # state-space layers (Mamba, Mamba2 and hybrids): their recurrent state is the cache (hf/steps/recurrent.py)

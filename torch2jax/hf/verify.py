@@ -192,17 +192,25 @@ def transformers_greedy(lm: torch.nn.Module, ids: np.ndarray, tokens: int, pad_t
                         **inputs: torch.Tensor) -> np.ndarray:
     """transformers' own greedy generate, the reference; eos_token_id=None makes exactly `tokens` new tokens.
     `ids` may be float features (Whisper), cast to `dtype`; `inputs` go to generate as they are (pixel_values)."""
-    saved = lm.generation_config.eos_token_id
-    lm.generation_config.eos_token_id = eos_token_id
+    # BLIP-2's generate calls its wrapped language model's, which reads that model's own generation config
+    configs = [m.generation_config for m in (lm, getattr(lm, "language_model", None))
+               if getattr(m, "generation_config", None) is not None]
+    saved = [c.eos_token_id for c in configs]
+    for config in configs:
+        config.eos_token_id = eos_token_id
     try:
         with torch.no_grad():
             source = torch.from_numpy(np.asarray(ids))
-            out = lm.generate(source if dtype is None else source.to(dtype), max_new_tokens=tokens, do_sample=False, num_beams=1,
-                              pad_token_id=pad_token_id,
+            source = source if dtype is None else source.to(dtype)
+            # the prompt by name where generate's first argument is the image (BLIP-2's generate(pixel_values, input_ids))
+            by_name = next(iter(inspect.signature(lm.generate).parameters)) == "pixel_values"
+            prompt, named = ((), {"input_ids": source}) if by_name else ((source,), {})
+            out = lm.generate(*prompt, **named, max_new_tokens=tokens, do_sample=False, num_beams=1, pad_token_id=pad_token_id,
                               attention_mask=None if mask is None else torch.from_numpy(np.asarray(mask)).long(), **inputs)
         return out.numpy()
     finally:
-        lm.generation_config.eos_token_id = saved
+        for config, eos in zip(configs, saved):
+            config.eos_token_id = eos
 
 
 def check_generation(result: GenerationCheck) -> None:

@@ -1,6 +1,6 @@
 """Positions of decoders that count them from the cache's length, over the converted causal-LM step.
 
-BART's decoder and its kin (mBART, PLBART, Pegasus, Blenderbot, Marian, MVP, BigBird-Pegasus, TrOCR, Whisper's) take no
+BART's decoder and its kin (mBART, PLBART, Pegasus, Blenderbot, Marian, MVP, BigBird-Pegasus, TrOCR, LED, Whisper's) take no
 `position_ids`: token t's position is `t + cache.get_seq_length()`, padding included, so transformers' `generate` on
 a left-padded batch gives every row the batch's column numbers. The converted step writes a prompt left-padded
 further to a length bucket (generate/loop.prompt_bucket) and its cache reports the first slot written, so those
@@ -46,6 +46,7 @@ _TABLES = tuple(f"{_MODELS}.{name}" for name in (
     "mvp.modeling_mvp.MvpLearnedPositionalEmbedding",
     "bigbird_pegasus.modeling_bigbird_pegasus.BigBirdPegasusLearnedPositionalEmbedding",
     "trocr.modeling_trocr.TrOCRLearnedPositionalEmbedding",
+    "led.modeling_led.LEDLearnedPositionalEmbedding",
     # WhisperForCausalLM's forward names no position_ids, so transformers' generate passes none and its decoder counts
     # from the cache (the encoder-decoder's generate passes the decoder's, which are its slots: the same rows)
     "whisper.modeling_whisper.WhisperPositionalEmbedding",
@@ -53,6 +54,7 @@ _TABLES = tuple(f"{_MODELS}.{name}" for name in (
 # TrOCR's sinusoidal table numbers each row's non-pad tokens of the call from the cache's length
 _TROCR_SINUSOIDAL = f"{_MODELS}.trocr.modeling_trocr.TrOCRSinusoidalPositionalEmbedding"
 _GIVEN = "_torch2jax_step_columns"  # the instance attribute the step sets while it runs
+_OTHERS: set[str] = set()  # further modules given the step's columns (register_counted_from_cache)
 
 
 def _qualified(module: torch.nn.Module) -> str:
@@ -61,8 +63,20 @@ def _qualified(module: torch.nn.Module) -> str:
 
 def counted_from_cache(lm: torch.nn.Module) -> list[torch.nn.Module]:
     """The positional embeddings in `lm` whose positions count from the cache's length (this module's stand-ins)."""
-    known = {*_TABLES, _TROCR_SINUSOIDAL}
+    known = {*_TABLES, _TROCR_SINUSOIDAL, *_OTHERS}
     return [m for m in lm.modules() if _qualified(m) in known]
+
+
+def register_counted_from_cache(qualified_name: str, function: Any) -> None:
+    """While tracing, the class `qualified_name` runs `function` as its forward and is given the step's columns, which
+    it reads with step_columns(self): for stand-ins kept in their own modules (RoFormer's, FSMT's)."""
+    _OTHERS.add(qualified_name)
+    trace_forwards.register(qualified_name, function)
+
+
+def step_columns(module: torch.nn.Module) -> torch.Tensor | None:
+    """The columns the running step gives `module` (batch_columns'), or None outside the step."""
+    return module.__dict__.get(_GIVEN)
 
 
 def batch_columns(position_ids: torch.Tensor, write_at: torch.Tensor) -> torch.Tensor:

@@ -61,9 +61,12 @@ class DecoderStep(torch.nn.Module):
     `cache` is a list: keys and values (and indexer keys, where the model has them) of layer 0, then layer 1, ...
     """
 
-    def __init__(self, lm: torch.nn.Module, layout: CacheLayout):
+    def __init__(self, lm: torch.nn.Module, layout: CacheLayout, owner: torch.nn.Module | None = None):
+        """`owner`: the model whose parts (and so state_dict names) the step takes when `lm` is a part of it (BLIP-2's
+        language_model, a whole causal LM the step calls)."""
         super().__init__()
-        adopt_parts(self, lm)  # the LM's parts registered here directly: params keep the LM's own state_dict names
+        # the LM's parts registered here directly: params keep the LM's own state_dict names
+        adopt_parts(self, lm if owner is None else owner)
         object.__setattr__(self, "lm", lm)  # called, not registered (it would prefix every name with "lm.")
         self.layout = layout
         config = lm.config.get_text_config()  # a vision-language model's language part (the config itself for an LM)

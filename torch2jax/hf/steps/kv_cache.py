@@ -105,12 +105,25 @@ def check_one_stream(lm: torch.nn.Module) -> None:
             "cannot generate yet. Its forward converts: torch2jax.convert(model, args).")
 
 
+def check_chunked_attention(lm: torch.nn.Module, max_cache_len: int) -> None:
+    """Llama 4's chunked-attention layers attend only within chunks of attention_chunk_size positions; the step's mask
+    (hf/steps/causal_lm.py) is causal over the whole cache, the same while every position is in the first chunk. A
+    cache longer than a chunk is refused rather than attended across chunks (a causal LM's or a VLM's text model)."""
+    text = lm.config.get_text_config()
+    chunk = getattr(text, "attention_chunk_size", None)
+    if chunk and "chunked_attention" in (getattr(text, "layer_types", None) or ()) and max_cache_len > int(chunk):
+        raise InputSpecError(f"{type(lm).__name__}'s chunked-attention layers attend within chunks of {chunk} positions, "
+                             "and the converted step attends across the whole cache: pass --max-cache-len "
+                             f"{chunk} or less (every position then lies in the first chunk)")
+
+
 def cache_layout(lm: torch.nn.Module, max_cache_len: int) -> CacheLayout:
     """Measure the cache the model writes: one token through a dynamic cache, read back per layer."""
     from transformers import DynamicCache
 
     check_decoder(lm)
     check_one_stream(lm)
+    check_chunked_attention(lm, max_cache_len)
 
     cache = DynamicCache(config=lm.config)
     with torch.no_grad():
@@ -125,7 +138,11 @@ def cache_layout(lm: torch.nn.Module, max_cache_len: int) -> CacheLayout:
     # transformers' DummyLayer stands for a layer that keeps no cache of its own (Gemma 3n's layers that reuse an
     # earlier layer's keys and values within the step): an empty entry (no heads) keeps the layers' numbering
     empty = torch.zeros((1, 0, 1, 1))
-    own = [type(layer).__name__ != "DummyLayer" for layer in cache.layers]
+    # Mllama's text model skips its cross-attention layers when there is no image and none is cached (an empty entry
+    # reads as none cached): a text-only step has no use for them
+    skipped = set(getattr(lm.config.get_text_config(), "cross_attention_layers", None) or ())
+    own = [type(layer).__name__ != "DummyLayer" and not (i in skipped and getattr(layer, "keys", None) is None)
+           for i, layer in enumerate(cache.layers)]
     keys = [layer.keys if mine else empty for layer, mine in zip(cache.layers, own)]
     values = [layer.values if mine else empty for layer, mine in zip(cache.layers, own)]
     if not any(own) or any(k is None for k in keys):

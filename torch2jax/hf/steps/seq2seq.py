@@ -382,6 +382,9 @@ def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch:
     lm = lm.eval()
     if dtype is not None:
         lm = cast_module(lm, dtype, weights)
+    from ..stand_ins import refused  # imported here: the stand-ins import this package's kv_cache
+
+    refused.refuse_seq2seq(lm)
     source = source_of(lm)
     check_positions(lm.config, max_cache_len, max_source_len, fixed_source=source.feature_shape is not None)
     layers = decoder_layers(lm)

@@ -9,7 +9,14 @@
 
 Mistral3 and LightOnOCR (a Pixtral tower, each image at its own size) are the same three entry points with their own
 encoder (PixtralEncoder: each image's patches in row-major order, attention within an image through a mask, the
-merger's blocks gathered by index), the patches cut by the runtime from pixel_values and image_sizes.
+merger's blocks gathered by index), the patches cut by the runtime from pixel_values and image_sizes. Mistral Large 4 is
+Mistral3's tower and projector before a sparse-attention (indexed MLA) text model.
+
+Aria (its projector's learned queries over an Idefics3 tower) and Llama 4 (a pixel-shuffled tower over fixed-size tiles)
+take ImageEncoder's fixed-size images through their own get_image_features. Llama 4's chunked-attention layers are
+exact only while every position lies in the first chunk: a longer cache is refused (kv_cache.check_chunked_attention). Gemma 4
+(patch sequences with positions and padding, attention both ways within an image on sliding layers only) is refused
+by name; one built without a vision tower is refused as the text model it is.
 
 Qwen2-VL (variable resolution) is the same three entry points with its own encoder (PatchEncoder: flattened
 patches in merge groups, a per-image attention mask instead of cu_seqlens) and a third step input, rope_offsets
@@ -22,6 +29,16 @@ Qwen3.5 and Qwen3.5-MoE are Qwen3-VL's tower without deepstack before a text mod
 recurrent state: their step (RecurrentMultimodalStep) is the same merge over the recurrent step's cache
 (hf/steps/recurrent.py: each recurrent layer's states, each attention layer's keys and values, each tensor's kind in the
 generation spec), left padding kept out of the state as there (LanguageCache picks the cache of any VLM's text model).
+
+Ovis2, Chameleon and Emu3, whose image reaches the text model as tokens of a vocabulary (a visual vocabulary's
+embeddings; a VQ-VAE's codes, which encode_image returns and the runtime maps to text token ids for the step to embed),
+are built in hf/steps/image_tokens.py. Fuyu (image patches placed by image_patches_indices) and Kosmos-2 (features placed
+by image_embeds_position_mask) are refused by name (UNSUPPORTED_IMAGES).
+
+BLIP-2 is LLaVA's three entry points over a language model that is a whole causal LM of its own (`language_model`, called
+by the step directly: BLIP-2's forward takes pixel_values at every call), its image features a Q-Former's learned queries
+over the tower's patches, projected. Models of another design (cross-attention to the image: Mllama, IDEFICS, BLIP; a
+Q-Former that reads the prompt: InstructBLIP) are refused naming why (UNSUPPORTED_IMAGES).
 
 With `quantize`, the language step's matrix-product weights (its projections and LM head) are stored quantized as a
 causal LM's are (runtime/quantize.py); the vision tower and projector, run once per image, keep the model's dtype.
@@ -71,9 +88,20 @@ SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", 
              "LlavaNextVideoForConditionalGeneration", "Exaone4_5_ForConditionalGeneration",
              "HyperCLOVAXVisionV2ForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
              "Qwen3_5MoeForConditionalGeneration")
+# Aria (fixed-size images, its projector's learned queries), Mistral Large 4 (Mistral3's Pixtral tower and projector),
+# Llama 4 (fixed-size tiles, a pixel-shuffled tower's features): each an existing path over its own text model
+SUPPORTED += ("AriaForConditionalGeneration", "MistralLarge4ForConditionalGeneration", "Llama4ForConditionalGeneration")
+# models whose language part is a whole causal LM (`language_model`, with its own LM head) that the step calls: the model's
+# own forward takes pixel_values at every call (BLIP-2: a Q-Former's query outputs, projected, are the image features)
+WRAPPED_LANGUAGE_MODEL = ("Blip2ForConditionalGeneration",)
+SUPPORTED += WRAPPED_LANGUAGE_MODEL
+# image tokens of a vocabulary (hf/steps/image_tokens.py): Ovis2's visual vocabulary, Chameleon's and Emu3's VQ codes
+TOKEN_IMAGES = ("Ovis2ForConditionalGeneration", "ChameleonForConditionalGeneration", "Emu3ForConditionalGeneration")
+SUPPORTED += TOKEN_IMAGES
 # a Pixtral tower over each image at its own size (pixel_values padded to the largest, image_sizes), its patches merged
 # merge x merge into tokens (PixtralEncoder)
-NATIVE_RESOLUTION = ("Mistral3ForConditionalGeneration", "LightOnOcrForConditionalGeneration")
+NATIVE_RESOLUTION = ("Mistral3ForConditionalGeneration", "LightOnOcrForConditionalGeneration",
+                     "MistralLarge4ForConditionalGeneration")
 # models whose pixel_values are [prompts, images, C, H, W], all-zero images padding (dropped), encoded with a mask of
 # their real pixels (idefics_image_features)
 IMAGE_BATCHES = ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration", "Idefics2ForConditionalGeneration")
@@ -105,6 +133,8 @@ MAX_TILES = {"InternVLForConditionalGeneration": 13}
 # the whole image
 MAX_TILES.update({"Idefics3ForConditionalGeneration": 17, "SmolVLMForConditionalGeneration": 17,
                   "Idefics2ForConditionalGeneration": 5})
+# Llama 4: up to max_patches 16 tiles and the whole image; Aria with split_image: up to 8 crops (its 1x8 resolution)
+MAX_TILES.update({"Llama4ForConditionalGeneration": 17, "AriaForConditionalGeneration": 8})
 # models whose processor writes an image as more than its image tokens (tile markers, line breaks, its own prompt):
 # they generate from the processor's input_ids and pixel_values; processor_inputs refuses, saying why
 PROCESSOR_UNSUPPORTED = {
@@ -120,10 +150,16 @@ PROCESSOR_UNSUPPORTED = {
                                        "its row and column marker, the whole image's after a global-image marker",
     "Idefics2ForConditionalGeneration": "Idefics2Processor writes an image's tokens (and its tiles' with image "
                                         "splitting) between fake image-boundary tokens",
+    "Llama4ForConditionalGeneration": "Llama4Processor cuts an image into tiles and writes each tile's tokens with tile "
+                                      "separators, the whole image's after an image marker, between its start and end "
+                                      "of image tokens",
+    "AriaForConditionalGeneration": "AriaProcessor pads each image to a square and marks the padding in pixel_mask, "
+                                    "which moves the tower's patch positions (only unpadded, square images are taken)",
 }
 # Pixtral-tower models' processors, whose settings with_processor_text reads from processor_config.json (both need
 # torchvision to load): (patch_size, spatial_merge_size) they default to
 NATIVE_PROCESSORS = {"Mistral3ForConditionalGeneration": ("PixtralProcessor", (16, 1)),
+                     "MistralLarge4ForConditionalGeneration": ("PixtralProcessor", (16, 1)),
                      "LightOnOcrForConditionalGeneration": ("LightOnOcrProcessor", (14, 2))}
 
 
@@ -336,8 +372,8 @@ class MultimodalStep(DecoderStep):
     transformers' token_type_ids blocks do: image token i belongs to image i // image_blocks."""
 
     def __init__(self, lm: torch.nn.Module, layout: Any, image_blocks: int | None = None, prefix_lm: bool = False,
-                 position_offset: int = 0, deepstack: int = 0):
-        super().__init__(lm, layout)
+                 position_offset: int = 0, deepstack: int = 0, owner: torch.nn.Module | None = None):
+        super().__init__(lm, layout, owner)
         self.image_blocks, self.prefix_lm, self.position_offset = image_blocks, prefix_lm, position_offset
         self.deepstack = deepstack  # Qwen3-VL: the feature rows also hold this many deepstack features (PatchEncoder)
 
@@ -401,6 +437,8 @@ class LanguageCache:
         """The multimodal step over this cache (`options` as MultimodalStep's). A recurrent text model reads each token
         once, in order: an image's tokens cannot attend to later ones (Gemma 3's image blocks, a prefix-LM)."""
         if not self.keeps_state:
+            if type(vlm).__name__ in WRAPPED_LANGUAGE_MODEL:
+                return MultimodalStep(vlm.language_model, self.layout, owner=vlm, **options)
             return MultimodalStep(vlm, self.layout, **options)
         if options.get("image_blocks") or options.get("prefix_lm"):
             raise InputSpecError(f"{type(vlm).__name__}'s text model keeps a recurrent state, and its image tokens "
@@ -414,7 +452,12 @@ def language_cache(vlm: torch.nn.Module, max_cache_len: int) -> LanguageCache:
     else the KV-cache layout."""
     if recurrent.keeps_recurrent_state(vlm):
         return LanguageCache(recurrent.state_layout(vlm, max_cache_len), True)
-    return LanguageCache(cache_layout(vlm, max_cache_len), False)
+    return LanguageCache(cache_layout(language_model(vlm), max_cache_len), False)
+
+
+def language_model(vlm: torch.nn.Module) -> torch.nn.Module:
+    """The module a step calls for `vlm`'s language part: the model itself, or its wrapped causal LM."""
+    return vlm.language_model if type(vlm).__name__ in WRAPPED_LANGUAGE_MODEL else vlm
 
 
 def write_columns(table: torch.Tensor, write_at: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -452,11 +495,72 @@ def deepstack_rows(vlm: torch.nn.Module, image_index: torch.Tensor, layers: list
         text.__dict__.update(saved)
 
 
+# families refused by name: what their images need that the three entry points do not lower yet
+UNSUPPORTED_IMAGES = {
+    "Gemma4ForConditionalGeneration": "its vision tower takes each image as a padded sequence of patches with their "
+                                      "(x, y) positions (image_position_ids, -1 for padding), pools them by position "
+                                      "and drops the padding (a feature count read from the data), and its text model "
+                                      "attends both ways within an image on its sliding layers only "
+                                      "(mm_token_type_ids)",
+    "Gemma4UnifiedForConditionalGeneration": "its encoder-free vision embedder takes each image as a padded sequence of "
+                                             "raw patches with their (x, y) positions (image_position_ids, -1 for "
+                                             "padding) and keeps only the real ones (a feature count read from the "
+                                             "data), and its text model attends both ways within an image on its "
+                                             "sliding layers only (mm_token_type_ids)",
+}
+
+
+UNSUPPORTED_IMAGES.update({
+    "InstructBlipForConditionalGeneration": "its Q-Former reads the instruction (qformer_input_ids) beside the image, so "
+                                            "an image's features depend on the prompt, and encode_image takes the image alone",
+    "InstructBlipVideoForConditionalGeneration": "its Q-Former reads the instruction (qformer_input_ids) beside the video "
+                                                 "frames, so their features depend on the prompt, and encode_image takes "
+                                                 "the image alone",
+    "MllamaForConditionalGeneration": "its text model reads the image through cross-attention layers (a second cache, of "
+                                      "the image's keys and values), which the multimodal step does not hold",
+    "IdeficsForVisionText2Text": "its text model reads the image through gated cross-attention layers over a perceiver's "
+                                 "latents (a second cache), which the multimodal step does not hold",
+    "BlipForConditionalGeneration": "its text decoder cross-attends to the image features (an image-to-text "
+                                    "encoder-decoder), where the multimodal step merges features into the prompt",
+    "FuyuForCausalLM": "it takes an image as image_patches (its processor's patches, as many as the image's size makes) "
+                       "placed at prompt positions by image_patches_indices, not pixel_values at expanded image tokens; "
+                       "that input path (and the check's) is not built yet",
+    "Kosmos2ForConditionalGeneration": "it places its image features by image_embeds_position_mask (an input its "
+                                       "processor makes, not image tokens in the ids), and its text model numbers "
+                                       "positions from the padding in input_ids; neither is reproduced yet",
+})
+
+
+# refused families whose text-generation conversion takes their text-only prompts (the sweep's rows)
+TEXT_ONLY_GENERATES = ("Gemma4ForConditionalGeneration", "Gemma4UnifiedForConditionalGeneration", "FuyuForCausalLM")
+
+
 def check_supported(vlm: torch.nn.Module) -> None:
+    """InputSpecError unless `vlm`'s images can be lowered: a model built without a vision tower (Gemma 4's vision_config
+    None) is a text model, and says so; a family refused by name says why."""
     name = type(vlm).__name__
+    if hasattr(vlm.config, "vision_config") and vlm.config.vision_config is None:
+        raise InputSpecError(f"{name} was built without a vision tower (its config's vision_config is None), so it "
+                             "takes no images: convert it with --task text-generation")
+    if name in UNSUPPORTED_IMAGES:
+        text_only = (" Text-only prompts generate through its text-generation conversion (--task text-generation)"
+                     if name in TEXT_ONLY_GENERATES else "")
+        raise InputSpecError(f"{name}'s images are not supported: {UNSUPPORTED_IMAGES[name]}.{text_only}")
     if name not in SUPPORTED:
         raise InputSpecError(f"image-text-to-text conversion supports {', '.join(SUPPORTED)}; {name} is not supported yet "
                              "(docs/limitations.md)")
+
+
+def prepared(vlm: torch.nn.Module, max_cache_len: int, max_batch: int, dtype: Any, weights: Any, quantize: str | None,
+             group_size: int) -> torch.nn.Module:
+    """What every vision-language conversion starts with: the limits, the family and the scheme checked, the model in
+    eval mode at `dtype`."""
+    check_limits(max_cache_len, max_batch)
+    check_supported(vlm)
+    if quantize is not None:
+        check_scheme(quantize, group_size)
+    vlm = vlm.eval()
+    return cast_module(vlm, dtype, weights) if dtype is not None else vlm
 
 
 def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, max_batch: int = 8, dtype: Any = None,
@@ -464,14 +568,9 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
                             group_size: int = DEFAULT_GROUP_SIZE) -> VisionLanguageGenerator:
     """A transformers vision-language model -> a torch-free `VisionLanguageGenerator` (encode_image, prefill, decode).
     `weights` (a capture.weight_source.WeightSource) streams the params of a model built with fake parameters;
-    `quantize` / `group_size` as in hf.steps.causal_lm.convert_causal_lm, for the language step's weights."""
-    check_limits(max_cache_len, max_batch)
-    check_supported(vlm)
-    if quantize is not None:
-        check_scheme(quantize, group_size)
-    vlm = vlm.eval()
-    if dtype is not None:
-        vlm = cast_module(vlm, dtype, weights)
+    `quantize` / `group_size` as in hf.steps.causal_lm.convert_causal_lm, for the language step's weights. The
+    TOKEN_IMAGES families convert through hf/steps/image_tokens.py (hf/convert.py chooses)."""
+    vlm = prepared(vlm, max_cache_len, max_batch, dtype, weights, quantize, group_size)
     if type(vlm).__name__ in NATIVE_RESOLUTION:
         return convert_native_resolution(vlm, max_cache_len=max_cache_len, max_batch=max_batch, progress=progress,
                                          weights=weights, quantize=quantize, group_size=group_size)
@@ -483,8 +582,13 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
     size = vision.image_size if isinstance(vision.image_size, (list, tuple)) else (vision.image_size,) * 2  # InternVL: [h, w]
     pixel_shape = (int(getattr(vision, "num_channels", 3)), int(size[0]), int(size[1]))
     encoder = ImageEncoder(vlm).eval()
-    with torch.no_grad():
-        probe = encoder(torch.zeros((1, *pixel_shape), dtype=next(vlm.parameters()).dtype))
+    try:
+        with torch.no_grad():
+            probe = encoder(torch.zeros((1, *pixel_shape), dtype=next(vlm.parameters()).dtype))
+    except RuntimeError as err:  # e.g. a projector sized for other features than the tower makes
+        raise InputSpecError(f"{type(vlm).__name__}'s vision tower and projector fail on an image of its config's size "
+                             f"{list(pixel_shape)} ({str(err).splitlines()[0]}): the vision config is inconsistent (its "
+                             "sizes do not chain), and transformers' own image features fail the same way") from err
     pinpoints = _grid_pinpoints(vlm, probe)
     if pinpoints is not None:  # rows: one tile's, then the newline
         tokens_per_image, feature_size = int(probe.shape[0]) - 1, int(probe.shape[1])
@@ -677,10 +781,13 @@ def convert_native_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max_b
 def _entry_points(encode: Model, captured: Any, timer: StageTimer, weights: Any, quantize: str | None,
                   group_size: int) -> tuple[Model, Model, Model]:
     """(encode_image, prefill, decode) over one params dict, from the encoder's model and the traced multimodal step;
-    with `quantize`, the step's matrix-product weights quantized (the encoder reads none of them)."""
+    with `quantize`, the step's matrix-product weights quantized (the encoder reads none of them). The step may hold
+    constants torch.export lifted (Chameleon's mask of its image tokens' logits) that the encoder does not read; the
+    encoder may hold none, as each graph numbers its own lifted_tensor_N and the two would share one name."""
     _drop_unused_symbols(captured.graph)
     prefill = model_from(captured, timer, weights)
-    if set(encode.params) != set(prefill.params):
+    lifted = [name for name in set(prefill.params) - set(encode.params) if name.startswith("lifted_tensor")]
+    if set(encode.params) != set(prefill.params) - set(lifted) or any(n.startswith("lifted_tensor") for n in encode.params):
         raise ExportError("the image encoder and the language step do not share one params tree: "
                           f"{sorted(set(encode.params) ^ set(prefill.params))[:10]}")
     if quantize is not None:
