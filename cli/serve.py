@@ -100,12 +100,11 @@ def serve(artifact_dir, host, port, max_batch, max_queue, chunk, max_prefill_tok
     import uvicorn
 
     from torch2jax.serve.api import build_service, create_app, default_compilation_cache, use_compilation_cache
+    from torch2jax.serve.api import no_compilation_cache as disable_compilation_cache
     from torch2jax.serve.embeddings import EmbeddingService
 
     if no_compilation_cache:
-        import jax
-
-        jax.config.update("jax_enable_compilation_cache", False)  # a JAX_COMPILATION_CACHE_DIR set outside too
+        disable_compilation_cache()
     else:
         use_compilation_cache(compilation_cache or default_compilation_cache())
     started = time.perf_counter()

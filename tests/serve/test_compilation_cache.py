@@ -1,9 +1,11 @@
 """A restarted server reads its compiled steps from JAX's persistent cache (`torch2jax serve --compilation-cache`):
 the first start writes an entry per step, a second start over the same artifact finds every step there and writes
-none. Each start runs in its own process (the cache is process-wide JAX configuration)."""
+none, also where JAX_COMPILATION_CACHE_DIR names another cache. Each start runs in its own process (the cache is
+process-wide JAX configuration)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -29,10 +31,13 @@ def test_a_second_start_compiles_nothing_new(tmp_path):
     write_tokenizer(source)
     artifact = torch2jax.save(torch2jax.convert_hf(f"hf:{source}", max_cache_len=32, max_batch=2), tmp_path / "llm")
     cache = tmp_path / "cache"
+    # a cache set outside (JAX opens it at the package's first compile) does not take the steps: the server's does
+    outside = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "outside"), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+               "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
     seen = []
     for _ in range(2):
         run = subprocess.run([sys.executable, "-c", START, str(cache), str(artifact)], capture_output=True, text=True,
-                             cwd=ROOT, timeout=600)
+                             cwd=ROOT, timeout=600, env={**os.environ, **outside})
         assert run.returncode == 0, run.stderr[-3000:]
         seen.append(entries(cache))
     assert len(seen[0]) >= 4, "every step the warm-up compiles is kept"

@@ -84,12 +84,26 @@ def use_compilation_cache(directory: str | os.PathLike) -> None:
     restarted server reads its steps instead of compiling them (17.3 s of warm-up -> 2.8 s for a small model). The cache
     is JAX's own, keyed by the program, the jax version and the device, so a stale entry is never used."""
     import jax
+    from jax.experimental.compilation_cache.compilation_cache import reset_cache
 
     Path(directory).mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     jax.config.update("jax_compilation_cache_max_size", COMPILATION_CACHE_BYTES)  # the least recently used go first
+    # JAX opens its cache once, at the first compile: one set by JAX_COMPILATION_CACHE_DIR is already open by now
+    # (importing the package compiles), and would keep every entry; reopened, the cache is `directory`
+    reset_cache()
+
+
+def no_compilation_cache() -> None:
+    """JAX's persistent compilation cache off, also one JAX_COMPILATION_CACHE_DIR opened already (see
+    use_compilation_cache): every step compiles at start-up and nothing is kept."""
+    import jax
+    from jax.experimental.compilation_cache.compilation_cache import reset_cache
+
+    jax.config.update("jax_enable_compilation_cache", False)
+    reset_cache()
 
 
 def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = None, max_queue: int = 64, chunk: int = 256,

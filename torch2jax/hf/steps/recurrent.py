@@ -230,8 +230,8 @@ class RecurrentStep(DecoderStep):
     """forward(input_ids, position_ids, write_at, kv_valid, cache) -> (last logits [B, V] float32, new cache), over a
     StateLayout's cache (a flat list of each layer's tensors)."""
 
-    def __init__(self, lm: torch.nn.Module, layout: StateLayout):
-        super().__init__(lm, layout)
+    def __init__(self, lm: torch.nn.Module, layout: StateLayout, owner: torch.nn.Module | None = None):
+        super().__init__(lm, layout, owner)
         self._state_layer, self._hybrid_layer = state_layer_classes()
         self._keyword = cache_keyword(lm)
         self._cache_class = required_cache_class(lm)
