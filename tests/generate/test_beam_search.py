@@ -138,8 +138,8 @@ def test_num_return_sequences(models):
 
 def test_no_repeat_ngram_with_beams(models):
     """A logits processor over each beam's own tokens (no_repeat_ngram_size=2), applied to the log-probabilities."""
-    lm, g, batch = models("t5")
-    eos = END["t5"]
+    lm, g, batch = models("bart")
+    eos = END["bart"]
     plain = both(lm, g, batch, eos)
     processed = both(lm, g, batch, eos, no_repeat_ngram_size=2)
     assert plain.shape != processed.shape or (plain != processed).any()

@@ -60,6 +60,8 @@ def test_int8_t5_quantizes_the_encoder_and_the_decoder_and_generates_as_transfor
     check_generation(verify_seq2seq(quantize_like(load_seq2seq(source), quantized), loaded, tokens=16))
 
 
+@pytest.mark.slow(reason="int4 through the CLI is the Llama test's, a quantized encoder and decoder T5's; Whisper's "
+                        "audio encoder quantized adds ~30 s on 2 cores")
 def test_int4_whisper_through_the_cli_is_verified(tmp_path):
     from ..generate.seq2seqs import write_seq2seq
 

@@ -109,13 +109,13 @@ def _t5gemma() -> torch.nn.Module:
     return transformers.T5GemmaForConditionalGeneration(config).eval()
 
 
-def test_t5gemma_generates_as_transformers(tmp_path):
+def test_t5gemma_generates_as_transformers():
     lm = _t5gemma()
     g = torch2jax.convert_hf(lm, task="text2text-generation", max_cache_len=24, max_batch=2, max_source_len=16)
     result = verify_seq2seq(lm, g, tokens=16)
     check_generation(result)
     assert len(set(result.rows[0][1])) > 4  # tokens that vary, past the window of 3
-    check_generation(verify_seq2seq(lm, torch2jax.load(torch2jax.save(g, tmp_path / "t5gemma")), tokens=16))
+    # (a saved and loaded encoder-decoder is tests/generate/test_seq2seq.py's; the generation sweep checks T5Gemma's)
 
 
 @pytest.mark.slow  # traces 3 and 4 layers of a 6-layer stack (~2 CPU-minutes)

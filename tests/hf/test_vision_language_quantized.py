@@ -74,6 +74,8 @@ def test_int4_qwen2_vl_streamed_through_the_cli_is_verified_and_inspected(tmp_pa
     assert f"quantized int4 weight-only, groups of 32 input columns: {len(quantized['params'])} matmul weights" in inspected.stdout
 
 
+@pytest.mark.slow(reason="int8 LLaVA's tokens are checked in Python above and a quantized VLM through the CLI by the "
+                        "Qwen2-VL test; this one adds `generate --image` on it (~25 s on 2 cores)")
 def test_quantized_image_generation_from_the_cli(tmp_path):
     """`generate --image` on an int8 LLaVA artifact equals transformers' generate with the weights dequantized."""
     source = vlms.write("llava", tmp_path)
