@@ -28,17 +28,9 @@ from ...generate.vision_spec import VisionSpec
 from ...runtime.quantize import DEFAULT_GROUP_SIZE
 from .causal_lm import example_step_inputs
 from .kv_cache import adopt_parts
-from .vision_language import IMAGES_PER_PROMPT, ImageEncoder, MultimodalStep, _entry_points, language_cache, prepared
+from .vision_language import IMAGES_PER_PROMPT, PROCESSOR_UNSUPPORTED, ImageEncoder, MultimodalStep, _entry_points, language_cache, prepared
 
 EMU3_NOMINAL_SIDE = 512  # Emu3ImageProcessor's images hold at least 512 x 512 pixels (min_pixels)
-PROCESSORS = {
-    "Ovis2ForConditionalGeneration": "Ovis2Processor cuts an image into a grid of crops and writes visual indicator "
-                                     "tokens around them",
-    "ChameleonForConditionalGeneration": "ChameleonProcessor writes an image's tokens between its own begin and end of "
-                                         "image tokens",
-    "Emu3ForConditionalGeneration": "Emu3Processor writes an image's size and its begin and end of image tokens around "
-                                    "its rows of image tokens",
-}
 
 
 class CodeEncoder(torch.nn.Module):
@@ -162,7 +154,7 @@ def convert_token_images(vlm: torch.nn.Module, *, max_cache_len: int = 512, max_
     encode, prefill, decode = _entry_points(encode, captured, timer, weights, quantize, group_size)
     spec_vision = VisionSpec(image_token_id=int(config.image_token_id), tokens_per_image=tokens_per_image,
                              feature_size=feature_size, feature_dtype=dtype_name(features.dtype), pixel_shape=pixel_shape,
-                             max_images=max_images, processor_unsupported=PROCESSORS[kind], **extra)
+                             max_images=max_images, processor_unsupported=PROCESSOR_UNSUPPORTED[kind], **extra)
     return VisionLanguageGenerator(encode, prefill, decode, language.spec(vlm, max_batch), spec_vision)
 
 

@@ -155,6 +155,12 @@ PROCESSOR_UNSUPPORTED = {
                                       "of image tokens",
     "AriaForConditionalGeneration": "AriaProcessor pads each image to a square and marks the padding in pixel_mask, "
                                     "which moves the tower's patch positions (only unpadded, square images are taken)",
+    "Ovis2ForConditionalGeneration": "Ovis2Processor cuts an image into a grid of crops and writes visual indicator "
+                                     "tokens around them",
+    "ChameleonForConditionalGeneration": "ChameleonProcessor writes an image's tokens between its own begin and end of "
+                                         "image tokens",
+    "Emu3ForConditionalGeneration": "Emu3Processor writes an image's size and its begin and end of image tokens around "
+                                    "its rows of image tokens",
 }
 # Pixtral-tower models' processors, whose settings with_processor_text reads from processor_config.json (both need
 # torchvision to load): (patch_size, spatial_merge_size) they default to
@@ -507,10 +513,6 @@ UNSUPPORTED_IMAGES = {
                                              "padding) and keeps only the real ones (a feature count read from the "
                                              "data), and its text model attends both ways within an image on its "
                                              "sliding layers only (mm_token_type_ids)",
-}
-
-
-UNSUPPORTED_IMAGES.update({
     "InstructBlipForConditionalGeneration": "its Q-Former reads the instruction (qformer_input_ids) beside the image, so "
                                             "an image's features depend on the prompt, and encode_image takes the image alone",
     "InstructBlipVideoForConditionalGeneration": "its Q-Former reads the instruction (qformer_input_ids) beside the video "
@@ -528,7 +530,7 @@ UNSUPPORTED_IMAGES.update({
     "Kosmos2ForConditionalGeneration": "it places its image features by image_embeds_position_mask (an input its "
                                        "processor makes, not image tokens in the ids), and its text model numbers "
                                        "positions from the padding in input_ids; neither is reproduced yet",
-})
+}
 
 
 # refused families whose text-generation conversion takes their text-only prompts (the sweep's rows)
