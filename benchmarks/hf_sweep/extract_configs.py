@@ -285,6 +285,19 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
     ids = [v for k, v in out.items() if k.endswith("token_id") and isinstance(v, int) and not isinstance(v, bool)]
     if isinstance(out.get("vocab_size"), int) and ids and max(ids) >= out["vocab_size"]:
         out["vocab_size"] = max(ids) + 1  # a pad id past the vocabulary fails nn.Embedding's padding_idx check
+    for key, value in d.items():  # a composite's own widths tied to a sub-config's (Kimi K2.5's projection_hidden_size
+        # is its tower's; Muse Glimmer's out_hidden_size its tower's times the merged patches): scaled with it
+        if not key.endswith("hidden_size") or key in GENERIC_SIZES or not isinstance(value, int) or isinstance(value, bool):
+            continue
+        for sub in ("vision_config", "text_config"):
+            old, new = (c.get(sub, {}).get("hidden_size") if isinstance(c.get(sub), dict) else None for c in (d, out))
+            if isinstance(old, int) and isinstance(new, int) and old != new and value % old == 0:
+                out[key] = value // old * new
+                break
+    text = out.get("text_config")
+    if isinstance(text, dict) and isinstance(text.get("vocab_size"), int) and ids and max(ids) >= text["vocab_size"]:
+        # a composite model's own ids (its image token) that its text model embeds: inside the shrunk text vocabulary
+        out["text_config"] = {**text, "vocab_size": max(ids) + 1}
     return out
 
 

@@ -38,6 +38,8 @@ from .generator import GenerationSpec, Generator
 from .image_positions import image_index, patch_bicubic, patch_interpolation, patch_positions, patch_windows, rope_index
 from .image_processing import ImageProcessor
 from .loop import Completion, call_entry, finish, until_end
+from .omni_positions import omni_rope_index, refuse_audio_video
+from .patch_inputs import encoder_inputs
 from .prompts import check_prompt
 from .text import ChatTemplate
 from .vision_spec import VisionSpec, image_token_rows
@@ -69,18 +71,38 @@ class VisionLanguageGenerator(Generator):
     def manifest_sections(self) -> dict:
         return {**super().manifest_sections(), "vision": self.vision.to_json()}
 
-    def encode_images(self, pixel_values: Any) -> jax.Array:
+    def encode_images(self, pixel_values: Any, high_res_pixel_values: Any = None) -> jax.Array:
         """[N, C, H, W] pixel values -> [N, tokens_per_image, feature_size] image features (LLaVA-NeXT: N tiles ->
-        their feature rows [N * tokens_per_image + 1, feature_size], the image_newline vector last)."""
+        their feature rows [N * tokens_per_image + 1, feature_size], the image_newline vector last; DeepSeek-VL
+        hybrid: with each image's high_res_pixel_values too)."""
         pixels = np.asarray(pixel_values)
-        if pixels.ndim == 3:
+        if pixels.ndim == len(self.vision.pixel_shape):  # one image (Inkling's images are its patches, of rank 4)
             pixels = pixels[None]
-        if pixels.ndim != 4 or tuple(pixels.shape[1:]) != self.vision.pixel_shape:
+        if pixels.ndim != len(self.vision.pixel_shape) + 1 or tuple(pixels.shape[1:]) != self.vision.pixel_shape:
             raise InputSpecError(f"pixel_values must be [images, {', '.join(map(str, self.vision.pixel_shape))}] "
                                  f"(as the model's processor makes them), got {list(pixels.shape)}")
         if not 1 <= pixels.shape[0] <= self.vision.max_images:
             raise InputSpecError(f"{pixels.shape[0]} images: this artifact takes 1 to {self.vision.max_images} per call")
-        return self._encode(self.params, jnp.asarray(pixels, dtypes.jax_dtype(self.vision.feature_dtype)))
+        return self._encode(self.params, jnp.asarray(pixels, dtypes.jax_dtype(self.vision.feature_dtype)),
+                            *self._high_res(high_res_pixel_values, len(pixels)))
+
+    def _high_res(self, high_res_pixel_values: Any, images: int) -> tuple:
+        """The encoder's second input where it takes one (DeepSeek-VL hybrid: each image at its high resolution,
+        [images, C, H, W] as its processor makes them), checked against the encoder's shape; () for other models."""
+        inputs = self.encode_model.graph.user_inputs
+        if len(inputs) < 2:
+            if high_res_pixel_values is not None:
+                raise InputSpecError("high_res_pixel_values are for DeepSeek-VL hybrid's images; this model takes none")
+            return ()
+        shape = tuple(inputs[1].meta.shape[1:])
+        if high_res_pixel_values is None:
+            raise InputSpecError("this model takes each image at two resolutions: give high_res_pixel_values with "
+                                 "pixel_values, as its processor makes them")
+        pixels = np.asarray(high_res_pixel_values)
+        if pixels.ndim != 4 or len(pixels) != images or tuple(pixels.shape[1:]) != shape:
+            raise InputSpecError(f"high_res_pixel_values must be [{images}, {', '.join(map(str, shape))}] (one per image "
+                                 f"of pixel_values), got {list(pixels.shape)}")
+        return (jnp.asarray(pixels, dtypes.jax_dtype(self.vision.feature_dtype)),)
 
     def encode_grids(self, pixel_values: Any, image_sizes: Any, batch_num_images: Any = None) -> jax.Array:
         """LLaVA-NeXT / OneVision: [images, tiles, C, H, W] pixel values (each image's whole view and grid tiles, then
@@ -118,6 +140,8 @@ class VisionLanguageGenerator(Generator):
             raise InputSpecError(f"image_grid_thw must be [images, 3] positive integers (t, h, w), got {grids.dtype}{list(grids.shape)}")
         if (grids[:, 0] != 1).any() or (grids[:, 1:] % merge).any():
             raise InputSpecError(f"image_grid_thw: each image has t = 1 (video is not supported) and h, w multiples of {merge}")
+        if self.vision.patch_tower:  # another tower's patch layout (PaddleOCR-VL: raster order), patch_inputs.py
+            return self._encode(self.params, *encoder_inputs(self.vision, pixels, grids, self._id_dtype))
         total = int(np.prod(grids, axis=1).sum())
         if pixels.ndim != 2 or pixels.shape != (total, self.vision.pixel_shape[0]):
             raise InputSpecError(f"pixel_values must be [patches, {self.vision.pixel_shape[0]}] flattened patches, "
@@ -181,6 +205,8 @@ class VisionLanguageGenerator(Generator):
     def generate(self, input_ids: Any, attention_mask: Any = None, *, pixel_values: Any = None, image_grid_thw: Any = None,
                  image_sizes: Any = None, batch_num_images: Any = None, pixel_values_videos: Any = None,
                  token_type_ids: Any = None, pixel_attention_mask: Any = None, pixel_mask: Any = None,
+                 image_merge_sizes: Any = None,
+                 high_res_pixel_values: Any = None,
                  max_new_tokens: int = 32, do_sample: bool | None = None, temperature: Any = None, top_k: Any = None,
                  top_p: Any = None, rng: jax.Array | None = None, eos_token_id: int | list[int] | None = None,
                  pad_token_id: int | None = None, stream: bool = False, **settings: Any) -> np.ndarray | Iterator[np.ndarray]:
@@ -189,12 +215,27 @@ class VisionLanguageGenerator(Generator):
         image_grid_thw; LLaVA-NeXT and OneVision: [images, tiles, C, H, W] with image_sizes, OneVision's
         batch_num_images too for several images in a prompt; Mistral3 and LightOnOCR: each image at its own size,
         padded to the largest, with image_sizes; Idefics2/3 and SmolVLM: [B, images, C, H, W] with all-zero
-        padding images, and their pixel_attention_mask). `token_type_ids` (Gemma 3's processor output) is accepted
+        padding images, and their pixel_attention_mask; DeepSeek-VL hybrid: with high_res_pixel_values [images, C, H,
+        W]; Inkling: its patches [patches, 2, p, p, C]). `token_type_ids` (Gemma 3's processor output) is accepted
         and not needed: the image tokens are found in the ids; so is an Aria processor's `pixel_mask` that marks every
         pixel real (one that marks padding is refused). `settings`: Generator.generate's logits processors and
         warpers (repetition_penalty, no_repeat_ngram_size, min_new_tokens, ..., min_p, typical_p), by name."""
         if pixel_values_videos is not None:
             raise InputSpecError("video inputs are not supported: give images (pixel_values)")
+        refuse_audio_video(settings)  # the Omni thinkers' audio features, video grids: not converted
+        # Step3p7's local patches (its processor's crops of a large image; none: num_local_patches all 0) and Inkling's
+        # audio: not converted
+        local, unused = settings.pop("num_local_patches", None), ("pixel_values_local", "audio_input_ids", "audio_input_ids_mask")
+        given = [name for name in unused if settings.pop(name, None) is not None]
+        if given or (local is not None and np.asarray(local).any()):
+            raise InputSpecError(f"{', '.join(given or ['num_local_patches'])}: local image patches (Step3p7) and audio "
+                                 "(Inkling) are not supported; give images as global views alone (pixel_values, no "
+                                 "local patches) and no audio")
+        if image_merge_sizes is not None and (np.asarray(image_merge_sizes) != self.vision.spatial_merge_size).any():
+            # VideoLLaMA3's processor output: each image's merge, which the encoder was traced for (1 an image)
+            raise InputSpecError(f"image_merge_sizes {np.asarray(image_merge_sizes).tolist()}: this artifact's images are "
+                                 f"merged {self.vision.spatial_merge_size} x {self.vision.spatial_merge_size} (as its "
+                                 "processor merges images), not otherwise")
         merge = self.vision.spatial_merge_size
         if image_grid_thw is not None and not merge:
             raise InputSpecError("image_grid_thw is for variable-resolution models (Qwen2-VL); this model takes fixed-size images")
@@ -218,13 +259,15 @@ class VisionLanguageGenerator(Generator):
         ids, mask = check_prompt(input_ids, attention_mask, self.spec, max_new_tokens)
         index = image_index(np.where(mask, ids, -1), self.vision.image_token_id)
         features = self.image_features(int((index >= 0).sum()), pixel_values, image_grid_thw, image_sizes,
-                                       batch_num_images)
+                                       batch_num_images, high_res_pixel_values=high_res_pixel_values)
         given = dict(settings, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
         request = self._request(given, rng, eos_token_id, pad_token_id, prompt=ids, counted_from=np.argmax(mask, axis=1))
 
         delta = None
         rotary = self.vision.rotary_3d  # not EXAONE 4.5's and HyperCLOVAX's plain text positions
-        if rotary:
+        if rotary and self.vision.omni is not None:  # the Omni thinkers' own rope index (omni_positions.py)
+            rope, delta = omni_rope_index(ids, mask, image_grid_thw, self.vision.image_token_id, merge, self.vision.omni)
+        elif rotary:
             rope, delta = rope_index(ids, mask, image_grid_thw, self.vision.image_token_id, merge)
 
         def prefill_inputs(width: int) -> tuple:
@@ -246,7 +289,7 @@ class VisionLanguageGenerator(Generator):
         return finish(ids, self._steps(ids, mask, max_new_tokens, request, prefill_inputs, delta, unbucketed), stream)
 
     def image_features(self, tokens: int, pixel_values: Any = None, image_grid_thw: Any = None, image_sizes: Any = None,
-                       batch_num_images: Any = None) -> jax.Array:
+                       batch_num_images: Any = None, *, high_res_pixel_values: Any = None) -> jax.Array:
         """The feature rows [tokens, feature_size] of prompts holding `tokens` image tokens, from their images as the
         processor makes them (generate's arguments), in the order the image tokens take them; one unused row when there
         are no images (the step's input is never empty). InputSpecError when the images make another number of rows."""
@@ -263,7 +306,7 @@ class VisionLanguageGenerator(Generator):
                 raise InputSpecError(f"image features and image tokens do not match: the images make {features.shape[0]} "
                                      f"features, the prompts hold {tokens} image tokens (id {self.vision.image_token_id})")
             return features
-        encoded = self.encode_images(pixel_values)
+        encoded = self.encode_images(pixel_values, high_res_pixel_values)
         if encoded.shape[0] * encoded.shape[1] != tokens:
             raise InputSpecError(f"image features and image tokens do not match: {encoded.shape[0]} images make "
                                  f"{encoded.shape[0] * encoded.shape[1]} features, the prompts hold {tokens} image tokens "

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputSpecError, Torch2JaxError
+from .omni_positions import OmniTokens
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,13 @@ class VisionSpec:
     # Emu3: the token ending each row of an image's codes, patch_size its VQ-VAE's downsampling: an image of (height,
     # width) takes (height // patch_size) rows of (width // patch_size) codes and the row end
     row_end_token: int | None = None
+    # variable resolution through another tower than the Qwen2-VL family's (hf/steps/patch_towers.py): the kind of
+    # per-patch inputs the runtime makes for it ("raster", "resampled", "windowed", "conv": generate/patch_inputs.py);
+    # "" is the Qwen2-VL family's merge-group order
+    patch_tower: str = ""
+    # the Omni thinkers (Qwen2.5-Omni, Qwen3-Omni-MoE): their own rope index's tokens (omni_positions.py), and audio and
+    # video refused; None for every other model
+    omni: OmniTokens | None = None
 
     @property
     def rotary_3d(self) -> bool:
@@ -131,7 +139,8 @@ class VisionSpec:
                 "patch_merge": self.patch_merge, "image_rows": list(self.image_rows) if self.image_rows else None,
                 "text_positions": self.text_positions,
                 "image_vocabulary": list(self.image_vocabulary) if self.image_vocabulary is not None else None,
-                "row_end_token": self.row_end_token}
+                "row_end_token": self.row_end_token, "patch_tower": self.patch_tower,
+                "omni": self.omni.to_json() if self.omni is not None else None}
 
     @staticmethod
     def from_json(data: Any) -> VisionSpec:
@@ -149,7 +158,8 @@ class VisionSpec:
                               int(data.get("patch_size", 0)), int(data.get("patch_merge", 1)),
                               _pair(data.get("image_rows"), "image_rows"), bool(data.get("text_positions", False)),
                               _ids(data.get("image_vocabulary")),
-                              None if data.get("row_end_token") is None else int(data["row_end_token"]))
+                              None if data.get("row_end_token") is None else int(data["row_end_token"]),
+                              patch_tower=str(data.get("patch_tower") or ""), omni=OmniTokens.from_json(data.get("omni")))
         except (KeyError, TypeError, ValueError) as err:
             raise Torch2JaxError(f"the manifest's vision section is malformed ({type(err).__name__}: {err})") from None
 

@@ -23,14 +23,24 @@ from ..generate.vision_language import VisionLanguageGenerator
 from .options import GenerationOptions
 from .source import HFSource, load_generation_model, resolve_source
 from .steps.causal_lm import convert_causal_lm
+from .steps.fixed_images import TWO_RESOLUTIONS
 from .steps.image_tokens import convert_token_images
+from .steps.omni import convert_omni_thinker
+from .steps.patch_towers import convert_patch_tower
 from .steps.recurrent import convert_recurrent_lm, keeps_recurrent_state
 from .steps.seq2seq import convert_seq2seq
-from .steps.vision_language import TOKEN_IMAGES, convert_vision_language, with_processor_text
+from .steps.two_resolutions import convert_two_resolutions
+from .steps.vision_language import OMNI_THINKERS, PATCH_TOWERS, TOKEN_IMAGES, convert_vision_language, with_processor_text
 from .tasks import IMAGE_TEXT_TO_TEXT, TEXT2TEXT_GENERATION, reads_images
 
 AnyGenerator = Generator | Seq2SeqGenerator | VisionLanguageGenerator
 ProgressFn = Callable[[str, str], None]  # (stage, message), as each conversion stage starts
+# vision-language families with a conversion of their own, each taking convert_vision_language's arguments: image tokens
+# of a vocabulary (Ovis2, Chameleon, Emu3), SigLIP-style towers over patches, the Omni thinkers (without their audio
+# tower, their own rope index), DeepSeek-VL hybrid's two resolutions
+IMAGE_CONVERTERS = {**dict.fromkeys(TOKEN_IMAGES, convert_token_images), **dict.fromkeys(PATCH_TOWERS, convert_patch_tower),
+                    **dict.fromkeys(OMNI_THINKERS, convert_omni_thinker),
+                    **dict.fromkeys(TWO_RESOLUTIONS, convert_two_resolutions)}
 
 
 def convert_hf(source: Any, options: GenerationOptions | None = None, *, task: str | None = None,
@@ -52,8 +62,7 @@ def convert_generator(source: HFSource, options: GenerationOptions, progress: Pr
     # is pixels: the seq2seq steps, not a vision-language model's (whose image tokens go into a causal LM's prompt)
     seq2seq = source.task == TEXT2TEXT_GENERATION or (source.task == IMAGE_TEXT_TO_TEXT and reads_images(source.model))
     if source.task == IMAGE_TEXT_TO_TEXT and not seq2seq:
-        # image tokens of a vocabulary (Ovis2, Chameleon, Emu3) have their own steps (hf/steps/image_tokens.py)
-        convert = convert_token_images if type(source.model).__name__ in TOKEN_IMAGES else convert_vision_language
+        convert = IMAGE_CONVERTERS.get(type(source.model).__name__, convert_vision_language)
         generator = convert(source.model, weights=source.weights, **common)
     elif seq2seq:
         generator = convert_seq2seq(source.model, max_source_len=options.max_source_len, weights=source.weights, **common)

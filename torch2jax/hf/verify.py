@@ -162,9 +162,15 @@ def verify_vision_language(vlm: torch.nn.Module, generator, tokens: int = 16, se
         pixels = rng.standard_normal((batch, vision.grid_tiles(size), *vision.pixel_shape)).astype(np.float32)
     else:
         pixels = rng.standard_normal((batch, *vision.pixel_shape)).astype(np.float32)
+        second = generator.encode_model.graph.user_inputs[1:]  # DeepSeek-VL hybrid: each image at its high resolution
+        if second:
+            high = rng.standard_normal((batch, *second[0].meta.shape[1:])).astype(np.float32)
+            grids = {"high_res_pixel_values": high}
     ours = generator.generate(ids, attention_mask=mask, pixel_values=pixels, max_new_tokens=tokens, do_sample=False,
                               eos_token_id=[], **grids)
     extra = {**processor_token_types(vlm, vision, ids), **{k: torch.from_numpy(v) for k, v in grids.items()}}
+    if merge and "image_merge_sizes" in inspect.signature(vlm.forward).parameters:  # VideoLLaMA3's processor: 1 an image
+        extra["image_merge_sizes"] = torch.full((batch,), merge, dtype=torch.long)
     # Idefics2/3 and SmolVLM take [prompts, images per prompt, C, H, W]: one image each here
     given = pixels[:, None] if getattr(vision, "image_batches", False) else pixels
     theirs = transformers_greedy(vlm, ids, tokens, generator.spec.pad_token_id, mask,

@@ -26,9 +26,17 @@ from ...errors import ExportError, InputSpecError
 from ...generate.vision_language import VisionLanguageGenerator
 from ...generate.vision_spec import VisionSpec
 from ...runtime.quantize import DEFAULT_GROUP_SIZE
-from .causal_lm import example_step_inputs
 from .kv_cache import adopt_parts
-from .vision_language import IMAGES_PER_PROMPT, PROCESSOR_UNSUPPORTED, ImageEncoder, MultimodalStep, _entry_points, language_cache, prepared
+from .vision_language import (
+    IMAGES_PER_PROMPT,
+    PROCESSOR_UNSUPPORTED,
+    ImageEncoder,
+    MultimodalStep,
+    _entry_points,
+    example_image_inputs,
+    language_cache,
+    prepared,
+)
 
 EMU3_NOMINAL_SIDE = 512  # Emu3ImageProcessor's images hold at least 512 x 512 pixels (min_pixels)
 
@@ -141,15 +149,14 @@ def convert_token_images(vlm: torch.nn.Module, *, max_cache_len: int = 512, max_
     encode_captured, _ = trace(encoder, (example,), None, (dims,), timer, what=" of the image encoder")
     encode = model_from(encode_captured, timer, weights)
 
-    batch = min(max_batch, 2)
     layout = language.layout
-    index = torch.tensor([[0, 1, -1], [2, -1, 3]])[:batch]
-    features = torch.zeros((7, feature_size), dtype=pixel_dtype if feature_size == 1 else dtype)
+    _, step_args, features, index = example_image_inputs(layout, max_batch, feature_size,
+                                                         pixel_dtype if feature_size == 1 else dtype)
     rows = {"name": "image_rows", "min": 1, "max": max(max_images * tokens_per_image, max_batch * max_cache_len)}
     indicators = tuple(int(t) for t in getattr(config, "visual_indicator_token_ids", None) or ())
     step = TokenStep(vlm, layout, token_features=kind != "Ovis2ForConditionalGeneration", indicators=indicators)
     shapes = language.dynamic_shapes(max_batch)
-    captured, _ = trace(step.eval(), (*example_step_inputs(layout, batch, 3), features, index), None,
+    captured, _ = trace(step.eval(), (*step_args, features, index), None,
                         (*shapes, {0: rows}, shapes[0]), timer, what=" of the multimodal step")
     encode, prefill, decode = _entry_points(encode, captured, timer, weights, quantize, group_size)
     spec_vision = VisionSpec(image_token_id=int(config.image_token_id), tokens_per_image=tokens_per_image,

@@ -30,10 +30,19 @@ recurrent state: their step (RecurrentMultimodalStep) is the same merge over the
 (hf/steps/recurrent.py: each recurrent layer's states, each attention layer's keys and values, each tensor's kind in the
 generation spec), left padding kept out of the state as there (LanguageCache picks the cache of any VLM's text model).
 
+The Qwen2.5-Omni and Qwen3-Omni-MoE thinkers are Qwen2.5-VL's and Qwen3-VL's path without their audio tower, with a
+rope index of their own (hf/steps/omni.py, generate/omni_positions.py: images counted by their vision-start tokens).
+VideoLLaMA3, PaddleOCR-VL, Cosmos3-Edge, LFM3-VL, Kimi K2.5 and Muse Glimmer are variable-resolution SigLIP-style towers
+(hf/steps/patch_towers.py: merge groups of patches, attention within an image by a mask from image ids, their
+per-patch inputs made torch-free by generate/patch_inputs.py). Qianfan-OCR (InternVL's layout), Inkling (each processor
+patch an image token) and Step3p7 (global views) take the fixed-size path with parts of their own (hf/steps/fixed_images.py);
+DeepSeek-VL hybrid's two resolutions convert in hf/steps/two_resolutions.py.
+
 Ovis2, Chameleon and Emu3, whose image reaches the text model as tokens of a vocabulary (a visual vocabulary's
 embeddings; a VQ-VAE's codes, which encode_image returns and the runtime maps to text token ids for the step to embed),
-are built in hf/steps/image_tokens.py. Fuyu (image patches placed by image_patches_indices) and Kosmos-2 (features placed
-by image_embeds_position_mask) are refused by name (UNSUPPORTED_IMAGES).
+are built in hf/steps/image_tokens.py. Fuyu (image patches placed by image_patches_indices), Kosmos-2 (features placed
+by image_embeds_position_mask) and GIT (its image features prepended to the whole padded prompt by its own forward) are
+refused by name (UNSUPPORTED_IMAGES).
 
 BLIP-2 is LLaVA's three entry points over a language model that is a whole causal LM of its own (`language_model`, called
 by the step directly: BLIP-2's forward takes pixel_values at every call), its image features a Q-Former's learned queries
@@ -71,7 +80,7 @@ from ...generate.vision_spec import VisionSpec
 from ...runtime.model import Model
 from ...runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_model, share_quantized_params
 from ..directory import processor_files, transformers
-from . import recurrent
+from . import fixed_images, recurrent
 from .causal_lm import DecoderStep, example_step_inputs, step_dynamic_shapes
 from .kv_cache import adopt_parts, cache_layout, check_limits, generation_fields
 
@@ -91,6 +100,11 @@ SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", 
 # Aria (fixed-size images, its projector's learned queries), Mistral Large 4 (Mistral3's Pixtral tower and projector),
 # Llama 4 (fixed-size tiles, a pixel-shuffled tower's features): each an existing path over its own text model
 SUPPORTED += ("AriaForConditionalGeneration", "MistralLarge4ForConditionalGeneration", "Llama4ForConditionalGeneration")
+# fixed-size images (or tiles) at image tokens through their own get_image_features (hf/steps/fixed_images.py): Qianfan-OCR
+# (InternVL's tower, pixel shuffle and projector), Inkling (each patch of its processor's one image token), DeepSeek-VL
+# hybrid (each image at two resolutions, two towers joined)
+SUPPORTED += ("QianfanOCRForConditionalGeneration", "InklingForConditionalGeneration",
+              "DeepseekVLHybridForConditionalGeneration", "Step3p7ForConditionalGeneration")
 # models whose language part is a whole causal LM (`language_model`, with its own LM head) that the step calls: the model's
 # own forward takes pixel_values at every call (BLIP-2: a Q-Former's query outputs, projected, are the image features)
 WRAPPED_LANGUAGE_MODEL = ("Blip2ForConditionalGeneration",)
@@ -112,10 +126,27 @@ VARIABLE_RESOLUTION = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditio
                        "GlmOcrForConditionalGeneration", "Exaone4_5_ForConditionalGeneration",
                        "HyperCLOVAXVisionV2ForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
                        "Qwen3_5MoeForConditionalGeneration")
+# the Omni thinkers' text + image path (hf/steps/omni.py): Qwen2.5-VL's tower (separate q, k, v) or Qwen3-VL's (with
+# deepstack) before their text model, their own rope index (generate/omni_positions.py); audio and video refused
+OMNI_THINKERS = ("Qwen2_5OmniThinkerForConditionalGeneration", "Qwen3OmniMoeThinkerForConditionalGeneration")
+SUPPORTED += OMNI_THINKERS
+VARIABLE_RESOLUTION += OMNI_THINKERS
 # variable-resolution models whose text model takes plain 1-D positions (no rope index; transformers' arange positions):
 # EXAONE 4.5 (a Qwen2.5-VL tower with grouped-query attention, an EXAONE 4 text model) and HyperCLOVAX-SEED Vision V2 (a
 # Qwen2.5-VL tower, a linear projector to a HyperCLOVAX text model)
 TEXT_POSITIONS = ("Exaone4_5_ForConditionalGeneration", "HyperCLOVAXVisionV2ForConditionalGeneration")
+# variable-resolution SigLIP towers (hf/steps/patch_towers.py): VideoLLaMA3 (one token a patch, a Qwen2 text model of
+# 1-D positions), PaddleOCR-VL (raster patches merged by its projector, Qwen2-VL's rope index) and Cosmos3-Edge (a
+# SigLIP2 tower, its position table resized with antialiasing per image, Qwen2-VL's rope index); LFM3-VL (depthwise
+# convolutions over each image's patch grid beside its attention layers, an LFM3 text model of 1-D positions); Kimi
+# K2.5 (raster patches, a bicubic position table, a DeepSeek-V3 text model of 1-D positions); Muse Glimmer (Kimi's
+# layers with window attention, its own table taps and pixel shuffle, a Gemma 2-like text model of 1-D positions)
+PATCH_TOWERS = ("VideoLlama3ForConditionalGeneration", "PaddleOCRVLForConditionalGeneration",
+                "Cosmos3EdgeForConditionalGeneration", "Lfm3VlForConditionalGeneration", "Kimi_K25ForConditionalGeneration",
+                "MuseGlimmerForConditionalGeneration")
+SUPPORTED += PATCH_TOWERS
+TEXT_POSITIONS += ("VideoLlama3ForConditionalGeneration", "Lfm3VlForConditionalGeneration",
+                   "Kimi_K25ForConditionalGeneration", "MuseGlimmerForConditionalGeneration")
 # LLaVA-NeXT / OneVision ("anyres"): an image is its whole view and a grid of tiles, packed per image at run time
 # (generate/anyres.py). LLaVA-NeXT-Video's images are LLaVA-NeXT's (its get_image_features and processor's image tokens are
 # the same); its vision_resampler pools only video frames, which the runtime refuses
@@ -128,7 +159,7 @@ PREFIX_LM = ("PaliGemmaForConditionalGeneration",)
 POSITION_OFFSET = {"PaliGemmaForConditionalGeneration": 1}  # PaliGemma's positions count from 1
 # models whose processor cuts an image into tiles, each an image of the model: the most per image (InternVL: GotOcr2's
 # default max_patches 12, and a thumbnail)
-MAX_TILES = {"InternVLForConditionalGeneration": 13}
+MAX_TILES = {"InternVLForConditionalGeneration": 13, "QianfanOCRForConditionalGeneration": 13}
 # Idefics3 / SmolVLM: a grid of up to 4 x 4 tiles (longest_edge 4 * the tile side) and the whole image; Idefics2: 4 and
 # the whole image
 MAX_TILES.update({"Idefics3ForConditionalGeneration": 17, "SmolVLMForConditionalGeneration": 17,
@@ -161,6 +192,15 @@ PROCESSOR_UNSUPPORTED = {
                                          "image tokens",
     "Emu3ForConditionalGeneration": "Emu3Processor writes an image's size and its begin and end of image tokens around "
                                     "its rows of image tokens",
+    "InklingForConditionalGeneration": "InklingImageProcessor (torchvision only) cuts an image into patches padded with "
+                                       "-1 and repeated over two frames, which the torch-free image processor does not "
+                                       "reproduce",
+    "DeepseekVLHybridForConditionalGeneration": "DeepseekVLHybridImageProcessor makes each image at two resolutions "
+                                                "(pixel_values and high_res_pixel_values), which the torch-free image "
+                                                "processor does not reproduce",
+    "Step3p7ForConditionalGeneration": "Step3p7Processor crops a large image into local patches (pixel_values_local, "
+                                       "which are not converted) and writes each patch's tokens and the global view's "
+                                       "between their own start and end tokens, with patch newlines",
 }
 # Pixtral-tower models' processors, whose settings with_processor_text reads from processor_config.json (both need
 # torchvision to load): (patch_size, spatial_merge_size) they default to
@@ -187,6 +227,8 @@ class ImageEncoder(torch.nn.Module):
             features = llava_image_features(self.vlm, pixel_values)
             newline = self.vlm.model.image_newline.to(features.dtype)
             return torch.cat([features.reshape(-1, features.shape[-1]), newline[None]])
+        if type(self.vlm).__name__ in fixed_images.GLOBAL_VIEWS:  # Step3p7: its global views as one tensor
+            return fixed_images.global_view_features(self.vlm, pixel_values)
         # DeepSeek-VL, Janus: only their inner model has get_image_features
         features = getattr(self.vlm, "get_image_features", None) or self.vlm.model.get_image_features
         out = features(pixel_values=pixel_values)
@@ -269,6 +311,8 @@ class PatchEncoder(torch.nn.Module):
             if hasattr(attn, "kv_dim"):  # EXAONE 4.5: grouped-query attention, its queries, keys and values split
                 q, k, v = (t.reshape(n, -1, attn.head_dim)
                            for t in attn.qkv(x).split([attn.q_dim, attn.kv_dim, attn.kv_dim], dim=-1))
+            elif not hasattr(attn, "qkv"):  # Qwen2.5-Omni: separate query, key and value projections
+                q, k, v = (proj(x).reshape(n, attn.num_heads, -1) for proj in (attn.q, attn.k, attn.v))
             else:
                 q, k, v = attn.qkv(x).reshape(n, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
             if hasattr(attn, "q_norm"):  # GLM-OCR
@@ -530,11 +574,17 @@ UNSUPPORTED_IMAGES = {
     "Kosmos2ForConditionalGeneration": "it places its image features by image_embeds_position_mask (an input its "
                                        "processor makes, not image tokens in the ids), and its text model numbers "
                                        "positions from the padding in input_ids; neither is reproduced yet",
+    "GitForCausalLM": "it prepends its image features to the whole (left-padded) prompt itself, with no image tokens in "
+                      "input_ids: the image rows sit before the padding, attend to each other both ways, take no "
+                      "position embedding (the text's positions count from 0 after them) and stay in the cache that "
+                      "decode's attention mask is widened over; the three entry points place features at image "
+                      "tokens of the ids, which GIT's prompts do not hold",
 }
 
 
 # refused families whose text-generation conversion takes their text-only prompts (the sweep's rows)
-TEXT_ONLY_GENERATES = ("Gemma4ForConditionalGeneration", "Gemma4UnifiedForConditionalGeneration", "FuyuForCausalLM")
+TEXT_ONLY_GENERATES = ("Gemma4ForConditionalGeneration", "Gemma4UnifiedForConditionalGeneration", "FuyuForCausalLM",
+                       "GitForCausalLM")
 
 
 def check_supported(vlm: torch.nn.Module) -> None:
@@ -565,13 +615,37 @@ def prepared(vlm: torch.nn.Module, max_cache_len: int, max_batch: int, dtype: An
     return cast_module(vlm, dtype, weights) if dtype is not None else vlm
 
 
+def example_image_inputs(layout: Any, max_batch: int, feature_size: int, dtype: Any) -> tuple[int, tuple, Any, Any]:
+    """The multimodal step's example inputs for its trace: (batch, the causal-LM step's inputs for `batch` rows of 3
+    tokens, 7 feature rows, image_index [batch, 3] placing some of them), batch = min(max_batch, 2)."""
+    batch = min(max_batch, 2)
+    index = torch.tensor([[0, 1, -1], [2, -1, 3]])[:batch]
+    return batch, example_step_inputs(layout, batch, 3), torch.zeros((7, feature_size), dtype=dtype), index
+
+
+def check_image_token(vlm: torch.nn.Module) -> None:
+    """InputSpecError where `vlm`'s image_token_id lies outside its text vocabulary, for the families whose forward
+    embeds the image tokens before replacing them: transformers' embedding lookup fails on those ids too, so the config
+    is inconsistent (the step itself embeds an image token as token 0)."""
+    vocab, token = int(vlm.config.get_text_config().vocab_size), int(vlm.config.image_token_id)
+    if not 0 <= token < vocab:
+        raise InputSpecError(f"{type(vlm).__name__}'s image_token_id {token} is outside its text vocabulary of {vocab} "
+                             "(transformers' embedding lookup fails on it too): the config is inconsistent")
+
+
 def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, max_batch: int = 8, dtype: Any = None,
                             progress: Any = None, weights: Any = None, quantize: str | None = None,
                             group_size: int = DEFAULT_GROUP_SIZE) -> VisionLanguageGenerator:
     """A transformers vision-language model -> a torch-free `VisionLanguageGenerator` (encode_image, prefill, decode).
     `weights` (a capture.weight_source.WeightSource) streams the params of a model built with fake parameters;
     `quantize` / `group_size` as in hf.steps.causal_lm.convert_causal_lm, for the language step's weights. The
-    TOKEN_IMAGES families convert through hf/steps/image_tokens.py (hf/convert.py chooses)."""
+    TOKEN_IMAGES families convert through hf/steps/image_tokens.py, PATCH_TOWERS through hf/steps/patch_towers.py,
+    OMNI_THINKERS through hf/steps/omni.py and fixed_images.TWO_RESOLUTIONS through hf/steps/two_resolutions.py
+    (hf/convert.py chooses)."""
+    name = type(vlm).__name__
+    if name in TOKEN_IMAGES + PATCH_TOWERS + OMNI_THINKERS + fixed_images.TWO_RESOLUTIONS:
+        raise Torch2JaxError(f"{name} converts through its own module, not convert_vision_language: call "
+                             "torch2jax.convert_hf (hf/convert.py IMAGE_CONVERTERS chooses it)")
     vlm = prepared(vlm, max_cache_len, max_batch, dtype, weights, quantize, group_size)
     if type(vlm).__name__ in NATIVE_RESOLUTION:
         return convert_native_resolution(vlm, max_cache_len=max_cache_len, max_batch=max_batch, progress=progress,
@@ -581,8 +655,12 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
                                            weights=weights, quantize=quantize, group_size=group_size)
     config = vlm.config
     vision = config.vision_config
-    size = vision.image_size if isinstance(vision.image_size, (list, tuple)) else (vision.image_size,) * 2  # InternVL: [h, w]
-    pixel_shape = (int(getattr(vision, "num_channels", 3)), int(size[0]), int(size[1]))
+    if type(vlm).__name__ in fixed_images.EMBEDS_IMAGE_TOKENS:
+        check_image_token(vlm)
+    pixel_shape = fixed_images.pixel_shape(vlm)  # Inkling: its patches' own shape (hf/steps/fixed_images.py)
+    if pixel_shape is None:
+        size = vision.image_size if isinstance(vision.image_size, (list, tuple)) else (vision.image_size,) * 2  # InternVL
+        pixel_shape = (int(getattr(vision, "num_channels", 3)), int(size[0]), int(size[1]))
     encoder = ImageEncoder(vlm).eval()
     try:
         with torch.no_grad():
@@ -601,16 +679,14 @@ def convert_vision_language(vlm: torch.nn.Module, *, max_cache_len: int = 512, m
     timer = StageTimer(progress)
     tiles = 1 + max(h // pixel_shape[1] * (w // pixel_shape[2]) for h, w in pinpoints) if pinpoints else 1
     max_images = IMAGES_PER_PROMPT * max_batch * MAX_TILES.get(type(vlm).__name__, tiles)
+    if type(vlm).__name__ in fixed_images.TOKEN_PER_IMAGE:  # Inkling: each patch one token, every token in a prompt
+        max_images = max_batch * max_cache_len
     images = {"name": "images", "min": 1, "max": max_images}
     encode_captured, _ = trace(encoder, (torch.zeros((2, *pixel_shape), dtype=probe.dtype),), None, ({0: images},), timer,
                                what=" of the image encoder")
     encode = model_from(encode_captured, timer, weights)
 
-    batch = min(max_batch, 2)
-    step_args = example_step_inputs(layout, batch, 3)
-    rows = 7
-    index = torch.tensor([[0, 1, -1], [2, -1, 3]])[:batch]
-    features = torch.zeros((rows, feature_size), dtype=probe.dtype)
+    batch, step_args, features, index = example_image_inputs(layout, max_batch, feature_size, probe.dtype)
     feature_rows = {"name": "image_rows", "min": 1, "max": max_images * tokens_per_image}
     shapes = language.dynamic_shapes(max_batch)
     blocks = tokens_per_image if type(vlm).__name__ in BIDIRECTIONAL_IMAGES else None
@@ -698,18 +774,11 @@ def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max
         raise InputSpecError(f"{type(vlm).__name__}'s vision tower makes features of {feature_size // (1 + deepstack)}, "
                              f"its text model's hidden size is {hidden}: the config is inconsistent (the vision "
                              "config's out_hidden_size must be the text hidden size)")
-    vocab = int(config.get_text_config().vocab_size)
-    if not 0 <= int(config.image_token_id) < vocab:  # these models embed the image tokens before replacing them
-        raise InputSpecError(f"{type(vlm).__name__}'s image_token_id {config.image_token_id} is outside its text "
-                             f"vocabulary of {vocab} (transformers' embedding lookup fails on it too): the config is "
-                             "inconsistent")
+    check_image_token(vlm)  # these models embed the image tokens before replacing them
     encode_captured, _ = trace(encoder, example, None, ({0: merged},) * len(example), timer, what=" of the image encoder")
     encode = model_from(encode_captured, timer, weights)
 
-    batch = min(max_batch, 2)
-    step_args = example_step_inputs(layout, batch, 3)
-    index = torch.tensor([[0, 1, -1], [2, -1, 3]])[:batch]
-    features = torch.zeros((7, feature_size), dtype=dtype)
+    batch, step_args, features, index = example_image_inputs(layout, max_batch, feature_size, dtype)
     offsets = torch.zeros((3, batch, 3), dtype=torch.long)
     shapes = language.dynamic_shapes(max_batch)
     offset_dims = {axis + 1: d for axis, d in shapes[0].items()}
@@ -760,10 +829,7 @@ def convert_native_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max_b
                                what=" of the image encoder")
     encode = model_from(encode_captured, timer, weights)
 
-    batch = min(max_batch, 2)
-    step_args = example_step_inputs(layout, batch, 3)
-    index = torch.tensor([[0, 1, -1], [2, -1, 3]])[:batch]
-    features = torch.zeros((7, feature_size), dtype=dtype)
+    batch, step_args, features, index = example_image_inputs(layout, max_batch, feature_size, dtype)
     shapes = language.dynamic_shapes(max_batch)
     step = language.step(vlm)
     captured, _ = trace(step.eval(), (*step_args, features, index), None, (*shapes, {0: merged}, shapes[0]), timer,
@@ -819,8 +885,9 @@ def with_processor_text(vision: VisionSpec, directory: Path) -> VisionSpec:
         return _native_processor(vision, directory)
     wrap = _tile_wrap(directory)
     if wrap is not None and _image_processor_kind(directory) in TILED:
-        # InternVL (its processor needs torchvision for videos): the tokenizer names what it writes around an image
-        return dataclasses.replace(vision, tile_wrap=wrap)
+        # InternVL (its processor needs torchvision for videos): the tokenizer names what it writes around an image;
+        # Qianfan-OCR's chat template writes a placeholder of its own (hf/steps/fixed_images.py)
+        return dataclasses.replace(vision, tile_wrap=wrap, image_placeholder=fixed_images.image_placeholder(directory))
     try:
         processor = transformers().AutoProcessor.from_pretrained(directory, local_files_only=True)
     except (OSError, ValueError, TypeError, KeyError, ImportError):  # ImportError: Qwen2VLProcessor needs torchvision
