@@ -294,10 +294,21 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
             if isinstance(old, int) and isinstance(new, int) and old != new and value % old == 0:
                 out[key] = value // old * new
                 break
-    text = out.get("text_config")
-    if isinstance(text, dict) and isinstance(text.get("vocab_size"), int) and ids and max(ids) >= text["vocab_size"]:
-        # a composite model's own ids (its image token) that its text model embeds: inside the shrunk text vocabulary
-        out["text_config"] = {**text, "vocab_size": max(ids) + 1}
+    text_hidden = [c.get("text_config", {}).get("hidden_size") if isinstance(c.get("text_config"), dict) else None
+                   for c in (d, out)]
+    vision = out.get("vision_config")
+    if isinstance(vision, dict) and all(isinstance(h, int) for h in text_hidden) and text_hidden[0] != text_hidden[1]:
+        for key, value in d["vision_config"].items():  # a tower's output width made for the text model (GLM-4.6V's and
+            # EXAONE 4.5's out_hidden_size): the text model's shrunk width
+            if (key.endswith("hidden_size") and key not in GENERIC_SIZES and isinstance(value, int)
+                    and not isinstance(value, bool) and value == text_hidden[0]):
+                out["vision_config"] = vision = {**vision, key: text_hidden[1]}
+    text, image = out.get("text_config"), out.get("image_token_id", out.get("image_token_index"))
+    if (isinstance(text, dict) and isinstance(text.get("vocab_size"), int) and isinstance(image, int)
+            and not isinstance(image, bool) and image >= text["vocab_size"]):
+        # a vision-language model's image token, which its forward embeds with the text model's table: inside the
+        # shrunk text vocabulary (its other ids, such as an audio model's, would grow the table past a tiny model)
+        out["text_config"] = {**text, "vocab_size": image + 1}
     return out
 
 

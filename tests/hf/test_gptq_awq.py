@@ -171,6 +171,7 @@ def test_gptq_and_awq_convert_in_their_stored_form_and_compute_the_checkpoint(ca
     check_generation(verify_generation(reference, loaded, tokens=8))
 
 
+@pytest.mark.slow  # ~25 s: the conversion is tested in-process above, the CLI's verify on other checkpoints
 def test_the_cli_converts_a_gptq_checkpoint_verified_against_its_dequantized_weights(tmp_path):
     from ..helpers import cli
 

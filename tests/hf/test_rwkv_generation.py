@@ -155,6 +155,7 @@ def test_rwkv_converted_after_transformers_rescaled_its_weights(tmp_path):
     _check_greedy("rwkv")(lm, g)
 
 
+@pytest.mark.slow  # ~29 s: RWKV's conversion and rows alone are tested in-process above, the CLI's verify elsewhere
 def test_the_cli_converts_rwkv_verified_against_transformers_rows_alone(tmp_path):
     """transformers' RWKV ignores the attention mask (its padded batch is not its rows alone): `torch2jax convert`
     verifies a recurrent model against each row generated alone."""

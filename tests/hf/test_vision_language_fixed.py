@@ -183,6 +183,7 @@ def step3p7():
     return tf.Step3p7ForConditionalGeneration(config).eval()
 
 
+@pytest.mark.slow  # ~22 s on 2 cores: a fixed-size tower through ImageEncoder as the others here (make test-slow)
 def test_step3p7_global_views_greedy_equal_transformers():
     """Step3p7's images as global views (no local patches): the encoder's features equal get_image_features, greedy
     tokens for the check's two prompts (one left-padded) transformers' generate; num_local_patches of zeros is taken,

@@ -63,6 +63,7 @@ def test_mesh_load_splits_the_scales_with_their_weights(llava_int8, tmp_path):
     assert specs[q] == "P('model', None)" and specs[f"{q}_scale"] == "P('model',)"
 
 
+@pytest.mark.slow  # ~34 s: int4 streamed through the CLI is tested on a causal LM, Qwen2-VL's int4 step in-process
 def test_int4_qwen2_vl_streamed_through_the_cli_is_verified_and_inspected(tmp_path):
     """Qwen2-VL (variable resolution, its own step inputs): the CLI streams the weights, quantizes them as it reads
     them and verifies the artifact against transformers running the same weights dequantized."""
