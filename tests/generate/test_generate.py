@@ -157,6 +157,22 @@ def test_bad_requests_fail_before_anything_runs(generators):
         g.generate(prompt(3), do_sample=True, temperature=0.0)
 
 
+def test_an_image_token_past_the_text_vocabulary_passes_the_prompt_check():
+    """A vision-language model's image token may lie past its text vocabulary (GOT-OCR2's over a shrunk one): its step
+    embeds that id as token 0, so the check takes it, and still refuses any other id past the vocabulary."""
+    from types import SimpleNamespace
+
+    from torch2jax.generate.prompts import check_prompt
+
+    spec = SimpleNamespace(max_batch=2, vocab_size=100, max_cache_len=16)
+    ids, mask = check_prompt(np.array([[5, 999, 999, 6]]), None, spec, 4, image_token=999)
+    assert ids.tolist() == [[5, 999, 999, 6]] and mask.all()
+    with pytest.raises(InputSpecError, match=r"outside the vocabulary \[0, 100\)"):
+        check_prompt(np.array([[5, 999, 998]]), None, spec, 4, image_token=999)
+    with pytest.raises(InputSpecError, match=r"outside the vocabulary \[0, 100\)"):
+        check_prompt(np.array([[5, 999]]), None, spec, 4)
+
+
 def test_sampling_is_reproducible_per_key_and_top_k_one_is_greedy(generators):
     g = generators("llama")
     ids = np.concatenate([prompt(6, 8), prompt(6, 9)])

@@ -40,11 +40,12 @@ CLIENT = Wording("the prompt", "max_tokens", "this model", "shorten the prompt o
 
 
 def check_prompt(input_ids: Any, attention_mask: Any, spec: Any, max_new_tokens: Any,
-                 wording: Wording = CALLER) -> tuple[np.ndarray, np.ndarray]:
+                 wording: Wording = CALLER, image_token: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """A causal LM's prompts, checked against its GenerationSpec (`spec`): (ids [B, L], mask [B, L] bool). They must be integer
     ids inside the vocabulary, at most max_batch rows, left-padded where `attention_mask` marks pads (every row's last
-    token real), and leave room in the cache for `max_new_tokens`."""
-    ids = token_ids(input_ids, spec.max_batch, spec.vocab_size, "prompt", wording)
+    token real), and leave room in the cache for `max_new_tokens`. A vision-language model's `image_token` may lie past
+    the text vocabulary: its step embeds that id as token 0 (the image's feature replaces it)."""
+    ids = token_ids(input_ids, spec.max_batch, spec.vocab_size, "prompt", wording, image_token)
     check_max_new_tokens(max_new_tokens, wording)
     length = ids.shape[1]
     if length + max_new_tokens > spec.max_cache_len:
@@ -113,9 +114,10 @@ def check_max_new_tokens(max_new_tokens: Any, wording: Wording = CALLER) -> None
         raise PromptError(f"{wording.max_new_tokens} must be an integer >= 1 (got {max_new_tokens!r})", "max_new_tokens")
 
 
-def token_ids(input_ids: Any, max_batch: int, vocab_size: int, row: str, wording: Wording = CALLER) -> np.ndarray:
+def token_ids(input_ids: Any, max_batch: int, vocab_size: int, row: str, wording: Wording = CALLER,
+              image_token: int | None = None) -> np.ndarray:
     """[B, L] integer ids (one row may come as [L]) of 1 to `max_batch` rows of `row`s, not empty, inside the
-    vocabulary."""
+    vocabulary (or `image_token`, check_prompt's)."""
     ids = np.asarray(input_ids)
     if ids.ndim == 1:
         ids = ids[None]
@@ -127,7 +129,8 @@ def token_ids(input_ids: Any, max_batch: int, vocab_size: int, row: str, wording
                           "(convert again with a larger --max-batch, or split the batch)", "ids")
     if length == 0:
         raise PromptError(f"{wording.ids} is empty: give at least one {row} token", "ids")
-    if ids.min() < 0 or ids.max() >= vocab_size:
+    text = ids if image_token is None else ids[ids != image_token]
+    if text.size and (text.min() < 0 or text.max() >= vocab_size):
         raise PromptError(f"{wording.ids} holds ids outside the vocabulary [0, {vocab_size})", "ids")
     return ids
 

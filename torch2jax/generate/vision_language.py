@@ -256,7 +256,8 @@ class VisionLanguageGenerator(Generator):
             raise InputSpecError("pixel_attention_mask is for Idefics2/3's and SmolVLM's images; this model takes none")
         if self.vision.image_batches and pixel_values is not None:
             pixel_values = self.real_images(pixel_values, pixel_attention_mask)
-        ids, mask = check_prompt(input_ids, attention_mask, self.spec, max_new_tokens)
+        ids, mask = check_prompt(input_ids, attention_mask, self.spec, max_new_tokens,
+                                 image_token=self.vision.image_token_id)
         index = image_index(np.where(mask, ids, -1), self.vision.image_token_id)
         features = self.image_features(int((index >= 0).sum()), pixel_values, image_grid_thw, image_sizes,
                                        batch_num_images, high_res_pixel_values=high_res_pixel_values)

@@ -482,7 +482,8 @@ class BatchEngine:
 
     def check_request(self, prompt: list[int], max_tokens: int) -> None:
         """Refuse a client's prompt and max_tokens that cannot run here (generate's prompt check, in a client's words)."""
-        check_prompt(np.asarray([prompt]), None, self.g.spec, max_tokens, CLIENT)
+        image_token = self.vision.image_token_id if self.vision is not None else None
+        check_prompt(np.asarray([prompt]), None, self.g.spec, max_tokens, CLIENT, image_token)
 
     def can_admit(self) -> bool:
         """Whether new requests may start now (rows of any age share this batch: always)."""
