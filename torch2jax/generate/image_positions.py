@@ -81,6 +81,16 @@ def patch_windows(grids: np.ndarray, merge: int, window: int) -> np.ndarray:
     return np.concatenate(out).astype(np.int64)
 
 
+def table_taps(axis_taps: list, side: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-axis taps [(rows [patches, n], their weights), (columns, their weights)] into a side x side table -> the
+    flat table rows [patches, n * n] int64 and their weights (the product of the row's and the column's) float32."""
+    (rows, row_weights), (cols, col_weights) = axis_taps
+    n = rows.shape[1]
+    indices = (rows[:, :, None] * side + cols[:, None, :]).reshape(-1, n * n)
+    weights = (row_weights[:, :, None] * col_weights[:, None, :]).reshape(-1, n * n)
+    return indices.astype(np.int64), weights.astype(np.float32)
+
+
 def patch_interpolation(grids: np.ndarray, merge: int, side: int) -> tuple[np.ndarray, np.ndarray]:
     """([patches, 4] int64, [patches, 4] float32): each patch's bilinear taps into a learned side x side position table
     resampled to its image's grid (align_corners, taps clamped to the border), the flat table rows and their weights,
@@ -95,10 +105,7 @@ def patch_interpolation(grids: np.ndarray, merge: int, side: int) -> tuple[np.nd
         tap = np.clip(floor.astype(np.int64)[:, None] + offsets, 0, side - 1)
         weight = np.clip(1 - np.abs(source[:, None] - floor[:, None] - offsets), 0, None).astype(np.float32)
         taps.append((tap, weight))
-    (rows, row_weights), (cols, col_weights) = taps
-    indices = (rows[:, :, None] * side + cols[:, None, :]).reshape(-1, 4)
-    weights = (row_weights[:, :, None] * col_weights[:, None, :]).reshape(-1, 4)
-    return indices.astype(np.int64), weights.astype(np.float32)
+    return table_taps(taps, side)
 
 
 def patch_bicubic(grids: np.ndarray, merge: int, side: int) -> tuple[np.ndarray, np.ndarray]:
@@ -121,7 +128,4 @@ def patch_bicubic(grids: np.ndarray, merge: int, side: int) -> tuple[np.ndarray,
         weight = np.stack([outer(near[:, 0]), inner(near[:, 1]), inner(far[:, 0]), outer(far[:, 1])], axis=1)
         tap = np.clip(floor.astype(np.int64)[:, None] + np.arange(-1, 3), 0, side - 1)
         taps.append((tap, weight.astype(np.float32)))
-    (rows, row_weights), (cols, col_weights) = taps
-    indices = (rows[:, :, None] * side + cols[:, None, :]).reshape(-1, 16)
-    weights = (row_weights[:, :, None] * col_weights[:, None, :]).reshape(-1, 16)
-    return indices.astype(np.int64), weights.astype(np.float32)
+    return table_taps(taps, side)

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import InputSpecError
 from ..ir import dtypes
-from .image_positions import patch_positions, patch_windows
+from .image_positions import patch_positions, patch_windows, table_taps
 
 
 def merge_order(grids: np.ndarray, merge: int) -> np.ndarray:
@@ -67,11 +67,7 @@ def half_pixel_taps(positions: np.ndarray, sizes: np.ndarray, side: int, bicubic
         if zeros:
             weight = weight * ((raw >= 0) & (raw <= side - 1))
         taps.append((tap, weight.astype(np.float32)))
-    (rows, row_weights), (cols, col_weights) = taps
-    n = len(offsets)
-    indices = (rows[:, :, None] * side + cols[:, None, :]).reshape(-1, n * n)
-    weights = (row_weights[:, :, None] * col_weights[:, None, :]).reshape(-1, n * n)
-    return indices.astype(np.int64), weights.astype(np.float32)
+    return table_taps(taps, side)
 
 
 def antialias_axis(size: int, side: int) -> np.ndarray:
