@@ -84,7 +84,7 @@ def serve(artifact_dir, host, port, max_batch, max_queue, chunk, max_prefill_tok
     (streaming with stream=true), /v1/models, /health and /metrics (Prometheus). Needs no torch. An encoder artifact
     (convert hf:DIR --task feature-extraction) serves /v1/embeddings instead; a vision-language one (--task
     image-text-to-text) takes images in chat messages (image_url parts with data: URIs); an encoder-decoder (--task
-    text2text-generation: T5, BART) serves /v1/completions, its requests in cohorts that start together.
+    text2text-generation: T5, BART) serves /v1/completions, with continuous batching too.
 
     \b
     Example:

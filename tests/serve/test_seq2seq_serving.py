@@ -1,6 +1,7 @@
-"""Serving an encoder-decoder (serve/seq2seq_engine.py): requests arriving while a cohort runs each get what
-Seq2SeqGenerator.generate gives them alone (greedy and sampled with their own seeds), and over HTTP with the openai
-client a completion's text and log-probabilities equal transformers' own on the same weights."""
+"""Serving an encoder-decoder (serve/seq2seq_engine.py): requests join the batch while others decode, each row at its
+own decoder slots, and each gets what Seq2SeqGenerator.generate gives it alone (greedy and sampled with their own
+seeds), and over HTTP with the openai client a completion's text and log-probabilities equal transformers' own on the
+same weights."""
 
 from __future__ import annotations
 
@@ -50,38 +51,45 @@ def alone(g, request: Request) -> list[int]:
     return out[0, 1:1 + request.max_tokens].tolist()
 
 
-def test_requests_arriving_mid_cohort_each_get_what_they_get_alone(served):
-    """7 requests (sources 1-31 tokens, replies 1-16 tokens, greedy and sampled) arriving over 4 steps into 4 rows: the
-    first 4 start a cohort, the others wait for all of its rows to end and start the next; each request's tokens equal
-    generate's for it alone."""
+def test_requests_arriving_while_others_decode_join_at_once_and_each_get_what_they_get_alone(served):
+    """9 requests (sources 1-31 tokens, replies 1-15 tokens, greedy and sampled) arriving over 7 steps into 4 rows: a
+    request takes a row as soon as one is free, while the others decode at their own slots (some request's first token
+    comes while one admitted before it is still running), and each request's tokens equal generate's for it alone."""
     service, _ = served
     scheduler = Scheduler(service.scheduler.engine, max_queue=16)
     rng = np.random.default_rng(3)
-    batch = []
-    for i in range(7):
+    batch, steps = [], {}
+    for i in range(9):
         settings = Sampling(float(rng.uniform(0.5, 1.5)), int(rng.integers(0, 20)), float(rng.uniform(0.6, 1.0)),
                             seed=i) if i % 2 else Sampling()
-        batch.append(Request(rng.integers(3, 128, int(rng.integers(1, SOURCE))).tolist(), int(rng.integers(1, CACHE + 1)),
-                             lambda e: None, settings, end_tokens=()))
-    run(scheduler, {0: batch[:3], 1: batch[3:5], 3: batch[5:]})
+        batch.append(Request(rng.integers(3, 128, int(rng.integers(1, SOURCE))).tolist(), int(rng.integers(1, CACHE)),
+                             lambda e, i=i: steps.setdefault(i, []).append(scheduler.steps), settings, end_tokens=()))
+    run(scheduler, {0: batch[:3], 1: batch[3:5], 3: batch[5:7], 6: batch[7:]})
     g = scheduler.engine.g
     for r in batch:
         assert r.tokens == alone(g, r), (len(r.prompt), r.max_tokens, r.sampling)
     assert scheduler.max_rows_held == ROWS and not scheduler.engine.running.any()
-    assert scheduler.engine.decode_steps > 0
+    first, last = {i: min(s) for i, s in steps.items()}, {i: max(s) for i, s in steps.items()}
+    assert any(first[a] < first[b] < last[a] for a in steps for b in steps), steps  # joined mid-decoding
+    assert scheduler.engine.decode_steps > 0 and scheduler.engine.width == 2 * 16  # the widest bucket met
+    short = Request([5, 6], 3, lambda e: None, end_tokens=())
+    run(scheduler, {0: [short]})
+    assert scheduler.engine.width == 16 and short.tokens == alone(g, short)  # narrowed to what its rows need
 
 
 def test_after_compile_steps_a_mixed_load_compiles_nothing(served, tmp_path):
-    """The server's warm-up: after compile_steps, cohorts of every size and source bucket, greedy, sampled, with
-    log-probabilities and penalties and with an allowed-token mask, run without a compilation (a new engine over the
-    artifact saved and loaded, as `serve` has it)."""
+    """The server's warm-up: after compile_steps, groups of every size and source bucket joining a batch of every width,
+    greedy, sampled, with log-probabilities and penalties and with an allowed-token mask, run without a compilation (a
+    new engine over the artifact saved and loaded, as `serve` has it)."""
     service, _ = served
     g = torch2jax.load(torch2jax.save(service.scheduler.engine.g, tmp_path / "artifact"))
     engine = Seq2SeqBatchEngine(g, ROWS, decode_block=4)
-    assert engine.step_shapes() == {"sources": [16, 32], "spans": [16]}
-    # a start per source bucket, the decode variants per (bucket, span), the penalties' count restart
-    assert engine.compile_steps(workers=2) == 2 + 2 * (4 + 2) + 1
-    steps = [g._encode, engine._start, engine._pick_jit, engine._decode, engine._count_from]
+    assert engine.step_shapes() == {"groups": [1, 2, 4], "sources": [16, 32], "spans": [16]}
+    # a start and join per (group size, source bucket), the width changes from each bucket, the decode variants per
+    # (bucket, span), the penalties' count restart
+    assert engine.compile_steps(workers=2) == 3 * 2 + 2 + 2 * (4 + 2) + 1
+    steps = [g._encode, engine._start, engine._pick_jit, engine._decode, engine._count_from, engine._join,
+             engine._join_cross, engine._fit]
     compiled = [f._cache_size() for f in steps]
     rng = np.random.default_rng(5)
     kinds = [lambda i: Sampling(0.8, seed=i), lambda i: Sampling(), lambda i: Sampling(logprobs=2, frequency_penalty=0.5),

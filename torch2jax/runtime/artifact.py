@@ -320,6 +320,16 @@ def _function(root: Path, folder: Path, manifest: dict, params: dict, from_graph
     return Model(stablehlo.exported_runner(exported, graph), params, graph, manifest, backend="exported")
 
 
+def traceable(model: Model) -> Model:
+    """`model` run from its portable graph: JAX primitives that every transformation takes (the deserialized StableHLO's
+    call has no batching rule, so jax.vmap refuses it); `model` itself when it already runs its graph."""
+    if model.backend == "graph":
+        return model
+    rebuilt = Model(interpreter.build(passes.optimize(model.graph)), model.params, model.graph, model.manifest)
+    rebuilt.sharding, rebuilt.quantization = model.sharding, model.quantization
+    return rebuilt
+
+
 def _serialize(exported: Any, vjp_order: int) -> tuple[bytes, int]:
     """Serialize with the VJP when JAX can differentiate the function; otherwise without, loudly."""
     try:

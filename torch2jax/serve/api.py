@@ -152,8 +152,8 @@ def build_service(artifact_dir: str | os.PathLike, *, max_batch: int | None = No
         given = [option for option, value in (("--lora", lora), ("--prefix-cache-tokens", prefix_cache_tokens),
                                               ("--max-prefill-tokens", max_prefill_tokens)) if value]
         if given:
-            raise InputSpecError(f"{artifact_dir} is an encoder-decoder (text2text-generation), served in cohorts that "
-                                 f"encode their sources whole (docs/serve.md): {', '.join(given)} does not apply to it")
+            raise InputSpecError(f"{artifact_dir} is an encoder-decoder (text2text-generation), whose requests encode "
+                                 f"their sources whole (docs/serve.md): {', '.join(given)} does not apply to it")
         names, dirs = [], []
         engine: BatchEngine = Seq2SeqBatchEngine(g, rows, decode_block)
     else:

@@ -485,10 +485,6 @@ class BatchEngine:
         image_token = self.vision.image_token_id if self.vision is not None else None
         check_prompt(np.asarray([prompt]), None, self.g.spec, max_tokens, CLIENT, image_token)
 
-    def can_admit(self) -> bool:
-        """Whether new requests may start now (rows of any age share this batch: always)."""
-        return True
-
     def reset(self) -> None:
         """Start over with an empty batch (after a failed step, whose cache may have been donated)."""
         self.cache = self.g.new_cache(self.rows)

@@ -208,7 +208,7 @@ class Scheduler:
             counts = np.array([len(s.tokens) if s is not None else 0 for s in self.slots], np.int32)
             left = np.array([s.max_tokens - len(s.tokens) if s is not None else 0 for s in self.slots], np.int32)
             watch = np.array([s is not None and s.end_tokens is None for s in self.slots])
-            admitting = bool(self.waiting) and self.engine.can_admit()
+            admitting = bool(self.waiting)
             block = self.engine.decode_block if self.group is None and not admitting else 1
             constrained = [self.slots[r] if self.engine.running[r] else None for r in range(self.engine.rows)]
             allowed = self._allowed(constrained)
@@ -229,8 +229,6 @@ class Scheduler:
                 self._release(row)
 
     def _admit(self) -> None:
-        if not self.engine.can_admit():
-            return
         free = [row for row, s in enumerate(self.slots) if s is None]
         with self._cond:
             members = [self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))]
