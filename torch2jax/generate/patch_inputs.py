@@ -16,6 +16,8 @@ lays out the patches otherwise than the Qwen2-VL family's (vision_spec.patch_tow
     "conv"    LFM3-VL: the Qwen2-VL family's merge-group order and rotary positions, and each patch's k x k neighbours
               in its image's grid (conv_neighbors; the spec's position_table holds k) for the tower's depthwise
               convolutions.
+    "naflex"  LFM2-VL: SigLIP2 NaFlex's raster patches (generate/naflex_inputs.py cuts them from its processor's padded
+              batch) taken in merge groups, each patch's weights on its resized position table (naflex_resample).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 from ..errors import InputSpecError
 from ..ir import dtypes
 from .image_positions import patch_positions, patch_windows, table_taps
+from .naflex_inputs import naflex_encoder_inputs
 
 
 def merge_order(grids: np.ndarray, merge: int) -> np.ndarray:
@@ -144,7 +147,7 @@ def encoder_inputs(vision: Any, pixel_values: Any, grids: np.ndarray, id_dtype: 
     position_ids [M, merge^2, 2], image_ids [M], interp_indices, interp_weights [M, merge^2, 4]); "resampled",
     (pixel_values, image_ids, resample [M, merge^2, side^2] float32); "conv", (pixel_values, position_ids, image_ids,
     neighbors [M, merge^2, k * k])."""
-    if vision.patch_tower not in ("raster", "resampled", "conv", "windowed"):
+    if vision.patch_tower not in ("raster", "resampled", "conv", "windowed", "naflex"):
         raise InputSpecError(f"this artifact's patch tower {vision.patch_tower!r} is not one this runtime knows: "
                              "update torch2jax")
     merge, pixels = vision.spatial_merge_size, np.asarray(pixel_values)
@@ -172,6 +175,8 @@ def encoder_inputs(vision: Any, pixel_values: Any, grids: np.ndarray, id_dtype: 
     raster = patch_positions(grids, 1)  # each raster patch's (row, column)
     if vision.patch_tower == "windowed":
         return windowed_inputs(vision, pixels, grids, order, image_ids, id_dtype)
+    if vision.patch_tower == "naflex":  # LFM2-VL: raster patches, its table resized as SigLIP2 NaFlex does
+        return naflex_encoder_inputs(vision, pixels, grids, order, image_ids, id_dtype)
     sizes = np.concatenate([np.repeat([[h, w]], t * h * w, axis=0) for t, h, w in grids.reshape(-1, 3).tolist()])
     indices, weights = half_pixel_taps(raster, sizes, vision.position_table, vision.bicubic_table)
     return (jnp.asarray(pixels.reshape(total, -1)[order].reshape(rows, group, -1), dtype),

@@ -38,6 +38,7 @@ from .generator import GenerationSpec, Generator
 from .image_positions import image_index, patch_bicubic, patch_interpolation, patch_positions, patch_windows, rope_index
 from .image_processing import ImageProcessor
 from .loop import Completion, call_entry, finish, until_end
+from .naflex_inputs import naflex_patches
 from .omni_positions import omni_rope_index, refuse_audio_video
 from .patch_inputs import encoder_inputs
 from .prompts import check_prompt
@@ -205,7 +206,7 @@ class VisionLanguageGenerator(Generator):
     def generate(self, input_ids: Any, attention_mask: Any = None, *, pixel_values: Any = None, image_grid_thw: Any = None,
                  image_sizes: Any = None, batch_num_images: Any = None, pixel_values_videos: Any = None,
                  token_type_ids: Any = None, pixel_attention_mask: Any = None, pixel_mask: Any = None,
-                 image_merge_sizes: Any = None,
+                 image_merge_sizes: Any = None, spatial_shapes: Any = None,
                  high_res_pixel_values: Any = None,
                  max_new_tokens: int = 32, do_sample: bool | None = None, temperature: Any = None, top_k: Any = None,
                  top_p: Any = None, rng: jax.Array | None = None, eos_token_id: int | list[int] | None = None,
@@ -216,7 +217,8 @@ class VisionLanguageGenerator(Generator):
         batch_num_images too for several images in a prompt; Mistral3 and LightOnOCR: each image at its own size,
         padded to the largest, with image_sizes; Idefics2/3 and SmolVLM: [B, images, C, H, W] with all-zero
         padding images, and their pixel_attention_mask; DeepSeek-VL hybrid: with high_res_pixel_values [images, C, H,
-        W]; Inkling: its patches [patches, 2, p, p, C]). `token_type_ids` (Gemma 3's processor output) is accepted
+        W]; Inkling: its patches [patches, 2, p, p, C]; LFM2-VL: [images, patches, C*p*p] padded rows of patches with
+        spatial_shapes and pixel_attention_mask, generate/naflex_inputs.py). `token_type_ids` (Gemma 3's processor output) is accepted
         and not needed: the image tokens are found in the ids; so is an Aria processor's `pixel_mask` that marks every
         pixel real (one that marks padding is refused). `settings`: Generator.generate's logits processors and
         warpers (repetition_penalty, no_repeat_ngram_size, min_new_tokens, ..., min_p, typical_p), by name."""
@@ -236,6 +238,11 @@ class VisionLanguageGenerator(Generator):
             raise InputSpecError(f"image_merge_sizes {np.asarray(image_merge_sizes).tolist()}: this artifact's images are "
                                  f"merged {self.vision.spatial_merge_size} x {self.vision.spatial_merge_size} (as its "
                                  "processor merges images), not otherwise")
+        if self.vision.patch_tower == "naflex" and pixel_values is not None:  # LFM2-VL's padded batch (naflex_inputs.py)
+            pixel_values, image_grid_thw = naflex_patches(self.vision, pixel_values, spatial_shapes, pixel_attention_mask)
+            pixel_attention_mask = None
+        elif spatial_shapes is not None:
+            raise InputSpecError("spatial_shapes is for SigLIP2 NaFlex images (LFM2-VL); this model takes none")
         merge = self.vision.spatial_merge_size
         if image_grid_thw is not None and not merge:
             raise InputSpecError("image_grid_thw is for variable-resolution models (Qwen2-VL); this model takes fixed-size images")

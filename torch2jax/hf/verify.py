@@ -152,6 +152,10 @@ def verify_vision_language(vlm: torch.nn.Module, generator, tokens: int = 16, se
     if merge:
         grids = {"image_grid_thw": np.asarray([[1, 2 * merge, 2 * merge]] * batch, np.int64)}
         pixels = rng.standard_normal((batch * 4 * merge * merge, *vision.pixel_shape)).astype(np.float32)
+        if getattr(vision, "patch_tower", "") == "naflex":  # LFM2-VL: a row of patches an image, grids 2m x 2m, m x 4m
+            shapes = np.asarray([[2 * merge, 2 * merge], [merge, 4 * merge]][:batch], np.int64)
+            pixels = pixels.reshape(batch, 4 * merge * merge, -1)
+            grids = {"spatial_shapes": shapes, "pixel_attention_mask": np.ones(pixels.shape[:2], np.int64)}
     elif native:  # each image's pixels at its top left, zeros beyond (the processor's padding)
         grids = {"image_sizes": np.asarray(sizes, np.int64)}
         pixels = rng.standard_normal((batch, vision.pixel_shape[0], *sizes[0])).astype(np.float32)

@@ -20,6 +20,8 @@ tower traces with a symbolic patch count.
                   an LFM3 text model (a short convolution's recurrent state) of 1-D positions.
     Kimi K2.5     PaddleOCR-VL's raster patches and merge, its table resampled bicubically (16 taps), its own 2-D rotary
                   layout (KimiPatchEncoder); a DeepSeek-V3 text model of 1-D positions.
+    LFM2-VL       a SigLIP2 NaFlex tower (its processor's padded patch rows cut to each image's own) and a pixel-unshuffle
+                  projector (hf/steps/naflex_towers.py); an LFM2 text model of 1-D positions.
 
 Each takes pixel_values [M, merge^2, patch_dim] (M the image tokens, each merge x merge block's patches consecutive)
 with image_ids [M] and its per-patch inputs (generate/patch_inputs.py) -> features [M, hidden], as PatchEncoder does.
@@ -38,8 +40,12 @@ from ...errors import InputSpecError
 from ...generate.vision_language import VisionLanguageGenerator
 from ...generate.vision_spec import VisionSpec
 from ...runtime.quantize import DEFAULT_GROUP_SIZE
+from .clip_patch_tower import ClipPatchEncoder, check_dense_attention
+from .image_attention import image_mask, within_image_layers
 from .kv_cache import adopt_parts
+from .naflex_towers import NaflexPatchEncoder, naflex_sizes
 from .vision_language import (
+    PROCESSOR_UNSUPPORTED,
     TEXT_POSITIONS,
     MultimodalStep,
     _entry_points,
@@ -54,7 +60,8 @@ VIDEO_AS_PAD = ("Kimi_K25ForConditionalGeneration", "MuseGlimmerForConditionalGe
 # transformers class -> the tower's kind (its runtime inputs, generate/patch_inputs.py)
 TOWER_KINDS = {"VideoLlama3ForConditionalGeneration": "", "PaddleOCRVLForConditionalGeneration": "raster",
                 "Cosmos3EdgeForConditionalGeneration": "resampled", "Lfm3VlForConditionalGeneration": "conv",
-                "Kimi_K25ForConditionalGeneration": "raster", "MuseGlimmerForConditionalGeneration": "windowed"}
+                "Kimi_K25ForConditionalGeneration": "raster", "MuseGlimmerForConditionalGeneration": "windowed",
+                "Lfm2VlForConditionalGeneration": "naflex", "MiniMaxM3SparseForConditionalGeneration": ""}
 
 
 class SiglipPatchEncoder(torch.nn.Module):
@@ -90,17 +97,8 @@ class SiglipPatchEncoder(torch.nn.Module):
             hidden = visual.embeddings(flat.to(visual.embeddings.patch_embedding.weight.dtype))
             rotary = visual.rotary_pos_emb
         cos, sin = rotary(hidden, position_ids.reshape(-1, 2))
-        ids = image_ids[:, None].expand(-1, group).reshape(-1)
-        mask = (ids[:, None] == ids[None, :])[None, None]
-        for layer in visual.encoder.layers:
-            attn, n = layer.self_attn, hidden.shape[0]
-            x = layer.layer_norm1(hidden)
-            q, k, v = (proj(x).view(n, attn.num_heads, attn.head_dim) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
-            q, k = rotate(q, k, cos, sin)
-            q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))
-            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
-            hidden = hidden + attn.out_proj(out[0].transpose(0, 1).reshape(n, -1))
-            hidden = hidden + layer.mlp(layer.layer_norm2(hidden))
+        hidden = within_image_layers(visual.encoder.layers, hidden, image_mask(image_ids, group),
+                                     lambda q, k: rotate(q, k, cos, sin))
         hidden = visual.post_layernorm(hidden)
         if self.paddle:  # each merge x merge block's patches (consecutive, row-major) side by side, then the MLP
             projector = self.vlm.model.projector
@@ -133,16 +131,7 @@ class ResampledPatchEncoder(torch.nn.Module):
         table = embeddings.position_embedding.weight
         positions = resample.reshape(-1, resample.shape[-1]).float() @ table.float()
         hidden = hidden + positions.to(table.dtype)
-        ids = image_ids[:, None].expand(-1, group).reshape(-1)
-        mask = (ids[:, None] == ids[None, :])[None, None]
-        for layer in visual.encoder.layers:
-            attn, n = layer.self_attn, hidden.shape[0]
-            x = layer.layer_norm1(hidden)
-            q, k, v = (proj(x).reshape(n, -1, attn.head_dim).transpose(0, 1)[None]
-                       for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
-            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scale)
-            hidden = hidden + attn.out_proj(out[0].transpose(0, 1).reshape(n, -1))
-            hidden = hidden + layer.mlp(layer.layer_norm2(hidden))
+        hidden = within_image_layers(visual.encoder.layers, hidden, image_mask(image_ids, group))
         return self.vlm.model.projector(visual.post_layernorm(hidden))
 
 
@@ -310,6 +299,8 @@ class VideoAsPadStep(MultimodalStep):
 
 def tower_sizes(vlm: torch.nn.Module) -> tuple[int, int, int]:
     """(merge, patch_dim, position table side) of a PATCH_TOWERS model's images (LFM3-VL: its kernel's side)."""
+    if type(vlm).__name__ == "Lfm2VlForConditionalGeneration":  # its downsample_factor merges (naflex_towers.py)
+        return naflex_sizes(vlm)
     vision = vlm.config.vision_config
     patch_dim = int(getattr(vision, "num_channels", 0) or 0) * int(vision.patch_size) ** 2
     if type(vlm).__name__ == "PaddleOCRVLForConditionalGeneration":
@@ -334,6 +325,9 @@ def tower_sizes(vlm: torch.nn.Module) -> tuple[int, int, int]:
             raise InputSpecError(f"MuseGlimmerForConditionalGeneration with a {vision.pos_emb_height}x"
                                  f"{vision.pos_emb_width} position table: only a square one is taken")
         return int(vision.merge_size), int(vision.patch_temporal) * 3 * int(vision.patch_size) ** 2, int(vision.pos_emb_height)
+    if type(vlm).__name__ == "MiniMaxM3SparseForConditionalGeneration":  # Qwen2.5-VL's 3-D patches
+        patch_dim = int(vision.num_channels) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
+        return int(vision.spatial_merge_size), patch_dim, 0
     if type(vlm).__name__ == "Cosmos3EdgeForConditionalGeneration":
         return int(vision.spatial_merge_size), patch_dim, int(vlm.model.visual.embeddings.position_embedding_size)
     return 1, patch_dim, 0  # VideoLLaMA3: its image processor's merge_size for images
@@ -351,9 +345,12 @@ def convert_patch_tower(vlm: torch.nn.Module, *, max_cache_len: int = 512, max_b
     dtype = next(vlm.parameters()).dtype
     kind = TOWER_KINDS[name]
     kimi = name == "Kimi_K25ForConditionalGeneration"
-    encoder = (KimiPatchEncoder if kimi else
+    if name == "MiniMaxM3SparseForConditionalGeneration":
+        check_dense_attention(vlm)
+    encoder = ({"Kimi_K25ForConditionalGeneration": KimiPatchEncoder,
+                "MiniMaxM3SparseForConditionalGeneration": ClipPatchEncoder}.get(name) or
                {"resampled": ResampledPatchEncoder, "conv": ConvPatchEncoder,
-                "windowed": WindowedPatchEncoder}.get(kind, SiglipPatchEncoder))(vlm).eval()
+                "windowed": WindowedPatchEncoder, "naflex": NaflexPatchEncoder}.get(kind, SiglipPatchEncoder))(vlm).eval()
     language = language_cache(vlm, max_cache_len)
     layout = language.layout
     timer = StageTimer(progress)
@@ -368,7 +365,7 @@ def convert_patch_tower(vlm: torch.nn.Module, *, max_cache_len: int = 512, max_b
         taps = [torch.full((3, group, table * table), -1, dtype=torch.long)]
     example = (torch.zeros((3, group, patch_dim), dtype=dtype), torch.zeros((3, group, 2), dtype=torch.long),
                torch.tensor([0, 0, 1]), *taps)
-    if kind == "resampled":  # no rotary positions; each patch's weights on the whole table, float32
+    if kind in ("resampled", "naflex"):  # no rotary positions; each patch's weights on the whole table, float32
         example = (example[0], example[2], torch.full((3, group, table * table), 1 / table ** 2))
     try:
         with torch.no_grad():
@@ -408,6 +405,6 @@ def convert_patch_tower(vlm: torch.nn.Module, *, max_cache_len: int = 512, max_b
                              feature_dtype=dtype_name(dtype), pixel_shape=pixel_shape, max_images=max_rows,
                              spatial_merge_size=merge, position_table=table, text_positions=text_positions,
                              bicubic_table=kimi, window_size=table if kind == "windowed" else 0,
-                             patch_tower=kind)
+                             patch_tower=kind, processor_unsupported=PROCESSOR_UNSUPPORTED.get(name))
     return VisionLanguageGenerator(encode, prefill, decode, spec, spec_vision)
 

@@ -32,11 +32,13 @@ generation spec), left padding kept out of the state as there (LanguageCache pic
 
 The Qwen2.5-Omni and Qwen3-Omni-MoE thinkers are Qwen2.5-VL's and Qwen3-VL's path without their audio tower, with a
 rope index of their own (hf/steps/omni.py, generate/omni_positions.py: images counted by their vision-start tokens).
-VideoLLaMA3, PaddleOCR-VL, Cosmos3-Edge, LFM3-VL, Kimi K2.5 and Muse Glimmer are variable-resolution SigLIP-style towers
-(hf/steps/patch_towers.py: merge groups of patches, attention within an image by a mask from image ids, their
-per-patch inputs made torch-free by generate/patch_inputs.py). Qianfan-OCR (InternVL's layout), Inkling (each processor
-patch an image token) and Step3p7 (global views) take the fixed-size path with parts of their own (hf/steps/fixed_images.py);
-DeepSeek-VL hybrid's two resolutions convert in hf/steps/two_resolutions.py.
+VideoLLaMA3, PaddleOCR-VL, Cosmos3-Edge, LFM3-VL, Kimi K2.5, Muse Glimmer, LFM2-VL (SigLIP2 NaFlex,
+hf/steps/naflex_towers.py) and MiniMax M3 VL (CLIP layers with 3-D rotary, hf/steps/clip_patch_tower.py) are
+variable-resolution towers (hf/steps/patch_towers.py: merge groups of patches, attention within an image by a mask from
+image ids, their per-patch inputs made torch-free by generate/patch_inputs.py and generate/naflex_inputs.py).
+Qianfan-OCR (InternVL's layout), Inkling (each processor patch an image token) and Step3p7 (global views) take the
+fixed-size path with parts of their own (hf/steps/fixed_images.py); DeepSeek-VL hybrid's two resolutions convert in
+hf/steps/two_resolutions.py.
 
 Ovis2, Chameleon and Emu3, whose image reaches the text model as tokens of a vocabulary (a visual vocabulary's
 embeddings; a VQ-VAE's codes, which encode_image returns and the runtime maps to text token ids for the step to embed),
@@ -147,6 +149,16 @@ PATCH_TOWERS = ("VideoLlama3ForConditionalGeneration", "PaddleOCRVLForConditiona
 SUPPORTED += PATCH_TOWERS
 TEXT_POSITIONS += ("VideoLlama3ForConditionalGeneration", "Lfm3VlForConditionalGeneration",
                    "Kimi_K25ForConditionalGeneration", "MuseGlimmerForConditionalGeneration")
+# LFM2-VL: a SigLIP2 NaFlex tower (padded patch rows, its table resized per image) and a pixel-unshuffle projector
+# (hf/steps/naflex_towers.py), an LFM2 text model (short convolutions' recurrent state) of 1-D positions
+PATCH_TOWERS += ("Lfm2VlForConditionalGeneration",)
+SUPPORTED += ("Lfm2VlForConditionalGeneration",)
+TEXT_POSITIONS += ("Lfm2VlForConditionalGeneration",)
+# MiniMax M3 VL (hf/steps/clip_patch_tower.py): CLIP layers with 3-D rotary over Qwen2-VL's patches, a projector that
+# joins each merge group after projecting its patches, a MiniMax M3 text model of 1-D positions
+PATCH_TOWERS += ("MiniMaxM3SparseForConditionalGeneration",)
+SUPPORTED += ("MiniMaxM3SparseForConditionalGeneration",)
+TEXT_POSITIONS += ("MiniMaxM3SparseForConditionalGeneration",)
 # LLaVA-NeXT / OneVision ("anyres"): an image is its whole view and a grid of tiles, packed per image at run time
 # (generate/anyres.py). LLaVA-NeXT-Video's images are LLaVA-NeXT's (its get_image_features and processor's image tokens are
 # the same); its vision_resampler pools only video frames, which the runtime refuses
@@ -169,6 +181,9 @@ MAX_TILES.update({"Llama4ForConditionalGeneration": 17, "AriaForConditionalGener
 # models whose processor writes an image as more than its image tokens (tile markers, line breaks, its own prompt):
 # they generate from the processor's input_ids and pixel_values; processor_inputs refuses, saying why
 PROCESSOR_UNSUPPORTED = {
+    "Lfm2VlForConditionalGeneration": "Lfm2VlProcessor resizes an image to a patch budget (or cuts it into tiles and "
+                                      "a thumbnail) and writes its tokens between image start and end tokens, which "
+                                      "the torch-free image processor does not reproduce",
     "AyaVisionForConditionalGeneration": "AyaVisionProcessor cuts an image into tiles and writes each tile's tokens "
                                          "after a tile marker, between its start and end of image tokens",
     "Cohere2VisionForConditionalGeneration": "Cohere2VisionProcessor cuts an image into tiles and writes each tile's "
@@ -547,6 +562,23 @@ def deepstack_rows(vlm: torch.nn.Module, image_index: torch.Tensor, layers: list
 
 # families refused by name: what their images need that the three entry points do not lower yet
 UNSUPPORTED_IMAGES = {
+    "Ernie4_5_VLMoeForConditionalGeneration": "its MoE layers send image tokens (and their start and end tokens: "
+                                              "moe_mm_token_type_ids) to vision experts and text tokens to text "
+                                              "experts, a routing by token type that the multimodal step's text model "
+                                              "does not take, and its 3-D rope index reads the processor's "
+                                              "mm_token_type_ids",
+    "MiniCPMV4_6ForConditionalGeneration": "its NaViT tower merges 2x2 windows by window attention between two of its "
+                                           "layers (vit_merger after insert_layer_id) and then again in its merger, "
+                                           "over each image's target_sizes and slices; that tower is not built yet "
+                                           "(a config whose image_token_id is None places no image at all)",
+    "MiniCPMV4_7ForConditionalGeneration": "its NaViT tower merges 2x2 windows by window attention between two of its "
+                                           "layers (vit_merger after insert_layer_id) and then again in its merger, "
+                                           "over each image's target_sizes and slices; that tower is not built yet "
+                                           "(a config whose image_token_id is None places no image at all)",
+    "MiniCPMOcrForConditionalGeneration": "its NaViT tower merges 2x2 windows by window attention between two of its "
+                                          "layers (vit_merger after insert_layer_id, unless downsample_mode is 4x) and "
+                                          "in its merger, over each image's target_sizes and slices; that tower is "
+                                          "not built yet (a config whose image_token_id is None places no image at all)",
     "Gemma4ForConditionalGeneration": "its vision tower takes each image as a padded sequence of patches with their "
                                       "(x, y) positions (image_position_ids, -1 for padding), pools them by position "
                                       "and drops the padding (a feature count read from the data), and its text model "
@@ -579,6 +611,20 @@ UNSUPPORTED_IMAGES = {
                       "position embedding (the text's positions count from 0 after them) and stay in the cache that "
                       "decode's attention mask is widened over; the three entry points place features at image "
                       "tokens of the ids, which GIT's prompts do not hold",
+    "Glm5NextForConditionalGeneration": "its text model is not lowered for generation: its linear-attention layers "
+                                        "(Glm5NextTextLinearAttention, Kimi-style KDA: a forget-gated recurrent state "
+                                        "and a short convolution) have no generation stand-in (hf/stand_ins/mixers.py), "
+                                        "and its indexer over pooled keys (index_kpool) beside latent attention under "
+                                        "hyper-connections does not trace over the step's cache; its GLM-OCR-like "
+                                        "tower is not the obstacle (GlmOcrForConditionalGeneration generates with "
+                                        "images)",
+    "HYV4VLForConditionalGeneration": "its image features end each merged row with a learned newline feature, its "
+                                      "position table is resampled on a grid shifted by scale (size + 0.1) / edge, "
+                                      "and its own 3-D rope index (W + 1 columns a row, each frame a block of "
+                                      "max(H, W + 1) positions) drives interleaved multimodal rotary in an HY V4 text "
+                                      "model (latent attention with sinks, an indexer and hyper-connections); none of "
+                                      "these is lowered yet. The text model alone generates as HYV4ForCausalLM "
+                                      "(--task text-generation on an hy_v4 checkpoint)",
 }
 
 
@@ -598,6 +644,10 @@ def check_supported(vlm: torch.nn.Module) -> None:
         text_only = (" Text-only prompts generate through its text-generation conversion (--task text-generation)"
                      if name in TEXT_ONLY_GENERATES else "")
         raise InputSpecError(f"{name}'s images are not supported: {UNSUPPORTED_IMAGES[name]}.{text_only}")
+    if name not in SUPPORTED and name.endswith("ForCausalLM") and not hasattr(vlm.config, "vision_config"):
+        # Mistral 4: transformers lists its causal LM among the image-text-to-text classes; it holds no vision tower
+        raise InputSpecError(f"{name} has no vision tower (its config holds no vision_config), so it takes no images: "
+                             "convert it with --task text-generation")
     if name not in SUPPORTED:
         raise InputSpecError(f"image-text-to-text conversion supports {', '.join(SUPPORTED)}; {name} is not supported yet "
                              "(docs/limitations.md)")
