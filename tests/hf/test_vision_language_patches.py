@@ -104,15 +104,15 @@ FAMILIES = {"video_llama_3": video_llama3, "paddleocr_vl": paddleocr_vl, "cosmos
             "lfm3_vl": lfm3_vl, "kimi_k25": kimi_k25, "muse_glimmer": muse_glimmer}
 
 
-def batch(g, grids: list[list[list[int]]], seed: int = 0) -> tuple:
-    """Left-padded prompts, row r holding the images of grids[r] (each between the vision start and end tokens) and a
-    video token among its text (Kimi K2.5 and Muse Glimmer embed it as token 0), their pixels as the family's processor
-    lays them out, the grids."""
+def batch(g, grids: list[list[list[int]]], seed: int = 0, lead: tuple[int, ...] = (vlms.SOFT,)) -> tuple:
+    """Left-padded prompts, row r holding the images of grids[r] (each between the vision start and end tokens) and
+    `lead` after its BOS (a video token by default: Kimi K2.5 and Muse Glimmer embed it as token 0), their pixels as
+    the family's processor lays them out, the grids."""
     rng = np.random.default_rng(seed)
     merge = g.vision.spatial_merge_size
     rows = []
     for r, images in enumerate(grids):
-        row = [vlms.BOS, vlms.SOFT, *rng.integers(vlms.FIRST_WORD, vlms.VOCAB, 2 + 3 * r).tolist()]
+        row = [vlms.BOS, *lead, *rng.integers(vlms.FIRST_WORD, vlms.VOCAB, 2 + 3 * r).tolist()]
         for t, h, w in images:
             row += [vlms.BOI] + [vlms.IMAGE] * (t * h * w // merge // merge) + [vlms.EOI]
         rows.append(row + rng.integers(vlms.FIRST_WORD, vlms.VOCAB, 3).tolist())

@@ -16,6 +16,7 @@ from torch2jax.errors import InputSpecError
 from torch2jax.hf.verify import check_generation, verify_generation, verify_vision_language
 
 from . import vlms
+from .test_vision_language_patches import batch
 
 TEXT = dict(vocab_size=vlms.VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
             num_key_value_heads=1, head_dim=16, max_position_embeddings=256, eos_token_id=vlms.EOS,
@@ -42,22 +43,8 @@ def minimax_m3_vl(layer_types: tuple[str, str] = ("full_attention", "full_attent
 
 
 def patch_batch(g, grids: list[list[list[int]]], seed: int = 0) -> tuple:
-    """Left-padded prompts, row r holding the images of grids[r] (each between the start and end tokens), random
-    patches as a Qwen2-VL-style processor lays them out, the grids."""
-    rng = np.random.default_rng(seed)
-    merge = g.vision.spatial_merge_size
-    rows = []
-    for r, images in enumerate(grids):
-        row = [vlms.BOS, *rng.integers(vlms.FIRST_WORD, vlms.VOCAB, 2 + 3 * r).tolist()]
-        for t, h, w in images:
-            row += [vlms.BOI] + [vlms.IMAGE] * (t * h * w // merge // merge) + [vlms.EOI]
-        rows.append(row + rng.integers(vlms.FIRST_WORD, vlms.VOCAB, 3).tolist())
-    width = max(map(len, rows))
-    ids = np.asarray([[vlms.PAD] * (width - len(r)) + r for r in rows], np.int64)
-    mask = np.asarray([[0] * (width - len(r)) + [1] * len(r) for r in rows], np.int64)
-    flat = np.asarray([g for images in grids for g in images], np.int64)
-    pixels = rng.standard_normal((int(np.prod(flat, axis=1).sum()), *g.vision.pixel_shape)).astype(np.float32)
-    return ids, mask, pixels, flat
+    """Left-padded prompts holding the images of grids (test_vision_language_patches.batch, no video token)."""
+    return batch(g, grids, seed, lead=())
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
-"""The pre-norm encoder layers that SigLIP- and CLIP-style patch towers share, run over every image's patches at once:
-each patch attends to its own image's patches only, through a mask from the patches' image ids (transformers runs
-each image apart, or over cu_seqlens), with the tower's own projections, layer norms and MLPs."""
+"""What SigLIP- and CLIP-style patch towers share, run over every image's patches at once: the patch embedding with
+a position table resampled per patch, and the pre-norm encoder layers, where each patch attends to its own image's
+patches only, through a mask from the patches' image ids (transformers runs each image apart, or over cu_seqlens),
+with the tower's own projections, layer norms and MLPs."""
 
 from __future__ import annotations
 
@@ -9,6 +10,17 @@ from collections.abc import Callable, Iterable
 import torch
 
 Rotate = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def resampled_patches(embeddings: torch.nn.Module, pixel_values: torch.Tensor, resample: torch.Tensor) -> torch.Tensor:
+    """[P, width]: each patch embedded (`pixel_values` [M, group, patch_dim]) plus its position, its row of `resample`
+    ([M, group, side^2] float32: its weight on every table row, as transformers' antialiased resize of the table to
+    the image's grid gives it) times the side x side table, in float32."""
+    weight = embeddings.patch_embedding.weight
+    hidden = embeddings.patch_embedding(pixel_values.reshape(-1, pixel_values.shape[-1]).to(weight.dtype))
+    table = embeddings.position_embedding.weight
+    positions = resample.reshape(-1, resample.shape[-1]).float() @ table.float()
+    return hidden + positions.to(table.dtype)
 
 
 def image_mask(image_ids: torch.Tensor, group: int) -> torch.Tensor:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .image_attention import image_mask, within_image_layers
+from .image_attention import image_mask, resampled_patches, within_image_layers
 from .kv_cache import adopt_parts
 
 
@@ -31,13 +31,8 @@ class NaflexPatchEncoder(torch.nn.Module):
 
     def forward(self, pixel_values, image_ids, resample):
         tower = self.vlm.model.vision_tower
-        embeddings = tower.embeddings
         group = pixel_values.shape[1]
-        weight = embeddings.patch_embedding.weight
-        hidden = embeddings.patch_embedding(pixel_values.reshape(-1, pixel_values.shape[-1]).to(weight.dtype))
-        table = embeddings.position_embedding.weight
-        positions = resample.reshape(-1, resample.shape[-1]).float() @ table.float()
-        hidden = hidden + positions.to(table.dtype)
+        hidden = resampled_patches(tower.embeddings, pixel_values, resample)
         hidden = tower.post_layernorm(within_image_layers(tower.encoder.layers, hidden, image_mask(image_ids, group)))
         projector = self.vlm.model.multi_modal_projector
         blocks = hidden.reshape(-1, group * hidden.shape[-1])  # each block's patches row-major, as pixel_unshuffle joins

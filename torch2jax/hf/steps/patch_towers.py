@@ -41,7 +41,7 @@ from ...generate.vision_language import VisionLanguageGenerator
 from ...generate.vision_spec import VisionSpec
 from ...runtime.quantize import DEFAULT_GROUP_SIZE
 from .clip_patch_tower import ClipPatchEncoder, check_dense_attention
-from .image_attention import image_mask, within_image_layers
+from .image_attention import image_mask, resampled_patches, within_image_layers
 from .kv_cache import adopt_parts
 from .naflex_towers import NaflexPatchEncoder, naflex_sizes
 from .vision_language import (
@@ -124,14 +124,8 @@ class ResampledPatchEncoder(torch.nn.Module):
 
     def forward(self, pixel_values, image_ids, resample):
         visual = self.vlm.model.visual
-        embeddings = visual.embeddings
-        group = pixel_values.shape[1]
-        weight = embeddings.patch_embedding.weight
-        hidden = embeddings.patch_embedding(pixel_values.reshape(-1, pixel_values.shape[-1]).to(weight.dtype))
-        table = embeddings.position_embedding.weight
-        positions = resample.reshape(-1, resample.shape[-1]).float() @ table.float()
-        hidden = hidden + positions.to(table.dtype)
-        hidden = within_image_layers(visual.encoder.layers, hidden, image_mask(image_ids, group))
+        hidden = resampled_patches(visual.embeddings, pixel_values, resample)
+        hidden = within_image_layers(visual.encoder.layers, hidden, image_mask(image_ids, pixel_values.shape[1]))
         return self.vlm.model.projector(visual.post_layernorm(hidden))
 
 
