@@ -4,6 +4,7 @@ devices (data 2 x model 4) the LoRA steps equal one device's with the projection
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -124,7 +125,8 @@ print("losses", sharded[0], "per device", plan.report().bytes_per_device, "of", 
 
 
 def test_lora_on_a_mesh_equals_one_device():
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1",
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip()
+    env = {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1",
            "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(MESH_SCRIPT.format(rows=ROWS))], capture_output=True,
                             text=True, cwd=ROOT, env=env, timeout=600)

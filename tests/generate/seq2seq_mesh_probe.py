@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip()  # the tests' level kept
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4".strip()  # the tests' level kept
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
