@@ -2,7 +2,8 @@
 before and after save+load, for text models whose transformers code torch.export could not capture over the steps'
 caches until a stand-in replaced it: RoFormer's rotary positions counted from the cache's length
 (hf/stand_ins/rotary_from_cache.py), X-MOD's per-language adapters (language_adapters.py), FSMT's masks and positions
-(fsmt.py) and LED's encoder branch, chunks and one-token decoder mask (led.py); and XLM, which transformers generates
+(fsmt.py) and LED's encoder branch, chunks and one-token decoder mask (led.py); T5Gemma 2, whose merged attention's
+decode step exports with SDPA's grouped heads (hf/steps/seq2seq.py sdpa_grouped_heads); and XLM, which transformers generates
 as a masked LM, and ProphetNet, whose n-gram attention has no stand-in over the step's cache, refused with their
 reasons (refused.py)."""
 
@@ -22,7 +23,7 @@ VOCAB, PAD = 96, 0
 NEW, CACHE = 10, 32
 # weights drawn wider than transformers' 0.02, which makes a tiny model repeat one token and would hide a wrong lowering
 # (too wide saturates the post-norm layers into one token again): each model's found to vary its tokens
-_STD = {"roformer": 0.3, "xmod": 0.1, "fsmt": 0.1, "led": 0.1}
+_STD = {"roformer": 0.3, "xmod": 0.1, "fsmt": 0.1, "led": 0.1, "t5gemma2": 0.04}
 
 
 def _causal_lm(name: str) -> torch.nn.Module:
@@ -57,6 +58,15 @@ def _seq2seq(name: str) -> torch.nn.Module:
                               pad_token_id=PAD, bos_token_id=1, eos_token_id=2, decoder_start_token_id=2,
                               forced_eos_token_id=None, tie_word_embeddings=False)
         return tf.LEDForConditionalGeneration(config)
+    if name == "t5gemma2":  # transformers' tester config (as the sweep records it), its weights but the norms' wider
+        from benchmarks.hf_sweep import run
+
+        lm = run.build(run.load_configs()["t5gemma2"], "T5Gemma2ForConditionalGeneration")
+        with torch.no_grad():
+            for key, param in lm.named_parameters():
+                if "norm" not in key:
+                    param.normal_(std=_STD[name])
+        return lm
     raise KeyError(name)
 
 
@@ -76,7 +86,7 @@ def test_causal_lm_left_padded_batch_equals_transformers_generate(name, tmp_path
 
 # LED runs with the slow tests: its encode step is exported twice (a symbolic source length first, which its padding
 # to the attention window refuses, then at max_source_len: hf/stand_ins/led.py), 50 s here on a shared machine
-@pytest.mark.parametrize("name", ["fsmt", pytest.param("led", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["fsmt", "t5gemma2", pytest.param("led", marks=pytest.mark.slow)])
 def test_seq2seq_padded_sources_equal_transformers_generate(name, tmp_path):
     torch.manual_seed(0)
     lm = _seq2seq(name).eval()

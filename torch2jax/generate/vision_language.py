@@ -228,6 +228,7 @@ class VisionLanguageGenerator(Generator):
         # Step3p7's local patches (its processor's crops of a large image; none: num_local_patches all 0) and Inkling's
         # audio: not converted
         local, unused = settings.pop("num_local_patches", None), ("pixel_values_local", "audio_input_ids", "audio_input_ids_mask")
+        settings.pop("patches_grid", None)  # Unlimited-OCR: the local patches' layout, read only with them (refused)
         given = [name for name in unused if settings.pop(name, None) is not None]
         if given or (local is not None and np.asarray(local).any()):
             raise InputSpecError(f"{', '.join(given or ['num_local_patches'])}: local image patches (Step3p7) and audio "

@@ -26,12 +26,16 @@ TOKEN_PER_IMAGE = ("InklingForConditionalGeneration",)
 
 # families of this file whose forward embeds the input ids as they are, image tokens included, before replacing them
 EMBEDS_IMAGE_TOKENS = ("QianfanOCRForConditionalGeneration", "InklingForConditionalGeneration",
-                       "DeepseekVLHybridForConditionalGeneration", "Step3p7ForConditionalGeneration")
+                       "DeepseekVLHybridForConditionalGeneration", "Step3p7ForConditionalGeneration",
+                       "UnlimitedOcrForConditionalGeneration")
 
 
 def pixel_shape(vlm: Any) -> tuple[int, ...] | None:
     """The shape of one image of `vlm`'s pixel_values where it is not [C, image_size, image_size]: Inkling's patch
     [temporal_patch_size, patch_size, patch_size, C] (its processor's layout, channels last); None otherwise."""
+    if type(vlm).__name__ == "UnlimitedOcrForConditionalGeneration":  # its SAM tower's size (hf/steps/newline_views.py)
+        sam = vlm.config.vision_config.sam_config
+        return int(sam.num_channels), int(sam.image_size), int(sam.image_size)
     if type(vlm).__name__ not in TOKEN_PER_IMAGE:
         return None
     vision = vlm.config.vision_config

@@ -18,6 +18,7 @@ import torch
 
 from ...capture.fx import dtype_name
 from ...errors import ExportError, InputSpecError
+from .newline_views import check_reference_window
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,7 @@ def cache_layout(lm: torch.nn.Module, max_cache_len: int) -> CacheLayout:
     check_decoder(lm)
     check_one_stream(lm)
     check_chunked_attention(lm, max_cache_len)
+    check_reference_window(lm, max_cache_len)  # Unlimited-OCR (hf/steps/newline_views.py)
 
     cache = DynamicCache(config=lm.config)
     with torch.no_grad():
@@ -143,8 +145,8 @@ def cache_layout(lm: torch.nn.Module, max_cache_len: int) -> CacheLayout:
     skipped = set(getattr(lm.config.get_text_config(), "cross_attention_layers", None) or ())
     own = [type(layer).__name__ != "DummyLayer" and not (i in skipped and getattr(layer, "keys", None) is None)
            for i, layer in enumerate(cache.layers)]
-    keys = [layer.keys if mine else empty for layer, mine in zip(cache.layers, own)]
-    values = [layer.values if mine else empty for layer, mine in zip(cache.layers, own)]
+    keys = [prefilled(layer, "keys") if mine else empty for layer, mine in zip(cache.layers, own)]
+    values = [prefilled(layer, "values") if mine else empty for layer, mine in zip(cache.layers, own)]
     if not any(own) or any(k is None for k in keys):
         raise ExportError(f"{type(lm).__name__} did not fill a key/value cache; only attention-cache decoders are supported")
     dtype = next(k.dtype for k, mine in zip(keys, own) if mine)
@@ -156,6 +158,13 @@ def cache_layout(lm: torch.nn.Module, max_cache_len: int) -> CacheLayout:
         max_cache_len=max_cache_len,
         indexer_dims=indexer_dims(lm, cache.layers, dtype),
     )
+
+
+def prefilled(layer: Any, name: str) -> Any:
+    """A cache layer's keys or values; a reference sliding-window layer's (Unlimited-OCR) are its prefill_keys or
+    prefill_values, where the first call's states go (its keys hold decoded positions only)."""
+    prefill = getattr(layer, f"prefill_{name}", None)
+    return prefill if isinstance(prefill, torch.Tensor) else getattr(layer, name)
 
 
 def holds_state(layer: Any) -> bool:

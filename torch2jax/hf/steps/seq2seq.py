@@ -19,6 +19,9 @@ The decoder prompt is the one start token, so a separate decoder prefill is not 
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -409,8 +412,18 @@ def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch:
         fixed, length = True, max_source_len
         encode = convert(encode_step, source.example(batch, length), progress=progress, weights=weights,
                          dynamic_shapes=source.dynamic_shapes(max_batch, max_source_len, fixed=True))
-    decode = convert(decode_step, decode_inputs(layout, cross, batch, length), progress=progress, weights=weights,
-                     dynamic_shapes=decode_dynamic_shapes(layout, max_batch, max_source_len, fixed))
+    decode_args = decode_inputs(layout, cross, batch, length)
+    decode_dims = decode_dynamic_shapes(layout, max_batch, max_source_len, fixed)
+    try:
+        decode = convert(decode_step, decode_args, dynamic_shapes=decode_dims, progress=progress, weights=weights)
+    except ExportError as err:
+        if "Constraints violated" not in str(err):
+            raise
+        # T5Gemma 2's merged attention concatenates the cached span with the source, and transformers' repeat_kv
+        # reshapes that sum after an expand: torch.export then asks a contiguity guard (Min(a, 2a) == a) it cannot
+        # prove over the symbolic span. SDPA's own grouped-query heads (enable_gqa) read the keys as they are.
+        with sdpa_grouped_heads():
+            decode = convert(decode_step, decode_args, dynamic_shapes=decode_dims, progress=progress, weights=weights)
     _share_params(encode, decode)
     encode.sharding_hints = decode.sharding_hints = tp_plan_hints(lm)
     if quantize is not None:
@@ -429,6 +442,24 @@ def convert_seq2seq(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batch:
         fixed_source=fixed,
     )
     return Seq2SeqGenerator(encode, decode, spec)
+
+
+@contextmanager
+def sdpa_grouped_heads() -> Iterator[None]:
+    """transformers' SDPA attention passes grouped key/value heads to torch's SDPA (enable_gqa) instead of repeating
+    them (its TRANSFORMERS_SDPA_FORCE_GQA switch, read at each call), within this block."""
+    before = os.environ.get(_FORCE_GQA)
+    os.environ[_FORCE_GQA] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[_FORCE_GQA]
+        else:
+            os.environ[_FORCE_GQA] = before
+
+
+_FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
 
 
 def check_positions(config: Any, max_cache_len: int, max_source_len: int, fixed_source: bool = False) -> None:

@@ -82,7 +82,7 @@ from ...generate.vision_spec import VisionSpec
 from ...runtime.model import Model
 from ...runtime.quantize import DEFAULT_GROUP_SIZE, check_scheme, quantize_model, share_quantized_params
 from ..directory import processor_files, transformers
-from . import fixed_images, recurrent
+from . import fixed_images, newline_views, recurrent
 from .causal_lm import DecoderStep, example_step_inputs, step_dynamic_shapes
 from .kv_cache import adopt_parts, cache_layout, check_limits, generation_fields
 
@@ -99,6 +99,8 @@ SUPPORTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", 
              "LlavaNextVideoForConditionalGeneration", "Exaone4_5_ForConditionalGeneration",
              "HyperCLOVAXVisionV2ForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
              "Qwen3_5MoeForConditionalGeneration")
+# Cosmos3-Omni (the Cosmos3 reasoner): Qwen3-VL's classes under its own name (its modular file subclasses them line for line)
+SUPPORTED += ("Cosmos3OmniForConditionalGeneration",)
 # Aria (fixed-size images, its projector's learned queries), Mistral Large 4 (Mistral3's Pixtral tower and projector),
 # Llama 4 (fixed-size tiles, a pixel-shuffled tower's features): each an existing path over its own text model
 SUPPORTED += ("AriaForConditionalGeneration", "MistralLarge4ForConditionalGeneration", "Llama4ForConditionalGeneration")
@@ -107,6 +109,9 @@ SUPPORTED += ("AriaForConditionalGeneration", "MistralLarge4ForConditionalGenera
 # hybrid (each image at two resolutions, two towers joined)
 SUPPORTED += ("QianfanOCRForConditionalGeneration", "InklingForConditionalGeneration",
               "DeepseekVLHybridForConditionalGeneration", "Step3p7ForConditionalGeneration")
+# Unlimited-OCR: global views through a SAM tower and a CLIP-like encoder, a newline after each row of features
+# (hf/steps/newline_views.py), before a text model of reference sliding-window attention (a cache within its window)
+SUPPORTED += newline_views.NEWLINE_VIEWS
 # models whose language part is a whole causal LM (`language_model`, with its own LM head) that the step calls: the model's
 # own forward takes pixel_values at every call (BLIP-2: a Q-Former's query outputs, projected, are the image features)
 WRAPPED_LANGUAGE_MODEL = ("Blip2ForConditionalGeneration",)
@@ -127,7 +132,7 @@ VARIABLE_RESOLUTION = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditio
                        "Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration", "Glm46VForConditionalGeneration",
                        "GlmOcrForConditionalGeneration", "Exaone4_5_ForConditionalGeneration",
                        "HyperCLOVAXVisionV2ForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
-                       "Qwen3_5MoeForConditionalGeneration")
+                       "Qwen3_5MoeForConditionalGeneration", "Cosmos3OmniForConditionalGeneration")
 # the Omni thinkers' text + image path (hf/steps/omni.py): Qwen2.5-VL's tower (separate q, k, v) or Qwen3-VL's (with
 # deepstack) before their text model, their own rope index (generate/omni_positions.py); audio and video refused
 OMNI_THINKERS = ("Qwen2_5OmniThinkerForConditionalGeneration", "Qwen3OmniMoeThinkerForConditionalGeneration")
@@ -216,6 +221,10 @@ PROCESSOR_UNSUPPORTED = {
     "Step3p7ForConditionalGeneration": "Step3p7Processor crops a large image into local patches (pixel_values_local, "
                                        "which are not converted) and writes each patch's tokens and the global view's "
                                        "between their own start and end tokens, with patch newlines",
+    "UnlimitedOcrForConditionalGeneration": "UnlimitedOcrImageProcessor (torchvision) pads an image to a square of "
+                                            "its background color and crops a large one into local patches "
+                                            "(pixel_values_local, patches_grid, which are not converted), which the "
+                                            "torch-free image processor does not reproduce",
 }
 # Pixtral-tower models' processors, whose settings with_processor_text reads from processor_config.json (both need
 # torchvision to load): (patch_size, spatial_merge_size) they default to
@@ -244,6 +253,8 @@ class ImageEncoder(torch.nn.Module):
             return torch.cat([features.reshape(-1, features.shape[-1]), newline[None]])
         if type(self.vlm).__name__ in fixed_images.GLOBAL_VIEWS:  # Step3p7: its global views as one tensor
             return fixed_images.global_view_features(self.vlm, pixel_values)
+        if type(self.vlm).__name__ in newline_views.NEWLINE_VIEWS:  # Unlimited-OCR: rows ended by image_newline
+            return newline_views.newline_view_features(self.vlm, pixel_values)
         # DeepSeek-VL, Janus: only their inner model has get_image_features
         features = getattr(self.vlm, "get_image_features", None) or self.vlm.model.get_image_features
         out = features(pixel_values=pixel_values)
@@ -606,6 +617,21 @@ UNSUPPORTED_IMAGES = {
     "Kosmos2ForConditionalGeneration": "it places its image features by image_embeds_position_mask (an input its "
                                        "processor makes, not image tokens in the ids), and its text model numbers "
                                        "positions from the padding in input_ids; neither is reproduced yet",
+    "Kosmos2_5ForConditionalGeneration": "it takes an image as Pix2Struct flattened_patches (each patch's row and "
+                                         "column in its first two values, as many as the image's size makes, with "
+                                         "their attention mask), places the features by image_embeds_position_mask (an "
+                                         "input its processor makes, not image tokens in the ids), adds a segment "
+                                         "embedding by that mask and numbers its sinusoidal positions from the padding "
+                                         "in input_ids, as Kosmos-2 does; none of these is reproduced yet",
+    "EvollaForProteinText2Text": "it reads protein sequences, not images: protein_input_ids through a SaProt encoder "
+                                 "and a latent resampler, read by cross-attention adapters inside its Llama layers "
+                                 "(with optional structure and MSA features), which the multimodal step (features "
+                                 "merged at image tokens, one cache) does not hold",
+    "PI0ForConditionalGeneration": "it is a vision-language-action policy, not a text generator: its forward returns a "
+                                   "flow-matching velocity over action chunks (logits of shape [B, chunk_size, "
+                                   "max_action_dim]) and sample_actions integrates it from noise over a PaliGemma "
+                                   "prefix cache; there are no tokens to generate. Its PaliGemma design generates "
+                                   "as PaliGemmaForConditionalGeneration (a PaliGemma checkpoint)",
     "GitForCausalLM": "it prepends its image features to the whole (left-padded) prompt itself, with no image tokens in "
                       "input_ids: the image rows sit before the padding, attend to each other both ways, take no "
                       "position embedding (the text's positions count from 0 after them) and stay in the cache that "
@@ -625,6 +651,14 @@ UNSUPPORTED_IMAGES = {
                                       "model (latent attention with sinks, an indexer and hyper-connections); none of "
                                       "these is lowered yet. The text model alone generates as HYV4ForCausalLM "
                                       "(--task text-generation on an hy_v4 checkpoint)",
+    "NemotronH_Omni_Reasoning_V3": "its RADIO vision tower takes each image as packed patches (image_grid_hw) with "
+                                   "class and register tokens prepended per image and its position table resized "
+                                   "bilinearly to each image's grid (first to a square of the longer side, then "
+                                   "cropped), which no converted tower reproduces yet, and its language model is a "
+                                   "whole Nemotron-H causal LM (Mamba2 layers' recurrent state) that the wrapped-"
+                                   "language-model step does not hold; its audio tower is not converted either. The "
+                                   "text model alone generates as NemotronHForCausalLM (--task text-generation on a "
+                                   "nemotron_h checkpoint)",
 }
 
 
@@ -800,7 +834,9 @@ def convert_variable_resolution(vlm: torch.nn.Module, *, max_cache_len: int, max
     bicubic = hasattr(vision_tower(vlm), "embeddings")  # GLM-4V: its table, resampled bicubically (16 taps a patch)
     if bicubic:
         table = int(vision.image_size) // int(vision.patch_size)
-    deepstack = len(getattr(vision, "deepstack_visual_indexes", None) or ())
+    # only the indexes of blocks the tower has make features (transformers' loop over its blocks never meets the rest)
+    depth = len(vision_tower(vlm).blocks) if hasattr(vision_tower(vlm), "blocks") else None
+    deepstack = len([i for i in getattr(vision, "deepstack_visual_indexes", None) or () if depth is None or 0 <= i < depth])
     group = merge * merge
     patch_dim = int(vision.in_channels) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
     dtype = next(vlm.parameters()).dtype
