@@ -218,6 +218,17 @@ def test_a_decoder_of_several_token_streams_per_row_is_refused_naming_them():
         torch2jax.convert_hf(decoder, task="text-generation", max_cache_len=CACHE, max_batch=2)
 
 
+def test_a_model_without_a_language_model_head_is_refused_naming_its_generating_class():
+    """LlamaModel (the base model: hidden states, no token logits) asked to generate is refused with the reason, not an
+    AttributeError from deep inside the conversion."""
+    import transformers as tf
+
+    config = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    with pytest.raises(torch2jax.ExportError, match="LlamaModel has no language-model head.*ForCausalLM"):
+        torch2jax.convert_hf(tf.LlamaModel(config).eval(), task="text-generation", max_cache_len=CACHE, max_batch=2)
+
+
 def _gemma3n(layers: int, shared: int) -> torch.nn.Module:
     import transformers as tf
 

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import pytest
 import torch
 
 import torch2jax
 from torch2jax.errors import InputSpecError
-from torch2jax.hf.verify import check_generation, verify_vision_language
 
 from . import vlms
+from .test_vision_language_fixed import check_global_views
 
 
 def unlimited_ocr(sliding_window: int = 32):
@@ -44,25 +43,13 @@ def unlimited_ocr(sliding_window: int = 32):
 
 def test_unlimited_ocr_global_views_greedy_equal_transformers():
     """Unlimited-OCR's global views: the encoder's features (newlines and separator included) equal
-    get_image_features, greedy tokens (two prompts, one left-padded) transformers' generate; no local patches (num_local_patches zeros,
-    their patches_grid unread) is taken, local patches are refused, and so are its processor and a cache longer than
-    the reference sliding window. (Save/load is the fixed-size path's, tested there: it
-    would add ~6 s.)"""
+    get_image_features, greedy tokens (two prompts, one left-padded) transformers' generate; no local patches
+    (num_local_patches zeros, their patches_grid unread) is taken, local patches are refused, and so are its processor
+    and a cache longer than the reference sliding window. (Save/load is the fixed-size path's, tested in
+    test_vision_language.py: here it would add ~6 s.)"""
     torch.manual_seed(0)
     model = unlimited_ocr()
-    g = torch2jax.convert_hf(model, task="image-text-to-text", max_cache_len=32, max_batch=2)
-    assert (g.vision.tokens_per_image, g.vision.pixel_shape) == (7, (3, 128, 128))
-    pixels = np.random.default_rng(0).standard_normal((2, 3, 128, 128)).astype(np.float32)
-    with torch.no_grad():
-        want = torch.stack(model.get_image_features(pixel_values=torch.from_numpy(pixels)).pooler_output).numpy()
-    np.testing.assert_allclose(np.asarray(g.encode_images(pixels)), want, rtol=1e-5, atol=1e-5)
-    check_generation(verify_vision_language(model, g, tokens=6))
-    ids = np.asarray([[vlms.BOS] + [vlms.IMAGE] * 7 + [9, 10]])
-    with pytest.raises(InputSpecError, match="pixel_values_local: local image patches"):
-        g.generate(ids, pixel_values=pixels[:1], pixel_values_local=pixels, num_local_patches=[2], max_new_tokens=2)
-    alone = g.generate(ids, pixel_values=pixels[:1], max_new_tokens=3, eos_token_id=[])
-    np.testing.assert_array_equal(g.generate(ids, pixel_values=pixels[:1], num_local_patches=[0], patches_grid=[[1, 1]],
-                                             max_new_tokens=3, eos_token_id=[]), alone)
+    g = check_global_views(model, 32, (7, (3, 128, 128)), atol=1e-5, patches_grid=[[1, 1]])
     assert "UnlimitedOcrImageProcessor" in g.vision.processor_unsupported
     with pytest.raises(InputSpecError, match="reference sliding-window layers .* --max-cache-len 32 or less"):
         torch2jax.convert_hf(model, task="image-text-to-text", max_cache_len=40, max_batch=2)

@@ -183,26 +183,35 @@ def step3p7():
     return tf.Step3p7ForConditionalGeneration(config).eval()
 
 
+def check_global_views(model, cache: int, layout: tuple, atol: float, **local) -> object:
+    """The checks a global-views family (Step3p7, Unlimited-OCR) shares: (tokens per image, pixel shape) as `layout`,
+    the encoder's features equal get_image_features, greedy tokens transformers' generate for the check's prompts;
+    num_local_patches of zeros (with `local`, the other local-patch inputs it leaves unread) gives what no local
+    patches give, and local patches are refused. Returns the generator."""
+    g = torch2jax.convert_hf(model, task="image-text-to-text", max_cache_len=cache, max_batch=2)
+    tokens, shape = layout
+    assert (g.vision.tokens_per_image, g.vision.pixel_shape) == layout
+    pixels = np.random.default_rng(0).standard_normal((2, *shape)).astype(np.float32)
+    with torch.no_grad():
+        want = torch.stack(model.get_image_features(pixel_values=torch.from_numpy(pixels)).pooler_output).numpy()
+    np.testing.assert_allclose(np.asarray(g.encode_images(pixels)), want, rtol=1e-5, atol=atol)
+    check_generation(verify_vision_language(model, g, tokens=6))
+    ids = np.asarray([[vlms.BOS] + [vlms.IMAGE] * tokens + [9, 10]])
+    alone = g.generate(ids, pixel_values=pixels[:1], max_new_tokens=3, eos_token_id=[])
+    np.testing.assert_array_equal(g.generate(ids, pixel_values=pixels[:1], num_local_patches=[0], max_new_tokens=3,
+                                             eos_token_id=[], **local), alone)
+    with pytest.raises(InputSpecError, match="pixel_values_local: local image patches .* not supported"):
+        g.generate(ids, pixel_values=pixels[:1], pixel_values_local=pixels, num_local_patches=[2], max_new_tokens=2)
+    return g
+
+
 @pytest.mark.slow  # ~22 s on 2 cores: a fixed-size tower through ImageEncoder as the others here (make test-slow)
 def test_step3p7_global_views_greedy_equal_transformers():
     """Step3p7's images as global views (no local patches): the encoder's features equal get_image_features, greedy
     tokens for the check's two prompts (one left-padded) transformers' generate; num_local_patches of zeros is taken,
     local patches are refused, saying so, and so is its processor, by name."""
     torch.manual_seed(0)
-    model = step3p7()
-    g = torch2jax.convert_hf(model, task="image-text-to-text", max_cache_len=24, max_batch=2)
-    assert (g.vision.tokens_per_image, g.vision.pixel_shape) == (4, (3, 32, 32))
-    pixels = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
-    with torch.no_grad():
-        want = torch.stack(model.get_image_features(pixel_values=torch.from_numpy(pixels)).pooler_output).numpy()
-    np.testing.assert_allclose(np.asarray(g.encode_images(pixels)), want, rtol=1e-5, atol=1e-6)
-    check_generation(verify_vision_language(model, g, tokens=6))
-    ids = np.asarray([[vlms.BOS] + [vlms.IMAGE] * 4 + [9, 10]])
-    alone = g.generate(ids, pixel_values=pixels[:1], max_new_tokens=3, eos_token_id=[])
-    np.testing.assert_array_equal(g.generate(ids, pixel_values=pixels[:1], num_local_patches=[0], max_new_tokens=3,
-                                             eos_token_id=[]), alone)
-    with pytest.raises(InputSpecError, match="pixel_values_local: local image patches .* not supported"):
-        g.generate(ids, pixel_values=pixels[:1], pixel_values_local=pixels, num_local_patches=[2], max_new_tokens=2)
+    g = check_global_views(step3p7(), 24, (4, (3, 32, 32)), atol=1e-6)
     assert "Step3p7Processor crops a large image" in g.vision.processor_unsupported
 
 

@@ -88,5 +88,6 @@ def test_nemotron_h_omni_images_refused_by_name():
     config = tf.NemotronH_Omni_Reasoning_V3_Config(vision_config=vision, text_config=text, vision_hidden_size=32,
                                                    projector_hidden_size=32, image_token_id=IMAGE)
     model = tf.NemotronH_Omni_Reasoning_V3(config).eval()
-    with pytest.raises(InputSpecError, match="NemotronH_Omni_Reasoning_V3's images are not supported: its RADIO"):
-        torch2jax.convert_hf(model, task="image-text-to-text", max_cache_len=32, max_batch=1)
+    for task in ("image-text-to-text", None):  # None: the task its class implies (an image-text-to-text class)
+        with pytest.raises(InputSpecError, match="NemotronH_Omni_Reasoning_V3's images are not supported: its RADIO"):
+            torch2jax.convert_hf(model, task=task, max_cache_len=32, max_batch=1)

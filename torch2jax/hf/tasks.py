@@ -90,7 +90,8 @@ def task_of(config: Any, model: Any = None) -> str:
     if model is None:
         return default_task(config)
     name = type(model).__name__
-    if (is_vision_language(config) and name.endswith("ForConditionalGeneration")) or reads_images(model):
+    image_text = name.endswith("ForConditionalGeneration") or name in _auto_class_names("AutoModelForImageTextToText")
+    if (is_vision_language(config) and image_text) or reads_images(model):  # (Nemotron-H Omni's own class name)
         return IMAGE_TEXT_TO_TEXT
     return next((task for suffix, task in _TASK_BY_SUFFIX if name.endswith(suffix)), TEXT_GENERATION)
 

@@ -44,6 +44,7 @@ from .kv_cache import (
     adopt_parts,
     cache_argument,
     cache_layout,
+    check_head,
     check_limits,
     cut_layout,
     explicit_layer_class,
@@ -174,6 +175,7 @@ def convert_causal_lm(lm: torch.nn.Module, *, max_cache_len: int = 512, max_batc
     check_limits(max_cache_len, max_batch)
     if quantize is not None:
         check_scheme(quantize, group_size)
+    check_head(lm)
     lm = lm.eval()
     if dtype is not None:
         lm = cast_module(lm, dtype, weights)

@@ -18,7 +18,6 @@ import torch
 
 from ...capture.fx import dtype_name
 from ...errors import ExportError, InputSpecError
-from .newline_views import check_reference_window
 
 
 @dataclass(frozen=True)
@@ -125,7 +124,7 @@ def cache_layout(lm: torch.nn.Module, max_cache_len: int) -> CacheLayout:
     check_decoder(lm)
     check_one_stream(lm)
     check_chunked_attention(lm, max_cache_len)
-    check_reference_window(lm, max_cache_len)  # Unlimited-OCR (hf/steps/newline_views.py)
+    check_reference_window(lm, max_cache_len)
 
     cache = DynamicCache(config=lm.config)
     with torch.no_grad():
@@ -158,6 +157,18 @@ def cache_layout(lm: torch.nn.Module, max_cache_len: int) -> CacheLayout:
         max_cache_len=max_cache_len,
         indexer_dims=indexer_dims(lm, cache.layers, dtype),
     )
+
+
+def check_reference_window(lm: torch.nn.Module, max_cache_len: int) -> None:
+    """Unlimited-OCR's reference sliding-window layers attend to every prompt position and to the last sliding_window
+    positions; the step's mask (hf/steps/causal_lm.py) is causal over the whole cache, the same while the cache is no
+    longer than the window. A longer cache is refused rather than attended past the window."""
+    text = lm.config.get_text_config()
+    window = getattr(text, "sliding_window", None)
+    if window and "reference_sliding_attention" in (getattr(text, "layer_types", None) or ()) and max_cache_len > int(window):
+        raise InputSpecError(f"{type(lm).__name__}'s reference sliding-window layers keep the prompt and a window of "
+                             f"{window} decoded positions, and the converted step attends across the whole cache: pass "
+                             f"--max-cache-len {window} or less (every position then lies in the window)")
 
 
 def prefilled(layer: Any, name: str) -> Any:
@@ -306,6 +317,17 @@ def check_limits(max_cache_len: int, max_batch: int) -> None:
         raise InputSpecError(f"max_batch must be an integer >= 1 (got {max_batch!r})")
 
 
+def check_head(lm: torch.nn.Module) -> torch.nn.Module:
+    """The model's language-model head; ExportError naming the fix for a model without one (a base model such as
+    LlamaModel, or a class whose head is not where transformers' get_output_embeddings looks)."""
+    head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
+    if head is None:
+        raise ExportError(f"{type(lm).__name__} has no language-model head (get_output_embeddings() is None): it makes "
+                          "no token logits to generate from; convert its generating class (a *ForCausalLM or "
+                          "*ForConditionalGeneration) instead")
+    return head
+
+
 def generation_fields(lm: torch.nn.Module, layout: CacheLayout, max_batch: int) -> dict:
     """What every generator's spec holds: the limits, the vocabulary, the special tokens and the self-attention
     cache (serve.generator.GenerationSpec's fields)."""
@@ -313,7 +335,7 @@ def generation_fields(lm: torch.nn.Module, layout: CacheLayout, max_batch: int) 
     return dict(
         max_cache_len=layout.max_cache_len,
         max_batch=max_batch,
-        vocab_size=int(lm.get_output_embeddings().weight.shape[0]),
+        vocab_size=int(check_head(lm).weight.shape[0]),
         eos_token_ids=eos,
         pad_token_id=pad,
         cache_shapes=tuple(shape[1:] for shape in layout.shapes(1)),

@@ -11,14 +11,12 @@ torch.export would specialize to the traced image count: this is the same comput
 
 Its text model's reference sliding-window attention (R-SWA) keeps every prompt position and a window over decoded
 ones; the converted step attends causally over the whole cache, the same while the cache is no longer than the window
-(check_reference_window).
+(hf/steps/kv_cache.py check_reference_window).
 """
 
 from __future__ import annotations
 
 import torch
-
-from ...errors import InputSpecError
 
 NEWLINE_VIEWS = ("UnlimitedOcrForConditionalGeneration",)
 
@@ -35,15 +33,3 @@ def newline_view_features(vlm: torch.nn.Module, pixel_values: torch.Tensor) -> t
     rows = torch.cat([grid, newline], dim=2).reshape(images, side * (side + 1), hidden)
     separator = model.view_separator.to(features.dtype)[None, None, :].expand(images, 1, hidden)
     return torch.cat([rows, separator], dim=1)
-
-
-def check_reference_window(lm: torch.nn.Module, max_cache_len: int) -> None:
-    """Unlimited-OCR's reference sliding-window layers attend to every prompt position and to the last sliding_window
-    positions; the step's mask (hf/steps/causal_lm.py) is causal over the whole cache, the same while the cache is no
-    longer than the window. A longer cache is refused rather than attended past the window."""
-    text = lm.config.get_text_config()
-    window = getattr(text, "sliding_window", None)
-    if window and "reference_sliding_attention" in (getattr(text, "layer_types", None) or ()) and max_cache_len > int(window):
-        raise InputSpecError(f"{type(lm).__name__}'s reference sliding-window layers keep the prompt and a window of "
-                             f"{window} decoded positions, and the converted step attends across the whole cache: pass "
-                             f"--max-cache-len {window} or less (every position then lies in the window)")

@@ -37,8 +37,9 @@ hf/steps/naflex_towers.py) and MiniMax M3 VL (CLIP layers with 3-D rotary, hf/st
 variable-resolution towers (hf/steps/patch_towers.py: merge groups of patches, attention within an image by a mask from
 image ids, their per-patch inputs made torch-free by generate/patch_inputs.py and generate/naflex_inputs.py).
 Qianfan-OCR (InternVL's layout), Inkling (each processor patch an image token) and Step3p7 (global views) take the
-fixed-size path with parts of their own (hf/steps/fixed_images.py); DeepSeek-VL hybrid's two resolutions convert in
-hf/steps/two_resolutions.py.
+fixed-size path with parts of their own (hf/steps/fixed_images.py), as does Unlimited-OCR (global views whose
+feature rows end with a learned newline, hf/steps/newline_views.py); DeepSeek-VL hybrid's two resolutions convert in
+hf/steps/two_resolutions.py. Cosmos3-Omni is Qwen3-VL's classes under its own name.
 
 Ovis2, Chameleon and Emu3, whose image reaches the text model as tokens of a vocabulary (a visual vocabulary's
 embeddings; a VQ-VAE's codes, which encode_image returns and the runtime maps to text token ids for the step to embed),
