@@ -125,6 +125,7 @@ bench-serve: install
 	$(PY) -m pip install -q fastapi && $(PY) -m pip install -q --no-deps accelerate  # transformers serve: its server, device_map
 	$(PY) -m benchmarks.serve
 	$(PY) -m benchmarks.serve_workloads  # a shared prefix (prefix caching) and long prompts among decoding rows
+	$(PY) -m benchmarks.serve_seq2seq  # an encoder-decoder: continuous batching against static batches
 	$(PY) -m benchmarks.structured_output  # what a JSON schema costs per output token
 
 # Decoding against llama.cpp (llama-cpp-python builds from source, ~10 min the first time; the GGUF files are written here

@@ -163,7 +163,8 @@ class Process:
 
 class StaticBatcher:
     """The naive server's loop, behind the same HTTP layer as ours: up to 8 queued requests at a time go through one
-    `Generator.generate(stream=True)` call, which runs until its longest request is done; nothing joins meanwhile."""
+    `generate(stream=True)` call (a Generator's or a Seq2SeqGenerator's), which runs until its longest request is done;
+    nothing joins meanwhile."""
 
     def __init__(self, g, rows: int, max_queue: int = 64):
         self.g, self.rows, self.waiting, self.max_queue = g, rows, deque(), max_queue
@@ -191,7 +192,10 @@ class StaticBatcher:
 
     def _run(self) -> None:
         from torch2jax.generate.generator import left_pad
+        from torch2jax.generate.seq2seq import Seq2SeqGenerator, right_pad
         from torch2jax.serve.scheduler import Event
+
+        pad = right_pad if isinstance(self.g, Seq2SeqGenerator) else left_pad  # an encoder's sources, a decoder's prompts
 
         while True:
             with self._cond:
@@ -201,7 +205,7 @@ class StaticBatcher:
                     return
                 batch = [self.waiting.popleft() for _ in range(min(self.rows, len(self.waiting)))]
             self.batches += 1
-            ids, mask = left_pad([r.prompt for r in batch], self.g.spec.pad_token_id)
+            ids, mask = pad([r.prompt for r in batch], self.g.spec.pad_token_id)
             steps = self.g.generate(ids, attention_mask=mask, max_new_tokens=max(r.max_tokens for r in batch), eos_token_id=[],
                                     stream=True)
             for tokens in steps:
@@ -254,27 +258,30 @@ def workload_bound(source: Path, work: list[tuple[str, int]], rows: int = ROWS) 
 def make_model(root: Path, cache: int = CACHE) -> tuple[Path, Path, float]:
     """The HF directory (weights, word-level tokenizer) and its artifact converted for `cache` slots; conversion
     seconds."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     import torch2jax
     from benchmarks.generation import llama
 
     source = root / "hf"
     llama(source, max(cache, 1024))
+    write_word_tokenizer(source, cache)
+    start = time.perf_counter()
+    g = torch2jax.convert_hf(f"hf:{source}", max_cache_len=cache, max_batch=ROWS)
+    seconds = time.perf_counter() - start
+    return source, torch2jax.save(g, root / "llm"), seconds
+
+
+def write_word_tokenizer(source: Path, cache: int) -> None:
+    """A word-level tokenizer over the VOCAB ids (w3 .. w31999; <unk> 0, <s> 1, </s> 2) into the model's directory."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    from tokenizers import decoders
-
     tokenizer.decoder = decoders.WordPiece()
     tokenizer.save(str(source / "tokenizer.json"))
     (source / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
         "model_max_length": cache, "chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}"}))
-    start = time.perf_counter()
-    g = torch2jax.convert_hf(f"hf:{source}", max_cache_len=cache, max_batch=ROWS)
-    seconds = time.perf_counter() - start
-    return source, torch2jax.save(g, root / "llm"), seconds
 
 
 @dataclass
@@ -306,14 +313,20 @@ def measure(contenders: list[Contender], work, concurrency: int, rounds: int, ru
             print(f"{c.name} {'round ' + str(turn) if turn else 'warm-up'}: {stats['tokens'] / stats['wall']:.1f} tok/s", flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def load_options(doc: str) -> argparse.ArgumentParser:
+    """The options every serving benchmark takes: the load (requests, clients, rounds, seed) and where it writes."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--no-write", action="store_true")
+    return parser
+
+
+def main() -> None:
+    parser = load_options(__doc__)
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--naive-server", nargs=2, metavar=("ARTIFACT", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
