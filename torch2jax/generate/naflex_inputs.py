@@ -5,21 +5,18 @@ Lfm2VlProcessor gives pixel_values [images, max_patches, C*p*p] (each image's pa
 pixel_attention_mask [images, max_patches] (its real patches first) and spatial_shapes [images, 2] (each image's patch
 grid, rows and columns). The tower attends within each image's real patches (the mask's keys); its projector joins each
 merge x merge block of patches (pixel unshuffle, blocks row-major). So the real patches are cut out (`naflex_patches`:
-the Qwen2-VL layout, [patches, C*p*p] with image_grid_thw [images, 3], t = 1) and taken in merge groups, each patch
-with its weights on the learned side x side position table as transformers resizes it to the image's grid
-(`naflex_resample`: an antialiased bilinear resize, its weights computed as Siglip2VisionEmbeddings'
-resize_positional_embeddings computes them, in float32).
+the Qwen2-VL layout, [patches, C*p*p] with image_grid_thw [images, 3], t = 1); generate/patch_inputs.py then takes them
+in merge groups, each patch with its weights on the learned side x side position table as transformers resizes it to
+the image's grid (an antialiased bilinear resize: antialias_weights, Cosmos3-Edge's).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
 from ..errors import InputSpecError
-from ..ir import dtypes
 
 
 def naflex_patches(vision: Any, pixel_values: Any, spatial_shapes: Any,
@@ -56,36 +53,3 @@ def naflex_patches(vision: Any, pixel_values: Any, spatial_shapes: Any,
     flat = np.concatenate([image[:count] for image, count in zip(pixels, counts)])
     grids = np.concatenate([np.ones((len(shapes), 1), np.int64), shapes.astype(np.int64)], axis=1)
     return flat, grids
-
-
-def naflex_axis(size: int, side: int) -> np.ndarray:
-    """[size, side] float32: each of `size` outputs' weights on `side` table entries along one axis, as transformers'
-    resize_positional_embeddings computes them (antialiased bilinear, align_corners False), in float32."""
-    scale = np.float32(side) / np.float32(size)
-    support = max(scale, np.float32(1))
-    center = (np.arange(size, dtype=np.float32) + np.float32(0.5)) * scale - np.float32(0.5)
-    source = np.arange(side, dtype=np.float32)
-    weights = np.clip(np.float32(1) - np.abs(source[None] - center[:, None]) / support, np.float32(0), None)
-    return (weights / weights.sum(-1, keepdims=True)).astype(np.float32)
-
-
-def naflex_resample(grids: np.ndarray, merge: int, side: int) -> np.ndarray:
-    """[patches, side * side] float32: each patch's weights on the flat side x side table (row weight times column
-    weight), images in order, each image's patches in merge groups."""
-    out = []
-    for _, h, w in np.asarray(grids, np.int64).reshape(-1, 3).tolist():
-        rows, cols = naflex_axis(h, side), naflex_axis(w, side)
-        grid = (rows[:, None, :, None] * cols[None, :, None, :]).reshape(h, w, side * side)
-        out.append(grid.reshape(h // merge, merge, w // merge, merge, -1).transpose(0, 2, 1, 3, 4).reshape(h * w, -1))
-    return np.concatenate(out).astype(np.float32)
-
-
-def naflex_encoder_inputs(vision: Any, pixels: np.ndarray, grids: np.ndarray, order: np.ndarray, image_ids: np.ndarray,
-                          id_dtype: Any) -> tuple:
-    """The "naflex" encoder's inputs: (pixel_values [M, merge^2, C*p*p] in merge groups (`order`, the raster index of
-    each), image_ids [M], resample [M, merge^2, side^2] float32)."""
-    group = vision.spatial_merge_size ** 2
-    rows = len(order) // group
-    resample = naflex_resample(grids, vision.spatial_merge_size, vision.position_table)
-    return (jnp.asarray(pixels.reshape(len(order), -1)[order].reshape(rows, group, -1), dtypes.jax_dtype(vision.feature_dtype)),
-            jnp.asarray(image_ids, id_dtype), jnp.asarray(resample.reshape(rows, group, -1), jnp.float32))

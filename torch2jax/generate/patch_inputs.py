@@ -17,7 +17,7 @@ lays out the patches otherwise than the Qwen2-VL family's (vision_spec.patch_tow
               in its image's grid (conv_neighbors; the spec's position_table holds k) for the tower's depthwise
               convolutions.
     "naflex"  LFM2-VL: SigLIP2 NaFlex's raster patches (generate/naflex_inputs.py cuts them from its processor's padded
-              batch) taken in merge groups, each patch's weights on its resized position table (naflex_resample).
+              batch) taken in merge groups, each patch's weights on its resized position table (antialias_weights, as Cosmos3-Edge's).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import numpy as np
 from ..errors import InputSpecError
 from ..ir import dtypes
 from .image_positions import patch_positions, patch_windows, table_taps
-from .naflex_inputs import naflex_encoder_inputs
 
 
 def merge_order(grids: np.ndarray, merge: int) -> np.ndarray:
@@ -175,8 +174,10 @@ def encoder_inputs(vision: Any, pixel_values: Any, grids: np.ndarray, id_dtype: 
     raster = patch_positions(grids, 1)  # each raster patch's (row, column)
     if vision.patch_tower == "windowed":
         return windowed_inputs(vision, pixels, grids, order, image_ids, id_dtype)
-    if vision.patch_tower == "naflex":  # LFM2-VL: raster patches, its table resized as SigLIP2 NaFlex does
-        return naflex_encoder_inputs(vision, pixels, grids, order, image_ids, id_dtype)
+    if vision.patch_tower == "naflex":  # LFM2-VL: raster patches in merge groups, its table resized as Cosmos3-Edge's
+        resample = antialias_weights(grids, merge, vision.position_table)
+        return (jnp.asarray(pixels.reshape(total, -1)[order].reshape(rows, group, -1), dtype),
+                jnp.asarray(image_ids, id_dtype), jnp.asarray(resample.reshape(rows, group, -1), jnp.float32))
     sizes = np.concatenate([np.repeat([[h, w]], t * h * w, axis=0) for t, h, w in grids.reshape(-1, 3).tolist()])
     indices, weights = half_pixel_taps(raster, sizes, vision.position_table, vision.bicubic_table)
     return (jnp.asarray(pixels.reshape(total, -1)[order].reshape(rows, group, -1), dtype),
